@@ -1,0 +1,81 @@
+"""Checkpoint files: atomic saves, safe loads, and finding the checkpoint in an out_dir.
+
+A checkpoint is a dict of tensors and plain Python values (no pickled classes), so it loads with
+`torch.load(weights_only=True)`; the model state is the unwrapped model's (no `module.` / `_orig_mod.` prefixes).
+Keys written by train.py:
+    format, model_config, model, tokenizer (the dataset's meta.json), step, best_val_loss, config, argv,
+    versions, and for resuming: optimizer, scaler, loader, rng.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import torch
+
+FORMAT_VERSION = 1
+TRAIN_HINT = "train one with: python train.py configs/shakespeare.py"
+
+
+class CheckpointError(ValueError):
+    """A missing, unreadable or incompatible checkpoint; the message names the path and the fix."""
+
+
+def save_checkpoint(obj: dict, path: str | Path) -> None:
+    """Write to a temporary file, flush it to disk, then rename: a crash mid-save leaves the old file intact."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # never leave a half-written file behind
+        raise
+    os.replace(tmp, path)
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """A checkpoint file as given, or in a folder best.pt if present, else last.pt."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    if p.is_dir():
+        for name in ("best.pt", "last.pt"):
+            if (p / name).is_file():
+                return p / name
+        raise CheckpointError(f"no checkpoint (best.pt or last.pt) in {p}/; {TRAIN_HINT}")
+    raise CheckpointError(f"checkpoint {p} does not exist; {TRAIN_HINT}")
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
+    """Load a checkpoint safely. Memory-mapped, so tensors that are never used (the optimizer's, when
+    sampling) are never read from disk."""
+    p = find_checkpoint(path)
+    try:
+        ckpt = torch.load(p, map_location=map_location, weights_only=True, mmap=True)
+    except pickle.UnpicklingError as e:
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        # torch's message is long; the line naming the refused global is the useful one
+        first = next((line for line in lines if "WeightsUnpickler error" in line), lines[0] if lines else "unsafe")
+        raise CheckpointError(f"refusing to load {p}: it is not a plain-tensor checkpoint ({first})") from None
+    except (RuntimeError, EOFError, OSError) as e:
+        raise CheckpointError(f"cannot read checkpoint {p}: {str(e).splitlines()[0]}; it may be truncated") from None
+    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
+        raise CheckpointError(f"{p} is not a checkpoint written by train.py (no model/model_config keys)")
+    if ckpt.get("format", 0) > FORMAT_VERSION:
+        raise CheckpointError(f"{p} has checkpoint format {ckpt['format']}; this code reads up to {FORMAT_VERSION}")
+    return ckpt
+
+
+def model_from_checkpoint(ckpt: dict, device: str | torch.device = "cpu"):
+    """Rebuild the GPT a checkpoint holds (weights only)."""
+    from model import GPT, GPTConfig
+
+    model = GPT(GPTConfig.from_dict(ckpt["model_config"]))
+    model.load_state_dict(ckpt["model"])
+    return model.to(device)

@@ -1,0 +1,306 @@
+"""Typed run configuration: a dataclass, filled from plain-Python config files and --key=value overrides.
+
+    python train.py configs/shakespeare.py --batch_size=32 --compile=False
+
+A config file holds assignments only (`n_layer = 6`, `max_iters = 5 * 1000`, `lr_decay_iters = max_iters`);
+it is parsed, never executed. Every value is converted to its field's type, and an unknown key or a value of
+the wrong type is an error that names the key.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import json
+import operator
+import sys
+import types
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A bad config file, key or value; the message says which and how to fix it."""
+
+
+def setting(default: Any, help: str, choices: tuple | None = None) -> Any:
+    """A dataclass field with its one-line description (shown by --help) and, optionally, allowed values."""
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+# ----------------------------------------------------------------------------- the training run
+
+
+@dataclass
+class TrainConfig:
+    # I/O and checkpoints
+    out_dir: str = setting("out", "folder for checkpoints (last.pt, best.pt), config.json and metrics.jsonl")
+    init_from: str = setting(
+        "scratch", "'scratch', 'resume' (from out_dir), a GPT-2 name (gpt2, gpt2-medium, ...) or a local HF folder"
+    )
+    overwrite: bool = setting(False, "allow a scratch run to replace the checkpoints already in out_dir")
+    eval_interval: int = setting(2000, "evaluate on the validation batches every this many steps")
+    eval_iters: int = setting(200, "validation batches per evaluation (a fixed, seeded set)")
+    eval_only: bool = setting(False, "evaluate once and exit, without training")
+    always_save_checkpoint: bool = setting(True, "save last.pt at every evaluation, not only when val improves")
+    log_interval: int = setting(1, "print and record training metrics every this many steps")
+    # Weights & Biases
+    wandb_log: bool = setting(False, "also log metrics to Weights & Biases (WANDB_MODE=offline works)")
+    wandb_project: str = setting("gpt", "W&B project name")
+    wandb_run_name: str = setting("", "W&B run name ('' = out_dir's name)")
+    # data
+    dataset: str = setting("openwebtext", "dataset name under data_root, or a path to a prepared dataset folder")
+    data_root: str = setting("data", "folder holding the prepared datasets")
+    data_mode: str = setting(
+        "random", "'random' windows (nanoGPT style) or 'epoch' passes without replacement", ("random", "epoch")
+    )
+    batch_size: int = setting(12, "sequences per micro-batch, per process")
+    gradient_accumulation_steps: int = setting(
+        40, "micro-batches per optimizer step, over ALL processes (divided by the DDP world size)"
+    )
+    block_size: int = setting(1024, "context length in tokens")
+    seed: int = setting(1337, "seed for initialisation, dropout and the data order")
+    # model (ignored on resume, where the checkpoint's shape is used)
+    n_layer: int = setting(12, "transformer blocks")
+    n_head: int = setting(12, "attention heads per block")
+    n_embd: int = setting(768, "model width")
+    dropout: float = setting(0.0, "dropout probability; 0.0 for pretraining, 0.1+ for fine-tuning")
+    bias: bool = setting(True, "biases in Linear and LayerNorm layers (GPT-2 has them)")
+    # AdamW
+    learning_rate: float = setting(6e-4, "peak learning rate, reached after warmup")
+    max_iters: int = setting(600000, "total optimizer steps")
+    weight_decay: float = setting(0.1, "AdamW weight decay, applied to 2-D weights only")
+    beta1: float = setting(0.9, "AdamW beta1")
+    beta2: float = setting(0.95, "AdamW beta2")
+    grad_clip: float = setting(1.0, "clip the global gradient norm to this; 0 disables")
+    # learning-rate schedule
+    decay_lr: bool = setting(True, "linear warmup then cosine decay; False = constant learning_rate")
+    warmup_iters: int = setting(2000, "steps of linear warmup")
+    lr_decay_iters: int = setting(600000, "step at which the cosine reaches min_lr (usually max_iters)")
+    min_lr: float = setting(6e-5, "floor of the cosine decay (usually learning_rate / 10)")
+    # system
+    backend: str = setting("auto", "DDP backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo", ("auto", "nccl", "gloo"))
+    device: str = setting("auto", "auto (cuda > mps > cpu), cpu, cuda, cuda:N or mps")
+    dtype: str = setting(
+        "auto",
+        "auto (bf16 on CUDA where supported, else fp16 + GradScaler; fp32 on CPU/MPS), float32, bfloat16, float16",
+        ("auto", "float32", "bfloat16", "float16"),
+    )
+    compile: bool | None = setting(None, "torch.compile the model: True, False, or auto (None: on for CUDA)")
+
+    def validate(self) -> None:
+        positive = ("eval_interval", "eval_iters", "log_interval", "batch_size", "gradient_accumulation_steps",
+                    "block_size", "n_layer", "n_head", "n_embd")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("max_iters", "warmup_iters", "lr_decay_iters", "weight_decay", "grad_clip", "min_lr"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.learning_rate <= 0:
+            raise ConfigError(f"learning_rate must be positive, got {self.learning_rate}")
+        if self.n_embd % self.n_head:
+            raise ConfigError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.decay_lr and self.min_lr > self.learning_rate:
+            raise ConfigError(f"min_lr ({self.min_lr}) must not exceed learning_rate ({self.learning_rate})")
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def load_config(cls: type, argv: list[str], allow_files: bool = True, prog: str = "train.py"):
+    """Build `cls` from argv: config files (positional, applied in order), then --key=value / --key value
+    overrides. `--help` prints every field and exits."""
+    return build_config(cls, parse_args(cls, argv, allow_files, prog))
+
+
+def parse_args(cls: type, argv: list[str], allow_files: bool = True, prog: str = "train.py") -> dict[str, Any]:
+    """The values that argv sets explicitly (config files, then overrides), converted to the fields' types."""
+    if any(a in ("-h", "--help") for a in argv):
+        print(config_help(cls, prog))
+        raise SystemExit(0)
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("--"):
+            key, eq, raw = arg[2:].partition("=")
+            if not eq:  # "--key value", or a bare "--flag" for a boolean
+                nxt = argv[i + 1] if i + 1 < len(argv) else None
+                if _is_flag(hints, key):
+                    if nxt is not None and nxt.lower() in _BOOL_WORDS:
+                        raw, i = nxt, i + 1
+                    else:
+                        raw = "True"
+                elif nxt is not None and not nxt.startswith("--"):
+                    raw, i = nxt, i + 1
+                else:
+                    _check_key(cls, key, "the command line")
+                    raise ConfigError(f"--{key} needs a value: --{key}=VALUE")
+            _check_key(cls, key, "the command line")
+            values[key] = convert(key, hints[key], raw, from_text=True)
+        else:
+            if not allow_files:
+                raise ConfigError(f"unexpected argument {arg!r}; options are written --key=value (see --help)")
+            for key, value in read_config_file(arg).items():
+                _check_key(cls, key, arg)
+                values[key] = convert(key, hints[key], value, from_text=False)
+        i += 1
+    return values
+
+
+def build_config(cls: type, values: dict[str, Any]):
+    """Defaults updated with `values`, then checked: allowed choices and the class' own validate()."""
+    cfg = cls(**values)
+    for f in fields(cls):
+        choices = f.metadata.get("choices")
+        value = getattr(cfg, f.name)
+        if choices and value not in choices:
+            raise ConfigError(f"{f.name} must be one of {', '.join(map(str, choices))}; got {value!r}")
+    if hasattr(cfg, "validate"):
+        cfg.validate()
+    return cfg
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    """Parse `key = value` lines without executing the file. Values may be literals, arithmetic on numbers,
+    and names assigned earlier in the same file."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {path!r} not found (config files live in configs/, e.g. configs/shakespeare.py)")
+    try:
+        tree = ast.parse(p.read_text(), filename=str(p))
+    except SyntaxError as e:
+        raise ConfigError(f"{path} line {e.lineno}: syntax error: {e.msg}") from None
+    values: dict[str, Any] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            continue  # a docstring
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            raise ConfigError(f"{path} line {node.lineno}: only plain assignments `key = value` are allowed")
+        values[node.targets[0].id] = _evaluate(node.value, values, f"{path} line {node.lineno}")
+    return values
+
+
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+
+
+def _evaluate(node: ast.AST, names: dict[str, Any], where: str) -> Any:
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        if node.id not in names:
+            raise ConfigError(f"{where}: {node.id!r} is not assigned earlier in the file")
+        return names[node.id]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = _evaluate(node.operand, names, where)
+        return -value if isinstance(node.op, ast.USub) else +value
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        left, right = _evaluate(node.left, names, where), _evaluate(node.right, names, where)
+        try:
+            return _BINOPS[type(node.op)](left, right)
+        except Exception as e:  # e.g. division by zero, "a" * None
+            raise ConfigError(f"{where}: cannot evaluate: {e}") from None
+    raise ConfigError(f"{where}: values must be literals or arithmetic on numbers, not {ast.unparse(node)!r}")
+
+
+_BOOL_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def _is_flag(hints: dict, key: str) -> bool:
+    return key in hints and _base_type(hints[key]) is bool
+
+
+def _base_type(tp) -> type:
+    """int | None -> int."""
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        return next(a for a in typing.get_args(tp) if a is not type(None))
+    return tp
+
+
+def _check_key(cls: type, key: str, where: str) -> None:
+    names = [f.name for f in fields(cls)]
+    if key not in names:
+        close = difflib.get_close_matches(key, names, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else "; see --help for the valid keys"
+        raise ConfigError(f"unknown config key {key!r} (in {where}){hint}")
+
+
+def convert(key: str, tp, value: Any, from_text: bool) -> Any:
+    """Convert a value for field `key` of type `tp`; `from_text` values come from the command line."""
+    optional = _base_type(tp) is not tp
+    base = _base_type(tp)
+    if optional and (value is None or (from_text and str(value).lower() in ("none", "auto", "null"))):
+        return None
+    expected = base.__name__ + (" or auto" if optional else "")
+    bad = ConfigError(f"{key} expects {expected}, got {value!r}")
+    if from_text:
+        text = str(value).strip()
+        try:
+            if base is bool:
+                if text.lower() not in _BOOL_WORDS:
+                    raise bad
+                return _BOOL_WORDS[text.lower()]
+            if base is int:
+                number = float(text) if any(c in text.lower() for c in ".e") else int(text)
+                if isinstance(number, float) and not number.is_integer():
+                    raise bad
+                return int(number)
+            if base is float:
+                return float(text)
+            return text
+        except ValueError:
+            raise bad from None
+    # values from a config file are already Python objects: accept only the right kind
+    if base is bool:
+        if not isinstance(value, bool):
+            raise bad
+        return value
+    if base is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad
+        if isinstance(value, float) and not value.is_integer():
+            raise bad
+        return int(value)
+    if base is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad
+        return float(value)
+    if not isinstance(value, str):
+        raise bad
+    return value
+
+
+# ----------------------------------------------------------------------------- showing and saving
+
+
+def config_help(cls: type, prog: str) -> str:
+    lines = [f"usage: python {prog} [CONFIG_FILE.py ...] [--key=value ...]", "", "options (default, description):"]
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        default = f.default if f.default is not MISSING else "(required)"
+        default = "auto" if default is None else default
+        tp = _base_type(hints[f.name]).__name__
+        lines.append(f"  --{f.name}={default!s:<12} [{tp}] {f.metadata.get('help', '')}")
+    return "\n".join(lines)
+
+
+def config_to_dict(cfg) -> dict[str, Any]:
+    return asdict(cfg)
+
+
+def config_to_json(cfg) -> str:
+    return json.dumps(config_to_dict(cfg), indent=2)
+
+
+def print_config(cfg, file=sys.stdout) -> None:
+    width = max(len(f.name) for f in fields(cfg))
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        print(f"  {f.name:<{width}} = {'auto' if value is None else value!r}", file=file)

@@ -1,0 +1,72 @@
+"""Shared test fixtures: a tiny GPT, the offline tiktoken cache and the shared Shakespeare text."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+# The real GPT-2 BPE files live in ../shared in this workplace (no network); tiktoken reads them from here.
+if (SHARED_DATA / "tiktoken_cache").is_dir():
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED_DATA / "tiktoken_cache"))
+
+
+@pytest.fixture
+def shakespeare_path():
+    """The 1.1M-character tiny Shakespeare corpus, where this machine has it."""
+    path = SHARED_DATA / "tinyshakespeare.txt"
+    if not path.is_file():
+        pytest.skip("../shared/data/tinyshakespeare.txt is not present")
+    return path
+
+
+@pytest.fixture
+def tiny_config():
+    """A GPT small enough that a forward pass takes milliseconds on one CPU core."""
+    from model import GPTConfig
+
+    return GPTConfig(block_size=32, vocab_size=67, n_layer=2, n_head=2, n_embd=32, dropout=0.0, bias=True)
+
+
+@pytest.fixture
+def tiny_model(tiny_config):
+    import torch
+
+    from model import GPT
+
+    torch.manual_seed(0)
+    return GPT(tiny_config).eval()
+
+
+def make_char_dataset(path: Path, n_chars: int = 60_000, seed: int = 0) -> Path:
+    """Write a small character-level dataset (meta.json + one train and one val shard) made of random
+    sentences over a small word list: learnable structure, so a few training steps lower the loss."""
+    import numpy as np
+
+    from shards import Tokenizer, make_meta, shard_name, write_meta, write_shard
+
+    rng = np.random.default_rng(seed)
+    words = ["the", "king", "queen", "shall", "speak", "to", "my", "lord", "and", "thou", "art", "good", "sir"]
+    parts, size = [], 0
+    while size < n_chars:
+        sentence = " ".join(rng.choice(words, size=int(rng.integers(3, 9)))) + ".\n"
+        parts.append(sentence)
+        size += len(sentence)
+    text = "".join(parts)
+    tok = Tokenizer.char_from_text(text)
+    ids = np.array(tok.encode(text), dtype=np.int64)
+    cut = int(0.9 * len(ids))
+    path.mkdir(parents=True, exist_ok=True)
+    splits = {}
+    for split, part in (("train", ids[:cut]), ("val", ids[cut:])):
+        write_shard(path / shard_name(split, 0), part, tok.vocab_size)
+        splits[split] = {"shards": [shard_name(split, 0)], "tokens": int(len(part))}
+    write_meta(path, make_meta(tok, splits, source="tests"))
+    return path
+
+
+@pytest.fixture
+def char_dataset(tmp_path):
+    return make_char_dataset(tmp_path / "data" / "tiny_char")

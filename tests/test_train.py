@@ -1,0 +1,272 @@
+"""train.py on CPU: learning, exact resume, signals, safe checkpoints, guards, and DDP through torchrun."""
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import checkpoint
+import train
+from checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from config import TrainConfig
+from model import GPT
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def tiny_args(data, out, **over):
+    args = dict(dataset=str(data), out_dir=str(out), n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4,
+                gradient_accumulation_steps=2, max_iters=8, eval_interval=3, eval_iters=3, log_interval=1,
+                warmup_iters=2, lr_decay_iters=8, learning_rate=3e-3, min_lr=3e-4, dropout=0.1, device="cpu",
+                compile=False)
+    args.update(over)
+    return [f"--{k}={v}" for k, v in args.items()]
+
+
+def metrics(out):
+    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_losses(out):
+    return {m["step"]: m["loss"] for m in metrics(out) if "loss" in m}
+
+
+def weights(out, name="last.pt"):
+    return load_checkpoint(Path(out) / name)["model"]
+
+
+def assert_same_weights(a, b, exact=True):
+    assert a.keys() == b.keys()
+    for k in a:
+        if exact:
+            assert torch.equal(a[k], b[k]), k
+        else:
+            torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+def test_lr_schedule():
+    cfg = TrainConfig(learning_rate=1e-3, min_lr=1e-4, warmup_iters=10, lr_decay_iters=100)
+    assert 0 < train.get_lr(0, cfg) < train.get_lr(5, cfg) < train.get_lr(9, cfg) <= 1e-3
+    assert train.get_lr(10, cfg) == pytest.approx(1e-3)
+    assert train.get_lr(55, cfg) == pytest.approx(5.5e-4)
+    assert train.get_lr(100, cfg) == pytest.approx(1e-4) and train.get_lr(1000, cfg) == 1e-4
+    assert train.get_lr(0, TrainConfig(warmup_iters=0, learning_rate=1e-3, min_lr=1e-4)) == pytest.approx(1e-3)
+    assert train.get_lr(50, TrainConfig(decay_lr=False, learning_rate=2e-3)) == 2e-3
+
+
+def test_optimizer_decays_matrices_only(tiny_model):
+    opt = train.make_optimizer(tiny_model, TrainConfig(weight_decay=0.1), "cpu")
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
+    n_opt = sum(p.numel() for g in opt.param_groups for p in g["params"])
+    assert n_opt == tiny_model.num_params(non_embedding=False)  # the tied weight is optimised once
+
+
+def test_mfu_is_not_claimed_on_cpu():
+    assert train.peak_flops(torch.device("cpu")) is None
+
+
+def test_training_lowers_the_loss_and_writes_the_run_record(char_dataset, tmp_path):
+    out = tmp_path / "out"
+    summary = train.main(tiny_args(char_dataset, out, max_iters=40, lr_decay_iters=40, learning_rate=1e-2,
+                                         eval_interval=20, dropout=0.0))
+    losses = train_losses(out)
+    assert losses[40] < losses[1] - 0.5
+    assert summary["best_val_loss"] < 2.7  # ln(21) = 3.04 at init
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["max_iters"] == 40 and cfg["n_embd"] == 32
+    run = json.loads((out / "run.json").read_text())
+    assert "torch" in run["versions"] and "--max_iters=40" in run["argv"]
+    ckpt = load_checkpoint(out / "best.pt")
+    # the unwrapped model's keys, loadable without the optimizer, with the tokenizer to decode samples
+    assert all(not k.startswith(("module.", "_orig_mod.")) for k in ckpt["model"])
+    assert ckpt["tokenizer"]["tokenizer"]["kind"] == "char"
+    model = checkpoint.model_from_checkpoint(ckpt)
+    assert isinstance(model, GPT)
+
+
+def test_resume_is_exact(char_dataset, tmp_path):
+    full, half = tmp_path / "full", tmp_path / "half"
+    train.main(tiny_args(char_dataset, full, max_iters=8))
+    train.main(tiny_args(char_dataset, half, max_iters=4))
+    train.main(tiny_args(char_dataset, half, max_iters=8, init_from="resume"))
+    assert train_losses(half) == train_losses(full)  # bit-identical losses, every step
+    assert_same_weights(weights(half), weights(full))
+    a, b = load_checkpoint(full / "last.pt"), load_checkpoint(half / "last.pt")
+    assert a["step"] == b["step"] == 8 and a["loader"] == b["loader"]
+    for s1, s2 in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
+        assert torch.equal(s1["exp_avg"], s2["exp_avg"])
+
+
+def test_resume_takes_the_config_from_the_checkpoint(char_dataset, tmp_path):
+    out = tmp_path / "out"
+    train.main(tiny_args(char_dataset, out, max_iters=2))
+    summary = train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=4"])
+    assert summary["step"] == 4
+
+
+def test_resume_mismatch_errors(char_dataset, tmp_path):
+    out = tmp_path / "out"
+    train.main(tiny_args(char_dataset, out, max_iters=2))
+    with pytest.raises(SystemExit, match=r"different model shape: n_layer \(checkpoint 2, asked 3\); n_embd"):
+        train.main(tiny_args(char_dataset, out, init_from="resume", n_layer=3, n_embd=48, n_head=2))
+    from conftest import make_char_dataset
+
+    other = make_char_dataset(tmp_path / "other", seed=1)
+    (other / "meta.json").write_text((other / "meta.json").read_text().replace('"vocab_size": 21', '"vocab_size": 22')
+                                     .replace('"chars": [', '"chars": ["~", '))
+    with pytest.raises(SystemExit, match="vocabulary differs: tokenizer .*; vocab_size"):
+        train.main(tiny_args(other, out, init_from="resume"))
+    with pytest.raises(SystemExit, match="nothing to resume"):
+        train.main(tiny_args(char_dataset, tmp_path / "empty", init_from="resume"))
+
+
+def test_scratch_run_refuses_to_replace_checkpoints(char_dataset, tmp_path):
+    out = tmp_path / "out"
+    train.main(tiny_args(char_dataset, out, max_iters=2))
+    before = (out / "last.pt").read_bytes()
+    with pytest.raises(SystemExit, match="already holds last.pt and best.pt; continue it with --init_from=resume"):
+        train.main(tiny_args(char_dataset, out, max_iters=2, seed=5))
+    assert (out / "last.pt").read_bytes() == before
+    train.main(tiny_args(char_dataset, out, max_iters=2, seed=5, overwrite=True))
+    assert (out / "last.pt").read_bytes() != before
+
+
+def test_missing_dataset_names_the_prepare_command(tmp_path):
+    with pytest.raises(SystemExit, match=r"python prepare/text.py --input YOUR_TEXT --name nope"):
+        train.main([f"--data_root={tmp_path}", "--dataset=nope", f"--out_dir={tmp_path / 'o'}", "--device=cpu"])
+    assert not (tmp_path / "o").exists()  # nothing written by a run that could not start
+
+
+def test_out_of_vocab_token_is_caught_before_training(char_dataset, tmp_path):
+    meta = json.loads((char_dataset / "meta.json").read_text())
+    meta["vocab_size"] = 10  # the shards hold ids up to 20
+    (char_dataset / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(SystemExit, match="token id 20 >= the model's vocab_size 10"):
+        train.main(tiny_args(char_dataset, tmp_path / "out"))
+
+
+def test_non_finite_loss_stops_before_the_update(char_dataset, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    train.main(tiny_args(char_dataset, out, max_iters=3))
+    best_before = (out / "best.pt").read_bytes()
+    real_forward = GPT.forward
+    calls = {"n": 0}
+
+    def poisoned(self, idx, targets=None, pos=None):
+        logits, loss = real_forward(self, idx, targets, pos)
+        if targets is not None and self.training:
+            calls["n"] += 1
+            if calls["n"] == 3:  # the 2nd micro-batch of the 2nd resumed step
+                loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(GPT, "forward", poisoned)
+    steps = []
+    real_step = torch.optim.AdamW.step
+    monkeypatch.setattr(torch.optim.AdamW, "step", lambda self, *a, **k: steps.append(1) or real_step(self, *a, **k))
+    with pytest.raises(SystemExit, match="non-finite loss or gradient norm at step 4"):
+        train.main(tiny_args(char_dataset, out, max_iters=8, init_from="resume", eval_interval=1))
+    assert len(steps) == 1  # step 3 updated; step 4 stopped before its optimizer step
+    assert (out / "best.pt").read_bytes() == best_before or load_checkpoint(out / "best.pt")["step"] == 4
+
+
+def test_crash_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    save_checkpoint({"model": {"w": torch.ones(3)}, "model_config": {}, "step": 1}, path)
+
+    def crash(obj, f, *a, **k):
+        f.write(b"partial garbage")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(checkpoint.torch, "save", crash)
+    with pytest.raises(OSError):
+        save_checkpoint({"model": {"w": torch.zeros(3)}, "model_config": {}, "step": 2}, path)
+    monkeypatch.undo()
+    assert load_checkpoint(path)["step"] == 1
+    assert not (tmp_path / "last.pt.tmp").exists()
+
+
+def test_malicious_pickle_is_refused(tmp_path):
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    path = tmp_path / "evil.pt"
+    torch.save({"model": Evil(), "model_config": {}}, path)
+    with pytest.raises(CheckpointError, match="refusing to load"):
+        load_checkpoint(path)
+    assert not marker.exists()
+    raw = tmp_path / "raw.pt"
+    raw.write_bytes(pickle.dumps({"model": 1}))
+    with pytest.raises(CheckpointError):
+        load_checkpoint(raw)
+    with pytest.raises(CheckpointError, match="python train.py"):
+        load_checkpoint(tmp_path / "nope")
+
+
+def run_train(args, **kw):
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    return subprocess.Popen([sys.executable, str(REPO / "train.py"), *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def test_sigterm_saves_and_resume_matches_uninterrupted(char_dataset, tmp_path):
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    n = 300
+    args = dict(max_iters=n, eval_interval=100, lr_decay_iters=n)
+    p = run_train(tiny_args(char_dataset, cut, **args))
+    deadline = time.time() + 60
+    while time.time() < deadline:  # wait until training is under way
+        if (cut / "metrics.jsonl").exists() and len(train_losses(cut)) >= 20:
+            break
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 0, out
+    stopped = load_checkpoint(cut / "last.pt")["step"]
+    assert 20 <= stopped < n, out
+    assert "saved" in out and "--init_from=resume" in out
+    torch.set_num_threads(1)  # the same arithmetic as the subprocesses
+    try:
+        train.main(tiny_args(char_dataset, full, **args))
+        train.main(tiny_args(char_dataset, cut, init_from="resume", **args))
+    finally:
+        torch.set_num_threads(os.cpu_count() or 1)
+    assert train_losses(cut) == train_losses(full)
+    assert_same_weights(weights(cut), weights(full))
+
+
+def test_ddp_two_processes_match_one(char_dataset, tmp_path):
+    """2 processes x 1 micro-batch each == 1 process x 2 micro-batches: the same global batch."""
+    single, ddp = tmp_path / "single", tmp_path / "ddp"
+    args = dict(max_iters=4, eval_interval=2, dropout=0.0, gradient_accumulation_steps=2)
+    torch.set_num_threads(1)
+    try:
+        train.main(tiny_args(char_dataset, single, **args))
+    finally:
+        torch.set_num_threads(os.cpu_count() or 1)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(REPO / "train.py"), *tiny_args(char_dataset, ddp, **args)]
+    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert sorted(p.name for p in ddp.iterdir()) == ["best.pt", "config.json", "last.pt", "metrics.jsonl", "run.json"]
+    assert json.loads((ddp / "run.json").read_text())["world_size"] == 2
+    s, d = metrics(single), metrics(ddp)
+    assert [m["step"] for m in s] == [m["step"] for m in d]  # one writer: no duplicated lines
+    for a, b in zip(s, d):
+        for key in ("loss", "val_loss"):
+            if key in a:
+                assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6)
+    assert_same_weights(weights(ddp), weights(single), exact=False)

@@ -1,0 +1,498 @@
+"""Train a GPT on prepared token shards.
+
+    python train.py configs/shakespeare.py                      # one GPU, CPU or MPS
+    python train.py configs/shakespeare.py --init_from=resume   # continue exactly where out_dir stopped
+    torchrun --standalone --nproc_per_node=8 train.py configs/gpt2_124m.py
+    torchrun --nnodes=2 --node_rank=0 --master_addr=10.0.0.1 --master_port=29500 --nproc_per_node=8 train.py ...
+
+A step: for each of the gradient-accumulation micro-batches, loader -> (x, y) -> model -> loss / accum ->
+backward (DDP syncs gradients on the last micro-batch only); then clip, check for NaN/inf, AdamW step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import platform
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from config import ConfigError, TrainConfig, build_config, config_to_dict, parse_args, print_config
+from loader import BatchLoader, ValBatches
+from model import GPT, GPTConfig
+from runtime import Runtime, resolve_compile, setup_runtime
+from shards import DataError, dataset_dir, read_meta, require_dataset
+
+GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias")  # the shape a resumed run must keep
+# Scanning every token for out-of-vocabulary ids is cheap for small datasets; above this many tokens we trust
+# the shards' meta.json (the prepare scripts check ids on write).
+MAX_SCAN_TOKENS = 500_000_000
+
+# Peak dense bf16 tensor-core FLOP/s from the vendors' datasheets, matched against the CUDA device name.
+PEAK_BF16_FLOPS = (
+    ("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("GH200", 989e12), ("B200", 2250e12),
+    ("A100", 312e12), ("A800", 312e12), ("L40S", 362e12), ("L4", 121e12), ("A10G", 125e12), ("A10", 125e12),
+    ("RTX 4090", 165e12), ("RTX 3090", 71e12), ("A6000", 155e12),
+)
+
+
+class TrainError(ValueError):
+    """A run that cannot start or continue; the message says why and what to do."""
+
+
+# ----------------------------------------------------------------------------- small pieces
+
+
+def get_lr(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup (never 0, even at step 0), then cosine decay from learning_rate to min_lr."""
+    if not cfg.decay_lr:
+        return cfg.learning_rate
+    if step < cfg.warmup_iters:
+        return cfg.learning_rate * (step + 1) / (cfg.warmup_iters + 1)
+    if step >= cfg.lr_decay_iters:
+        return cfg.min_lr
+    progress = (step - cfg.warmup_iters) / max(1, cfg.lr_decay_iters - cfg.warmup_iters)
+    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
+
+
+def make_optimizer(model: GPT, cfg: TrainConfig, device_type: str) -> torch.optim.AdamW:
+    """AdamW with weight decay on the matrices (linear weights, embeddings) only, not on biases and gains."""
+    params = [p for p in model.parameters() if p.requires_grad]  # the tied wte/lm_head weight appears once
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    # The fused CUDA kernel updates all parameters in a few launches instead of several per tensor.
+    extra = {"fused": True} if device_type == "cuda" else {}
+    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), **extra)
+
+
+def flops_per_token(model: GPT) -> float:
+    """Training FLOPs per token (forward + backward), PaLM appendix B: 6N + 12 * L * C * T."""
+    c = model.config
+    return 6 * model.num_params() + 12 * c.n_layer * c.n_embd * c.block_size
+
+
+def peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((flops for key, flops in PEAK_BF16_FLOPS if key in name), None)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    if platform.system() == "Linux":  # peak resident set size of the process (kB on Linux)
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return float("nan")
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def library_versions() -> dict[str, str]:
+    import numpy
+
+    # str(): torch.__version__ is a TorchVersion object, which a weights_only load would refuse to unpickle
+    versions = {"python": platform.python_version(), "torch": str(torch.__version__), "numpy": numpy.__version__}
+    for name in ("tiktoken", "datasets", "safetensors"):
+        try:
+            versions[name] = str(__import__(name).__version__)
+        except Exception:
+            pass
+    if torch.cuda.is_available():
+        versions["cuda"] = str(torch.version.cuda)
+    return versions
+
+
+class StopFlag:
+    """SIGTERM / Ctrl-C set a flag instead of killing the process: the loop finishes the step, saves last.pt
+    and exits. A second Ctrl-C interrupts at once."""
+
+    def __init__(self):
+        self.requested = False
+        self.previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+        print(f"\n{signal.Signals(signum).name} received: finishing this step, then saving last.pt", flush=True)
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+@dataclass
+class Dist:
+    """Where this process sits in a torchrun job (world_size 1 without torchrun)."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def master(self) -> bool:
+        return self.rank == 0
+
+
+def setup_distributed(cfg: TrainConfig) -> tuple[Dist, Runtime]:
+    if "RANK" not in os.environ:
+        return Dist(), setup_runtime(cfg.device, cfg.dtype)
+    d = Dist(int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]))
+    device = cfg.device
+    if device in ("auto", "cuda") and torch.cuda.is_available():
+        device = f"cuda:{d.local_rank}"  # one GPU per process
+    elif device == "auto":
+        device = "cpu"
+    rt = setup_runtime(device, cfg.dtype)
+    backend = cfg.backend if cfg.backend != "auto" else ("nccl" if rt.device_type == "cuda" else "gloo")
+    dist.init_process_group(backend=backend)
+    return d, rt
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+def resolve_config(argv: list[str]) -> tuple[TrainConfig, dict | None]:
+    """The run's config and, when resuming, the checkpoint. A resumed run starts from the checkpoint's config;
+    what argv sets explicitly overrides it, except the model's shape, which must match."""
+    values = parse_args(TrainConfig, argv)
+    if values.get("init_from") != "resume":
+        return build_config(TrainConfig, values), None
+    out_dir = Path(values.get("out_dir", TrainConfig.out_dir))
+    if not (out_dir / "last.pt").is_file():
+        raise TrainError(f"nothing to resume: {out_dir}/last.pt does not exist; start with --init_from=scratch")
+    ckpt = load_checkpoint(out_dir / "last.pt")
+    base = dict(ckpt["config"])
+    saved_shape = {k: ckpt["model_config"][k] for k in MODEL_KEYS}
+    differing = [f"{k} (checkpoint {saved_shape[k]!r}, asked {values[k]!r})"
+                 for k in MODEL_KEYS if k in values and values[k] != saved_shape[k]]
+    if differing:
+        raise TrainError(f"cannot resume {out_dir}/last.pt with a different model shape: {'; '.join(differing)}")
+    base.update(values)
+    base.update(saved_shape)
+    return build_config(TrainConfig, base), ckpt
+
+
+def check_out_dir(cfg: TrainConfig) -> None:
+    """Never let a new run silently replace the checkpoints of an earlier one."""
+    if cfg.init_from == "resume" or cfg.overwrite:
+        return
+    existing = [n for n in ("last.pt", "best.pt") if (Path(cfg.out_dir) / n).exists()]
+    if existing:
+        raise TrainError(
+            f"{cfg.out_dir}/ already holds {' and '.join(existing)}; continue it with --init_from=resume, "
+            f"choose another --out_dir, or pass --overwrite=True to replace it"
+        )
+
+
+def load_dataset_meta(cfg: TrainConfig, d: Dist) -> tuple[Path, dict]:
+    path = dataset_dir(cfg.dataset, cfg.data_root)
+    # The two Shakespeare datasets are small: prepare them on the fly (downloads the text) instead of failing.
+    if not (path / "meta.json").is_file() and path.name in ("shakespeare_char", "shakespeare"):
+        if d.master:
+            print(f"dataset {cfg.dataset!r} not prepared yet: preparing it at {path}")
+            import importlib
+
+            importlib.import_module(f"prepare.{path.name}").main(["--out_dir", str(path)])
+        if d.enabled:
+            dist.barrier()
+    path = require_dataset(cfg.dataset, cfg.data_root)
+    return path, read_meta(path)
+
+
+def build_model(cfg: TrainConfig, meta: dict, ckpt: dict | None) -> GPT:
+    vocab = int(meta["vocab_size"])
+    if ckpt is not None:
+        saved_tok = ckpt.get("tokenizer", {})
+        diffs = [f"{k} (checkpoint {saved_tok.get(k)!r}, dataset {meta.get(k)!r})"
+                 for k in ("tokenizer", "vocab_size") if saved_tok.get(k) != meta.get(k)]
+        if diffs:
+            raise TrainError(f"cannot resume on dataset {cfg.dataset!r}: its vocabulary differs: {'; '.join(diffs)}")
+        model = GPT(GPTConfig.from_dict(ckpt["model_config"]))
+        model.load_state_dict(ckpt["model"])
+        return model
+    if cfg.init_from == "scratch":
+        # Round the embedding up to a multiple of 64 for a BPE vocabulary (50257 -> 50304): faster matmuls.
+        multiple = 64 if meta["tokenizer"]["kind"] != "char" else 1
+        return GPT(GPTConfig(block_size=cfg.block_size, vocab_size=vocab, n_layer=cfg.n_layer, n_head=cfg.n_head,
+                             n_embd=cfg.n_embd, dropout=cfg.dropout, bias=cfg.bias, vocab_multiple=multiple))
+    if cfg.init_from in GPT2_NAMES or Path(cfg.init_from).is_dir():
+        try:
+            model = GPT.from_pretrained(cfg.init_from, dropout=cfg.dropout)
+        except (ValueError, OSError) as e:  # no network, a malformed folder, an unsupported config
+            raise TrainError(str(e)) from None
+        if cfg.block_size < model.config.block_size:
+            model.crop_block_size(cfg.block_size)
+        elif cfg.block_size > model.config.block_size:
+            raise TrainError(f"block_size {cfg.block_size} exceeds {cfg.init_from}'s context of "
+                             f"{model.config.block_size}; use --block_size={model.config.block_size} or less")
+        if meta["tokenizer"] != {"kind": "tiktoken", "name": "gpt2"} or vocab > model.config.vocab_size:
+            raise TrainError(f"dataset {cfg.dataset!r} is not tokenized with the GPT-2 BPE that {cfg.init_from} "
+                             f"expects; prepare it with --tokenizer gpt2 (e.g. python prepare/shakespeare.py)")
+        return model
+    raise TrainError(f"init_from {cfg.init_from!r} is not 'scratch', 'resume', one of {', '.join(GPT2_NAMES)}, "
+                     f"or an existing Hugging Face GPT-2 folder")
+
+
+def check_vocab(data_dir: Path, meta: dict, model: GPT) -> None:
+    """Catch token ids the model has no embedding for now, not as an index error deep inside a step."""
+    from shards import TokenDataset
+
+    if int(meta["vocab_size"]) > model.config.vocab_size:
+        raise TrainError(f"dataset vocab_size {meta['vocab_size']} exceeds the model's {model.config.vocab_size}")
+    for split in ("train", "val"):
+        ds = TokenDataset(data_dir, split)
+        if len(ds) <= MAX_SCAN_TOKENS and ds.max_token() >= model.config.vocab_size:
+            raise TrainError(f"{split} split of {data_dir} holds token id {ds.max_token()} >= the model's "
+                             f"vocab_size {model.config.vocab_size}; re-prepare the dataset")
+
+
+@torch.no_grad()
+def evaluate(model, batches: ValBatches, rt: Runtime, d: Dist) -> float:
+    """Mean loss over the fixed validation batches, each rank taking its share."""
+    model.eval()
+    total = torch.zeros(2, device=rt.device, dtype=torch.float64)  # [sum of batch losses, batch count]
+    for x, y in batches:
+        with rt.autocast():
+            _, loss = model(x, y)
+        total[0] += loss.double()
+        total[1] += 1
+    if d.enabled:
+        dist.all_reduce(total)
+    model.train()
+    return (total[0] / total[1]).item()
+
+
+def write_run_info(cfg: TrainConfig, argv: list[str], d: Dist, rt: Runtime) -> None:
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.init_from != "resume":  # a new run starts a new metrics log
+        (out / "metrics.jsonl").unlink(missing_ok=True)
+    (out / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2) + "\n")
+    info = {"argv": ["train.py", *argv], "versions": library_versions(), "world_size": d.world_size,
+            "device": str(rt.device), "dtype": rt.dtype_name, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    (out / "run.json").write_text(json.dumps(info, indent=2) + "\n")
+
+
+def train(cfg: TrainConfig, ckpt: dict | None, argv: list[str]) -> dict:
+    """Run the training loop; returns a summary (final step, last val loss, best val loss)."""
+    d, rt = setup_distributed(cfg)
+    try:
+        return _train(cfg, ckpt, argv, d, rt)
+    finally:
+        if d.enabled and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Runtime) -> dict:
+    log = print if d.master else (lambda *a, **k: None)
+    if cfg.gradient_accumulation_steps % d.world_size:
+        raise TrainError(f"gradient_accumulation_steps ({cfg.gradient_accumulation_steps}) must be divisible by "
+                         f"the number of processes ({d.world_size})")
+    accum = cfg.gradient_accumulation_steps // d.world_size  # micro-batches per process per step
+    check_out_dir(cfg)
+    data_dir, meta = load_dataset_meta(cfg, d)
+
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+    model = build_model(cfg, meta, ckpt)
+    check_vocab(data_dir, meta, model)
+    model.to(rt.device)
+    optimizer = make_optimizer(model, cfg, rt.device_type)
+    scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.needs_grad_scaler)
+    loader = BatchLoader(data_dir, "train", batch_size=cfg.batch_size, block_size=model.config.block_size,
+                         seed=cfg.seed, mode=cfg.data_mode, rank=d.rank, world_size=d.world_size, device=rt.device)
+    val = ValBatches(data_dir, "val", batch_size=cfg.batch_size, block_size=model.config.block_size,
+                     n_batches=cfg.eval_iters, rank=d.rank, world_size=d.world_size, device=rt.device)
+    step, best_val = 0, float("inf")
+    if ckpt is not None:
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scaler.load_state_dict(ckpt["scaler"])
+        loader.load_state_dict(ckpt["loader"])
+        step, best_val = int(ckpt["step"]), float(ckpt["best_val_loss"])
+    # Dropout masks: a different stream per rank; restored exactly on resume (rank 0's state is saved).
+    torch.manual_seed(cfg.seed + d.rank)
+    if ckpt is not None and d.master:
+        torch.set_rng_state(ckpt["rng"]["torch"])
+        if rt.device_type == "cuda" and ckpt["rng"].get("cuda") is not None:
+            torch.cuda.set_rng_state(ckpt["rng"]["cuda"], rt.device)
+    ckpt = None  # free the loaded tensors
+
+    if d.master:
+        print("config:")
+        print_config(cfg)
+        write_run_info(cfg, argv, d, rt)
+    use_compile, why = resolve_compile(cfg.compile, rt.device)
+    log(why)
+    raw_model = model  # the unwrapped model: its state_dict has no "module." or "_orig_mod." prefixes
+    if use_compile:
+        model = torch.compile(model)
+    eval_model = model
+    if d.enabled:
+        model = DDP(model, device_ids=[rt.device.index] if rt.device_type == "cuda" else None)
+
+    block_size = raw_model.config.block_size
+    tokens_per_step = cfg.batch_size * block_size * accum * d.world_size
+    peak = peak_flops(rt.device)
+    log(f"model: {raw_model.num_params() / 1e6:.2f}M parameters | {d.world_size} process(es) on {rt.device} | "
+        f"{rt.dtype_name} | {tokens_per_step:,} tokens per step ({cfg.batch_size} x {block_size} x "
+        f"{accum} accumulation x {d.world_size} processes)")
+    metrics_path = Path(cfg.out_dir) / "metrics.jsonl"
+    wandb_run = None
+    if cfg.wandb_log and d.master:
+        import wandb
+
+        wandb_run = wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or Path(cfg.out_dir).name,
+                               config=config_to_dict(cfg))
+
+    def record(entry: dict) -> None:
+        if not d.master:
+            return
+        with open(metrics_path, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+        if wandb_run is not None:
+            wandb_run.log({k: v for k, v in entry.items() if k != "step"}, step=entry["step"])
+
+    def save(name: str) -> None:
+        if not d.master:
+            return
+        state = {
+            "format": 1, "model_config": raw_model.config.to_dict(), "model": raw_model.state_dict(),
+            "tokenizer": meta, "step": step, "best_val_loss": best_val, "config": config_to_dict(cfg),
+            "argv": ["train.py", *argv], "versions": library_versions(), "optimizer": optimizer.state_dict(),
+            "scaler": scaler.state_dict(), "loader": loader.state_dict(),
+            "rng": {"torch": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state(rt.device) if rt.device_type == "cuda" else None},
+        }
+        save_checkpoint(state, Path(cfg.out_dir) / name)
+
+    start_step, val_loss = step, None
+    t_log, steps_since_log, step_times = time.perf_counter(), 0, []
+    stop = StopFlag()
+    with stop:
+        while True:
+            # ---- evaluate and checkpoint
+            if step % cfg.eval_interval == 0 or step >= cfg.max_iters or cfg.eval_only:
+                val_loss = evaluate(eval_model, val, rt, d)
+                improved = val_loss < best_val
+                best_val = min(best_val, val_loss)
+                log(f"step {step}: val loss {val_loss:.4f}" + (" (best so far)" if improved else ""))
+                record({"step": step, "val_loss": val_loss, "best_val_loss": best_val})
+                if step > start_step:  # nothing new to save on the step a run starts from
+                    if improved:
+                        save("best.pt")
+                    if improved or cfg.always_save_checkpoint or step >= cfg.max_iters:
+                        save("last.pt")
+                t_log = time.perf_counter()  # keep evaluation out of the step timings
+            if cfg.eval_only or step >= cfg.max_iters:
+                break
+
+            # ---- one optimizer step
+            lr = get_lr(step, cfg)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss_sum = torch.zeros((), device=rt.device)
+            for micro in range(accum):
+                x, y = loader.next_batch()
+                # Gradients are all-reduced only on the last micro-batch; the others accumulate locally.
+                sync = (not d.enabled) or micro == accum - 1
+                with (contextlib.nullcontext() if sync else model.no_sync()), rt.autocast():
+                    _, loss = model(x, y)
+                    loss = loss / accum
+                scaler.scale(loss).backward()
+                loss_sum += loss.detach()
+            scaler.unscale_(optimizer)
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                raw_model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+            # One small reduction decides for all ranks: a NaN/inf anywhere, or a stop signal on any rank.
+            # With fp16 an inf gradient is routine (the GradScaler skips that step and lowers its scale).
+            bad = ~torch.isfinite(loss_sum)
+            if not rt.needs_grad_scaler:
+                bad = bad | ~torch.isfinite(grad_norm)
+            flags = torch.stack([bad.float(), torch.tensor(float(stop.requested), device=rt.device)])
+            if d.enabled:
+                dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+            if flags[0].item() > 0:
+                raise TrainError(
+                    f"non-finite loss or gradient norm at step {step} (loss {loss_sum.item():.4g}, grad norm "
+                    f"{grad_norm.item():.4g}); stopped before the optimizer step, checkpoints left as they were. "
+                    f"Try a lower --learning_rate, --grad_clip=1.0, or --dtype=bfloat16/float32")
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            steps_since_log += 1
+
+            # ---- log
+            if step % cfg.log_interval == 0 or step == cfg.max_iters:
+                loss_val = loss_sum
+                if d.enabled:
+                    dist.all_reduce(loss_val, op=dist.ReduceOp.AVG if rt.device_type == "cuda" else dist.ReduceOp.SUM)
+                    if rt.device_type != "cuda":  # gloo has no AVG
+                        loss_val = loss_val / d.world_size
+                loss_f = loss_val.item()  # the only host sync of the step, every log_interval steps
+                now = time.perf_counter()
+                dt = (now - t_log) / steps_since_log
+                t_log, steps_since_log = now, 0
+                if step > start_step + 1 or cfg.max_iters - start_step <= 1:  # skip the compile/warm-up step
+                    step_times.append(dt)
+                avg = sorted(step_times[-20:])[len(step_times[-20:]) // 2] if step_times else dt
+                tok_s = tokens_per_step / dt
+                mfu = flops_per_token(raw_model) * tok_s / (peak * d.world_size) if peak else None
+                entry = {"step": step, "loss": loss_f, "lr": lr, "grad_norm": grad_norm.item(),
+                         "ms_per_step": dt * 1000, "tokens_per_s": tok_s, "mfu": mfu,
+                         "peak_mem_mb": peak_memory_mb(rt.device), "epoch": loader.epoch}
+                record(entry)
+                eta = format_duration(avg * (cfg.max_iters - step))
+                log(f"step {step}/{cfg.max_iters} | loss {loss_f:.4f} | lr {lr:.2e} | grad {entry['grad_norm']:.3f} | "
+                    f"{dt * 1000:.1f} ms/step | {tok_s:,.0f} tok/s | MFU {f'{mfu * 100:.1f}%' if mfu else 'n/a'} | "
+                    f"mem {entry['peak_mem_mb']:,.0f} MB | ETA {eta}", flush=True)
+
+            if flags[1].item() > 0:  # a signal on any rank: every rank leaves after this same step
+                save("last.pt")
+                log(f"stopped at step {step}; saved {cfg.out_dir}/last.pt; continue with --init_from=resume")
+                break
+    if wandb_run is not None:
+        wandb_run.finish()
+    return {"step": step, "val_loss": val_loss, "best_val_loss": best_val}
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        cfg, ckpt = resolve_config(argv)
+        return train(cfg, ckpt, argv)
+    except (ConfigError, DataError, CheckpointError, TrainError) as e:
+        sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    main()
