@@ -254,7 +254,7 @@ def convert(key: str, tp, value: Any, from_text: bool) -> Any:
                 return int(number)
             if base is float:
                 return float(text)
-            return text
+            return str(value)  # strings verbatim: a prompt's leading/trailing spaces matter
         except ValueError:
             raise bad from None
     # values from a config file are already Python objects: accept only the right kind

@@ -64,7 +64,9 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         self.kv_cache: KVCache | None = None  # set by GPT.setup_kv_cache for incremental decoding
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         B, T, C = x.shape
         # (B, T, 3C) -> 3 x (B, T, C) -> each (B, T, H, D) -> (B, H, T, D)
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
@@ -78,11 +80,9 @@ class CausalSelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
         else:
             # Incremental decoding: x holds the tokens at absolute positions `pos` (T,). Store their keys and
-            # values, then attend over the whole fixed-size cache; the mask lets query i see cached key j
-            # only when j <= pos[i] (earlier tokens and itself), which also hides the unwritten slots.
+            # values, then attend over the whole fixed-size cache; `mask` (T, max_len) lets query i see cached
+            # key j only when j <= pos[i] (earlier tokens and itself), which also hides the unwritten slots.
             k_all, v_all = self.kv_cache.update(pos, k, v)  # (B, H, max_len, D)
-            slots = torch.arange(k_all.size(2), device=x.device)
-            mask = slots[None, :] <= pos[:, None]  # (T, max_len) boolean, broadcast over B and H
             y = F.scaled_dot_product_attention(q, k_all.to(q.dtype), v_all.to(q.dtype), attn_mask=mask)
 
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, H, T, D) -> (B, T, H, D) -> (B, T, C)
@@ -111,8 +111,10 @@ class Block(nn.Module):
         self.ln_2 = LayerNorm(config.n_embd, config.bias, config.ln_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), pos)
+    def forward(
+        self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), pos, mask)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -214,6 +216,15 @@ class GPT(nn.Module):
         positions of the tokens in idx.
         """
         B, T = idx.shape
+        logits = self.head(self.hidden_states(idx, pos))  # (B, T, V)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.reshape(B * T, -1).float(), targets.reshape(B * T), ignore_index=-1)
+        return logits, loss
+
+    def hidden_states(self, idx: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
+        """idx (B, T) -> the final LayerNorm's output (B, T, C), the input of the head."""
+        B, T = idx.shape
         if pos is None:
             if T > self.config.block_size:
                 raise ValueError(
@@ -221,23 +232,24 @@ class GPT(nn.Module):
                     f"crop the input to its last {self.config.block_size} tokens"
                 )
             pos = torch.arange(T, device=idx.device)
-            x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C) + (T, C)
-            x = self.transformer.drop(x)
+            x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C) + (T, C)
             for block in self.transformer.h:
                 x = block(x)
         else:
-            if self.transformer.h[0].attn.kv_cache is None:
+            cache = self.transformer.h[0].attn.kv_cache
+            if cache is None:
                 raise RuntimeError("forward(pos=...) needs a KV cache: call model.setup_kv_cache(...) first")
+            # Which cache slots each query may see, built once for all layers: (T, max_len) boolean.
+            mask = torch.arange(cache.k.size(2), device=idx.device)[None, :] <= pos[:, None]
             x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
             for block in self.transformer.h:
-                x = block(x, pos)
-        x = self.transformer.ln_f(x)
-        # Drop the padding columns of the head (a view): they are never a prediction.
-        logits = self.lm_head(x)[..., : self.config.vocab_size]  # (B, T, V)
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.reshape(B * T, -1).float(), targets.reshape(B * T), ignore_index=-1)
-        return logits, loss
+                x = block(x, pos, mask)
+        return self.transformer.ln_f(x)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., C) -> logits (..., V). The padding columns of a padded vocabulary are dropped (a view): they are
+        never a prediction, so never sampled."""
+        return self.lm_head(x)[..., : self.config.vocab_size]
 
     # ------------------------------------------------------------------------- KV cache
 
@@ -309,6 +321,10 @@ class GPT(nn.Module):
             self.setup_kv_cache(B)
         step = step_fn if step_fn is not None else self.forward
         filled = 0  # cached positions in the current window
+        # The position of the next cached step lives on the device and is advanced in place: building it from a
+        # Python int every token would be a host-to-device copy that waits for the GPU.
+        step_pos = torch.zeros(1, dtype=torch.long, device=idx.device)
+        last = tokens[:, -1:]
         finished = torch.zeros(B, dtype=torch.bool, device=idx.device)
         # Checking "all stopped" reads a flag back to the host; on an accelerator do it only every 8 tokens.
         check_every = 1 if idx.device.type == "cpu" else 8
@@ -321,20 +337,22 @@ class GPT(nn.Module):
                 if filled == 0:  # (re)fill the cache with the whole window: one batched forward
                     window = tokens[:, start:]
                     pos = torch.arange(window.size(1), device=idx.device)
-                    logits, _ = self.forward(window, pos=pos)
-                else:  # one new token at position `filled`
-                    pos = torch.tensor([filled], device=idx.device)
-                    logits, _ = step(tokens[:, -1:], pos=pos)
+                    logits = self.head(self.hidden_states(window, pos)[:, -1])  # only the last position's
+                    step_pos.fill_(window.size(1))
+                else:  # one new token at position `filled`; `last` is a fresh (B, 1) tensor: fixed strides
+                    logits = step(last, pos=step_pos)[0][:, -1]
+                    step_pos += 1
                 filled = length - start
             else:
-                logits, _ = self.forward(tokens[:, start:])
-            probs = logits_to_probs(logits[:, -1, :], temperature, top_k, top_p)
+                logits = self.forward(tokens[:, start:])[0][:, -1]
+            probs = logits_to_probs(logits, temperature, top_k, top_p)
             nxt = sample_token(probs, generator)  # (B,)
             if stop_token is not None:
                 # A finished sequence keeps emitting the stop token, so the batch stays rectangular.
                 nxt = torch.where(finished, torch.full_like(nxt, stop_token), nxt)
                 finished = finished | (nxt == stop_token)
-            tokens = torch.cat([tokens, nxt[:, None]], dim=1)
+            last = nxt[:, None]  # (B,) -> (B, 1)
+            tokens = torch.cat([tokens, last], dim=1)
             yield nxt
             if stop_token is not None and i % check_every == check_every - 1 and bool(finished.all()):
                 return
@@ -351,6 +369,7 @@ class GPT(nn.Module):
         generator: torch.Generator | None = None,
         use_cache: bool = True,
         window_shift: int | None = None,
+        step_fn=None,
     ) -> torch.Tensor:
         """Continue the prompts idx (B, T) by up to max_new_tokens tokens; returns (B, T + n).
 
@@ -359,14 +378,16 @@ class GPT(nn.Module):
         token. Past block_size the context window slides forward by `window_shift` tokens (default block_size
         // 4) and the cache is rebuilt from the kept tokens; use_cache=False follows the same windows, so both
         paths give the same tokens. window_shift=1 is the classic "always the last block_size tokens" window,
-        at the price of a full forward per token once the window is full.
+        at the price of a full forward per token once the window is full. `step_fn` replaces self.forward for
+        the single-token cached steps (e.g. a CUDA-graph-compiled forward; see sample.py).
         """
         was_training = self.training
         self.eval()
         out = [idx]
         try:
             for nxt in self.generate_stream(
-                idx, max_new_tokens, temperature, top_k, top_p, stop_token, generator, use_cache, window_shift
+                idx, max_new_tokens, temperature, top_k, top_p, stop_token, generator, use_cache, window_shift,
+                step_fn,
             ):
                 out.append(nxt[:, None])
         finally:

@@ -276,6 +276,25 @@ def check_vocab(data_dir: Path, meta: dict, model: GPT) -> None:
                              f"vocab_size {model.config.vocab_size}; re-prepare the dataset")
 
 
+def forward_backward(model, optimizer, scaler, next_batch, accum: int, rt: Runtime, grad_clip: float):
+    """The gradient half of a training step: `accum` micro-batches of forward + backward, then unscale and
+    clip. Returns the mean loss and the gradient norm as device tensors (reading them would sync the host)."""
+    loss_sum = torch.zeros((), device=rt.device)
+    for micro in range(accum):
+        x, y = next_batch()
+        # Under DDP gradients are all-reduced only on the last micro-batch; the others accumulate locally.
+        sync = not isinstance(model, DDP) or micro == accum - 1
+        with (contextlib.nullcontext() if sync else model.no_sync()), rt.autocast():
+            _, loss = model(x, y)
+            loss = loss / accum
+        scaler.scale(loss).backward()
+        loss_sum += loss.detach()
+    scaler.unscale_(optimizer)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
+    return loss_sum, grad_norm
+
+
 @torch.no_grad()
 def evaluate(model, batches: ValBatches, rt: Runtime, d: Dist) -> float:
     """Mean loss over the fixed validation batches, each rank taking its share."""
@@ -419,19 +438,8 @@ def _train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Ru
             lr = get_lr(step, cfg)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            loss_sum = torch.zeros((), device=rt.device)
-            for micro in range(accum):
-                x, y = loader.next_batch()
-                # Gradients are all-reduced only on the last micro-batch; the others accumulate locally.
-                sync = (not d.enabled) or micro == accum - 1
-                with (contextlib.nullcontext() if sync else model.no_sync()), rt.autocast():
-                    _, loss = model(x, y)
-                    loss = loss / accum
-                scaler.scale(loss).backward()
-                loss_sum += loss.detach()
-            scaler.unscale_(optimizer)
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                raw_model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+            loss_sum, grad_norm = forward_backward(model, optimizer, scaler, loader.next_batch, accum, rt,
+                                                   cfg.grad_clip)
             # One small reduction decides for all ranks: a NaN/inf anywhere, or a stop signal on any rank.
             # With fp16 an inf gradient is routine (the GradScaler skips that step and lowers its scale).
             bad = ~torch.isfinite(loss_sum)

@@ -270,3 +270,14 @@ def test_ddp_two_processes_match_one(char_dataset, tmp_path):
             if key in a:
                 assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6)
     assert_same_weights(weights(ddp), weights(single), exact=False)
+
+
+def test_wandb_offline_logging(char_dataset, tmp_path):
+    pytest.importorskip("wandb")
+    env = dict(os.environ, WANDB_MODE="offline", WANDB_DIR=str(tmp_path), WANDB_SILENT="true", OMP_NUM_THREADS="1")
+    res = subprocess.run([sys.executable, str(REPO / "train.py"),
+                          *tiny_args(char_dataset, tmp_path / "out", max_iters=3, wandb_log=True)],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1 and runs[0].stat().st_size > 0

@@ -1,0 +1,496 @@
+"""Token shards on disk, the per-dataset meta.json, and the tokenizer that goes with them.
+
+A prepared dataset is a folder holding ``meta.json`` plus ``train_000000.bin, ...`` and ``val_000000.bin, ...``.
+Each ``.bin`` shard is a fixed 32-byte header followed by the raw token ids, so it can be memory-mapped and
+sliced without ever loading a corpus into RAM:
+
+    offset  size  field
+    0       8     magic b"GPTTOKS\\0"  (catches pointing the loader at some unrelated file)
+    8       4     format version, uint32 (currently 1)
+    12      4     dtype code, uint32: 2 = uint16, 4 = uint32 (the item size in bytes)
+    16      8     token count, uint64 (lets us detect truncated or padded files)
+    24      8     reserved, zero
+
+All integers are little-endian. uint16 is used whenever every id fits (vocab_size <= 65536, e.g. GPT-2's 50257),
+halving disk and page-cache use; larger vocabularies get uint32.
+
+This module deliberately does not import torch: the prepare scripts only need numpy (and tiktoken).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import struct
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MAGIC = b"GPTTOKS\0"
+FORMAT_VERSION = 1
+HEADER = struct.Struct("<8sIIQ8x")  # magic, version, dtype code, token count, 8 reserved zero bytes
+HEADER_SIZE = HEADER.size  # 32
+DTYPE_CODES: dict[int, np.dtype] = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
+META_NAME = "meta.json"
+SPLITS = ("train", "val")
+SHARD_RE = re.compile(r"^(train|val)_\d{6}\.bin$")
+
+# Datasets that have their own prepare script: used to tell the user the exact command to run.
+PREPARE_COMMANDS = {
+    "shakespeare_char": "python prepare/shakespeare_char.py",
+    "shakespeare": "python prepare/shakespeare.py",
+    "openwebtext": "python prepare/openwebtext.py",
+    "fineweb": "python prepare/fineweb.py",
+    "fineweb_edu": "python prepare/fineweb.py --edu",
+}
+
+
+class DataError(ValueError):
+    """A problem with the user's data or arguments. The message is one line saying what is wrong and how to fix it."""
+
+
+def one_line(text: object) -> str:
+    """Collapse an (exception) message to a single line, so errors from libraries keep our one-line contract."""
+    return " ".join(str(text).split())
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Shard files
+
+
+def dtype_for_vocab(vocab_size: int) -> np.dtype:
+    """The smallest on-disk dtype able to hold every id of a vocabulary of this size."""
+    if vocab_size < 1:
+        raise DataError(f"vocab_size must be at least 1, got {vocab_size}")
+    if vocab_size <= 2**16:
+        return DTYPE_CODES[2]
+    if vocab_size <= 2**32:
+        return DTYPE_CODES[4]
+    raise DataError(f"vocab_size {vocab_size} does not fit in uint32 token shards (max {2**32})")
+
+
+def shard_name(split: str, index: int) -> str:
+    return f"{split}_{index:06d}.bin"
+
+
+def _atomic_write_bytes(path: Path, chunks: Iterable[bytes | memoryview]) -> None:
+    """Write to ``<name>.tmp`` then rename, so a crash never leaves a partial file under the final name."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_shard(path: str | os.PathLike, tokens: np.ndarray | Sequence[int], vocab_size: int) -> Path:
+    """Write one shard atomically. Every id must lie in [0, vocab_size)."""
+    path = Path(path)
+    arr = np.asarray(tokens)
+    if arr.ndim != 1:
+        raise DataError(f"tokens for {path} must be a 1-D array, got shape {arr.shape}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise DataError(f"tokens for {path} must be integers, got dtype {arr.dtype}")
+    dtype = dtype_for_vocab(vocab_size)
+    if arr.size:
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi >= vocab_size:
+            bad = lo if lo < 0 else hi
+            raise DataError(
+                f"token id {bad} is outside the vocabulary [0, {vocab_size}) while writing {path}; "
+                "the tokenizer and vocab_size disagree"
+            )
+    data = np.ascontiguousarray(arr, dtype=dtype)
+    header = HEADER.pack(MAGIC, FORMAT_VERSION, dtype.itemsize, data.size)
+    _atomic_write_bytes(path, [header, memoryview(data).cast("B")])
+    return path
+
+
+def read_header(path: str | os.PathLike) -> tuple[np.dtype, int]:
+    """Validate a shard's header and size; return (dtype, token count)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"token shard {path} does not exist; re-run the prepare script for this dataset")
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        raw = f.read(HEADER_SIZE)
+    if len(raw) < HEADER_SIZE or raw[:8] != MAGIC:
+        raise DataError(f"{path} is not a token shard (bad magic); re-run the prepare script for this dataset")
+    _, version, code, count = HEADER.unpack(raw)
+    if version != FORMAT_VERSION:
+        raise DataError(
+            f"{path} has shard format version {version} but this code supports version {FORMAT_VERSION}; "
+            "re-run the prepare script with this version of the code"
+        )
+    if code not in DTYPE_CODES:
+        raise DataError(f"{path} has unknown dtype code {code} (expected 2 or 4); the file is corrupt, re-run prepare")
+    dtype = DTYPE_CODES[code]
+    expected = HEADER_SIZE + count * dtype.itemsize
+    if size != expected:
+        raise DataError(
+            f"{path} should be {expected} bytes for {count} tokens but is {size} bytes (truncated or corrupt); "
+            "re-run the prepare script for this dataset"
+        )
+    return dtype, count
+
+
+def open_shard(path: str | os.PathLike) -> np.ndarray:
+    """Memory-map a shard's tokens (read-only, 1-D). Nothing is read into memory until it is sliced."""
+    dtype, count = read_header(path)
+    if count == 0:  # mmap cannot map zero bytes
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_SIZE, shape=(count,))
+
+
+class ShardWriter:
+    """Streams tokens of one split into consecutive shards of ``shard_tokens`` tokens each.
+
+    Memory stays bounded by one shard: tokens are copied into a fixed buffer that is flushed to disk whenever it
+    fills up, which is what lets the big-corpus scripts run on machines with far less RAM than the corpus.
+    """
+
+    def __init__(self, out_dir: str | os.PathLike, split: str, vocab_size: int, shard_tokens: int = 100_000_000):
+        if shard_tokens < 1:
+            raise DataError(f"shard_tokens must be at least 1, got {shard_tokens}")
+        self.out_dir = Path(out_dir)
+        self.split = split
+        self.vocab_size = vocab_size
+        self.shard_tokens = shard_tokens
+        self.dtype = dtype_for_vocab(vocab_size)
+        self.names: list[str] = []
+        self.tokens = 0  # total written (flushed or buffered)
+        self._buf: np.ndarray | None = None  # allocated on first use: np.empty is lazy, but keep it obvious
+        self._fill = 0
+
+    def write(self, tokens: np.ndarray | Sequence[int]) -> None:
+        arr = np.asarray(tokens)
+        if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= self.vocab_size):
+            raise DataError(f"a token id is outside the vocabulary [0, {self.vocab_size}) in the {self.split} split")
+        pos = 0
+        while pos < arr.size:
+            if self._buf is None:
+                self._buf = np.empty(self.shard_tokens, dtype=self.dtype)
+            take = min(arr.size - pos, self.shard_tokens - self._fill)
+            self._buf[self._fill : self._fill + take] = arr[pos : pos + take]
+            self._fill += take
+            pos += take
+            if self._fill == self.shard_tokens:
+                self._flush()
+        self.tokens += int(arr.size)
+
+    def _flush(self) -> None:
+        if self._fill == 0:
+            return
+        name = shard_name(self.split, len(self.names))
+        write_shard(self.out_dir / name, self._buf[: self._fill], self.vocab_size)
+        self.names.append(name)
+        self._fill = 0
+
+    def close(self) -> list[str]:
+        """Flush the last partial shard; return the shard file names in order."""
+        self._flush()
+        self._buf = None
+        return list(self.names)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# meta.json
+
+
+def write_meta(data_dir: str | os.PathLike, meta: dict[str, Any]) -> Path:
+    """Write meta.json atomically (JSON, never pickle: safe to read from untrusted folders)."""
+    path = Path(data_dir) / META_NAME
+    text = json.dumps(meta, indent=2, ensure_ascii=False) + "\n"
+    _atomic_write_bytes(path, [text.encode("utf-8")])
+    return path
+
+
+def read_meta(data_dir: str | os.PathLike) -> dict[str, Any]:
+    """Read and sanity-check meta.json. Missing or malformed files raise DataError."""
+    path = Path(data_dir) / META_NAME
+    if not path.is_file():
+        raise DataError(f"{path} not found; prepare the dataset first (see the scripts in prepare/)")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f"{path} is not valid JSON ({one_line(e)}); re-run the prepare script") from None
+    problem = _meta_problem(meta)
+    if problem:
+        raise DataError(f"{path} is invalid: {problem}; re-run the prepare script")
+    return meta
+
+
+def _meta_problem(meta: Any) -> str | None:
+    """Describe the first structural problem of a meta dict, or None when it looks right."""
+    if not isinstance(meta, dict):
+        return "top level is not a JSON object"
+    for key in ("format_version", "tokenizer", "vocab_size", "splits"):
+        if key not in meta:
+            return f"missing key {key!r}"
+    if meta["format_version"] != FORMAT_VERSION:
+        return f"format_version is {meta['format_version']!r}, this code supports {FORMAT_VERSION}"
+    if not isinstance(meta["vocab_size"], int) or meta["vocab_size"] < 1:
+        return "vocab_size must be a positive integer"
+    if not isinstance(meta["tokenizer"], dict) or meta["tokenizer"].get("kind") not in ("char", "tiktoken"):
+        return "tokenizer.kind must be 'char' or 'tiktoken'"
+    if not isinstance(meta["splits"], dict):
+        return "splits must be an object"
+    for split, entry in meta["splits"].items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("shards"), list):
+            return f"splits.{split}.shards must be a list of file names"
+        if not isinstance(entry.get("tokens"), int):
+            return f"splits.{split}.tokens must be an integer"
+        for name in entry["shards"]:
+            # Names only, never paths: a meta.json must not be able to point outside its folder.
+            if not isinstance(name, str) or Path(name).name != name or not name.endswith(".bin"):
+                return f"splits.{split}.shards contains {name!r}, which is not a plain .bin file name"
+    return None
+
+
+def make_meta(
+    tokenizer: Tokenizer, splits: dict[str, dict[str, Any]], source: str, created: str | None = None
+) -> dict[str, Any]:
+    """Assemble a meta dict in the canonical key order."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "tokenizer": tokenizer.to_meta(),
+        "vocab_size": tokenizer.vocab_size,
+        "eot_id": tokenizer.eot_id,
+        "splits": splits,
+        "source": source,
+        "created": created or datetime.date.today().isoformat(),
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Tokenizer
+
+
+class Tokenizer:
+    """Encodes/decodes text for a dataset, built from (and saved as) the ``tokenizer`` entry of meta.json.
+
+    kind "char":     {"kind": "char", "chars": [...]}: id i is chars[i]; no end-of-text token.
+    kind "tiktoken": {"kind": "tiktoken", "name": "gpt2"}: tiktoken's BPE; eot_id is its <|endoftext|>.
+    """
+
+    def __init__(self, spec: dict[str, Any]):
+        self._spec = dict(spec)
+        self.kind: str = spec.get("kind", "")
+        if self.kind == "char":
+            chars = spec.get("chars")
+            if not isinstance(chars, list) or not chars or not all(isinstance(c, str) and len(c) == 1 for c in chars):
+                raise DataError("char tokenizer needs a non-empty 'chars' list of single characters in meta.json")
+            if len(set(chars)) != len(chars):
+                raise DataError("char tokenizer 'chars' list in meta.json contains duplicates; re-run prepare")
+            self._chars = chars
+            self._codepoints = np.array([ord(c) for c in chars], dtype=np.uint32)
+            # Lookup via a sorted copy so unsorted-but-valid vocabularies still work.
+            self._order = np.argsort(self._codepoints, kind="stable")
+            self._sorted_cp = self._codepoints[self._order]
+            self.vocab_size = len(chars)
+            self.eot_id: int | None = None
+        elif self.kind == "tiktoken":
+            name = spec.get("name")
+            if not isinstance(name, str):
+                raise DataError("tiktoken tokenizer needs a 'name' (e.g. 'gpt2') in meta.json")
+            self._enc = _get_tiktoken(name)
+            self.vocab_size = self._enc.n_vocab
+            self.eot_id = self._enc.eot_token
+        else:
+            raise DataError(f"unknown tokenizer kind {self.kind!r} in meta.json; expected 'char' or 'tiktoken'")
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any]) -> Tokenizer:
+        """Build from a whole meta dict or just its ``tokenizer`` entry."""
+        spec = meta.get("tokenizer", meta)
+        if not isinstance(spec, dict):
+            raise DataError("meta.json 'tokenizer' entry must be an object; re-run prepare")
+        return cls(spec)
+
+    @classmethod
+    def char_from_text(cls, text: str) -> Tokenizer:
+        """A character vocabulary made of the sorted set of characters in ``text``."""
+        if not text:
+            raise DataError("cannot build a character vocabulary from empty text; give a non-empty input")
+        return cls({"kind": "char", "chars": sorted(set(text))})
+
+    @classmethod
+    def tiktoken(cls, name: str = "gpt2") -> Tokenizer:
+        return cls({"kind": "tiktoken", "name": name})
+
+    def to_meta(self) -> dict[str, Any]:
+        return dict(self._spec)
+
+    def encode(self, text: str) -> list[int]:
+        if self.kind == "tiktoken":
+            return self._enc.encode_ordinary(text)
+        return self.encode_array(text).tolist()
+
+    def encode_array(self, text: str) -> np.ndarray:
+        """Encode to a numpy array (uint32 ids); the fast path used by the prepare scripts."""
+        if self.kind == "tiktoken":
+            # Ordinary encoding: "<|endoftext|>" typed by a user is just text, never the special token.
+            # (No special token is allowed and none is disallowed; that is exactly encode_ordinary, and
+            # encode_to_numpy skips building a Python list, which makes it the fastest path.)
+            if hasattr(self._enc, "encode_to_numpy"):
+                return self._enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=())
+            return np.asarray(self._enc.encode_ordinary(text), dtype=np.uint32)
+        # Vectorised char lookup: UTF-32 gives one uint32 code point per character.
+        cps = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        pos = np.searchsorted(self._sorted_cp, cps)
+        pos_c = np.minimum(pos, len(self._sorted_cp) - 1)
+        known = self._sorted_cp[pos_c] == cps
+        if not known.all():
+            bad = chr(int(cps[np.argmin(known)]))
+            raise DataError(
+                f"character {bad!r} is not in the model's vocabulary (this char-level dataset has "
+                f"{self.vocab_size} characters); remove it from the text"
+            )
+        return self._order[pos_c].astype(np.uint32)
+
+    def decode(self, ids: Iterable[int] | np.ndarray) -> str:
+        arr = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids), dtype=np.int64).reshape(-1)
+        if arr.size and (arr.min() < 0 or arr.max() >= self.vocab_size):
+            bad = int(arr.min() if arr.min() < 0 else arr.max())
+            raise DataError(f"token id {bad} is outside this tokenizer's vocabulary [0, {self.vocab_size})")
+        if self.kind == "tiktoken":
+            return self._enc.decode(arr.tolist())
+        return self._codepoints[arr].astype("<u4").tobytes().decode("utf-32-le")
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(kind={self.kind!r}, vocab_size={self.vocab_size})"
+
+
+def _get_tiktoken(name: str) -> Any:
+    import tiktoken  # lazy: char-level datasets should not need tiktoken's BPE files
+
+    try:
+        return tiktoken.get_encoding(name)
+    except ValueError as e:  # unknown encoding name
+        raise DataError(f"unknown tiktoken encoding {name!r} ({one_line(e)})") from None
+    except Exception as e:  # the BPE files are downloaded on first use; offline that fails in various ways
+        raise DataError(
+            f"could not load tiktoken encoding {name!r} ({type(e).__name__}: {one_line(e)}); it is downloaded on "
+            "first use, so run once with network access or set TIKTOKEN_CACHE_DIR to a folder with the cached files"
+        ) from None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Reading a prepared split as one token stream
+
+
+class TokenDataset:
+    """All shards of one split, memory-mapped and addressed as a single concatenated stream of tokens."""
+
+    def __init__(self, data_dir: str | os.PathLike, split: str):
+        self.data_dir = require_dataset(data_dir)
+        self.split = split
+        self.meta = read_meta(self.data_dir)
+        splits = self.meta["splits"]
+        if split not in splits:
+            raise DataError(
+                f"{self.data_dir} has no {split!r} split (it has: {', '.join(sorted(splits)) or 'none'}); "
+                "re-run the prepare script"
+            )
+        self.vocab_size: int = self.meta["vocab_size"]
+        self.shards = [open_shard(self.data_dir / name) for name in splits[split]["shards"]]
+        for name, shard in zip(splits[split]["shards"], self.shards):
+            if shard.dtype.itemsize < dtype_for_vocab(self.vocab_size).itemsize:
+                raise DataError(f"{self.data_dir / name} is {shard.dtype} but vocab_size is {self.vocab_size}")
+        # offsets[i] is the stream position of shard i's first token; offsets[-1] is the total length.
+        self.offsets = np.cumsum([0] + [len(s) for s in self.shards], dtype=np.int64)
+        if int(self.offsets[-1]) != splits[split]["tokens"]:
+            raise DataError(
+                f"{self.data_dir}/meta.json says the {split} split has {splits[split]['tokens']} tokens but its "
+                f"shards hold {int(self.offsets[-1])}; re-run the prepare script"
+            )
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def window(self, start: int, length: int) -> np.ndarray:
+        """Tokens [start, start+length) of the stream as a new array, reading across shard boundaries."""
+        if start < 0 or length < 0 or start + length > len(self):
+            raise IndexError(f"window [{start}, {start + length}) is outside the {self.split} split of {len(self)} tokens")
+        out = np.empty(length, dtype=self.shards[0].dtype if self.shards else np.uint16)
+        pos = 0
+        shard = int(np.searchsorted(self.offsets, start, side="right")) - 1
+        while pos < length:
+            lo = start + pos - int(self.offsets[shard])
+            take = min(length - pos, len(self.shards[shard]) - lo)
+            out[pos : pos + take] = self.shards[shard][lo : lo + take]
+            pos += take
+            shard += 1
+        return out
+
+    def windows(self, starts: np.ndarray, length: int) -> np.ndarray:
+        """Stack of windows, shape (len(starts), length), int64. Vectorised when a window stays in one shard."""
+        starts = np.asarray(starts, dtype=np.int64)
+        out = np.empty((len(starts), length), dtype=np.int64)
+        shard_of = np.searchsorted(self.offsets, starts, side="right") - 1
+        inside = starts + length <= self.offsets[np.minimum(shard_of + 1, len(self.shards))]
+        for s in np.unique(shard_of[inside]):
+            rows = np.nonzero(inside & (shard_of == s))[0]
+            local = starts[rows] - self.offsets[s]
+            out[rows] = self.shards[s][local[:, None] + np.arange(length)]  # one fancy-index gather per shard
+        for row in np.nonzero(~inside)[0]:  # rare: the window straddles a shard boundary
+            out[row] = self.window(int(starts[row]), length)
+        return out
+
+    def max_token(self, chunk: int = 1 << 24) -> int:
+        """Largest id in the split (-1 if empty), scanned in chunks so memory stays flat on huge corpora.
+
+        Used before training to refuse data whose ids exceed the model's vocabulary (which would otherwise
+        surface as an opaque CUDA index error deep in the embedding).
+        """
+        best = -1
+        for shard in self.shards:
+            for lo in range(0, len(shard), chunk):
+                best = max(best, int(shard[lo : lo + chunk].max()))
+        return best
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Finding datasets
+
+
+def dataset_dir(name_or_path: str | os.PathLike, data_root: str | os.PathLike = "data") -> Path:
+    """A dataset argument is a folder path (existing, or containing a separator) or a name under data_root."""
+    text = os.fspath(name_or_path)
+    path = Path(text)
+    if path.is_dir() or os.sep in text or (os.altsep and os.altsep in text):
+        return path
+    return Path(data_root) / text
+
+
+def prepare_command(name_or_path: str | os.PathLike, data_root: str | os.PathLike = "data") -> str:
+    """The command that creates this dataset, for error messages."""
+    path = dataset_dir(name_or_path, data_root)
+    name = path.name
+    default_location = path == Path(data_root) / name
+    if name in PREPARE_COMMANDS:
+        cmd = PREPARE_COMMANDS[name]
+        return cmd if default_location else f"{cmd} --out_dir {path}"
+    if default_location:
+        return f"python prepare/text.py --input YOUR_TEXT --name {name}"
+    return f"python prepare/text.py --input YOUR_TEXT --out_dir {path}"
+
+
+def require_dataset(name_or_path: str | os.PathLike, data_root: str | os.PathLike = "data") -> Path:
+    """Resolve a dataset folder and insist that it has been prepared; the error says how to prepare it."""
+    path = dataset_dir(name_or_path, data_root)
+    label = os.fspath(name_or_path)
+    if not path.is_dir():
+        raise DataError(f"dataset {label!r} not found at {path}; prepare it with: {prepare_command(name_or_path, data_root)}")
+    if not (path / META_NAME).is_file():
+        raise DataError(
+            f"dataset {label!r} at {path} has no {META_NAME} (never prepared, or preparation was interrupted); "
+            f"prepare it with: {prepare_command(name_or_path, data_root)}"
+        )
+    return path

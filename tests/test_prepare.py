@@ -1,0 +1,263 @@
+"""The prepare scripts (prepare/): round trips, refusals, idempotence, offline errors, the big-corpus writer."""
+
+import random
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shards
+from prepare import common, openwebtext, shakespeare, shakespeare_char, text
+from shards import DataError, TokenDataset, Tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+WORDS = "the of and to a in is it you that he was for on are with as I his they be at one have this from".split()
+
+
+def make_text(n_words: int, seed: int = 0) -> str:
+    """Deterministic prose-like text with varied whitespace (the cases chunked tokenisation must respect)."""
+    rng = random.Random(seed)
+    seps = [" "] * 20 + ["\n", "\n\n", "  ", "\t", " \n", "\r\n", "\n  ", ",\n", ". "]
+    return "".join(rng.choice(WORDS) + rng.choice(seps) for _ in range(n_words)) + "Ünïcode ☃ end.\n"
+
+
+def decode_dataset(out_dir: Path) -> str:
+    meta = shards.read_meta(out_dir)
+    tok = Tokenizer.from_meta(meta)
+    return "".join(tok.decode(np.asarray(TokenDataset(out_dir, s).window(0, len(TokenDataset(out_dir, s)))))
+                   for s in ("train", "val"))
+
+
+def exit_message(excinfo) -> str:
+    msg = str(excinfo.value.code)
+    assert msg.startswith("error: ") and "\n" not in msg
+    return msg
+
+
+def folder_bytes(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
+
+
+# ---- tiny Shakespeare -------------------------------------------------------------------------------------
+
+
+def test_shakespeare_char_exact_round_trip(shakespeare_path, tmp_path):
+    out = tmp_path / "sc"
+    shakespeare_char.main(["--input", str(shakespeare_path), "--out_dir", str(out)])
+    meta = shards.read_meta(out)
+    original = shakespeare_path.read_text(encoding="utf-8")
+    assert meta["vocab_size"] == 65 and meta["eot_id"] is None and meta["tokenizer"]["kind"] == "char"
+    assert meta["splits"]["train"]["tokens"] == round(len(original) * 0.9)
+    assert decode_dataset(out) == original
+    first = folder_bytes(out)
+    shakespeare_char.main(["--input", str(shakespeare_path), "--out_dir", str(out)])
+    assert folder_bytes(out) == first  # idempotent: the same bytes again, meta.json included
+
+
+def test_shakespeare_gpt2_round_trip(shakespeare_path, tmp_path):
+    out = tmp_path / "s"
+    shakespeare.main(["--input", str(shakespeare_path), "--out_dir", str(out), "--num_proc", "2"])
+    meta = shards.read_meta(out)
+    assert meta["tokenizer"] == {"kind": "tiktoken", "name": "gpt2"}
+    assert meta["vocab_size"] == 50257 and meta["eot_id"] == 50256
+    assert meta["splits"]["train"]["tokens"] + meta["splits"]["val"]["tokens"] == 338025
+    assert decode_dataset(out) == shakespeare_path.read_text(encoding="utf-8")
+
+
+def test_no_network_is_one_line_naming_the_url(tmp_path, monkeypatch):
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    out = tmp_path / "sc"
+    with pytest.raises(SystemExit) as e:
+        shakespeare_char.main(["--out_dir", str(out)])
+    msg = exit_message(e)
+    assert shakespeare_char.URL in msg and "--input PATH" in msg
+    assert not list(out.glob("*"))  # no partial download left behind
+
+
+def test_script_help_runs_as_a_subprocess():
+    for script in ("shakespeare_char", "text"):
+        result = subprocess.run([sys.executable, f"prepare/{script}.py", "--help"], cwd=REPO,
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert "--out_dir" in result.stdout
+
+
+def test_script_error_as_a_subprocess(tmp_path):
+    result = subprocess.run([sys.executable, "prepare/shakespeare_char.py", "--input", str(tmp_path / "missing.txt"),
+                             "--out_dir", str(tmp_path / "o")], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip().count("\n") == 0 and "does not exist" in result.stderr
+
+
+# ---- refusals ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("content", ["", "tiny text, far fewer than 4096 tokens\n"])
+def test_refuses_empty_or_tiny_input_and_writes_nothing(tmp_path, content):
+    src = tmp_path / "in.txt"
+    src.write_text(content)
+    for script, extra in ((shakespeare_char, []), (text, ["--tokenizer", "gpt2"]), (text, ["--tokenizer", "char"])):
+        out = tmp_path / "out"
+        with pytest.raises(SystemExit) as e:
+            script.main(["--input", str(src), "--out_dir", str(out), *extra])
+        msg = exit_message(e)
+        assert ("empty" in msg) if not content else ("at least 4096" in msg)
+        assert not out.exists()
+
+
+def test_text_argument_errors(tmp_path):
+    with pytest.raises(SystemExit) as e:
+        text.main(["--name", "x"])
+    assert "exactly one of --input" in exit_message(e)
+    (tmp_path / "empty_dir").mkdir()
+    with pytest.raises(SystemExit) as e:
+        text.main(["--input", str(tmp_path / "empty_dir"), "--out_dir", str(tmp_path / "o")])
+    assert "no .txt files" in exit_message(e)
+    src = tmp_path / "a.txt"
+    src.write_text(make_text(3000))
+    with pytest.raises(SystemExit) as e:
+        text.main(["--input", str(src), "--out_dir", str(tmp_path / "o"), "--val_fraction", "1.5"])
+    assert "--val_fraction must be between 0 and 1" in exit_message(e)
+
+
+# ---- text.py ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tokenizer", ["char", "gpt2"])
+def test_text_single_file_round_trip(tmp_path, tokenizer):
+    src = tmp_path / "book.txt"
+    content = make_text(6000, seed=1)
+    src.write_text(content, encoding="utf-8", newline="")
+    out = tmp_path / "book"
+    text.main(["--input", str(src), "--out_dir", str(out), "--tokenizer", tokenizer, "--num_proc", "2"])
+    assert decode_dataset(out) == content
+    meta = shards.read_meta(out)
+    assert meta["source"] == str(src)
+    assert meta["eot_id"] == (50256 if tokenizer == "gpt2" else None)
+
+
+def test_text_folder_of_documents(tmp_path):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    docs = [make_text(300, seed=i) for i in range(30)]
+    for i, d in enumerate(docs):
+        (folder / f"doc{i:02d}.txt").write_text(d, encoding="utf-8", newline="")
+    out = tmp_path / "out"
+    text.main(["--input", str(folder), "--out_dir", str(out), "--shard_tokens", "2000"])
+    meta = shards.read_meta(out)
+    assert len(meta["splits"]["train"]["shards"]) > 1
+    tok = Tokenizer.from_meta(meta)
+    got = {}
+    for split in ("train", "val"):
+        ds = TokenDataset(out, split)
+        ids = ds.window(0, len(ds))
+        assert ids[-1] == 50256  # every document ends with the end-of-text token
+        pieces = tok.decode(ids).split("<|endoftext|>")
+        assert pieces[-1] == ""
+        got[split] = pieces[:-1]
+    assert sorted(got["train"] + got["val"]) == sorted(docs)  # whole documents, none lost or cut
+    assert 1 <= len(got["val"]) <= 6  # about 10% of 30 documents
+    assert [d for d in docs if d in got["train"]] == got["train"]  # original order kept
+
+
+def test_text_char_folder_and_stale_shards(tmp_path):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    docs = [make_text(400, seed=i) for i in range(5)]
+    for i, d in enumerate(docs):
+        (folder / f"{i}.txt").write_text(d, encoding="utf-8", newline="")
+    out = tmp_path / "out"
+    text.main(["--input", str(folder), "--out_dir", str(out), "--tokenizer", "char", "--shard_tokens", "1000"])
+    n_before = len(list(out.glob("train_*.bin")))
+    text.main(["--input", str(folder), "--out_dir", str(out), "--tokenizer", "char"])  # one shard per split now
+    assert n_before > 1 and sorted(p.name for p in out.glob("*.bin")) == ["train_000000.bin", "val_000000.bin"]
+    assert sorted(decode_dataset(out)) == sorted("".join(docs))
+
+
+def test_chunked_gpt2_encoding_equals_whole_text():
+    tok = Tokenizer.tiktoken("gpt2")
+    content = make_text(20000, seed=3) + "\n\n\n   \n" + make_text(200, seed=4) + " \r\n\r\nx\n"
+    cuts = common.split_points(content, chunk_chars=500)
+    assert len(cuts) > 50 and cuts[0] == 0 and cuts[-1] == len(content)
+    chunked = np.concatenate([tok.encode_array(content[a:b]) for a, b in zip(cuts[:-1], cuts[1:])])
+    assert chunked.tolist() == tok.encode(content)
+
+
+def test_process_pool_matches_threads():
+    tok = Tokenizer.tiktoken("gpt2")
+    texts = [make_text(200, seed=i) for i in range(8)]
+    a = common.encode_texts(tok, texts, 2, parallel="thread")
+    b = common.encode_texts(tok, texts, 2, parallel="process")
+    assert [x.tolist() for x in a] == [y.tolist() for y in b] == [tok.encode(t) for t in texts]
+    assert a[0].dtype == np.uint16
+
+
+def test_choose_val_docs():
+    is_val = common.choose_val_docs([100] * 50, 0.1)
+    assert is_val.sum() == 5
+    assert (common.choose_val_docs([100] * 50, 0.1) == is_val).all()  # seeded: the same every run
+    assert common.choose_val_docs([10_000, 5], 0.1).tolist() == [False, True]  # the huge doc stays in train
+
+
+# ---- big corpora (openwebtext.py / fineweb.py share this writer) ------------------------------------------
+
+
+def test_hf_corpus_writer(tmp_path):
+    import datasets
+
+    docs = [make_text(150, seed=i) for i in range(40)]
+    ds = datasets.Dataset.from_dict({"text": docs, "id": list(range(40))})
+    tok = Tokenizer.tiktoken("gpt2")
+    expected = np.concatenate([np.append(tok.encode_array(d), 50256) for d in docs])
+
+    out = tmp_path / "map"
+    meta = common.write_hf_corpus(out, ds, tok, source="test", num_proc=1, shard_tokens=1000, val_tokens=1500)
+    assert meta["splits"]["val"]["tokens"] == 1500
+    assert meta["splits"]["train"]["tokens"] == len(expected) - 1500
+    for split in ("train", "val"):
+        sizes = [len(shards.open_shard(out / n)) for n in meta["splits"][split]["shards"]]
+        assert all(s == 1000 for s in sizes[:-1]) and 0 < sizes[-1] <= 1000  # full shards, then the rest
+    stream = np.concatenate([TokenDataset(out, s).window(0, len(TokenDataset(out, s))) for s in ("val", "train")])
+    assert stream.tolist() == expected.tolist()
+
+    # The streaming path (IterableDataset, thread pool) writes the very same bytes.
+    out2 = tmp_path / "stream"
+    common.write_hf_corpus(out2, ds.to_iterable_dataset(), tok, source="test", num_proc=2, shard_tokens=1000,
+                           val_tokens=1500)
+    assert folder_bytes(out2) == folder_bytes(out)
+
+    # Default val size is one shard.
+    meta = common.write_hf_corpus(tmp_path / "d", ds, tok, source="test", shard_tokens=2000)
+    assert meta["splits"]["val"]["tokens"] == 2000
+
+
+def test_hf_corpus_writer_refuses_tiny_corpus(tmp_path):
+    import datasets
+
+    ds = datasets.Dataset.from_dict({"text": ["just a few words"] * 10})
+    with pytest.raises(DataError, match="at least 4096"):
+        common.write_hf_corpus(tmp_path / "o", ds, Tokenizer.tiktoken("gpt2"), source="test", shard_tokens=50)
+    assert not (tmp_path / "o").exists()  # the streamed shards were removed again
+    with pytest.raises(DataError, match="no column 'content'"):
+        common.write_hf_corpus(tmp_path / "o", ds, Tokenizer.tiktoken("gpt2"), source="t", text_column="content")
+
+
+def test_hf_offline_is_one_line(tmp_path, monkeypatch):
+    import datasets
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'Skylion007/openwebtext' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(SystemExit) as e:
+        openwebtext.main(["--out_dir", str(tmp_path / "owt")])
+    msg = exit_message(e)
+    assert "Skylion007/openwebtext" in msg and "network" in msg
+    assert not (tmp_path / "owt").exists()
