@@ -120,20 +120,21 @@ def bench_decode(name: str, rt: Runtime, args) -> list[dict]:
     step_fn = decode_step_fn(model, rt.device, args.compile)
     cfg = model.config
     new = args.decode_tokens or (100 if rt.device_type == "cpu" else 500)
+    if args.compare_windows:
+        print(f"{name}: {new} new tokens, batch 1\n" + compare_table(
+            decode_benchmark(model, new, repeats=args.decode_repeats, step_fn=step_fn)), flush=True)
+        return []
     rows = []
     for batch in (1, 8):
-        prompt = torch.randint(0, cfg.vocab_size, (batch, 16), device=rt.device)
         for use_cache in (True, False):
             if not use_cache and args.skip_nocache:
                 continue
-
             # Without the cache: nanoGPT's decoder, a full forward over the last block_size tokens per token.
             # With it: one-token steps; past block_size the window moves by block_size // 4 (model.generate).
-            def run(prompt=prompt, use_cache=use_cache):
-                model.generate(prompt, new, temperature=1.0, top_k=200, use_cache=use_cache,
-                               window_shift=None if use_cache else 1, step_fn=step_fn if use_cache else None)
-
-            sec = statistics.median(timed(run, rt, 1, args.decode_repeats))
+            sec = statistics.median(time_decode(
+                model, new, batch_size=batch, prompt_tokens=16, use_cache=use_cache,
+                window_shift=None if use_cache else 1, step_fn=step_fn if use_cache else None,
+                repeats=args.decode_repeats))
             rows.append({"kind": "decode", "model": name, "batch": batch, "kv_cache": use_cache,
                          "new_tokens": new, "tokens_per_s": batch * new / sec, "ms_per_token": sec / new * 1000})
     # prefill: the whole prompt in one forward that also fills the cache
@@ -144,12 +145,110 @@ def bench_decode(name: str, rt: Runtime, args) -> list[dict]:
 
     @torch.no_grad()
     def prefill():
-        model(prompt, pos=pos)
+        model.head(model.hidden_states(prompt, pos)[:, -1])  # what generate does before the first token
 
     sec = statistics.median(timed(prefill, rt, 2, args.decode_repeats * 3))
     model.clear_kv_cache()
     rows.append({"kind": "prefill", "model": name, "batch": 1, "prompt_tokens": n_prompt, "ms": sec * 1000})
     return rows
+
+
+def time_decode(
+    model: GPT,
+    max_new_tokens: int = 500,
+    *,
+    batch_size: int = 1,
+    prompt_tokens: int = 1,
+    use_cache: bool = True,
+    window_shift: int | None = None,
+    step_fn: Callable | None = None,
+    repeats: int = 3,
+    warmup_tokens: int = 8,
+    seed: int = 0,
+) -> list[float]:
+    """Wall-clock seconds of `repeats` runs, each generating max_new_tokens tokens for batch_size random prompts.
+
+    Sampling at temperature 1 without a stop token, so every run decodes exactly max_new_tokens tokens. A short
+    warm-up run first takes one-off costs (allocations, compilation, CUDA graph recording) out of the timing.
+    """
+    model.eval()
+    device = model.transformer.wte.weight.device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    prompt = torch.randint(model.config.vocab_size, (batch_size, prompt_tokens), generator=generator, device=device)
+
+    def decode(n: int) -> None:
+        for _ in model.generate_stream(
+            prompt, n, temperature=1.0, generator=generator, use_cache=use_cache, window_shift=window_shift,
+            step_fn=step_fn,
+        ):
+            pass
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    if warmup_tokens:
+        decode(warmup_tokens)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        decode(max_new_tokens)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def decode_benchmark(
+    model: GPT,
+    max_new_tokens: int = 500,
+    *,
+    batch_size: int = 1,
+    repeats: int = 3,
+    step_fn: Callable | None = None,
+) -> list[dict]:
+    """Time decoding with and without the KV cache; one dict per variant: name, use_cache, window_shift,
+    seconds (median of `repeats`), tokens_per_s (all batch rows), ms_per_token (per step), speedup (over row 0).
+
+    Rows: recomputing the last block_size tokens every step (classic nanoGPT: no cache, window_shift=1); no
+    cache with generate's sliding window (window_shift=block_size//4); the KV cache with window_shift=1 (past
+    block_size every step refills the cache, so it is no faster than no cache there); the KV cache with the
+    default window; and, when step_fn is given (e.g. from decode_step_fn), the KV cache with that compiled step.
+    The repeats are interleaved across the variants, so a slow spell on a shared machine hits all of them alike.
+    """
+    shift = max(1, model.config.block_size // 4)
+    variants = [
+        ("no cache, window_shift=1 (nanoGPT)", False, 1, None),
+        (f"no cache, window_shift={shift}", False, shift, None),
+        ("KV cache, window_shift=1", True, 1, None),
+        (f"KV cache, window_shift={shift} (default)", True, shift, None),
+    ]
+    if step_fn is not None:
+        variants.append((f"KV cache, window_shift={shift}, compiled step", True, shift, step_fn))
+    times: list[list[float]] = [[] for _ in variants]
+    for r in range(repeats):
+        for i, (_, use_cache, window_shift, fn) in enumerate(variants):
+            times[i] += time_decode(model, max_new_tokens, batch_size=batch_size, use_cache=use_cache,
+                                    window_shift=window_shift, step_fn=fn, repeats=1, warmup_tokens=8 if r == 0 else 0)
+    rows = []
+    for (name, use_cache, window_shift, _), t in zip(variants, times):
+        seconds = statistics.median(t)
+        rows.append({
+            "name": name,
+            "use_cache": use_cache,
+            "window_shift": window_shift,
+            "seconds": seconds,
+            "tokens_per_s": batch_size * max_new_tokens / seconds,
+            "ms_per_token": 1000 * seconds / max_new_tokens,
+            "speedup": rows[0]["seconds"] / seconds if rows else 1.0,
+        })
+    return rows
+
+
+def compare_table(rows: list[dict]) -> str:
+    """decode_benchmark's rows as a Markdown table."""
+    lines = ["| decoder | seconds | ms/token | tokens/s | speedup |", "|---|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(
+            f"| {r['name']} | {r['seconds']:.2f} | {r['ms_per_token']:.2f} | {r['tokens_per_s']:.0f} | {r['speedup']:.1f}x |"
+        )
+    return "\n".join(lines)
 
 
 def format_table(rows: list[dict]) -> str:
@@ -198,6 +297,8 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--skip_train", action="store_true", help="only decoding")
     p.add_argument("--skip_decode", action="store_true", help="only training")
     p.add_argument("--skip_nocache", action="store_true", help="skip the (slow) decoding without KV cache")
+    p.add_argument("--compare_windows", action="store_true",
+                   help="decode table instead: no cache vs KV cache, each with window_shift 1 and block_size//4")
     p.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = p.parse_args(argv)
     args.compile = {"auto": None, "True": True, "False": False}[args.compile]

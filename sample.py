@@ -8,16 +8,14 @@ so `python sample.py ... > out.txt` captures the text only. Every bad input ends
 
 Speed: decoding uses the model's KV cache, so each new token costs one single-token forward instead of a
 forward over the whole context. On CUDA the weights are cast to bf16 (decoding is memory-bound: half the bytes
-per token) and, with compile on, the single-token step runs as a CUDA graph. `decode_benchmark` times it.
+per token) and, with compile on, the single-token step runs as a CUDA graph. `python bench.py` times it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -342,113 +340,6 @@ def main(argv: list[str] | None = None) -> None:
     # RuntimeError come from reading files and running the model (e.g. a failed compile).
     except (ValueError, OSError, RuntimeError) as e:
         sys.exit(f"error: {one_line(e)}")
-
-
-# ----------------------------------------------------------------------------- decode speed
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-
-
-def time_decode(
-    model: GPT,
-    max_new_tokens: int = 500,
-    *,
-    batch_size: int = 1,
-    prompt_tokens: int = 1,
-    use_cache: bool = True,
-    window_shift: int | None = None,
-    step_fn: Callable | None = None,
-    repeats: int = 3,
-    warmup_tokens: int = 8,
-    seed: int = 0,
-) -> list[float]:
-    """Wall-clock seconds of `repeats` runs, each generating max_new_tokens tokens for batch_size random prompts.
-
-    Sampling at temperature 1 without a stop token, so every run decodes exactly max_new_tokens tokens. A short
-    warm-up run first takes one-off costs (allocations, compilation, CUDA graph recording) out of the timing.
-    """
-    model.eval()
-    device = model.transformer.wte.weight.device
-    generator = torch.Generator(device=device).manual_seed(seed)
-    prompt = torch.randint(model.config.vocab_size, (batch_size, prompt_tokens), generator=generator, device=device)
-
-    def decode(n: int) -> None:
-        for _ in model.generate_stream(
-            prompt, n, temperature=1.0, generator=generator, use_cache=use_cache, window_shift=window_shift,
-            step_fn=step_fn,
-        ):
-            pass
-        _synchronize(device)
-
-    if warmup_tokens:
-        decode(warmup_tokens)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        decode(max_new_tokens)
-        times.append(time.perf_counter() - t0)
-    return times
-
-
-def decode_benchmark(
-    model: GPT,
-    max_new_tokens: int = 500,
-    *,
-    batch_size: int = 1,
-    repeats: int = 3,
-    step_fn: Callable | None = None,
-) -> list[dict]:
-    """Time decoding with and without the KV cache; one dict per variant: name, use_cache, window_shift,
-    seconds (median of `repeats`), tokens_per_s (all batch rows), ms_per_token (per step), speedup (over row 0).
-
-    Rows: recomputing the last block_size tokens every step (classic nanoGPT: no cache, window_shift=1); no
-    cache with generate's sliding window (window_shift=block_size//4); the KV cache with window_shift=1 (past
-    block_size every step refills the cache, so it is no faster than no cache there); the KV cache with the
-    default window; and, when step_fn is given (e.g. from decode_step_fn), the KV cache with that compiled step.
-    The repeats are interleaved across the variants, so a slow spell on a shared machine hits all of them alike.
-    """
-    shift = max(1, model.config.block_size // 4)
-    variants = [
-        ("no cache, window_shift=1 (nanoGPT)", False, 1, None),
-        (f"no cache, window_shift={shift}", False, shift, None),
-        ("KV cache, window_shift=1", True, 1, None),
-        (f"KV cache, window_shift={shift} (default)", True, shift, None),
-    ]
-    if step_fn is not None:
-        variants.append((f"KV cache, window_shift={shift}, compiled step", True, shift, step_fn))
-    times: list[list[float]] = [[] for _ in variants]
-    for r in range(repeats):
-        for i, (_, use_cache, window_shift, fn) in enumerate(variants):
-            times[i] += time_decode(model, max_new_tokens, batch_size=batch_size, use_cache=use_cache,
-                                    window_shift=window_shift, step_fn=fn, repeats=1, warmup_tokens=8 if r == 0 else 0)
-    rows = []
-    for (name, use_cache, window_shift, _), t in zip(variants, times):
-        seconds = statistics.median(t)
-        rows.append({
-            "name": name,
-            "use_cache": use_cache,
-            "window_shift": window_shift,
-            "seconds": seconds,
-            "tokens_per_s": batch_size * max_new_tokens / seconds,
-            "ms_per_token": 1000 * seconds / max_new_tokens,
-            "speedup": rows[0]["seconds"] / seconds if rows else 1.0,
-        })
-    return rows
-
-
-def benchmark_table(rows: list[dict]) -> str:
-    """decode_benchmark's rows as a Markdown table."""
-    lines = ["| decoder | seconds | ms/token | tokens/s | speedup |", "|---|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(
-            f"| {r['name']} | {r['seconds']:.2f} | {r['ms_per_token']:.2f} | {r['tokens_per_s']:.0f} | {r['speedup']:.1f}x |"
-        )
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -164,6 +164,13 @@ class Dist:
 
 
 def setup_distributed(cfg: TrainConfig) -> tuple[Dist, Runtime]:
+    try:
+        return _setup_distributed(cfg)
+    except ValueError as e:  # e.g. --device=cuda on a machine without CUDA
+        raise TrainError(str(e)) from None
+
+
+def _setup_distributed(cfg: TrainConfig) -> tuple[Dist, Runtime]:
     if "RANK" not in os.environ:
         return Dist(), setup_runtime(cfg.device, cfg.dtype)
     d = Dist(int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]))
@@ -500,6 +507,9 @@ def main(argv: list[str] | None = None) -> dict | None:
         return train(cfg, ckpt, argv)
     except (ConfigError, DataError, CheckpointError, TrainError) as e:
         sys.exit(f"error: {e}")
+    except torch.cuda.OutOfMemoryError:
+        sys.exit("error: out of GPU memory; lower --batch_size and raise --gradient_accumulation_steps to keep "
+                 "the same tokens per step")
 
 
 if __name__ == "__main__":

@@ -40,12 +40,29 @@ def tiny_model(tiny_config):
     return GPT(tiny_config).eval()
 
 
-def make_char_dataset(path: Path, n_chars: int = 60_000, seed: int = 0) -> Path:
-    """Write a small character-level dataset (meta.json + one train and one val shard) made of random
-    sentences over a small word list: learnable structure, so a few training steps lower the loss."""
+def write_dataset(path: Path, text: str, tokenizer) -> Path:
+    """A prepared dataset folder from `text`: meta.json plus one train shard (first 90%) and one val shard."""
     import numpy as np
 
-    from shards import Tokenizer, make_meta, shard_name, write_meta, write_shard
+    from shards import make_meta, shard_name, write_meta, write_shard
+
+    ids = np.array(tokenizer.encode(text), dtype=np.int64)
+    cut = int(0.9 * len(ids))
+    path.mkdir(parents=True, exist_ok=True)
+    splits = {}
+    for split, part in (("train", ids[:cut]), ("val", ids[cut:])):
+        write_shard(path / shard_name(split, 0), part, tokenizer.vocab_size)
+        splits[split] = {"shards": [shard_name(split, 0)], "tokens": int(len(part))}
+    write_meta(path, make_meta(tokenizer, splits, source="tests"))
+    return path
+
+
+def make_char_dataset(path: Path, n_chars: int = 60_000, seed: int = 0) -> Path:
+    """A small character-level dataset made of random sentences over a small word list: learnable structure,
+    so a few training steps lower the loss."""
+    import numpy as np
+
+    from shards import Tokenizer
 
     rng = np.random.default_rng(seed)
     words = ["the", "king", "queen", "shall", "speak", "to", "my", "lord", "and", "thou", "art", "good", "sir"]
@@ -55,16 +72,7 @@ def make_char_dataset(path: Path, n_chars: int = 60_000, seed: int = 0) -> Path:
         parts.append(sentence)
         size += len(sentence)
     text = "".join(parts)
-    tok = Tokenizer.char_from_text(text)
-    ids = np.array(tok.encode(text), dtype=np.int64)
-    cut = int(0.9 * len(ids))
-    path.mkdir(parents=True, exist_ok=True)
-    splits = {}
-    for split, part in (("train", ids[:cut]), ("val", ids[cut:])):
-        write_shard(path / shard_name(split, 0), part, tok.vocab_size)
-        splits[split] = {"shards": [shard_name(split, 0)], "tokens": int(len(part))}
-    write_meta(path, make_meta(tok, splits, source="tests"))
-    return path
+    return write_dataset(path, text, Tokenizer.char_from_text(text))
 
 
 @pytest.fixture

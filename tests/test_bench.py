@@ -24,3 +24,10 @@ def test_bench_refuses_unknown_sizes():
 
     with pytest.raises(SystemExit, match="unknown model size"):
         bench.main(["--models=huge", "--device=cpu"])
+
+
+def test_decode_window_comparison(tiny_model, tiny_config):
+    rows = bench.decode_benchmark(tiny_model, tiny_config.block_size + 8, repeats=1)
+    assert [r["use_cache"] for r in rows] == [False, False, True, True] and rows[0]["speedup"] == 1.0
+    assert all(r["seconds"] > 0 and r["tokens_per_s"] > 0 for r in rows)
+    assert len(bench.compare_table(rows).splitlines()) == 2 + len(rows)

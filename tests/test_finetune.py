@@ -1,30 +1,17 @@
 """End to end: fine-tune a (tiny, local) GPT-2 folder with train.py, then sample and export the result;
 and sample.py on a checkpoint that train.py wrote."""
 
-import numpy as np
 import pytest
 import torch
+from conftest import write_dataset
 
 import export
 import sample
 import train
 from checkpoint import load_checkpoint
-from shards import Tokenizer, make_meta, shard_name, write_meta, write_shard
+from shards import Tokenizer
 
 pytest.importorskip("transformers")
-
-
-def make_bpe_dataset(path, text):
-    tok = Tokenizer.tiktoken("gpt2")
-    ids = np.array(tok.encode(text), dtype=np.int64)
-    cut = int(0.9 * len(ids))
-    path.mkdir(parents=True)
-    splits = {}
-    for split, part in (("train", ids[:cut]), ("val", ids[cut:])):
-        write_shard(path / shard_name(split, 0), part, tok.vocab_size)
-        splits[split] = {"shards": [shard_name(split, 0)], "tokens": int(len(part))}
-    write_meta(path, make_meta(tok, splits, source="tests"))
-    return path
 
 
 @pytest.fixture
@@ -40,7 +27,7 @@ def tiny_gpt2_folder(tmp_path):
 
 def test_finetune_local_gpt2_then_sample_and_export(tiny_gpt2_folder, tmp_path, capsys):
     text = "To be, or not to be, that is the question.\n" * 400
-    data = make_bpe_dataset(tmp_path / "bpe", text)
+    data = write_dataset(tmp_path / "bpe", text, Tokenizer.tiktoken("gpt2"))
     out = tmp_path / "out"
     summary = train.main([f"--init_from={tiny_gpt2_folder}", f"--dataset={data}", f"--out_dir={out}",
                           "--block_size=32", "--batch_size=4", "--gradient_accumulation_steps=1", "--max_iters=20",

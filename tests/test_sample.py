@@ -309,10 +309,3 @@ def test_error_from_a_real_process_is_one_line(tmp_path):
 
 
 # ----------------------------------------------------------------------------- benchmark helper
-
-
-def test_decode_benchmark_runs(tiny_model, tiny_config):
-    rows = sample.decode_benchmark(tiny_model, tiny_config.block_size + 8, repeats=1)
-    assert len(rows) == 4 and rows[0]["speedup"] == 1.0
-    assert all(r["seconds"] > 0 and r["tokens_per_s"] > 0 for r in rows)
-    assert len(sample.benchmark_table(rows).splitlines()) == 2 + len(rows)

@@ -281,3 +281,10 @@ def test_wandb_offline_logging(char_dataset, tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 1 and runs[0].stat().st_size > 0
+
+
+def test_unavailable_device_is_a_one_line_error(char_dataset, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(SystemExit, match="CUDA is not available here; use --device=cpu"):
+        train.main(tiny_args(char_dataset, tmp_path / "out", device="cuda"))
