@@ -229,7 +229,12 @@ def load_dataset_meta(cfg: TrainConfig, d: Dist) -> tuple[Path, dict]:
             print(f"dataset {cfg.dataset!r} not prepared yet: preparing it at {path}")
             import importlib
 
-            importlib.import_module(f"prepare.{path.name}").main(["--out_dir", str(path)])
+            try:
+                importlib.import_module(f"prepare.{path.name}").main(["--out_dir", str(path)])
+            except SystemExit as e:  # the prepare script's one-line error (e.g. no network)
+                if e.code:
+                    raise TrainError(f"could not prepare {path}: {str(e.code).removeprefix('error: ')} "
+                                     f"(with a local copy: python prepare/{path.name}.py --input PATH)") from None
         if d.enabled:
             dist.barrier()
     path = require_dataset(cfg.dataset, cfg.data_root)

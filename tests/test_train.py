@@ -288,3 +288,24 @@ def test_unavailable_device_is_a_one_line_error(char_dataset, tmp_path):
         pytest.skip("this machine has CUDA")
     with pytest.raises(SystemExit, match="CUDA is not available here; use --device=cpu"):
         train.main(tiny_args(char_dataset, tmp_path / "out", device="cuda"))
+
+
+def test_shakespeare_is_prepared_on_the_fly_or_explains_how(tmp_path, monkeypatch, shakespeare_path):
+    import urllib.error
+    import urllib.request
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("no network")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    args = [f"--data_root={tmp_path}", "--dataset=shakespeare_char", f"--out_dir={tmp_path / 'out'}",
+            "--device=cpu", "--n_layer=1", "--n_head=1", "--n_embd=16", "--block_size=16", "--batch_size=2",
+            "--gradient_accumulation_steps=1", "--max_iters=1", "--eval_iters=1"]
+    with pytest.raises(SystemExit, match=r"could not download .*python prepare/shakespeare_char.py --input PATH"):
+        train.main(args)
+    assert not (tmp_path / "out").exists()
+    # with the text already downloaded (here: copied) into the dataset folder, train.py prepares it itself
+    (tmp_path / "shakespeare_char").mkdir(exist_ok=True)
+    (tmp_path / "shakespeare_char" / "input.txt").write_bytes(shakespeare_path.read_bytes())
+    assert train.main(args)["step"] == 1
+    assert (tmp_path / "shakespeare_char" / "meta.json").is_file()
