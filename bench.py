@@ -24,6 +24,7 @@ import torch
 from config import TrainConfig
 from model import GPT, GPTConfig
 from runtime import Runtime, resolve_compile, setup_runtime
+from shards import DataError, read_meta, require_dataset
 from train import flops_per_token, forward_backward, make_optimizer, peak_flops
 
 # Model sizes by name: (n_layer, n_head, n_embd, block_size, vocab_size, vocab_multiple)
@@ -302,6 +303,13 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = p.parse_args(argv)
     args.compile = {"auto": None, "True": True, "False": False}[args.compile]
+    # Out-of-range counts would otherwise fail deep inside (a median of no timings, empty batches) with a
+    # traceback. None means "not given": main picks the device's default.
+    for name, low in (("batch_size", 0), ("accum", 1), ("warmup", 0), ("repeats", 1), ("decode_tokens", 0),
+                      ("decode_repeats", 1), ("prefill_tokens", 1)):
+        value = getattr(args, name)
+        if value is not None and value < low:
+            sys.exit(f"error: --{name} must be >= {low}, got {value}")
     return args
 
 
@@ -316,17 +324,31 @@ def main(argv: list[str] | None = None) -> list[dict]:
     unknown = [m for m in models if m not in MODELS]
     if unknown:
         sys.exit(f"error: unknown model size(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}")
+    if args.data:
+        try:
+            data_vocab = read_meta(require_dataset(args.data))["vocab_size"]
+        except DataError as e:
+            sys.exit(f"error: {e}")
+        # Token ids past the model's vocabulary would index outside its embedding (a crash mid-benchmark).
+        too_small = [f"{m} ({MODELS[m][4]})" for m in models if MODELS[m][4] < data_vocab]
+        if too_small:
+            fix = "pick --models=gpt2 or" if data_vocab <= MODELS["gpt2"][4] else "pick"
+            sys.exit(f"error: --data={args.data} has vocab_size {data_vocab}, more than the vocabulary of model "
+                     f"{', '.join(too_small)}; {fix} a dataset with a matching vocabulary")
     args.warmup = args.warmup if args.warmup is not None else (5 if on_gpu else 1)
     args.repeats = args.repeats if args.repeats is not None else (20 if on_gpu else 3)
     device_name = torch.cuda.get_device_name(rt.device) if on_gpu else platform.processor() or platform.machine()
     print(f"device {rt.device} ({device_name}) | {rt.dtype_name} | torch {torch.__version__} | "
           f"{time.strftime('%Y-%m-%d')}", flush=True)
     rows: list[dict] = []
-    for name in models:
-        if not args.skip_train:
-            rows.append(bench_train(name, rt, args))
-        if not args.skip_decode:
-            rows.extend(bench_decode(name, rt, args))
+    try:
+        for name in models:
+            if not args.skip_train:
+                rows.append(bench_train(name, rt, args))
+            if not args.skip_decode:
+                rows.extend(bench_decode(name, rt, args))
+    except DataError as e:  # --data: e.g. a split too short for the model's block_size
+        sys.exit(f"error: {e}")
     print(format_table(rows))
     if args.json:
         with open(args.json, "w") as f:

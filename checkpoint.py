@@ -52,12 +52,12 @@ def find_checkpoint(path: str | Path) -> Path:
     raise CheckpointError(f"checkpoint {p} does not exist; {TRAIN_HINT}")
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
-    """Load a checkpoint safely. Memory-mapped, so tensors that are never used (the optimizer's, when
-    sampling) are never read from disk."""
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = True) -> dict:
+    """Load a checkpoint safely. Memory-mapped by default, so tensors that are never used (the optimizer's,
+    when sampling) are never read from disk."""
     p = find_checkpoint(path)
     try:
-        ckpt = torch.load(p, map_location=map_location, weights_only=True, mmap=True)
+        ckpt = torch.load(p, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         # torch's message is long; the line naming the refused global is the useful one

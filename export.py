@@ -13,6 +13,7 @@ import sys
 
 from checkpoint import load_checkpoint, model_from_checkpoint
 from hf_gpt2 import export_hf
+from shards import one_line
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -50,6 +51,8 @@ def main(argv: list[str] | None = None) -> None:
         result = export_hf(model, args.to, meta, overwrite=args.overwrite)
     except ValueError as e:  # CheckpointError, HFGPT2Error, GPTConfig's checks: all one-line messages
         sys.exit(f"error: {e}")
+    except OSError as e:  # writing the folder: e.g. no permission, a full disk, a parent that is a file
+        sys.exit(f"error: cannot write {args.to}: {one_line(e)}")
 
     c = model.config
     print(

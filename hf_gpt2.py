@@ -15,7 +15,9 @@ never imported, so it stays a test-only dependency.
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -418,18 +420,33 @@ def export_hf(
             f"only the GPT-2 BPE has one"
         )
     state = hf_state_dict(model)
-
-    out.mkdir(parents=True, exist_ok=True)
-    for name in _EXPORT_FILES + _STALE_HF_FILES:
-        if name not in files and name != "model.safetensors" and (out / name).is_file():
-            (out / name).unlink()
-    for name, text in files.items():
-        (out / name).write_text(text, encoding="utf-8")
-    from safetensors.torch import save_file
-
-    # transformers checks the "format" metadata to know the tensors are PyTorch's.
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     names = ["config.json", "model.safetensors", *(n for n in files if n != "config.json")]
+
+    # Write into a sibling folder first (same parent, so same file system: os.replace is a rename), and touch
+    # the destination only once every file is complete: a failure mid-write (full disk, Ctrl-C) must not
+    # leave an --overwrite target holding half of the new export and half of the old one.
+    full = Path(os.path.abspath(out))  # abspath: "." and "a/.." get a real name to put the suffix on
+    tmp = full.with_name(full.name + ".tmp-export")
+    if tmp.is_dir() and not tmp.is_symlink():
+        shutil.rmtree(tmp)  # left by an export that was killed before it could clean up
+    elif tmp.exists() or tmp.is_symlink():
+        tmp.unlink()
+    try:
+        tmp.mkdir(parents=True)
+        for name, text in files.items():
+            (tmp / name).write_text(text, encoding="utf-8")
+        from safetensors.torch import save_file
+
+        # transformers checks the "format" metadata to know the tensors are PyTorch's.
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        out.mkdir(exist_ok=True)
+        for name in _EXPORT_FILES + _STALE_HF_FILES:
+            if name not in names and (out / name).is_file():
+                (out / name).unlink()
+        for name in names:
+            os.replace(tmp / name, out / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return ExportResult(out, names, notice, has_tokenizer=is_gpt2_bpe)
 
 

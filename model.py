@@ -216,11 +216,13 @@ class GPT(nn.Module):
         positions of the tokens in idx.
         """
         B, T = idx.shape
-        logits = self.head(self.hidden_states(idx, pos))  # (B, T, V)
+        padded = self.lm_head(self.hidden_states(idx, pos))  # (B, T, padded V)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.reshape(B * T, -1).float(), targets.reshape(B * T), ignore_index=-1)
-        return logits, loss
+            # The loss uses the contiguous padded logits (a view, no copy); the padding columns are never a
+            # target, so training simply pushes them down. (B, T, Vp) -> (B*T, Vp)
+            loss = F.cross_entropy(padded.view(B * T, -1).float(), targets.reshape(B * T), ignore_index=-1)
+        return padded[..., : self.config.vocab_size], loss  # (B, T, V): the padding is never returned
 
     def hidden_states(self, idx: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
         """idx (B, T) -> the final LayerNorm's output (B, T, C), the input of the head."""
@@ -305,7 +307,9 @@ class GPT(nn.Module):
         window_shift: int | None = None,
         step_fn=None,
     ) -> Iterator[torch.Tensor]:
-        """Yield the next token of every sequence, (B,), one step at a time (see `generate`)."""
+        """Yield the next token of every sequence, (B,), one step at a time (see `generate`). Puts the model in
+        eval mode: dropout while sampling would make the cached and uncached paths disagree."""
+        self.eval()
         B, T0 = idx.shape
         if T0 == 0:
             raise ValueError("generate needs at least one prompt token per sequence")
@@ -313,46 +317,46 @@ class GPT(nn.Module):
         shift = window_shift if window_shift is not None else max(1, block // 4)
         if not 1 <= shift <= block:
             raise ValueError(f"window_shift must be in 1..{block}, got {shift}")
-        tokens = idx
+        # All tokens, preallocated: buf[:, :length] is the sequence so far.
+        buf = torch.empty(B, T0 + max_new_tokens, dtype=idx.dtype, device=idx.device)
+        buf[:, :T0] = idx
+        length = T0
         # Start of the model's window: positions are relative to it (the model learned positions 0..block-1).
         # When the window is full it moves forward by `shift` tokens and the cache is rebuilt from the kept ones.
         start = max(0, T0 - block)
         if use_cache and self.kv_cache_batch_size != B:
             self.setup_kv_cache(B)
         step = step_fn if step_fn is not None else self.forward
-        filled = 0  # cached positions in the current window
+        refill = True  # the cache must be (re)built from the whole window
         # The position of the next cached step lives on the device and is advanced in place: building it from a
         # Python int every token would be a host-to-device copy that waits for the GPU.
         step_pos = torch.zeros(1, dtype=torch.long, device=idx.device)
-        last = tokens[:, -1:]
+        last = buf[:, T0 - 1 : T0].clone()  # (B, 1), a fresh tensor: the compiled step sees fixed strides
         finished = torch.zeros(B, dtype=torch.bool, device=idx.device)
         # Checking "all stopped" reads a flag back to the host; on an accelerator do it only every 8 tokens.
         check_every = 1 if idx.device.type == "cpu" else 8
         for i in range(max_new_tokens):
-            length = tokens.size(1)
             if length - start > block:  # one token too many for the window: move it forward by `shift`
                 start += shift
-                filled = 0
-            if use_cache:
-                if filled == 0:  # (re)fill the cache with the whole window: one batched forward
-                    window = tokens[:, start:]
-                    pos = torch.arange(window.size(1), device=idx.device)
-                    logits = self.head(self.hidden_states(window, pos)[:, -1])  # only the last position's
-                    step_pos.fill_(window.size(1))
-                else:  # one new token at position `filled`; `last` is a fresh (B, 1) tensor: fixed strides
-                    logits = step(last, pos=step_pos)[0][:, -1]
-                    step_pos += 1
-                filled = length - start
-            else:
-                logits = self.forward(tokens[:, start:])[0][:, -1]
-            probs = logits_to_probs(logits, temperature, top_k, top_p)
-            nxt = sample_token(probs, generator)  # (B,)
+                refill = True
+            if not use_cache:
+                logits = self.forward(buf[:, start:length])[0][:, -1]
+            elif refill:  # one batched forward over the window fills the cache
+                pos = torch.arange(length - start, device=idx.device)
+                logits = self.head(self.hidden_states(buf[:, start:length], pos)[:, -1])  # last position only
+                step_pos.fill_(length - start)
+                refill = False
+            else:  # one new token at position step_pos
+                logits = step(last, pos=step_pos)[0][:, -1]
+                step_pos += 1
+            nxt = next_token(logits, temperature, top_k, top_p, generator)  # (B,)
             if stop_token is not None:
                 # A finished sequence keeps emitting the stop token, so the batch stays rectangular.
                 nxt = torch.where(finished, torch.full_like(nxt, stop_token), nxt)
                 finished = finished | (nxt == stop_token)
+            buf[:, length] = nxt
+            length += 1
             last = nxt[:, None]  # (B,) -> (B, 1)
-            tokens = torch.cat([tokens, last], dim=1)
             yield nxt
             if stop_token is not None and i % check_every == check_every - 1 and bool(finished.all()):
                 return
@@ -403,8 +407,8 @@ def logits_to_probs(
 ) -> torch.Tensor:
     """Next-token logits (B, V) -> a probability distribution (B, V) after temperature, top-k and top-p.
 
-    temperature == 0 means greedy: all mass on the argmax. top_k keeps the k largest logits; top_p keeps the
-    smallest set of most likely tokens whose total probability reaches p (always at least one token).
+    temperature == 0 means greedy: all mass on the argmax. top_k keeps exactly the k largest logits; top_p keeps
+    the smallest set of most likely tokens whose total probability reaches p (always at least one token).
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
@@ -416,20 +420,38 @@ def logits_to_probs(
     if temperature == 0:
         return F.one_hot(logits.argmax(dim=-1), logits.size(-1)).to(logits.dtype)
     logits = logits / temperature
-    if top_k is not None and top_k < logits.size(-1):
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1): the k-th largest logit
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = F.softmax(logits, dim=-1)
-    if top_p is not None and top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-        # Mass strictly before each token: a token is kept while the tokens before it have not reached p.
-        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-        sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    use_k = top_k is not None and top_k < logits.size(-1)
+    use_p = top_p is not None and top_p < 1.0
+    if not (use_k or use_p):
+        return F.softmax(logits, dim=-1)
+    # The candidates, most likely first: topk is sorted, and on a 50K vocabulary much cheaper than a full sort.
+    if use_k:
+        values, order = torch.topk(logits, top_k, dim=-1)  # (B, k)
+    else:
+        values, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
+    probs = F.softmax(values, dim=-1)
+    if use_p:
+        # Mass strictly before each candidate: it is kept while the ones before it have not reached p.
+        before = torch.cumsum(probs, dim=-1) - probs
+        probs = probs.masked_fill(before >= top_p, 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)
-    return probs
+    return torch.zeros_like(logits).scatter_(-1, order, probs)  # back to vocabulary order, (B, V)
 
 
 def sample_token(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """Draw one token per row from probs (B, V) -> (B,). Stays on the device: no host synchronisation."""
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+
+def next_token(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """logits (B, V) -> the next token (B,): the argmax when temperature is 0 (no need to build a one-hot
+    distribution and draw from it), else a draw from logits_to_probs."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    return sample_token(logits_to_probs(logits, temperature, top_k, top_p), generator)

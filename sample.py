@@ -1,6 +1,6 @@
 """Generate text from a trained checkpoint or from OpenAI's GPT-2 weights.
 
-    python sample.py --ckpt=out-shakespeare-char --prompt="ROMEO:" --num_samples=3
+    python sample.py --ckpt=out --prompt="ROMEO:" --num_samples=3     # after train.py configs/shakespeare.py
     python sample.py --init_from=gpt2 --prompt_file=prompt.txt --temperature=0.8 --top_p=0.95
 
 Samples go to stdout (prompt followed by its continuation); what was loaded and how it runs goes to stderr,
@@ -76,6 +76,10 @@ class SampleConfig:
             raise ConfigError(f"top_k must be >= 0 (0 = no limit), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"top_p must be in (0, 1] (1.0 = off), got {self.top_p}")
+        # torch wraps negative seeds (-1 is 2**64 - 1: two spellings of one seed) and fails with a traceback
+        # from 2**64 on; 2**63 also keeps the seed a signed 64-bit integer wherever it is recorded.
+        if not 0 <= self.seed < 2**63:
+            raise ConfigError(f"seed must be in [0, 2**63), got {self.seed}")
 
 
 # ----------------------------------------------------------------------------- loading

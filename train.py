@@ -35,6 +35,7 @@ from shards import DataError, dataset_dir, read_meta, require_dataset
 
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias")  # the shape a resumed run must keep
+RESUME_KEYS = ("config", "model_config", "model", "optimizer", "scaler", "loader", "rng", "step", "best_val_loss")
 # Scanning every token for out-of-vocabulary ids is cheap for small datasets; above this many tokens we trust
 # the shards' meta.json (the prepare scripts check ids on write).
 MAX_SCAN_TOKENS = 500_000_000
@@ -197,7 +198,13 @@ def resolve_config(argv: list[str]) -> tuple[TrainConfig, dict | None]:
     out_dir = Path(values.get("out_dir", TrainConfig.out_dir))
     if not (out_dir / "last.pt").is_file():
         raise TrainError(f"nothing to resume: {out_dir}/last.pt does not exist; start with --init_from=scratch")
-    ckpt = load_checkpoint(out_dir / "last.pt")
+    # Not memory-mapped: the optimizer state would otherwise keep pointing into the file that the next save
+    # replaces.
+    ckpt = load_checkpoint(out_dir / "last.pt", mmap=False)
+    missing = [k for k in RESUME_KEYS if k not in ckpt]
+    if missing:
+        raise TrainError(f"{out_dir}/last.pt cannot be resumed: it has no {', '.join(missing)} (a weights-only "
+                         f"checkpoint?); start a new run, or fine-tune from it")
     base = dict(ckpt["config"])
     saved_shape = {k: ckpt["model_config"][k] for k in MODEL_KEYS}
     differing = [f"{k} (checkpoint {saved_shape[k]!r}, asked {values[k]!r})"
@@ -224,19 +231,18 @@ def check_out_dir(cfg: TrainConfig) -> None:
 def load_dataset_meta(cfg: TrainConfig, d: Dist) -> tuple[Path, dict]:
     path = dataset_dir(cfg.dataset, cfg.data_root)
     # The two Shakespeare datasets are small: prepare them on the fly (downloads the text) instead of failing.
-    if not (path / "meta.json").is_file() and path.name in ("shakespeare_char", "shakespeare"):
-        if d.master:
-            print(f"dataset {cfg.dataset!r} not prepared yet: preparing it at {path}")
-            import importlib
+    if d.master and not (path / "meta.json").is_file() and path.name in ("shakespeare_char", "shakespeare"):
+        print(f"dataset {cfg.dataset!r} not prepared yet: preparing it at {path}")
+        import importlib
 
-            try:
-                importlib.import_module(f"prepare.{path.name}").main(["--out_dir", str(path)])
-            except SystemExit as e:  # the prepare script's one-line error (e.g. no network)
-                if e.code:
-                    raise TrainError(f"could not prepare {path}: {str(e.code).removeprefix('error: ')} "
-                                     f"(with a local copy: python prepare/{path.name}.py --input PATH)") from None
-        if d.enabled:
-            dist.barrier()
+        try:
+            importlib.import_module(f"prepare.{path.name}").main(["--out_dir", str(path)])
+        except SystemExit as e:  # the prepare script's one-line error (e.g. no network)
+            if e.code:
+                raise TrainError(f"could not prepare {path}: {str(e.code).removeprefix('error: ')} "
+                                 f"(with a local copy: python prepare/{path.name}.py --input PATH)") from None
+    if d.enabled:
+        dist.barrier()  # every rank waits here, whatever it saw on disk, so the collectives stay in step
     path = require_dataset(cfg.dataset, cfg.data_root)
     return path, read_meta(path)
 
@@ -249,7 +255,8 @@ def build_model(cfg: TrainConfig, meta: dict, ckpt: dict | None) -> GPT:
                  for k in ("tokenizer", "vocab_size") if saved_tok.get(k) != meta.get(k)]
         if diffs:
             raise TrainError(f"cannot resume on dataset {cfg.dataset!r}: its vocabulary differs: {'; '.join(diffs)}")
-        model = GPT(GPTConfig.from_dict(ckpt["model_config"]))
+        # The shape is the checkpoint's; dropout may be changed when continuing a run.
+        model = GPT(GPTConfig.from_dict({**ckpt["model_config"], "dropout": cfg.dropout}))
         model.load_state_dict(ckpt["model"])
         return model
     if cfg.init_from == "scratch":
@@ -295,8 +302,9 @@ def forward_backward(model, optimizer, scaler, next_batch, accum: int, rt: Runti
     for micro in range(accum):
         x, y = next_batch()
         # Under DDP gradients are all-reduced only on the last micro-batch; the others accumulate locally.
-        sync = not isinstance(model, DDP) or micro == accum - 1
-        with (contextlib.nullcontext() if sync else model.no_sync()), rt.autocast():
+        no_sync = getattr(model, "no_sync", None)  # DDP's (also reachable through a compiled DDP model)
+        sync = no_sync is None or micro == accum - 1
+        with (contextlib.nullcontext() if sync else no_sync()), rt.autocast():
             _, loss = model(x, y)
             loss = loss / accum
         scaler.scale(loss).backward()
@@ -326,12 +334,17 @@ def evaluate(model, batches: ValBatches, rt: Runtime, d: Dist) -> float:
 def write_run_info(cfg: TrainConfig, argv: list[str], d: Dist, rt: Runtime) -> None:
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if cfg.init_from != "resume":  # a new run starts a new metrics log
-        (out / "metrics.jsonl").unlink(missing_ok=True)
+    if cfg.init_from != "resume":
+        # A new run starts new logs; with --overwrite=True the old run's checkpoints go now, so that a stale
+        # best.pt can never be mistaken for this run's.
+        for name in ("metrics.jsonl", "runs.jsonl", "best.pt", "last.pt"):
+            (out / name).unlink(missing_ok=True)
     (out / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2) + "\n")
-    info = {"argv": ["train.py", *argv], "versions": library_versions(), "world_size": d.world_size,
-            "device": str(rt.device), "dtype": rt.dtype_name, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    (out / "run.json").write_text(json.dumps(info, indent=2) + "\n")
+    info = {"argv": ["train.py", *argv], "config": config_to_dict(cfg), "versions": library_versions(),
+            "world_size": d.world_size, "device": str(rt.device), "dtype": rt.dtype_name,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    with open(out / "runs.jsonl", "a") as f:  # one line per invocation: a resumed run keeps the history
+        f.write(json.dumps(info) + "\n")
 
 
 def train(cfg: TrainConfig, ckpt: dict | None, argv: list[str]) -> dict:
@@ -366,15 +379,21 @@ def _train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Ru
     step, best_val = 0, float("inf")
     if ckpt is not None:
         optimizer.load_state_dict(ckpt["optimizer"])
-        scaler.load_state_dict(ckpt["scaler"])
+        if scaler.is_enabled() and ckpt["scaler"]:  # a bf16/fp32 run saved an empty (disabled) scaler
+            scaler.load_state_dict(ckpt["scaler"])
         loader.load_state_dict(ckpt["loader"])
         step, best_val = int(ckpt["step"]), float(ckpt["best_val_loss"])
-    # Dropout masks: a different stream per rank; restored exactly on resume (rank 0's state is saved).
+    # Dropout masks: a different stream per rank, restored exactly on resume (every rank's state is saved).
     torch.manual_seed(cfg.seed + d.rank)
-    if ckpt is not None and d.master:
-        torch.set_rng_state(ckpt["rng"]["torch"])
-        if rt.device_type == "cuda" and ckpt["rng"].get("cuda") is not None:
-            torch.cuda.set_rng_state(ckpt["rng"]["cuda"], rt.device)
+    if ckpt is not None:
+        rng = ckpt["rng"]
+        if len(rng) == d.world_size:
+            torch.set_rng_state(rng[d.rank]["torch"])
+            if rt.device_type == "cuda" and rng[d.rank].get("cuda") is not None:
+                torch.cuda.set_rng_state(rng[d.rank]["cuda"], rt.device)
+        else:
+            log(f"note: the checkpoint was written by {len(rng)} process(es), this run has {d.world_size}: "
+                f"dropout masks start a new random stream")
     ckpt = None  # free the loaded tensors
 
     if d.master:
@@ -384,11 +403,15 @@ def _train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Ru
     use_compile, why = resolve_compile(cfg.compile, rt.device)
     log(why)
     raw_model = model  # the unwrapped model: its state_dict has no "module." or "_orig_mod." prefixes
-    if use_compile:
-        model = torch.compile(model)
-    eval_model = model
     if d.enabled:
-        model = DDP(model, device_ids=[rt.device.index] if rt.device_type == "cuda" else None)
+        # broadcast_buffers=False: the model has no buffers to sync, so forward passes (evaluation included,
+        # where ranks may run different numbers of batches) involve no collective at all.
+        model = DDP(model, device_ids=[rt.device.index] if rt.device_type == "cuda" else None,
+                    broadcast_buffers=False)
+    if use_compile:
+        # Compiling the DDP-wrapped model lets DDP's graph splitting overlap the gradient all-reduce with the
+        # backward pass.
+        model = torch.compile(model)
 
     block_size = raw_model.config.block_size
     tokens_per_step = cfg.batch_size * block_size * accum * d.world_size
@@ -401,8 +424,12 @@ def _train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Ru
     if cfg.wandb_log and d.master:
         import wandb
 
-        wandb_run = wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or Path(cfg.out_dir).name,
-                               config=config_to_dict(cfg))
+        try:
+            wandb_run = wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or Path(cfg.out_dir).name,
+                                   config=config_to_dict(cfg))
+        except Exception as e:  # not logged in, no network, ...: wandb raises many types
+            raise TrainError(f"could not start Weights & Biases ({type(e).__name__}: {str(e).splitlines()[0]}); "
+                             f"run `wandb login`, set WANDB_MODE=offline, or drop --wandb_log") from None
 
     def record(entry: dict) -> None:
         if not d.master:
@@ -413,15 +440,20 @@ def _train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Ru
             wandb_run.log({k: v for k, v in entry.items() if k != "step"}, step=entry["step"])
 
     def save(name: str) -> None:
+        """Every rank calls this at the same steps: each contributes its RNG state; rank 0 writes."""
+        rng = {"torch": torch.get_rng_state(),
+               "cuda": torch.cuda.get_rng_state(rt.device) if rt.device_type == "cuda" else None}
+        rngs = [rng]
+        if d.enabled:
+            rngs = [None] * d.world_size
+            dist.all_gather_object(rngs, rng)
         if not d.master:
             return
         state = {
             "format": 1, "model_config": raw_model.config.to_dict(), "model": raw_model.state_dict(),
             "tokenizer": meta, "step": step, "best_val_loss": best_val, "config": config_to_dict(cfg),
             "argv": ["train.py", *argv], "versions": library_versions(), "optimizer": optimizer.state_dict(),
-            "scaler": scaler.state_dict(), "loader": loader.state_dict(),
-            "rng": {"torch": torch.get_rng_state(),
-                    "cuda": torch.cuda.get_rng_state(rt.device) if rt.device_type == "cuda" else None},
+            "scaler": scaler.state_dict(), "loader": loader.state_dict(), "rng": rngs,
         }
         save_checkpoint(state, Path(cfg.out_dir) / name)
 
@@ -432,17 +464,18 @@ def _train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Ru
         while True:
             # ---- evaluate and checkpoint
             if step % cfg.eval_interval == 0 or step >= cfg.max_iters or cfg.eval_only:
-                val_loss = evaluate(eval_model, val, rt, d)
+                val_loss = evaluate(model, val, rt, d)
                 improved = val_loss < best_val
                 best_val = min(best_val, val_loss)
                 log(f"step {step}: val loss {val_loss:.4f}" + (" (best so far)" if improved else ""))
                 record({"step": step, "val_loss": val_loss, "best_val_loss": best_val})
-                if step > start_step:  # nothing new to save on the step a run starts from
-                    if improved:
-                        save("best.pt")
-                    if improved or cfg.always_save_checkpoint or step >= cfg.max_iters:
-                        save("last.pt")
-                t_log = time.perf_counter()  # keep evaluation out of the step timings
+                # A resumed run may start on a step whose evaluation the stopped run never did: an improvement
+                # there is saved too. Step 0 of a fresh run is the random initialisation: not worth a file.
+                if improved and step > 0:
+                    save("best.pt")
+                if step > start_step and (improved or cfg.always_save_checkpoint or step >= cfg.max_iters):
+                    save("last.pt")  # (on the start step last.pt already holds this state)
+                t_log, steps_since_log = time.perf_counter(), 0  # keep evaluation out of the step timings
             if cfg.eval_only or step >= cfg.max_iters:
                 break
 
@@ -457,10 +490,14 @@ def _train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Ru
             bad = ~torch.isfinite(loss_sum)
             if not rt.needs_grad_scaler:
                 bad = bad | ~torch.isfinite(grad_norm)
-            flags = torch.stack([bad.float(), torch.tensor(float(stop.requested), device=rt.device)])
+            flags = torch.zeros(2, device=rt.device)
+            flags[0] = bad
+            flags[1].fill_(float(stop.requested))  # a scalar fill: no host-to-device copy
             if d.enabled:
                 dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-            if flags[0].item() > 0:
+            # The step's one host synchronisation: needed to stop *before* the optimizer step on NaN/inf.
+            is_bad, stop_now = flags.tolist()
+            if is_bad:
                 raise TrainError(
                     f"non-finite loss or gradient norm at step {step} (loss {loss_sum.item():.4g}, grad norm "
                     f"{grad_norm.item():.4g}); stopped before the optimizer step, checkpoints left as they were. "
@@ -478,7 +515,7 @@ def _train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Ru
                     dist.all_reduce(loss_val, op=dist.ReduceOp.AVG if rt.device_type == "cuda" else dist.ReduceOp.SUM)
                     if rt.device_type != "cuda":  # gloo has no AVG
                         loss_val = loss_val / d.world_size
-                loss_f = loss_val.item()  # the only host sync of the step, every log_interval steps
+                loss_f = loss_val.item()  # a second host sync, every log_interval steps only
                 now = time.perf_counter()
                 dt = (now - t_log) / steps_since_log
                 t_log, steps_since_log = now, 0
@@ -496,7 +533,7 @@ def _train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Ru
                     f"{dt * 1000:.1f} ms/step | {tok_s:,.0f} tok/s | MFU {f'{mfu * 100:.1f}%' if mfu else 'n/a'} | "
                     f"mem {entry['peak_mem_mb']:,.0f} MB | ETA {eta}", flush=True)
 
-            if flags[1].item() > 0:  # a signal on any rank: every rank leaves after this same step
+            if stop_now:  # a signal on any rank: every rank leaves after this same step
                 save("last.pt")
                 log(f"stopped at step {step}; saved {cfg.out_dir}/last.pt; continue with --init_from=resume")
                 break
@@ -512,6 +549,8 @@ def main(argv: list[str] | None = None) -> dict | None:
         return train(cfg, ckpt, argv)
     except (ConfigError, DataError, CheckpointError, TrainError) as e:
         sys.exit(f"error: {e}")
+    except OSError as e:  # an unwritable out_dir, a full disk, ...
+        sys.exit(f"error: {e.strerror or e}: {e.filename or ''}".rstrip(": "))
     except torch.cuda.OutOfMemoryError:
         sys.exit("error: out of GPU memory; lower --batch_size and raise --gradient_accumulation_steps to keep "
                  "the same tokens per step")

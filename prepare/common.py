@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import sys
 import time
 import urllib.error
@@ -273,9 +274,14 @@ def choose_val_docs(lengths: Sequence[int], val_fraction: float, seed: int = 0) 
 class DatasetWriter:
     """Writes the shards of both splits and, last, meta.json.
 
-    Use as a context manager: if anything fails before ``finish()``, the shards written by this run are
-    removed (and the folder too if this run created it), so a failed run leaves nothing half-prepared.
+    Shards are written into a staging folder (``out_dir/.partial``) and moved into place only by ``finish()``,
+    after every check has passed: a run that fails half-way (a network drop during a 10B-token corpus, a
+    refused input) leaves an already prepared dataset in ``out_dir`` exactly as it was. Use as a context
+    manager: if anything fails before ``finish()``, the staging folder is removed (and ``out_dir`` too if this
+    run created it and it is empty).
     """
+
+    STAGING = ".partial"
 
     def __init__(self, out_dir: Path, tokenizer: Tokenizer, shard_tokens: int = DEFAULT_SHARD_TOKENS):
         check_positive(shard_tokens, "--shard_tokens")
@@ -283,15 +289,15 @@ class DatasetWriter:
         self.tokenizer = tokenizer
         self.shard_tokens = shard_tokens
         self._created_dir = not self.out_dir.exists()
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        # Remember the old creation date (for byte-identical re-runs), then drop meta.json so the folder does
-        # not claim to be complete while its shards are being rewritten.
+        self.stage = self.out_dir / self.STAGING
+        shutil.rmtree(self.stage, ignore_errors=True)  # left over from a run that was killed
+        self.stage.mkdir(parents=True)
+        # Remember the old creation date, for byte-identical re-runs.
         try:
             self._old_meta: dict[str, Any] | None = shards.read_meta(self.out_dir)
         except DataError:
             self._old_meta = None
-        (self.out_dir / shards.META_NAME).unlink(missing_ok=True)
-        self.writers = {s: shards.ShardWriter(self.out_dir, s, tokenizer.vocab_size, shard_tokens) for s in shards.SPLITS}
+        self.writers = {s: shards.ShardWriter(self.stage, s, tokenizer.vocab_size, shard_tokens) for s in shards.SPLITS}
         self._finished = False
 
     def write(self, split: str, tokens: np.ndarray) -> None:
@@ -302,7 +308,8 @@ class DatasetWriter:
         self.writers[split].close()
 
     def finish(self, source: str, what: str = "the input") -> dict[str, Any]:
-        """Close all shards, check sizes, write meta.json and delete shards left over from older runs."""
+        """Close all shards, check sizes, move the shards into place, write meta.json, and delete shards left
+        over from older runs."""
         names = {s: w.close() for s, w in self.writers.items()}
         check_sizes({s: w.tokens for s, w in self.writers.items()}, what)
         splits = {s: {"shards": names[s], "tokens": self.writers[s].tokens} for s in shards.SPLITS}
@@ -310,8 +317,14 @@ class DatasetWriter:
         old = self._old_meta
         if old is not None and {**old, "created": None} == {**meta, "created": None}:
             meta["created"] = old["created"]  # nothing changed: keep the file byte-identical
-        shards.write_meta(self.out_dir, meta)
+        # From here on only renames: meta.json goes first (the folder no longer claims to be complete), the
+        # new shards replace the old ones, and the new meta.json marks the folder complete again.
+        (self.out_dir / shards.META_NAME).unlink(missing_ok=True)
         keep = {n for ns in names.values() for n in ns}
+        for name in keep:
+            os.replace(self.stage / name, self.out_dir / name)
+        shutil.rmtree(self.stage, ignore_errors=True)
+        shards.write_meta(self.out_dir, meta)
         for path in self.out_dir.iterdir():
             if (shards.SHARD_RE.match(path.name) and path.name not in keep) or path.name.endswith(".bin.tmp"):
                 path.unlink()
@@ -319,10 +332,8 @@ class DatasetWriter:
         return meta
 
     def abort(self) -> None:
-        for w in self.writers.values():
-            for name in w.names:
-                (self.out_dir / name).unlink(missing_ok=True)
-        if self._created_dir and not any(self.out_dir.iterdir()):
+        shutil.rmtree(self.stage, ignore_errors=True)
+        if self._created_dir and self.out_dir.is_dir() and not any(self.out_dir.iterdir()):
             self.out_dir.rmdir()
 
     def __enter__(self) -> DatasetWriter:

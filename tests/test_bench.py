@@ -2,7 +2,10 @@
 
 import json
 
+import pytest
+
 import bench
+from shards import write_meta
 
 
 def test_bench_tiny(tmp_path, capsys):
@@ -19,11 +22,36 @@ def test_bench_tiny(tmp_path, capsys):
     assert json.loads(out.read_text())["rows"][0]["model"] == "tiny"
 
 
-def test_bench_refuses_unknown_sizes():
-    import pytest
+def expect_error(args, *fragments):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--device=cpu", *args])
+    message = e.value.code
+    assert isinstance(message, str) and message.startswith("error: ") and "\n" not in message, message
+    for fragment in fragments:
+        assert fragment in message, message
 
-    with pytest.raises(SystemExit, match="unknown model size"):
-        bench.main(["--models=huge", "--device=cpu"])
+
+def test_bench_refuses_unknown_sizes():
+    expect_error(["--models=huge"], "unknown model size")
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [("batch_size", -1), ("accum", 0), ("warmup", -1), ("repeats", 0), ("decode_tokens", -1),
+     ("decode_repeats", 0), ("prefill_tokens", 0)],
+)
+def test_bench_refuses_out_of_range_options(option, value):
+    expect_error(["--models=tiny", f"--{option}={value}"], f"--{option}")
+
+
+def test_bench_data_errors(tmp_path):
+    expect_error(["--models=tiny", f"--data={tmp_path / 'nonexistent'}"], "nonexistent", "not found")
+    # A GPT-2 BPE dataset: its ids would index past the baby model's 65-row embedding.
+    bpe = tmp_path / "bpe"
+    bpe.mkdir()
+    write_meta(bpe, {"format_version": 1, "tokenizer": {"kind": "tiktoken", "name": "gpt2"}, "vocab_size": 50257,
+                     "splits": {}})
+    expect_error(["--models=baby", f"--data={bpe}"], "vocab_size 50257", "--models=gpt2")
 
 
 def test_decode_window_comparison(tiny_model, tiny_config):

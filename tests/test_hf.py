@@ -405,6 +405,25 @@ def test_export_overwrite(tmp_path, tiny_model):
     assert (out / "char_vocab.json").is_file()
 
 
+def test_failed_overwrite_leaves_the_old_export(tmp_path, tiny_model, monkeypatch):
+    import safetensors.torch
+
+    out = tmp_path / "export"
+    export_hf(tiny_model, out, {"kind": "char", "chars": ["a"] * 67})
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    torch.manual_seed(1)
+    other = GPT(tiny_model.config)
+    with pytest.raises(OSError, match="No space"):
+        export_hf(other, out, None, overwrite=True)  # would also drop char_vocab.json
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]  # the temporary folder is gone
+
+
 # ----------------------------------------------------------------------------- export.py
 
 
@@ -443,3 +462,7 @@ def test_export_cli(tmp_path, tiny_model, tiny_config, capsys):
     with pytest.raises(SystemExit) as e:
         export_main(["--ckpt", str(tmp_path / "missing"), "--to", str(tmp_path / "other")])
     assert str(e.value.code).startswith("error: checkpoint") and "\n" not in str(e.value.code)
+
+    with pytest.raises(SystemExit) as e:  # an OSError while writing: one line, not a traceback
+        export_main(["--ckpt", str(tmp_path / "out"), "--to", "/dev/null/x"])
+    assert str(e.value.code).startswith("error: cannot write /dev/null/x") and "\n" not in str(e.value.code)

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from model import GPT, GPTConfig, logits_to_probs, sample_token
+from model import GPT, GPTConfig, logits_to_probs, next_token, sample_token
 
 
 def test_forward_shapes_and_loss_at_init(tiny_model, tiny_config):
@@ -169,19 +169,29 @@ def test_top_k_one_is_argmax():
 
 def test_top_p_keeps_smallest_set_reaching_p():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    probs = logits_to_probs(logits, temperature=1.0, top_p=0.8)
-    # 0.5 alone < 0.8; 0.5 + 0.3 reaches 0.8: exactly those two survive, renormalised.
+    probs = logits_to_probs(logits, temperature=1.0, top_p=0.79)
+    # 0.5 alone < 0.79; 0.5 + 0.3 reaches it: exactly those two survive, renormalised.
     assert torch.allclose(probs, torch.tensor([[0.625, 0.375, 0.0, 0.0]]), atol=1e-6)
-    probs = logits_to_probs(logits, temperature=1.0, top_p=0.81)
+    probs = logits_to_probs(logits, temperature=1.0, top_p=0.81)  # needs the third token too
     assert (probs > 0).sum() == 3
+    # top-p applies to the renormalised top 3: 0.5/0.95 + 0.3/0.95 = 0.84 < 0.9, so all three stay
+    probs = logits_to_probs(logits, temperature=1.0, top_k=3, top_p=0.9)
+    assert torch.allclose(probs, torch.tensor([[0.5, 0.3, 0.15, 0.0]]) / 0.95, atol=1e-6)
     probs = logits_to_probs(logits, temperature=1.0, top_p=0.3)  # the top token alone already exceeds p
     assert torch.allclose(probs, torch.tensor([[1.0, 0.0, 0.0, 0.0]]))
+
+
+def test_top_k_keeps_exactly_k_even_with_ties():
+    logits = torch.tensor([[1.0, 3.0, 3.0, 3.0, 0.0]])
+    probs = logits_to_probs(logits, temperature=1.0, top_k=2)
+    assert (probs > 0).sum() == 2 and torch.allclose(probs.sum(), torch.tensor(1.0))
 
 
 def test_temperature_zero_is_greedy_and_bad_values_are_refused():
     logits = torch.randn(3, 10)
     probs = logits_to_probs(logits, temperature=0)
     assert torch.equal(probs.argmax(-1), logits.argmax(-1)) and torch.allclose(probs.sum(-1), torch.ones(3))
+    assert torch.equal(next_token(logits, temperature=0), logits.argmax(-1))
     for kwargs in (dict(temperature=-1), dict(top_k=0), dict(top_p=0.0), dict(top_p=1.5)):
         with pytest.raises(ValueError):
             logits_to_probs(logits, **{"temperature": 1.0, **kwargs})

@@ -261,3 +261,24 @@ def test_hf_offline_is_one_line(tmp_path, monkeypatch):
     msg = exit_message(e)
     assert "Skylion007/openwebtext" in msg and "network" in msg
     assert not (tmp_path / "owt").exists()
+
+
+def test_failed_rerun_leaves_the_prepared_dataset_intact(tmp_path):
+    """A corpus run that dies half-way (e.g. a network drop) must not destroy the dataset already there."""
+    from prepare import common
+
+    out = tmp_path / "corpus"
+    tok = shards.Tokenizer.tiktoken("gpt2")
+    rng = np.random.default_rng(0)
+    chunks = [rng.integers(0, 50257, 3000) for _ in range(6)]
+    common.write_token_stream(out, iter(chunks), tok, source="test", shard_tokens=4000, val_tokens=3000)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def dying():
+        yield from chunks[:4]
+        raise ConnectionError("network dropped")
+
+    with pytest.raises(ConnectionError):
+        common.write_token_stream(out, dying(), tok, source="test2", shard_tokens=4000, val_tokens=3000)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert shards.read_meta(out)["source"] == "test"

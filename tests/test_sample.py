@@ -290,6 +290,8 @@ def test_checkpoint_errors(capsys, tmp_path):
         (["--num_samples=0"], "num_samples"),
         (["--max_new_tokens=0"], "max_new_tokens"),
         (["--num_samples=two"], "num_samples"),
+        (["--seed=-1"], "seed"),
+        ([f"--seed={2**63}"], "seed"),
         (["--dtype=float8"], "dtype"),
         (["--device=toaster"], "toaster"),
         (["--temperatur=1"], "temperature"),  # unknown key: suggests the right one

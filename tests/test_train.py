@@ -3,10 +3,8 @@
 import json
 import os
 import pickle
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -83,8 +81,8 @@ def test_training_lowers_the_loss_and_writes_the_run_record(char_dataset, tmp_pa
     assert summary["best_val_loss"] < 2.7  # ln(21) = 3.04 at init
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["max_iters"] == 40 and cfg["n_embd"] == 32
-    run = json.loads((out / "run.json").read_text())
-    assert "torch" in run["versions"] and "--max_iters=40" in run["argv"]
+    runs = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    assert len(runs) == 1 and "torch" in runs[0]["versions"] and "--max_iters=40" in runs[0]["argv"]
     ckpt = load_checkpoint(out / "best.pt")
     # the unwrapped model's keys, loadable without the optimizer, with the tokenizer to decode samples
     assert all(not k.startswith(("module.", "_orig_mod.")) for k in ckpt["model"])
@@ -173,10 +171,11 @@ def test_non_finite_loss_stops_before_the_update(char_dataset, tmp_path, monkeyp
     steps = []
     real_step = torch.optim.AdamW.step
     monkeypatch.setattr(torch.optim.AdamW, "step", lambda self, *a, **k: steps.append(1) or real_step(self, *a, **k))
+    last_before = (out / "last.pt").read_bytes()
     with pytest.raises(SystemExit, match="non-finite loss or gradient norm at step 4"):
-        train.main(tiny_args(char_dataset, out, max_iters=8, init_from="resume", eval_interval=1))
+        train.main(tiny_args(char_dataset, out, max_iters=8, init_from="resume", eval_interval=100))
     assert len(steps) == 1  # step 3 updated; step 4 stopped before its optimizer step
-    assert (out / "best.pt").read_bytes() == best_before or load_checkpoint(out / "best.pt")["step"] == 4
+    assert (out / "best.pt").read_bytes() == best_before and (out / "last.pt").read_bytes() == last_before
 
 
 def test_crash_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
@@ -215,29 +214,33 @@ def test_malicious_pickle_is_refused(tmp_path):
         load_checkpoint(tmp_path / "nope")
 
 
-def run_train(args, **kw):
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    return subprocess.Popen([sys.executable, str(REPO / "train.py"), *args], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+SIGNAL_AT_STEP = """
+import os, signal, sys
+import train
+real = train.forward_backward
+calls = {"n": 0}
+def forward_backward(*args, **kwargs):  # send SIGTERM to ourselves in the middle of step STOP
+    calls["n"] += 1
+    if calls["n"] == STOP + 1:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real(*args, **kwargs)
+train.forward_backward = forward_backward
+train.main(sys.argv[1:])
+"""
 
 
-def test_sigterm_saves_and_resume_matches_uninterrupted(char_dataset, tmp_path):
+@pytest.mark.parametrize("stop", [4, 5])  # 5: the run stops right before the evaluation of step 6
+def test_sigterm_saves_and_resume_matches_uninterrupted(char_dataset, tmp_path, stop):
     full, cut = tmp_path / "full", tmp_path / "cut"
-    n = 300
-    args = dict(max_iters=n, eval_interval=100, lr_decay_iters=n)
-    p = run_train(tiny_args(char_dataset, cut, **args))
-    deadline = time.time() + 60
-    while time.time() < deadline:  # wait until training is under way
-        if (cut / "metrics.jsonl").exists() and len(train_losses(cut)) >= 20:
-            break
-        time.sleep(0.05)
-    p.send_signal(signal.SIGTERM)
-    out, _ = p.communicate(timeout=60)
-    assert p.returncode == 0, out
-    stopped = load_checkpoint(cut / "last.pt")["step"]
-    assert 20 <= stopped < n, out
-    assert "saved" in out and "--init_from=resume" in out
-    torch.set_num_threads(1)  # the same arithmetic as the subprocesses
+    args = dict(max_iters=12, eval_interval=3, lr_decay_iters=12)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    res = subprocess.run([sys.executable, "-c", SIGNAL_AT_STEP.replace("STOP", str(stop)),
+                          *tiny_args(char_dataset, cut, **args)], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "SIGTERM received" in res.stdout and "--init_from=resume" in res.stdout
+    assert load_checkpoint(cut / "last.pt")["step"] == stop + 1  # the step in flight was finished
+    torch.set_num_threads(1)  # the same arithmetic as the subprocess
     try:
         train.main(tiny_args(char_dataset, full, **args))
         train.main(tiny_args(char_dataset, cut, init_from="resume", **args))
@@ -245,6 +248,24 @@ def test_sigterm_saves_and_resume_matches_uninterrupted(char_dataset, tmp_path):
         torch.set_num_threads(os.cpu_count() or 1)
     assert train_losses(cut) == train_losses(full)
     assert_same_weights(weights(cut), weights(full))
+    # best.pt too: an evaluation the stopped run never did happens on resume, and is saved when it improves
+    best_cut, best_full = load_checkpoint(cut / "best.pt"), load_checkpoint(full / "best.pt")
+    assert best_cut["step"] == best_full["step"] and best_cut["best_val_loss"] == best_full["best_val_loss"]
+    assert_same_weights(best_cut["model"], best_full["model"])
+
+
+def test_dropout_can_change_on_resume(char_dataset, tmp_path):
+    out = tmp_path / "out"
+    train.main(tiny_args(char_dataset, out, max_iters=2, dropout=0.0))
+    train.main(tiny_args(char_dataset, out, max_iters=3, init_from="resume", dropout=0.3))
+    assert load_checkpoint(out / "last.pt")["model_config"]["dropout"] == 0.3
+
+
+def test_unwritable_out_dir_is_one_line(char_dataset, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit, match="^error: .*file"):
+        train.main(tiny_args(char_dataset, blocker / "out"))
 
 
 def test_ddp_two_processes_match_one(char_dataset, tmp_path):
@@ -261,8 +282,8 @@ def test_ddp_two_processes_match_one(char_dataset, tmp_path):
            str(REPO / "train.py"), *tiny_args(char_dataset, ddp, **args)]
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert sorted(p.name for p in ddp.iterdir()) == ["best.pt", "config.json", "last.pt", "metrics.jsonl", "run.json"]
-    assert json.loads((ddp / "run.json").read_text())["world_size"] == 2
+    assert sorted(p.name for p in ddp.iterdir()) == ["best.pt", "config.json", "last.pt", "metrics.jsonl", "runs.jsonl"]
+    assert json.loads((ddp / "runs.jsonl").read_text())["world_size"] == 2
     s, d = metrics(single), metrics(ddp)
     assert [m["step"] for m in s] == [m["step"] for m in d]  # one writer: no duplicated lines
     for a, b in zip(s, d):
@@ -270,6 +291,24 @@ def test_ddp_two_processes_match_one(char_dataset, tmp_path):
             if key in a:
                 assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6)
     assert_same_weights(weights(ddp), weights(single), exact=False)
+
+
+def test_ddp_resume_with_dropout_is_exact(char_dataset, tmp_path):
+    """Every rank's dropout stream is saved and restored: 2 + 2 resumed steps == 4 steps, under DDP."""
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+
+    def torchrun(out, **over):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               str(REPO / "train.py"), *tiny_args(char_dataset, out, dropout=0.2, eval_interval=2, **over)]
+        res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+        assert res.returncode == 0, res.stdout + res.stderr
+
+    torchrun(full, max_iters=4)
+    torchrun(cut, max_iters=2)
+    torchrun(cut, max_iters=4, init_from="resume")
+    assert train_losses(cut) == train_losses(full)
+    assert_same_weights(weights(cut), weights(full))
 
 
 def test_wandb_offline_logging(char_dataset, tmp_path):
