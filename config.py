@@ -281,13 +281,15 @@ def convert(key: str, tp, value: Any, from_text: bool) -> Any:
 
 
 def config_help(cls: type, prog: str) -> str:
-    lines = [f"usage: python {prog} [CONFIG_FILE.py ...] [--key=value ...]", "", "options (default, description):"]
+    lines = [f"usage: python {prog} [CONFIG_FILE.py ...] [--key=value ...]", "", "options (default, type, description):"]
     hints = typing.get_type_hints(cls)
+    rows = []
     for f in fields(cls):
         default = f.default if f.default is not MISSING else "(required)"
-        default = "auto" if default is None else default
-        tp = _base_type(hints[f.name]).__name__
-        lines.append(f"  --{f.name}={default!s:<12} [{tp}] {f.metadata.get('help', '')}")
+        option = f"--{f.name}={'auto' if default is None else default}"
+        rows.append((option, _base_type(hints[f.name]).__name__, f.metadata.get("help", "")))
+    width = max(len(option) for option, _, _ in rows)
+    lines += [f"  {option:<{width}}  {tp:<5}  {text}" for option, tp, text in rows]
     return "\n".join(lines)
 
 

@@ -404,10 +404,9 @@ def _train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Ru
     log(why)
     raw_model = model  # the unwrapped model: its state_dict has no "module." or "_orig_mod." prefixes
     if d.enabled:
-        # broadcast_buffers=False: the model has no buffers to sync, so forward passes (evaluation included,
-        # where ranks may run different numbers of batches) involve no collective at all.
-        model = DDP(model, device_ids=[rt.device.index] if rt.device_type == "cuda" else None,
-                    broadcast_buffers=False)
+        # The model has no buffers, so DDP's forward syncs nothing: evaluation, where ranks may run different
+        # numbers of batches, involves no collective until evaluate's own all_reduce.
+        model = DDP(model, device_ids=[rt.device.index] if rt.device_type == "cuda" else None)
     if use_compile:
         # Compiling the DDP-wrapped model lets DDP's graph splitting overlap the gradient all-reduce with the
         # backward pass.
