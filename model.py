@@ -1,6 +1,6 @@
 """The GPT-2 language model, in reading order.
 
-    LayerNorm -> CausalSelfAttention -> MLP -> Block -> GPTConfig -> GPT -> sampling functions
+    KVCache -> CausalSelfAttention -> MLP -> Block -> GPTConfig -> GPT -> sampling functions
 
 Shapes use B = batch, T = sequence length, C = n_embd, H = n_head, D = C // H, V = vocab.
 Parameter names follow OpenAI's GPT-2 (wte, wpe, h.N.ln_1, attn.c_attn, ...) so its weights map one to one.
@@ -18,19 +18,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 # ----------------------------------------------------------------------------- building blocks
-
-
-class LayerNorm(nn.Module):
-    """LayerNorm with an optional bias (PyTorch's own cannot drop the bias before 2.1's `bias=` flag)."""
-
-    def __init__(self, ndim: int, bias: bool, eps: float = 1e-5):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(ndim))
-        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
 
 
 class KVCache(nn.Module):
@@ -106,9 +93,9 @@ class Block(nn.Module):
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.ln_1 = LayerNorm(config.n_embd, config.bias, config.ln_eps)
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.ln_eps, bias=config.bias)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = LayerNorm(config.n_embd, config.bias, config.ln_eps)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.ln_eps, bias=config.bias)
         self.mlp = MLP(config)
 
     def forward(
@@ -176,7 +163,7 @@ class GPT(nn.Module):
                 wpe=nn.Embedding(config.block_size, config.n_embd),
                 drop=nn.Dropout(config.dropout),
                 h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-                ln_f=LayerNorm(config.n_embd, config.bias, config.ln_eps),
+                ln_f=nn.LayerNorm(config.n_embd, eps=config.ln_eps, bias=config.bias),
             )
         )
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
