@@ -425,6 +425,32 @@ def report_speed(tokens: int, seconds: float) -> None:
     print(f"tokenized {tokens:,} tokens in {seconds:.2f} s ({rate / 1e6:.2f} M tokens/s)")
 
 
+TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+
+
+def tiny_shakespeare_main(argv: Sequence[str] | None, name: str, tokenizer: str, description: str) -> None:
+    """The two Shakespeare scripts: the same text and 90/10 split, a char or GPT-2 BPE tokenizer."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input", default=None, help="local copy of the text (default: download it)")
+    parser.add_argument("--val_fraction", type=float, default=0.1, help="share of characters for val")
+    add_common_args(parser, name)
+    args = parser.parse_args(argv)
+
+    def prepare() -> None:
+        t0 = time.perf_counter()
+        out_dir = Path(args.out_dir or f"data/{name}")
+        path = obtain_input(args.input, TINY_SHAKESPEARE_URL, out_dir)
+        text = read_text(path)
+        require_text(text, str(path))
+        tok = Tokenizer.char_from_text(text) if tokenizer == "char" else Tokenizer.tiktoken(tokenizer)
+        meta = prepare_single_text(out_dir, text, tok, val_fraction=args.val_fraction,
+                                   source=args.input or TINY_SHAKESPEARE_URL, num_proc=args.num_proc)
+        summarize(out_dir, meta)
+        print(f"done in {time.perf_counter() - t0:.2f} s")
+
+    run(prepare)
+
+
 def summarize(out_dir: Path, meta: dict[str, Any]) -> None:
     parts = [f"{s}: {e['tokens']:,} tokens in {len(e['shards'])} shard(s)" for s, e in meta["splits"].items()]
     print(f"wrote {out_dir} (vocab_size {meta['vocab_size']}; {'; '.join(parts)})")
