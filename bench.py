@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     try:
         rt = setup_runtime(args.device, args.dtype)
-    except ValueError as e:
+    except Exception as e:
         sys.exit(f"error: {e}")
     on_gpu = rt.device_type == "cuda"
     models = (args.models or ("baby,gpt2" if on_gpu else "baby")).split(",")

@@ -15,11 +15,13 @@ from pathlib import Path
 
 import torch
 
+from cli import UserError
+
 FORMAT_VERSION = 1
 TRAIN_HINT = "train one with: python train.py configs/shakespeare.py"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError):
     """A missing, unreadable or incompatible checkpoint; the message names the path and the fix."""
 
 

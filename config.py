@@ -20,8 +20,10 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from cli import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError):
     """A bad config file, key or value; the message says which and how to fix it."""
 
 

@@ -12,8 +12,8 @@ import argparse
 import sys
 
 from checkpoint import load_checkpoint, model_from_checkpoint
+from cli import UserError, one_line
 from hf_gpt2 import export_hf
-from shards import one_line
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"the checkpoint's tokenizer entry is a {type(meta).__name__}, not a dict; re-save it"
             )
         result = export_hf(model, args.to, meta, overwrite=args.overwrite)
-    except ValueError as e:  # CheckpointError, HFGPT2Error, GPTConfig's checks: all one-line messages
+    except (UserError, ValueError) as e:  # CheckpointError, HFGPT2Error, GPTConfig's checks: all one-line messages
         sys.exit(f"error: {e}")
     except OSError as e:  # writing the folder: e.g. no permission, a full disk, a parent that is a file
         sys.exit(f"error: cannot write {args.to}: {one_line(e)}")

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from cli import UserError
 from model import GPT, GPTConfig
 
 # The official checkpoints and their Hub repositories (params: 124M, 350M, 774M, 1558M).
@@ -64,7 +65,7 @@ _STALE_HF_FILES = (
 )
 
 
-class HFGPT2Error(ValueError):
+class HFGPT2Error(UserError):
     """A Hugging Face GPT-2 folder, name or config we cannot use; the message says what is wrong and how to
     fix it."""
 

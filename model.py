@@ -270,14 +270,6 @@ class GPT(nn.Module):
         self.config.block_size = block_size
         self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size].detach().clone())
 
-    @classmethod
-    def from_pretrained(cls, name_or_path: str, **overrides) -> GPT:
-        """OpenAI GPT-2 weights: 'gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl' from the Hugging Face Hub, or a
-        local Hugging Face GPT-2 folder. `overrides` may set dropout (and block_size, which crops)."""
-        from hf_gpt2 import load_pretrained  # file reading and key mapping live beside the model, not in it
-
-        return load_pretrained(name_or_path, **overrides)
-
     # ------------------------------------------------------------------------- generation
 
     @torch.no_grad()

@@ -14,6 +14,12 @@ from dataclasses import dataclass
 
 import torch
 
+from cli import UserError
+
+
+class DeviceError(UserError):
+    """A device or dtype this machine cannot give."""
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -57,13 +63,13 @@ def resolve_device(name: str = "auto") -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise ValueError(f"device {name!r} is not a device; use auto, cpu, cuda, cuda:N or mps") from None
+        raise DeviceError(f"device {name!r} is not a device; use auto, cpu, cuda, cuda:N or mps") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} asked for, but CUDA is not available here; use --device=cpu or auto")
+        raise DeviceError(f"device {name!r} asked for, but CUDA is not available here; use --device=cpu or auto")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ValueError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+        raise DeviceError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) here")
     if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"device {name!r} asked for, but MPS is not available here; use --device=cpu or auto")
+        raise DeviceError(f"device {name!r} asked for, but MPS is not available here; use --device=cpu or auto")
     return device
 
 
@@ -73,9 +79,9 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return torch.float32  # CPU autocast is slow for training, and MPS' is still patchy: fp32 is the safe default
     if name not in DTYPES:
-        raise ValueError(f"dtype {name!r} unknown; use auto, {', '.join(DTYPES)}")
+        raise DeviceError(f"dtype {name!r} unknown; use auto, {', '.join(DTYPES)}")
     if name == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ValueError("dtype bfloat16 is not supported on this GPU; use --dtype=float16 (with loss scaling)")
+        raise DeviceError("dtype bfloat16 is not supported on this GPU; use --dtype=float16 (with loss scaling)")
     return DTYPES[name]
 
 

@@ -23,10 +23,13 @@ from pathlib import Path
 import torch
 
 from checkpoint import CheckpointError, find_checkpoint, load_checkpoint, model_from_checkpoint
+from cli import UserError, one_line
 from config import ConfigError, load_config, setting
+from hf_gpt2 import load_pretrained
 from model import GPT
 from runtime import resolve_compile, setup_runtime
-from shards import DataError, Tokenizer, one_line
+from shards import DataError
+from tokenizer import Tokenizer
 
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 
@@ -89,7 +92,7 @@ def load_model(cfg: SampleConfig) -> tuple[GPT, Tokenizer, str]:
     """The model (on the CPU, in eval mode), its tokenizer, and a few words saying what was loaded."""
     if cfg.init_from:
         try:
-            model = GPT.from_pretrained(cfg.init_from)
+            model = load_pretrained(cfg.init_from)
         except (ValueError, OSError, ImportError, KeyError, RuntimeError) as e:
             raise CheckpointError(f"cannot load GPT-2 weights {cfg.init_from!r}: {one_line(e)}") from None
         tokenizer = _pretrained_tokenizer(cfg.init_from)
@@ -342,7 +345,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("error: out of GPU memory; try fewer --num_samples or a smaller model")
     # ConfigError, CheckpointError and DataError are ValueErrors with messages written for the user; OSError and
     # RuntimeError come from reading files and running the model (e.g. a failed compile).
-    except (ValueError, OSError, RuntimeError) as e:
+    except (UserError, ValueError, OSError, RuntimeError) as e:
         sys.exit(f"error: {one_line(e)}")
 
 

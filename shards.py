@@ -1,4 +1,4 @@
-"""Token shards on disk, the per-dataset meta.json, and the tokenizer that goes with them.
+"""Token shards on disk, the per-dataset meta.json, and reading a prepared split as one token stream.
 
 A prepared dataset is a folder holding ``meta.json`` plus ``train_000000.bin, ...`` and ``val_000000.bin, ...``.
 Each ``.bin`` shard is a fixed 32-byte header followed by the raw token ids, so it can be memory-mapped and
@@ -24,11 +24,14 @@ import json
 import os
 import re
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from cli import UserError, one_line
+from files import atomic_write
 
 MAGIC = b"GPTTOKS\0"
 FORMAT_VERSION = 1
@@ -49,13 +52,8 @@ PREPARE_COMMANDS = {
 }
 
 
-class DataError(ValueError):
+class DataError(UserError):
     """A problem with the user's data or arguments. The message is one line saying what is wrong and how to fix it."""
-
-
-def one_line(text: object) -> str:
-    """Collapse an (exception) message to a single line, so errors from libraries keep our one-line contract."""
-    return " ".join(str(text).split())
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -77,18 +75,6 @@ def shard_name(split: str, index: int) -> str:
     return f"{split}_{index:06d}.bin"
 
 
-def _atomic_write_bytes(path: Path, chunks: Iterable[bytes | memoryview]) -> None:
-    """Write to ``<name>.tmp`` then rename, so a crash never leaves a partial file under the final name."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def write_shard(path: str | os.PathLike, tokens: np.ndarray | Sequence[int], vocab_size: int) -> Path:
     """Write one shard atomically. Every id must lie in [0, vocab_size)."""
     path = Path(path)
@@ -108,7 +94,9 @@ def write_shard(path: str | os.PathLike, tokens: np.ndarray | Sequence[int], voc
             )
     data = np.ascontiguousarray(arr, dtype=dtype)
     header = HEADER.pack(MAGIC, FORMAT_VERSION, dtype.itemsize, data.size)
-    _atomic_write_bytes(path, [header, memoryview(data).cast("B")])
+    with atomic_write(path) as tmp, open(tmp, "wb") as f:
+        f.write(header)
+        f.write(memoryview(data).cast("B"))
     return path
 
 
@@ -207,7 +195,8 @@ def write_meta(data_dir: str | os.PathLike, meta: dict[str, Any]) -> Path:
     """Write meta.json atomically (JSON, never pickle: safe to read from untrusted folders)."""
     path = Path(data_dir) / META_NAME
     text = json.dumps(meta, indent=2, ensure_ascii=False) + "\n"
-    _atomic_write_bytes(path, [text.encode("utf-8")])
+    with atomic_write(path) as tmp:
+        tmp.write_bytes(text.encode("utf-8"))
     return path
 
 
@@ -254,9 +243,9 @@ def _meta_problem(meta: Any) -> str | None:
 
 
 def make_meta(
-    tokenizer: Tokenizer, splits: dict[str, dict[str, Any]], source: str, created: str | None = None
+    tokenizer: Any, splits: dict[str, dict[str, Any]], source: str, created: str | None = None
 ) -> dict[str, Any]:
-    """Assemble a meta dict in the canonical key order."""
+    """Assemble a meta dict in the canonical key order (`tokenizer`: a tokenizer.Tokenizer)."""
     return {
         "format_version": FORMAT_VERSION,
         "tokenizer": tokenizer.to_meta(),
@@ -266,119 +255,6 @@ def make_meta(
         "source": source,
         "created": created or datetime.date.today().isoformat(),
     }
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Tokenizer
-
-
-class Tokenizer:
-    """Encodes/decodes text for a dataset, built from (and saved as) the ``tokenizer`` entry of meta.json.
-
-    kind "char":     {"kind": "char", "chars": [...]}: id i is chars[i]; no end-of-text token.
-    kind "tiktoken": {"kind": "tiktoken", "name": "gpt2"}: tiktoken's BPE; eot_id is its <|endoftext|>.
-    """
-
-    def __init__(self, spec: dict[str, Any]):
-        self._spec = dict(spec)
-        self.kind: str = spec.get("kind", "")
-        if self.kind == "char":
-            chars = spec.get("chars")
-            if not isinstance(chars, list) or not chars or not all(isinstance(c, str) and len(c) == 1 for c in chars):
-                raise DataError("char tokenizer needs a non-empty 'chars' list of single characters in meta.json")
-            if len(set(chars)) != len(chars):
-                raise DataError("char tokenizer 'chars' list in meta.json contains duplicates; re-run prepare")
-            self._chars = chars
-            self._codepoints = np.array([ord(c) for c in chars], dtype=np.uint32)
-            # Lookup via a sorted copy so unsorted-but-valid vocabularies still work.
-            self._order = np.argsort(self._codepoints, kind="stable")
-            self._sorted_cp = self._codepoints[self._order]
-            self.vocab_size = len(chars)
-            self.eot_id: int | None = None
-        elif self.kind == "tiktoken":
-            name = spec.get("name")
-            if not isinstance(name, str):
-                raise DataError("tiktoken tokenizer needs a 'name' (e.g. 'gpt2') in meta.json")
-            self._enc = _get_tiktoken(name)
-            self.vocab_size = self._enc.n_vocab
-            self.eot_id = self._enc.eot_token
-        else:
-            raise DataError(f"unknown tokenizer kind {self.kind!r} in meta.json; expected 'char' or 'tiktoken'")
-
-    @classmethod
-    def from_meta(cls, meta: dict[str, Any]) -> Tokenizer:
-        """Build from a whole meta dict or just its ``tokenizer`` entry."""
-        spec = meta.get("tokenizer", meta)
-        if not isinstance(spec, dict):
-            raise DataError("meta.json 'tokenizer' entry must be an object; re-run prepare")
-        return cls(spec)
-
-    @classmethod
-    def char_from_text(cls, text: str) -> Tokenizer:
-        """A character vocabulary made of the sorted set of characters in ``text``."""
-        if not text:
-            raise DataError("cannot build a character vocabulary from empty text; give a non-empty input")
-        return cls({"kind": "char", "chars": sorted(set(text))})
-
-    @classmethod
-    def tiktoken(cls, name: str = "gpt2") -> Tokenizer:
-        return cls({"kind": "tiktoken", "name": name})
-
-    def to_meta(self) -> dict[str, Any]:
-        return dict(self._spec)
-
-    def encode(self, text: str) -> list[int]:
-        if self.kind == "tiktoken":
-            return self._enc.encode_ordinary(text)
-        return self.encode_array(text).tolist()
-
-    def encode_array(self, text: str) -> np.ndarray:
-        """Encode to a numpy array (uint32 ids); the fast path used by the prepare scripts."""
-        if self.kind == "tiktoken":
-            # Ordinary encoding: "<|endoftext|>" typed by a user is just text, never the special token.
-            # (No special token is allowed and none is disallowed; that is exactly encode_ordinary, and
-            # encode_to_numpy skips building a Python list, which makes it the fastest path.)
-            if hasattr(self._enc, "encode_to_numpy"):
-                return self._enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=())
-            return np.asarray(self._enc.encode_ordinary(text), dtype=np.uint32)
-        # Vectorised char lookup: UTF-32 gives one uint32 code point per character.
-        cps = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-        pos = np.searchsorted(self._sorted_cp, cps)
-        pos_c = np.minimum(pos, len(self._sorted_cp) - 1)
-        known = self._sorted_cp[pos_c] == cps
-        if not known.all():
-            bad = chr(int(cps[np.argmin(known)]))
-            raise DataError(
-                f"character {bad!r} is not in the model's vocabulary (this char-level dataset has "
-                f"{self.vocab_size} characters); remove it from the text"
-            )
-        return self._order[pos_c].astype(np.uint32)
-
-    def decode(self, ids: Iterable[int] | np.ndarray) -> str:
-        arr = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids), dtype=np.int64).reshape(-1)
-        if arr.size and (arr.min() < 0 or arr.max() >= self.vocab_size):
-            bad = int(arr.min() if arr.min() < 0 else arr.max())
-            raise DataError(f"token id {bad} is outside this tokenizer's vocabulary [0, {self.vocab_size})")
-        if self.kind == "tiktoken":
-            return self._enc.decode(arr.tolist())
-        return self._codepoints[arr].astype("<u4").tobytes().decode("utf-32-le")
-
-    def __repr__(self) -> str:
-        return f"Tokenizer(kind={self.kind!r}, vocab_size={self.vocab_size})"
-
-
-def _get_tiktoken(name: str) -> Any:
-    import tiktoken  # lazy: char-level datasets should not need tiktoken's BPE files
-
-    try:
-        return tiktoken.get_encoding(name)
-    except ValueError as e:  # unknown encoding name
-        raise DataError(f"unknown tiktoken encoding {name!r} ({one_line(e)})") from None
-    except Exception as e:  # the BPE files are downloaded on first use; offline that fails in various ways
-        raise DataError(
-            f"could not load tiktoken encoding {name!r} ({type(e).__name__}: {one_line(e)}); it is downloaded on "
-            "first use, so run once with network access or set TIKTOKEN_CACHE_DIR to a folder with the cached files"
-        ) from None
 
 
 # ----------------------------------------------------------------------------------------------------------

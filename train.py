@@ -26,12 +26,14 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from config import ConfigError, TrainConfig, build_config, config_to_dict, parse_args, print_config
+from checkpoint import load_checkpoint, save_checkpoint
+from cli import UserError
+from config import TrainConfig, build_config, config_to_dict, parse_args, print_config
+from hf_gpt2 import load_pretrained
 from loader import BatchLoader, ValBatches
 from model import GPT, GPTConfig
 from runtime import Runtime, resolve_compile, setup_runtime
-from shards import DataError, dataset_dir, read_meta, require_dataset
+from shards import dataset_dir, read_meta, require_dataset
 
 GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias")  # the shape a resumed run must keep
@@ -48,7 +50,7 @@ PEAK_BF16_FLOPS = (
 )
 
 
-class TrainError(ValueError):
+class TrainError(UserError):
     """A run that cannot start or continue; the message says why and what to do."""
 
 
@@ -167,7 +169,7 @@ class Dist:
 def setup_distributed(cfg: TrainConfig) -> tuple[Dist, Runtime]:
     try:
         return _setup_distributed(cfg)
-    except ValueError as e:  # e.g. --device=cuda on a machine without CUDA
+    except UserError as e:  # e.g. --device=cuda on a machine without CUDA
         raise TrainError(str(e)) from None
 
 
@@ -266,7 +268,7 @@ def build_model(cfg: TrainConfig, meta: dict, ckpt: dict | None) -> GPT:
                              n_embd=cfg.n_embd, dropout=cfg.dropout, bias=cfg.bias, vocab_multiple=multiple))
     if cfg.init_from in GPT2_NAMES or Path(cfg.init_from).is_dir():
         try:
-            model = GPT.from_pretrained(cfg.init_from, dropout=cfg.dropout)
+            model = load_pretrained(cfg.init_from, dropout=cfg.dropout)
         except (ValueError, OSError) as e:  # no network, a malformed folder, an unsupported config
             raise TrainError(str(e)) from None
         if cfg.block_size < model.config.block_size:
@@ -546,7 +548,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     try:
         cfg, ckpt = resolve_config(argv)
         return train(cfg, ckpt, argv)
-    except (ConfigError, DataError, CheckpointError, TrainError) as e:
+    except UserError as e:
         sys.exit(f"error: {e}")
     except OSError as e:  # an unwritable out_dir, a full disk, ...
         sys.exit(f"error: {e.strerror or e}: {e.filename or ''}".rstrip(": "))

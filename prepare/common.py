@@ -31,7 +31,9 @@ import numpy as np
 from tqdm import tqdm
 
 import shards
-from shards import DataError, Tokenizer, one_line
+from cli import one_line
+from shards import DataError
+from tokenizer import Tokenizer
 
 MIN_TOKENS = 4096
 DEFAULT_SHARD_TOKENS = 100_000_000

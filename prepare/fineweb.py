@@ -19,7 +19,7 @@ if __package__ in (None, ""):  # run as `python prepare/fineweb.py`: import from
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from prepare import common  # noqa: E402
-from shards import Tokenizer  # noqa: E402
+from tokenizer import Tokenizer  # noqa: E402
 
 SAMPLES = ("sample-10BT", "sample-100BT", "sample-350BT")
 

@@ -21,7 +21,7 @@ if __package__ in (None, ""):  # run as `python prepare/openwebtext.py`: import 
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from prepare import common  # noqa: E402
-from shards import Tokenizer  # noqa: E402
+from tokenizer import Tokenizer  # noqa: E402
 
 NAME = "openwebtext"
 HF_PATH = "Skylion007/openwebtext"

@@ -27,7 +27,8 @@ if __package__ in (None, ""):  # run as `python prepare/text.py`: import from th
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from prepare import common  # noqa: E402
-from shards import DataError, Tokenizer  # noqa: E402
+from shards import DataError  # noqa: E402
+from tokenizer import Tokenizer  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:

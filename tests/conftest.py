@@ -62,7 +62,7 @@ def make_char_dataset(path: Path, n_chars: int = 60_000, seed: int = 0) -> Path:
     so a few training steps lower the loss."""
     import numpy as np
 
-    from shards import Tokenizer
+    from tokenizer import Tokenizer
 
     rng = np.random.default_rng(seed)
     words = ["the", "king", "queen", "shall", "speak", "to", "my", "lord", "and", "thou", "art", "good", "sir"]

@@ -9,7 +9,7 @@ import export
 import sample
 import train
 from checkpoint import load_checkpoint
-from shards import Tokenizer
+from tokenizer import Tokenizer
 
 pytest.importorskip("transformers")
 

@@ -136,7 +136,7 @@ def test_openai_style_keys_and_buffers(tmp_path):
     from safetensors.torch import save_file
 
     save_file(state, str(folder / "model.safetensors"))
-    model = GPT.from_pretrained(str(folder))  # through the model's own entry point
+    model = load_pretrained(str(folder))
     idx = tokens(hf.config.vocab_size)
     assert_logits_close(our_logits(model, idx), hf_logits(hf, idx))
 

@@ -12,7 +12,8 @@ import pytest
 
 import shards
 from prepare import common, openwebtext, shakespeare, shakespeare_char, text
-from shards import DataError, TokenDataset, Tokenizer
+from shards import DataError, TokenDataset
+from tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = "the of and to a in is it you that he was for on are with as I his they be at one have this from".split()
@@ -268,7 +269,7 @@ def test_failed_rerun_leaves_the_prepared_dataset_intact(tmp_path):
     from prepare import common
 
     out = tmp_path / "corpus"
-    tok = shards.Tokenizer.tiktoken("gpt2")
+    tok = Tokenizer.tiktoken("gpt2")
     rng = np.random.default_rng(0)
     chunks = [rng.integers(0, 50257, 3000) for _ in range(6)]
     common.write_token_stream(out, iter(chunks), tok, source="test", shard_tokens=4000, val_tokens=3000)

@@ -12,7 +12,7 @@ import torch
 import sample
 from checkpoint import save_checkpoint
 from model import GPT, GPTConfig
-from shards import Tokenizer
+from tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 CHARS = sorted(set("\n !',.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"))

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import shards
-from shards import DataError, TokenDataset, Tokenizer
+from shards import DataError, TokenDataset
+from tokenizer import Tokenizer
 
 
 def one_line_error(excinfo) -> str:

@@ -1,0 +1,86 @@
+"""The one way a script fails: a user error is one `error: ...` line on stderr and exit code 1; a bug keeps
+its traceback.
+
+    class DataError(UserError): ...          # every module's own error type derives from UserError
+
+    @cli.entry_point(oom_hint="lower --batch_size")
+    def main(argv=None): ...
+
+    if __name__ == "__main__":
+        main()
+
+Nothing here imports torch: the prepare scripts use it too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+from collections.abc import Callable
+
+EXIT_ERROR = 1  # every script, every kind of user error (bad option, missing file, no network, ...)
+
+
+class UserError(Exception):
+    """A problem the user can fix: the message is one line saying what is wrong and how to fix it."""
+
+
+class UsageError(UserError):
+    """A bad command line."""
+
+
+def one_line(text: object) -> str:
+    """Collapse a (library's) message to a single line, so errors keep the one-line contract."""
+    return " ".join(str(text).split())
+
+
+def describe_os_error(e: OSError) -> str:
+    """'No space left on device: out/last.pt' rather than '[Errno 28] No space left on device: ...'."""
+    reason = e.strerror or one_line(e)
+    return f"{reason}: {e.filename}" if e.filename else reason
+
+
+def entry_point(oom_hint: str = "use a smaller batch or model") -> Callable:
+    """Wrap a script's `main(argv=None)`: user errors and OS errors become the one-line exit, Ctrl-C a short
+    'interrupted', a closed stdout pipe (`| head`) a quiet exit; anything else is a bug and keeps its
+    traceback. `oom_hint` completes the out-of-GPU-memory message."""
+
+    def wrap(main: Callable) -> Callable:
+        @functools.wraps(main)
+        def wrapped(argv: list[str] | None = None):
+            try:
+                return main(argv)
+            except UserError as e:
+                fail(one_line(e))
+            except BrokenPipeError:
+                # The reader left. Pointing stdout at /dev/null keeps Python's final flush of the unwritten
+                # text from raising (and printing) the same error again at exit.
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                sys.exit(EXIT_ERROR)
+            except OSError as e:  # an unwritable folder, a full disk, a missing file
+                fail(describe_os_error(e))
+            except KeyboardInterrupt:
+                sys.exit("\ninterrupted")
+            except Exception as e:
+                if type(e).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError, without importing torch
+                    fail(f"out of GPU memory; {oom_hint}")
+                raise
+
+        return wrapped
+
+    return wrap
+
+
+def fail(message: str) -> None:
+    """The one-line exit."""
+    sys.exit(f"error: {message}")
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a bad command line is a UsageError: the same one-line `error:` and exit code as every
+    other mistake (argparse alone prints the usage and exits with 2)."""
+
+    def error(self, message: str):
+        raise UsageError(f"{message} (see {self.prog} --help)")
