@@ -5,8 +5,8 @@
 
 Training uses the project's real step (train.forward_backward + the AdamW/GradScaler update, with autocast,
 torch.compile and fused AdamW where train.py would use them) on random tokens or a prepared dataset.
-Decoding times model.generate with and without the KV cache, and the prompt prefill. Warm-up is excluded;
-each figure is the median of several repeats, timed with CUDA events on a GPU.
+Decoding times generate.py's loop with and without the KV cache, and its prefill of a prompt. Warm-up is
+excluded; each figure is the median of several repeats, timed with CUDA events on a GPU.
 """
 
 from __future__ import annotations
@@ -15,17 +15,20 @@ import argparse
 import json
 import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable
 
 import torch
 
+import cli
 from config import TrainConfig
+from generate import SamplingOptions, generate_stream, prefill
+from metrics import flops_per_token, peak_flops
 from model import GPT, GPTConfig
+from optim import make_optimizer
 from runtime import Runtime, resolve_compile, setup_runtime
-from shards import DataError, read_meta, require_dataset
-from train import flops_per_token, forward_backward, make_optimizer, peak_flops
+from shards import read_meta, require_dataset
+from train import forward_backward
 
 # Model sizes by name: (n_layer, n_head, n_embd, block_size, vocab_size, vocab_multiple)
 MODELS = {
@@ -118,7 +121,7 @@ def bench_decode(name: str, rt: Runtime, args) -> list[dict]:
     model = build(name, rt).eval()
     if rt.device_type == "cuda" and rt.dtype != torch.float32:
         model.to(rt.dtype)  # decoding is memory-bound: bf16 weights halve the bytes read per token
-    step_fn = decode_step_fn(model, rt.device, args.compile)
+    step_fn = decode_step_fn(rt.device, args.compile)
     cfg = model.config
     new = args.decode_tokens or (100 if rt.device_type == "cpu" else 500)
     if args.compare_windows:
@@ -131,11 +134,11 @@ def bench_decode(name: str, rt: Runtime, args) -> list[dict]:
             if not use_cache and args.skip_nocache:
                 continue
             # Without the cache: nanoGPT's decoder, a full forward over the last block_size tokens per token.
-            # With it: one-token steps; past block_size the window moves by block_size // 4 (model.generate).
+            # With it: one-token steps; past block_size the window moves by block_size // 4 (generate.py).
+            options = SamplingOptions(window_shift=None if use_cache else 1)
             sec = statistics.median(time_decode(
-                model, new, batch_size=batch, prompt_tokens=16, use_cache=use_cache,
-                window_shift=None if use_cache else 1, step_fn=step_fn if use_cache else None,
-                repeats=args.decode_repeats))
+                model, new, options, batch_size=batch, prompt_tokens=16, use_cache=use_cache,
+                step_fn=step_fn if use_cache else None, repeats=args.decode_repeats))
             rows.append({"kind": "decode", "model": name, "batch": batch, "kv_cache": use_cache,
                          "new_tokens": new, "tokens_per_s": batch * new / sec, "ms_per_token": sec / new * 1000})
     # prefill: the whole prompt in one forward that also fills the cache
@@ -145,10 +148,10 @@ def bench_decode(name: str, rt: Runtime, args) -> list[dict]:
     pos = torch.arange(n_prompt, device=rt.device)
 
     @torch.no_grad()
-    def prefill():
-        model.head(model.hidden_states(prompt, pos)[:, -1])  # what generate does before the first token
+    def fill():
+        prefill(model, prompt, pos)  # what generate does before the first token
 
-    sec = statistics.median(timed(prefill, rt, 2, args.decode_repeats * 3))
+    sec = statistics.median(timed(fill, rt, 2, args.decode_repeats * 3))
     model.clear_kv_cache()
     rows.append({"kind": "prefill", "model": name, "batch": 1, "prompt_tokens": n_prompt, "ms": sec * 1000})
     return rows
@@ -157,11 +160,11 @@ def bench_decode(name: str, rt: Runtime, args) -> list[dict]:
 def time_decode(
     model: GPT,
     max_new_tokens: int = 500,
+    options: SamplingOptions | None = None,
     *,
     batch_size: int = 1,
     prompt_tokens: int = 1,
     use_cache: bool = True,
-    window_shift: int | None = None,
     step_fn: Callable | None = None,
     repeats: int = 3,
     warmup_tokens: int = 8,
@@ -169,19 +172,21 @@ def time_decode(
 ) -> list[float]:
     """Wall-clock seconds of `repeats` runs, each generating max_new_tokens tokens for batch_size random prompts.
 
-    Sampling at temperature 1 without a stop token, so every run decodes exactly max_new_tokens tokens. A short
-    warm-up run first takes one-off costs (allocations, compilation, CUDA graph recording) out of the timing.
+    options: how to sample (None: temperature 1, the default window). It must have no stop token, so that
+    every run decodes exactly max_new_tokens tokens. A short warm-up run first takes one-off costs
+    (allocations, compilation, CUDA graph recording) out of the timing.
     """
+    options = options if options is not None else SamplingOptions()
+    if options.stop_token is not None:
+        raise ValueError("time_decode: options.stop_token must be None (a stop would end runs early)")
     model.eval()
     device = model.transformer.wte.weight.device
     generator = torch.Generator(device=device).manual_seed(seed)
     prompt = torch.randint(model.config.vocab_size, (batch_size, prompt_tokens), generator=generator, device=device)
 
     def decode(n: int) -> None:
-        for _ in model.generate_stream(
-            prompt, n, temperature=1.0, generator=generator, use_cache=use_cache, window_shift=window_shift,
-            step_fn=step_fn,
-        ):
+        stream = generate_stream(model, prompt, n, options, generator=generator, use_cache=use_cache, step_fn=step_fn)
+        for _ in stream:
             pass
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -225,8 +230,9 @@ def decode_benchmark(
     times: list[list[float]] = [[] for _ in variants]
     for r in range(repeats):
         for i, (_, use_cache, window_shift, fn) in enumerate(variants):
-            times[i] += time_decode(model, max_new_tokens, batch_size=batch_size, use_cache=use_cache,
-                                    window_shift=window_shift, step_fn=fn, repeats=1, warmup_tokens=8 if r == 0 else 0)
+            times[i] += time_decode(model, max_new_tokens, SamplingOptions(window_shift=window_shift),
+                                    batch_size=batch_size, use_cache=use_cache, step_fn=fn, repeats=1,
+                                    warmup_tokens=8 if r == 0 else 0)
     rows = []
     for (name, use_cache, window_shift, _), t in zip(variants, times):
         seconds = statistics.median(t)
@@ -280,7 +286,8 @@ def format_table(rows: list[dict]) -> str:
 
 
 def parse_args(argv: list[str] | None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.ArgumentParser(prog="bench.py", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default=None,
                    help=f"comma-separated sizes from {', '.join(MODELS)} (default: baby on CPU, baby,gpt2 on a GPU)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
@@ -309,46 +316,38 @@ def parse_args(argv: list[str] | None):
                       ("decode_repeats", 1), ("prefill_tokens", 1)):
         value = getattr(args, name)
         if value is not None and value < low:
-            sys.exit(f"error: --{name} must be >= {low}, got {value}")
+            raise cli.UsageError(f"--{name} must be >= {low}, got {value}")
     return args
 
 
+@cli.entry_point(oom_hint="use a smaller --batch_size or --models")
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
-    try:
-        rt = setup_runtime(args.device, args.dtype)
-    except Exception as e:
-        sys.exit(f"error: {e}")
+    rt = setup_runtime(args.device, args.dtype)  # a DeviceError (a UserError) is the one-line exit
     on_gpu = rt.device_type == "cuda"
     models = (args.models or ("baby,gpt2" if on_gpu else "baby")).split(",")
     unknown = [m for m in models if m not in MODELS]
     if unknown:
-        sys.exit(f"error: unknown model size(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}")
+        raise cli.UsageError(f"unknown model size(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}")
     if args.data:
-        try:
-            data_vocab = read_meta(require_dataset(args.data))["vocab_size"]
-        except DataError as e:
-            sys.exit(f"error: {e}")
+        data_vocab = read_meta(require_dataset(args.data))["vocab_size"]  # or a DataError
         # Token ids past the model's vocabulary would index outside its embedding (a crash mid-benchmark).
         too_small = [f"{m} ({MODELS[m][4]})" for m in models if MODELS[m][4] < data_vocab]
         if too_small:
             fix = "pick --models=gpt2 or" if data_vocab <= MODELS["gpt2"][4] else "pick"
-            sys.exit(f"error: --data={args.data} has vocab_size {data_vocab}, more than the vocabulary of model "
-                     f"{', '.join(too_small)}; {fix} a dataset with a matching vocabulary")
+            raise cli.UsageError(f"--data={args.data} has vocab_size {data_vocab}, more than the vocabulary of "
+                                 f"model {', '.join(too_small)}; {fix} a dataset with a matching vocabulary")
     args.warmup = args.warmup if args.warmup is not None else (5 if on_gpu else 1)
     args.repeats = args.repeats if args.repeats is not None else (20 if on_gpu else 3)
     device_name = torch.cuda.get_device_name(rt.device) if on_gpu else platform.processor() or platform.machine()
     print(f"device {rt.device} ({device_name}) | {rt.dtype_name} | torch {torch.__version__} | "
           f"{time.strftime('%Y-%m-%d')}", flush=True)
     rows: list[dict] = []
-    try:
-        for name in models:
-            if not args.skip_train:
-                rows.append(bench_train(name, rt, args))
-            if not args.skip_decode:
-                rows.extend(bench_decode(name, rt, args))
-    except DataError as e:  # --data: e.g. a split too short for the model's block_size
-        sys.exit(f"error: {e}")
+    for name in models:  # a DataError (--data: e.g. a split too short for the block_size) is a one-line exit
+        if not args.skip_train:
+            rows.append(bench_train(name, rt, args))
+        if not args.skip_decode:
+            rows.extend(bench_decode(name, rt, args))
     print(format_table(rows))
     if args.json:
         with open(args.json, "w") as f:

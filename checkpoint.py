@@ -9,16 +9,19 @@ Keys written by train.py:
 
 from __future__ import annotations
 
-import os
 import pickle
 from pathlib import Path
 
 import torch
 
 from cli import UserError
+from files import atomic_write
+from model import GPT, GPTConfig
 
 FORMAT_VERSION = 1
 TRAIN_HINT = "train one with: python train.py configs/shakespeare.py"
+# What a checkpoint needs beyond the weights to continue its run exactly.
+RESUME_KEYS = ("config", "model_config", "model", "optimizer", "scaler", "loader", "rng", "step", "best_val_loss")
 
 
 class CheckpointError(UserError):
@@ -26,19 +29,21 @@ class CheckpointError(UserError):
 
 
 def save_checkpoint(obj: dict, path: str | Path) -> None:
-    """Write to a temporary file, flush it to disk, then rename: a crash mid-save leaves the old file intact."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # never leave a half-written file behind
-        raise
-    os.replace(tmp, path)
+    """Write atomically: a crash mid-save leaves the old file intact."""
+    with atomic_write(path) as tmp, open(tmp, "wb") as f:
+        torch.save(obj, f)
+
+
+def build_checkpoint(*, model, optimizer, scaler, loader, meta: dict, config: dict, argv: list[str], step: int,
+                     best_val_loss: float, rng: list[dict], versions: dict) -> dict:
+    """The checkpoint of a training run: a plain function of the run's state. `model` is the unwrapped
+    model; `rng` holds every rank's RNG states (the dropout streams), in rank order."""
+    return {
+        "format": FORMAT_VERSION, "model_config": model.config.to_dict(), "model": model.state_dict(),
+        "tokenizer": meta, "step": step, "best_val_loss": best_val_loss, "config": config,
+        "argv": ["train.py", *argv], "versions": versions, "optimizer": optimizer.state_dict(),
+        "scaler": scaler.state_dict(), "loader": loader.state_dict(), "rng": rng,
+    }
 
 
 def find_checkpoint(path: str | Path) -> Path:
@@ -74,10 +79,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     return ckpt
 
 
-def model_from_checkpoint(ckpt: dict, device: str | torch.device = "cpu"):
+def model_from_checkpoint(ckpt: dict, device: str | torch.device = "cpu") -> GPT:
     """Rebuild the GPT a checkpoint holds (weights only)."""
-    from model import GPT, GPTConfig
-
     model = GPT(GPTConfig.from_dict(ckpt["model_config"]))
     model.load_state_dict(ckpt["model"])
     return model.to(device)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cli import UserError
+from model import GPTConfig
 
 
 class ConfigError(UserError):
@@ -93,9 +94,7 @@ class TrainConfig:
     compile: bool | None = setting(None, "torch.compile the model: True, False, or auto (None: on for CUDA)")
 
     def validate(self) -> None:
-        positive = ("eval_interval", "eval_iters", "log_interval", "batch_size", "gradient_accumulation_steps",
-                    "block_size", "n_layer", "n_head", "n_embd")
-        for name in positive:
+        for name in ("eval_interval", "eval_iters", "log_interval", "batch_size", "gradient_accumulation_steps"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("max_iters", "warmup_iters", "lr_decay_iters", "weight_decay", "grad_clip", "min_lr"):
@@ -103,12 +102,18 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.learning_rate <= 0:
             raise ConfigError(f"learning_rate must be positive, got {self.learning_rate}")
-        if self.n_embd % self.n_head:
-            raise ConfigError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.decay_lr and self.min_lr > self.learning_rate:
             raise ConfigError(f"min_lr ({self.min_lr}) must not exceed learning_rate ({self.learning_rate})")
+        self.model_config(vocab_size=1)  # the model's shape is checked by GPTConfig, its one validator
+
+    def model_config(self, vocab_size: int, vocab_multiple: int = 1) -> GPTConfig:
+        """The GPTConfig of a model trained from scratch with these settings."""
+        try:
+            return GPTConfig(block_size=self.block_size, vocab_size=vocab_size, n_layer=self.n_layer,
+                             n_head=self.n_head, n_embd=self.n_embd, dropout=self.dropout, bias=self.bias,
+                             vocab_multiple=vocab_multiple)
+        except ValueError as e:
+            raise ConfigError(str(e).removeprefix("GPTConfig.")) from None
 
 
 # ----------------------------------------------------------------------------- loading

@@ -1,4 +1,5 @@
-"""Hugging Face GPT-2 interop: load OpenAI's GPT-2 (or any HF GPT-2 folder) into our GPT; export ours back.
+"""The Hugging Face GPT-2 format: loading its weights into our GPT, and the mapping between its layout and
+ours (weight names and shapes, config fields), written once here for both directions; export.py writes it.
 
 Both models compute the same function; only the way the weights are stored differs:
   * HF's GPT-2 uses `Conv1D` layers, which store a weight as (in, out); our nn.Linear stores (out, in). The
@@ -15,10 +16,8 @@ never imported, so it stays a test-only dependency.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -33,41 +32,141 @@ PRETRAINED = {
     "gpt2-large": "openai-community/gpt2-large",
     "gpt2-xl": "openai-community/gpt2-xl",
 }
-
-# Weights of HF's Conv1D layers, stored (in, out); suffixes of the keys after `h.N.`.
-CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-
-# Buffers HF's GPT-2 keeps in its state dict: the causal mask and its fill value. Not parameters.
-_HF_BUFFER = re.compile(r"^h\.\d+\.attn\.(bias|masked_bias)$")
-
-# The GPT-2 BPE: tokenizer files are reconstructed for it, and its end-of-text token is BOS and EOS.
-GPT2_VOCAB_SIZE = 50257
-GPT2_EOT_ID = 50256
-GPT2_EOT = "<|endoftext|>"
-
-# Every file an export may write. With overwrite=True, stale ones from an earlier export that this export
-# does not rewrite are removed first, so a char model never ends up next to an old GPT-2 vocab.json (nor
-# weights next to a pytorch_model.bin / tokenizer.json that transformers would read instead).
-_EXPORT_FILES = (
-    "config.json",
-    "model.safetensors",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "char_vocab.json",
-)
-_STALE_HF_FILES = (
-    "pytorch_model.bin",
-    "model.safetensors.index.json",
-    "tokenizer.json",
-    "generation_config.json",
-)
+GPT2_NAMES = tuple(PRETRAINED)  # the names load_pretrained fetches from the Hub
 
 
 class HFGPT2Error(UserError):
     """A Hugging Face GPT-2 folder, name or config we cannot use; the message says what is wrong and how to
     fix it."""
+
+
+# ----------------------------------------------------------------------------- the mapping between layouts
+
+PREFIX = "transformer."  # of every key but lm_head's; OpenAI's upload leaves it out
+# Weights of HF's Conv1D layers, stored (in, out); suffixes of the keys after `h.N.`.
+CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+# Buffers HF's GPT-2 keeps in its state dict: the causal mask and its fill value. Not parameters.
+_HF_BUFFER = re.compile(r"^h\.\d+\.attn\.(bias|masked_bias)$")
+# The output head, tied to the token embedding in both models: never written to a HF file, and ignored
+# when a file has it.
+TIED_HEAD = "lm_head.weight"
+TIED_TO = "transformer.wte.weight"
+
+
+def hf_to_ours(key: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor] | None:
+    """Our key and layout for one tensor of a Hugging Face GPT-2 state dict; None for what we do not load:
+    the tied lm_head, and the attention-mask buffers our attention rebuilds itself."""
+    name = key.removeprefix(PREFIX)
+    if name == TIED_HEAD or _HF_BUFFER.match(name):
+        return None
+    return PREFIX + name, _swap_conv1d_layout(name, tensor)
+
+
+def ours_to_hf(key: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor] | None:
+    """The Hugging Face key and layout of one tensor of our state dict; None for the tied lm_head (HF ties it
+    again on load, and safetensors refuses two names for one tensor)."""
+    if key == TIED_HEAD:
+        return None
+    return key, _swap_conv1d_layout(key, tensor)
+
+
+def _swap_conv1d_layout(key: str, tensor: torch.Tensor) -> torch.Tensor:
+    """Conv1D (in, out) <-> nn.Linear (out, in): the same transpose converts either way. (Only a matrix is
+    transposed: anything else under such a name is left for the caller's shape check to report.)"""
+    return tensor.t() if key.endswith(CONV1D_WEIGHTS) and tensor.dim() == 2 else tensor
+
+
+def config_from_hf(hf: dict, source: str = "config.json") -> GPTConfig:
+    """Our GPTConfig from a Hugging Face GPT-2 config dict, refusing any option our architecture cannot
+    compute.
+
+    `reorder_and_upcast_attn` is accepted: it only makes HF compute the attention scores in float32 under
+    fp16/bf16 autocast (the same function, different rounding); our attention is PyTorch's
+    scaled_dot_product_attention, which is numerically careful on its own.
+    """
+    where = f"config.json of {source}"
+
+    def get(key: str, default=None):
+        return hf.get(key, default)
+
+    if get("model_type") != "gpt2":
+        raise HFGPT2Error(
+            f"{where}: model_type is {get('model_type')!r}, but only GPT-2 ('gpt2') models load here"
+        )
+    for key in ("n_layer", "n_head", "n_embd", "vocab_size"):
+        if key not in hf:
+            raise HFGPT2Error(f"{where}: the field {key} is missing; is this a GPT-2 config?")
+    # n_ctx is an old alias of n_positions (OpenAI's configs carry both, equal).
+    block_size = get("n_positions", get("n_ctx"))
+    if block_size is None:
+        raise HFGPT2Error(f"{where}: the field n_positions is missing; is this a GPT-2 config?")
+
+    activation = get("activation_function", "gelu_new")
+    if activation not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise HFGPT2Error(
+            f"{where}: activation_function is {activation!r}; this GPT uses the tanh GELU only "
+            f"(gelu_new or gelu_pytorch_tanh)"
+        )
+    n_inner = get("n_inner")
+    if n_inner is not None and n_inner != 4 * hf["n_embd"]:
+        raise HFGPT2Error(
+            f"{where}: n_inner is {n_inner}; this GPT's MLP is 4 * n_embd = {4 * hf['n_embd']} wide "
+            f"(n_inner must be that or null)"
+        )
+    # Options that change the function: each must have GPT-2's value.
+    required = {
+        "scale_attn_weights": True,  # divide attention scores by sqrt(head_dim)
+        "scale_attn_by_inverse_layer_idx": False,  # an extra 1/(layer+1) on the scores
+        "add_cross_attention": False,  # encoder-decoder attention layers
+        "tie_word_embeddings": True,  # our lm_head is wte
+    }
+    for key, value in required.items():
+        if get(key, value) != value:
+            raise HFGPT2Error(f"{where}: {key} is {get(key)!r}; this GPT supports only {key}={value}")
+
+    try:
+        return GPTConfig(
+            block_size=block_size,
+            vocab_size=hf["vocab_size"],
+            n_layer=hf["n_layer"],
+            n_head=hf["n_head"],
+            n_embd=hf["n_embd"],
+            dropout=0.0,
+            bias=True,
+            ln_eps=float(get("layer_norm_epsilon", 1e-5)),
+        )
+    except (TypeError, ValueError) as e:
+        raise HFGPT2Error(f"{where}: {e}") from None
+
+
+def hf_config(config: GPTConfig, bos_eos_id: int | None) -> dict:
+    """A Hugging Face GPT-2 config.json dict for our config."""
+    return {
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "vocab_size": config.vocab_size,  # the real vocabulary: padding rows are not exported
+        "n_positions": config.block_size,
+        "n_ctx": config.block_size,  # the old name, for older readers
+        "n_embd": config.n_embd,
+        "n_layer": config.n_layer,
+        "n_head": config.n_head,
+        "n_inner": None,  # 4 * n_embd
+        "activation_function": "gelu_new",  # the tanh GELU
+        # Our one dropout acts after the embeddings, on the attention weights and on both residual branches.
+        "resid_pdrop": config.dropout,
+        "embd_pdrop": config.dropout,
+        "attn_pdrop": config.dropout,
+        "layer_norm_epsilon": config.ln_eps,
+        "initializer_range": 0.02,
+        "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
+        "add_cross_attention": False,
+        "tie_word_embeddings": True,
+        "use_cache": True,
+        "bos_token_id": bos_eos_id,
+        "eos_token_id": bos_eos_id,
+    }
 
 
 # ----------------------------------------------------------------------------- loading
@@ -199,69 +298,6 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def config_from_hf(hf: dict, source: str = "config.json") -> GPTConfig:
-    """Our GPTConfig from a Hugging Face GPT-2 config dict, refusing any option our architecture cannot
-    compute.
-
-    `reorder_and_upcast_attn` is accepted: it only makes HF compute the attention scores in float32 under
-    fp16/bf16 autocast (the same function, different rounding); our attention is PyTorch's
-    scaled_dot_product_attention, which is numerically careful on its own.
-    """
-    where = f"config.json of {source}"
-
-    def get(key: str, default=None):
-        return hf.get(key, default)
-
-    if get("model_type") != "gpt2":
-        raise HFGPT2Error(
-            f"{where}: model_type is {get('model_type')!r}, but only GPT-2 ('gpt2') models load here"
-        )
-    for key in ("n_layer", "n_head", "n_embd", "vocab_size"):
-        if key not in hf:
-            raise HFGPT2Error(f"{where}: the field {key} is missing; is this a GPT-2 config?")
-    # n_ctx is an old alias of n_positions (OpenAI's configs carry both, equal).
-    block_size = get("n_positions", get("n_ctx"))
-    if block_size is None:
-        raise HFGPT2Error(f"{where}: the field n_positions is missing; is this a GPT-2 config?")
-
-    activation = get("activation_function", "gelu_new")
-    if activation not in ("gelu_new", "gelu_pytorch_tanh"):
-        raise HFGPT2Error(
-            f"{where}: activation_function is {activation!r}; this GPT uses the tanh GELU only "
-            f"(gelu_new or gelu_pytorch_tanh)"
-        )
-    n_inner = get("n_inner")
-    if n_inner is not None and n_inner != 4 * hf["n_embd"]:
-        raise HFGPT2Error(
-            f"{where}: n_inner is {n_inner}; this GPT's MLP is 4 * n_embd = {4 * hf['n_embd']} wide "
-            f"(n_inner must be that or null)"
-        )
-    # Options that change the function: each must have GPT-2's value.
-    required = {
-        "scale_attn_weights": True,  # divide attention scores by sqrt(head_dim)
-        "scale_attn_by_inverse_layer_idx": False,  # an extra 1/(layer+1) on the scores
-        "add_cross_attention": False,  # encoder-decoder attention layers
-        "tie_word_embeddings": True,  # our lm_head is wte
-    }
-    for key, value in required.items():
-        if get(key, value) != value:
-            raise HFGPT2Error(f"{where}: {key} is {get(key)!r}; this GPT supports only {key}={value}")
-
-    try:
-        return GPTConfig(
-            block_size=block_size,
-            vocab_size=hf["vocab_size"],
-            n_layer=hf["n_layer"],
-            n_head=hf["n_head"],
-            n_embd=hf["n_embd"],
-            dropout=0.0,
-            bias=True,
-            ln_eps=float(get("layer_norm_epsilon", 1e-5)),
-        )
-    except (TypeError, ValueError) as e:
-        raise HFGPT2Error(f"{where}: {e}") from None
-
-
 def load_hf_state_dict(model: GPT, hf_state: dict[str, torch.Tensor], source: str = "the checkpoint") -> None:
     """Copy a Hugging Face GPT-2 state dict into `model`, checking that every weight is there, with its
     shape."""
@@ -269,15 +305,13 @@ def load_hf_state_dict(model: GPT, hf_state: dict[str, torch.Tensor], source: st
     converted: dict[str, torch.Tensor] = {}
     unexpected = []
     for key, tensor in hf_state.items():
-        name = key.removeprefix("transformer.")
-        if name == "lm_head.weight" or _HF_BUFFER.match(name):
-            continue  # the head is tied to wte; the buffers are rebuilt by our attention
-        our_key = "transformer." + name
-        if our_key not in ours or our_key == "lm_head.weight":
+        mapped = hf_to_ours(key, tensor)
+        if mapped is None:
+            continue
+        our_key, tensor = mapped
+        if our_key not in ours:
             unexpected.append(key)
             continue
-        if name.endswith(CONV1D_WEIGHTS):
-            tensor = tensor.t()  # Conv1D (in, out) -> nn.Linear (out, in)
         if tensor.shape != ours[our_key].shape:
             raise HFGPT2Error(
                 f"{source}: {key} has shape {tuple(tensor.shape)} (after transposing Conv1D weights), "
@@ -288,249 +322,15 @@ def load_hf_state_dict(model: GPT, hf_state: dict[str, torch.Tensor], source: st
         raise HFGPT2Error(
             f"{source}: unexpected weights {_few(unexpected)}; is this a plain GPT-2 language model?"
         )
-    missing = [k for k in ours if k != "lm_head.weight" and k not in converted]
+    missing = [k for k in ours if k != TIED_HEAD and k not in converted]
     if missing:
         raise HFGPT2Error(
             f"{source}: weights missing for {_few(missing)}; the file is incomplete or not a GPT-2"
         )
-    converted["lm_head.weight"] = converted["transformer.wte.weight"]  # tied: the same tensor either way
+    converted[TIED_HEAD] = converted[TIED_TO]  # tied: the same tensor either way
     model.load_state_dict(converted)  # copies, converting the file's dtype to the model's
 
 
 def _few(keys: list[str], n: int = 5) -> str:
     more = f" and {len(keys) - n} more" if len(keys) > n else ""
     return ", ".join(keys[:n]) + more
-
-
-# ----------------------------------------------------------------------------- exporting
-
-
-@dataclass
-class ExportResult:
-    out_dir: Path
-    files: list[str] = field(default_factory=list)  # names written into out_dir
-    notice: str | None = None  # something the user should know (e.g. no Hugging Face tokenizer was written)
-    has_tokenizer: bool = False  # whether AutoTokenizer.from_pretrained(out_dir) works
-
-
-def hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
-    """Our weights as a Hugging Face GPT2LMHeadModel state dict (Conv1D layout), without the tied lm_head.
-
-    The padding rows of wte (vocab_multiple > 1) are dropped: HF's logits have exactly vocab_size columns. A
-    model without biases gets zero biases, which compute the same function (HF's GPT-2 always has them).
-    """
-    V = model.config.vocab_size
-    out: dict[str, torch.Tensor] = {}
-    for key, tensor in model.state_dict().items():
-        if key == "lm_head.weight":
-            continue  # tied to wte; safetensors also refuses two names for one tensor
-        tensor = tensor.detach().cpu()
-        if key == "transformer.wte.weight":
-            # (padded V, C) -> (V, C); a copy, so the file's tensor does not share storage with unsaved rows
-            tensor = tensor[:V].clone()
-        elif key.endswith(CONV1D_WEIGHTS):
-            tensor = tensor.t()  # nn.Linear (out, in) -> Conv1D (in, out)
-        out[key] = tensor.contiguous()
-    if not model.config.bias:
-        for key in list(out):
-            bias_key = key.removesuffix(".weight") + ".bias"
-            if key.endswith(".weight") and key not in ("transformer.wte.weight", "transformer.wpe.weight"):
-                # Conv1D weights are (in, out) and LayerNorm weights (C,): the bias has the last dimension.
-                out[bias_key] = torch.zeros(out[key].shape[-1], dtype=out[key].dtype)
-    return out
-
-
-def hf_config(config: GPTConfig, bos_eos_id: int | None) -> dict:
-    """A Hugging Face GPT-2 config.json dict for our config."""
-    return {
-        "model_type": "gpt2",
-        "architectures": ["GPT2LMHeadModel"],
-        "vocab_size": config.vocab_size,  # the real vocabulary: padding rows are not exported
-        "n_positions": config.block_size,
-        "n_ctx": config.block_size,  # the old name, for older readers
-        "n_embd": config.n_embd,
-        "n_layer": config.n_layer,
-        "n_head": config.n_head,
-        "n_inner": None,  # 4 * n_embd
-        "activation_function": "gelu_new",  # the tanh GELU
-        # Our one dropout acts after the embeddings, on the attention weights and on both residual branches.
-        "resid_pdrop": config.dropout,
-        "embd_pdrop": config.dropout,
-        "attn_pdrop": config.dropout,
-        "layer_norm_epsilon": config.ln_eps,
-        "initializer_range": 0.02,
-        "scale_attn_weights": True,
-        "scale_attn_by_inverse_layer_idx": False,
-        "reorder_and_upcast_attn": False,
-        "add_cross_attention": False,
-        "tie_word_embeddings": True,
-        "use_cache": True,
-        "bos_token_id": bos_eos_id,
-        "eos_token_id": bos_eos_id,
-    }
-
-
-def export_hf(
-    model: GPT, out_dir, tokenizer_meta: dict | None = None, *, overwrite: bool = False
-) -> ExportResult:
-    """Write `model` as a Hugging Face GPT-2 folder that `GPT2LMHeadModel.from_pretrained(out_dir)` loads.
-
-    tokenizer_meta: the checkpoint's tokenizer description, either the dataset meta ({"tokenizer": {...},
-    "vocab_size", "eot_id"}) or its "tokenizer" entry alone. {"kind": "tiktoken", "name": "gpt2"} also writes
-    the GPT-2 tokenizer files; {"kind": "char", "chars": [...]} writes char_vocab.json and a notice (there is
-    no Hugging Face tokenizer for it). A non-empty out_dir is refused unless overwrite=True.
-    """
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise HFGPT2Error(f"export target {out} is a file; pass a folder path")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise HFGPT2Error(f"export folder {out}/ is not empty; choose a new folder or pass --overwrite")
-
-    meta = tokenizer_meta or {}
-    spec = meta.get("tokenizer") if isinstance(meta.get("tokenizer"), dict) else meta
-    kind = spec.get("kind")
-    is_gpt2_bpe = kind == "tiktoken" and spec.get("name") == "gpt2"
-    if is_gpt2_bpe and model.config.vocab_size < GPT2_VOCAB_SIZE:
-        raise HFGPT2Error(
-            f"the model's vocab_size is {model.config.vocab_size}, smaller than the GPT-2 tokenizer's "
-            f"{GPT2_VOCAB_SIZE}; this checkpoint does not belong to the GPT-2 BPE tokenizer its meta names"
-        )
-    eot = meta.get("eot_id")
-    if is_gpt2_bpe:
-        bos_eos = GPT2_EOT_ID
-    else:  # the dataset's end-of-text token, if it has one
-        bos_eos = eot if isinstance(eot, int) and not isinstance(eot, bool) else None
-
-    # Build everything in memory first, so a failure (e.g. the tiktoken files are unavailable) writes nothing.
-    files: dict[str, str] = {"config.json": json.dumps(hf_config(model.config, bos_eos), indent=2) + "\n"}
-    notice = None
-    if is_gpt2_bpe:
-        files.update(gpt2_tokenizer_files(model.config.block_size))
-    elif kind == "char":
-        files["char_vocab.json"] = json.dumps(spec, indent=2, ensure_ascii=False) + "\n"
-        notice = (
-            "this model uses a character-level vocabulary, not the GPT-2 BPE: no Hugging Face tokenizer was "
-            "written; char_vocab.json holds its characters (token id i is chars[i])"
-        )
-    elif kind is None:
-        notice = "the checkpoint names no tokenizer: only the weights and config.json were written"
-    else:
-        name = f" {spec.get('name')!r}" if spec.get("name") else ""
-        notice = (
-            f"no Hugging Face tokenizer is written for tokenizer kind {kind!r}{name}; "
-            f"only the GPT-2 BPE has one"
-        )
-    state = hf_state_dict(model)
-    names = ["config.json", "model.safetensors", *(n for n in files if n != "config.json")]
-
-    # Write into a sibling folder first (same parent, so same file system: os.replace is a rename), and touch
-    # the destination only once every file is complete: a failure mid-write (full disk, Ctrl-C) must not
-    # leave an --overwrite target holding half of the new export and half of the old one.
-    full = Path(os.path.abspath(out))  # abspath: "." and "a/.." get a real name to put the suffix on
-    tmp = full.with_name(full.name + ".tmp-export")
-    if tmp.is_dir() and not tmp.is_symlink():
-        shutil.rmtree(tmp)  # left by an export that was killed before it could clean up
-    elif tmp.exists() or tmp.is_symlink():
-        tmp.unlink()
-    try:
-        tmp.mkdir(parents=True)
-        for name, text in files.items():
-            (tmp / name).write_text(text, encoding="utf-8")
-        from safetensors.torch import save_file
-
-        # transformers checks the "format" metadata to know the tensors are PyTorch's.
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        out.mkdir(exist_ok=True)
-        for name in _EXPORT_FILES + _STALE_HF_FILES:
-            if name not in names and (out / name).is_file():
-                (out / name).unlink()
-        for name in names:
-            os.replace(tmp / name, out / name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return ExportResult(out, names, notice, has_tokenizer=is_gpt2_bpe)
-
-
-# ----------------------------------------------------------------------------- the GPT-2 tokenizer files
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible map from the 256 byte values to printable characters, used to write byte strings as
-    text in vocab.json and merges.txt: bytes that are visible Latin-1 characters stand for themselves, the
-    others (control characters, space, ...) are given the characters from U+0100 on, in byte order. So the
-    space byte is 'Ġ' (U+0120) and newline is 'Ċ'."""
-    visible = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table = {b: chr(b) for b in visible}
-    next_char = 256
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(next_char)
-            next_char += 1
-    return table
-
-
-def _merge_parts(token: bytes, ranks: dict[bytes, int]) -> tuple[bytes, bytes]:
-    """The two tokens whose merge created `token`.
-
-    BPE training creates the token of rank r by merging two tokens of lower ranks, and encoding applies
-    merges in rank order. So byte-pair encoding the token's bytes with only the merges ranked below r stops at
-    the two parts that merge r joins. (For GPT-2 this rebuilds OpenAI's merges.txt line for line.)
-    """
-    limit = ranks[token]
-    parts = [bytes([b]) for b in token]
-    while len(parts) > 2:
-        best_rank, best_i = limit, -1
-        for i in range(len(parts) - 1):
-            rank = ranks.get(parts[i] + parts[i + 1], limit)
-            if rank < best_rank:
-                best_rank, best_i = rank, i
-        if best_i < 0:
-            break
-        parts[best_i : best_i + 2] = [parts[best_i] + parts[best_i + 1]]
-    if len(parts) != 2:
-        raise HFGPT2Error(
-            f"cannot recover the BPE merge of token {token!r} (rank {limit}); is the encoding a BPE?"
-        )
-    return parts[0], parts[1]
-
-
-def gpt2_tokenizer_files(model_max_length: int = 1024) -> dict[str, str]:
-    """vocab.json, merges.txt, tokenizer_config.json and special_tokens_map.json of the GPT-2 BPE, rebuilt
-    from tiktoken's gpt2 encoding. Its ranks are GPT-2's token ids; a merged token's id is 256 + the line
-    number of its merge in merges.txt, so listing the merges by rank gives merges.txt's order."""
-    import tiktoken
-
-    try:
-        enc = tiktoken.get_encoding("gpt2")
-    except Exception as e:  # no network and no TIKTOKEN_CACHE_DIR: a requests/OS error
-        raise HFGPT2Error(
-            f"cannot load tiktoken's gpt2 encoding ({type(e).__name__}); set TIKTOKEN_CACHE_DIR to a folder "
-            f"holding its files, or run once with network access"
-        ) from None
-    ranks: dict[bytes, int] = enc._mergeable_ranks
-    to_text = bytes_to_unicode()
-
-    def text(token: bytes) -> str:
-        return "".join(to_text[b] for b in token)
-
-    vocab = {text(token): rank for token, rank in sorted(ranks.items(), key=lambda kv: kv[1])}
-    vocab[GPT2_EOT] = enc.eot_token
-    merges = ["#version: 0.2"]  # the header GPT-2's own merges.txt has; readers skip it
-    for token, _ in sorted(ranks.items(), key=lambda kv: kv[1]):
-        if len(token) > 1:  # the 256 single bytes are the alphabet, not merges
-            left, right = _merge_parts(token, ranks)
-            merges.append(f"{text(left)} {text(right)}")
-    special = {"bos_token": GPT2_EOT, "eos_token": GPT2_EOT, "unk_token": GPT2_EOT}
-    tokenizer_config = {
-        "tokenizer_class": "GPT2Tokenizer",
-        "model_max_length": model_max_length,
-        "add_prefix_space": False,  # tiktoken does not add a leading space either
-        "add_bos_token": False,
-        **special,
-    }
-    return {
-        "vocab.json": json.dumps(vocab, ensure_ascii=False) + "\n",
-        "merges.txt": "\n".join(merges) + "\n",
-        "tokenizer_config.json": json.dumps(tokenizer_config, indent=2) + "\n",
-        "special_tokens_map.json": json.dumps(special, indent=2) + "\n",
-    }

@@ -1,16 +1,16 @@
 """The GPT-2 language model, in reading order.
 
-    KVCache -> CausalSelfAttention -> MLP -> Block -> GPTConfig -> GPT -> sampling functions
+    KVCache -> CausalSelfAttention -> MLP -> Block -> GPTConfig -> GPT
 
 Shapes use B = batch, T = sequence length, C = n_embd, H = n_head, D = C // H, V = vocab.
 Parameter names follow OpenAI's GPT-2 (wte, wpe, h.N.ln_1, attn.c_attn, ...) so its weights map one to one.
-Nothing here knows about optimizers, data or training loops.
+Nothing here knows about optimizers, data or training loops, nor about decoding: generate.py turns the model's
+logits into tokens, using the KV cache and the `pos`-based cached forward defined here.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 
 import torch
@@ -269,168 +269,3 @@ class GPT(nn.Module):
         self.clear_kv_cache()
         self.config.block_size = block_size
         self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size].detach().clone())
-
-    # ------------------------------------------------------------------------- generation
-
-    @torch.no_grad()
-    def generate_stream(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        stop_token: int | None = None,
-        generator: torch.Generator | None = None,
-        use_cache: bool = True,
-        window_shift: int | None = None,
-        step_fn=None,
-    ) -> Iterator[torch.Tensor]:
-        """Yield the next token of every sequence, (B,), one step at a time (see `generate`). Puts the model in
-        eval mode: dropout while sampling would make the cached and uncached paths disagree."""
-        self.eval()
-        B, T0 = idx.shape
-        if T0 == 0:
-            raise ValueError("generate needs at least one prompt token per sequence")
-        block = self.config.block_size
-        shift = window_shift if window_shift is not None else max(1, block // 4)
-        if not 1 <= shift <= block:
-            raise ValueError(f"window_shift must be in 1..{block}, got {shift}")
-        # All tokens, preallocated: buf[:, :length] is the sequence so far.
-        buf = torch.empty(B, T0 + max_new_tokens, dtype=idx.dtype, device=idx.device)
-        buf[:, :T0] = idx
-        length = T0
-        # Start of the model's window: positions are relative to it (the model learned positions 0..block-1).
-        # When the window is full it moves forward by `shift` tokens and the cache is rebuilt from the kept ones.
-        start = max(0, T0 - block)
-        if use_cache and self.kv_cache_batch_size != B:
-            self.setup_kv_cache(B)
-        step = step_fn if step_fn is not None else self.forward
-        refill = True  # the cache must be (re)built from the whole window
-        # The position of the next cached step lives on the device and is advanced in place: building it from a
-        # Python int every token would be a host-to-device copy that waits for the GPU.
-        step_pos = torch.zeros(1, dtype=torch.long, device=idx.device)
-        last = buf[:, T0 - 1 : T0].clone()  # (B, 1), a fresh tensor: the compiled step sees fixed strides
-        finished = torch.zeros(B, dtype=torch.bool, device=idx.device)
-        # Checking "all stopped" reads a flag back to the host; on an accelerator do it only every 8 tokens.
-        check_every = 1 if idx.device.type == "cpu" else 8
-        for i in range(max_new_tokens):
-            if length - start > block:  # one token too many for the window: move it forward by `shift`
-                start += shift
-                refill = True
-            if not use_cache:
-                logits = self.forward(buf[:, start:length])[0][:, -1]
-            elif refill:  # one batched forward over the window fills the cache
-                pos = torch.arange(length - start, device=idx.device)
-                logits = self.head(self.hidden_states(buf[:, start:length], pos)[:, -1])  # last position only
-                step_pos.fill_(length - start)
-                refill = False
-            else:  # one new token at position step_pos
-                logits = step(last, pos=step_pos)[0][:, -1]
-                step_pos += 1
-            nxt = next_token(logits, temperature, top_k, top_p, generator)  # (B,)
-            if stop_token is not None:
-                # A finished sequence keeps emitting the stop token, so the batch stays rectangular.
-                nxt = torch.where(finished, torch.full_like(nxt, stop_token), nxt)
-                finished = finished | (nxt == stop_token)
-            buf[:, length] = nxt
-            length += 1
-            last = nxt[:, None]  # (B,) -> (B, 1)
-            yield nxt
-            if stop_token is not None and i % check_every == check_every - 1 and bool(finished.all()):
-                return
-
-    @torch.no_grad()
-    def generate(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        stop_token: int | None = None,
-        generator: torch.Generator | None = None,
-        use_cache: bool = True,
-        window_shift: int | None = None,
-        step_fn=None,
-    ) -> torch.Tensor:
-        """Continue the prompts idx (B, T) by up to max_new_tokens tokens; returns (B, T + n).
-
-        temperature 0 is greedy decoding. Sequences that emit `stop_token` are padded with it until all
-        sequences have stopped (or max_new_tokens is reached). With the KV cache each step runs the model on one
-        token. Past block_size the context window slides forward by `window_shift` tokens (default block_size
-        // 4) and the cache is rebuilt from the kept tokens; use_cache=False follows the same windows, so both
-        paths give the same tokens. window_shift=1 is the classic "always the last block_size tokens" window,
-        at the price of a full forward per token once the window is full. `step_fn` replaces self.forward for
-        the single-token cached steps (e.g. a CUDA-graph-compiled forward; see sample.py).
-        """
-        was_training = self.training
-        self.eval()
-        out = [idx]
-        try:
-            for nxt in self.generate_stream(
-                idx, max_new_tokens, temperature, top_k, top_p, stop_token, generator, use_cache, window_shift,
-                step_fn,
-            ):
-                out.append(nxt[:, None])
-        finally:
-            self.train(was_training)
-        return torch.cat(out, dim=1)
-
-
-# ----------------------------------------------------------------------------- sampling: small pure functions
-
-
-def logits_to_probs(
-    logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
-) -> torch.Tensor:
-    """Next-token logits (B, V) -> a probability distribution (B, V) after temperature, top-k and top-p.
-
-    temperature == 0 means greedy: all mass on the argmax. top_k keeps exactly the k largest logits; top_p keeps
-    the smallest set of most likely tokens whose total probability reaches p (always at least one token).
-    """
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    logits = logits.float()
-    if temperature == 0:
-        return F.one_hot(logits.argmax(dim=-1), logits.size(-1)).to(logits.dtype)
-    logits = logits / temperature
-    use_k = top_k is not None and top_k < logits.size(-1)
-    use_p = top_p is not None and top_p < 1.0
-    if not (use_k or use_p):
-        return F.softmax(logits, dim=-1)
-    # The candidates, most likely first: topk is sorted, and on a 50K vocabulary much cheaper than a full sort.
-    if use_k:
-        values, order = torch.topk(logits, top_k, dim=-1)  # (B, k)
-    else:
-        values, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
-    probs = F.softmax(values, dim=-1)
-    if use_p:
-        # Mass strictly before each candidate: it is kept while the ones before it have not reached p.
-        before = torch.cumsum(probs, dim=-1) - probs
-        probs = probs.masked_fill(before >= top_p, 0.0)
-        probs = probs / probs.sum(dim=-1, keepdim=True)
-    return torch.zeros_like(logits).scatter_(-1, order, probs)  # back to vocabulary order, (B, V)
-
-
-def sample_token(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Draw one token per row from probs (B, V) -> (B,). Stays on the device: no host synchronisation."""
-    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
-
-
-def next_token(
-    logits: torch.Tensor,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """logits (B, V) -> the next token (B,): the argmax when temperature is 0 (no need to build a one-hot
-    distribution and draw from it), else a draw from logits_to_probs."""
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    return sample_token(logits_to_probs(logits, temperature, top_k, top_p), generator)

@@ -1,18 +1,25 @@
-"""Device, precision and compile setup: the one place every script asks "where and how do I run?".
+"""Where and how a script runs: device, precision, compile, the processes of a torchrun job, stop signals.
 
     rt = setup_runtime(device="auto", dtype="auto")
     with rt.autocast():
         logits, loss = model(x, y)
+
+    with distributed(device, dtype, backend) as (d, rt):   # torchrun or not; an orderly teardown either way
+        ...
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import platform
+import signal
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from cli import UserError
 
@@ -110,3 +117,99 @@ def setup_runtime(device: str = "auto", dtype: str = "auto") -> Runtime:
         torch.backends.cudnn.allow_tf32 = True
         dev = torch.device("cuda", dev.index or 0)
     return Runtime(device=dev, dtype=resolve_dtype(dtype, dev))
+
+
+# ----------------------------------------------------------------------------- torchrun jobs
+
+
+@dataclass
+class Dist:
+    """Where this process sits in a torchrun job (world_size 1 without torchrun)."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def master(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+
+@contextlib.contextmanager
+def distributed(device: str = "auto", dtype: str = "auto", backend: str = "auto") -> Iterator[tuple[Dist, Runtime]]:
+    """This process' place in the job and its runtime; under torchrun (RANK set) one GPU per process and a
+    process group, which is taken down in order on the way out.
+
+    A finished run waits for every rank at a barrier before destroying the process group: a rank that
+    destroys it while another is still in its last collective makes gloo abort that process at exit. A
+    failed run skips the barrier (the other ranks may never reach it) and just leaves.
+    """
+    if "RANK" not in os.environ:
+        yield Dist(), setup_runtime(device, dtype)
+        return
+    d = Dist(int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]))
+    if device in ("auto", "cuda") and torch.cuda.is_available():
+        device = f"cuda:{d.local_rank}"  # one GPU per process
+    elif device == "auto":
+        device = "cpu"
+    rt = setup_runtime(device, dtype)
+    if backend == "auto":
+        backend = "nccl" if rt.device_type == "cuda" else "gloo"
+    # device_id binds the group to this GPU at once (NCCL then sets up eagerly and never guesses the device).
+    dist.init_process_group(backend=backend, device_id=rt.device if rt.device_type == "cuda" else None)
+    finished = False
+    try:
+        yield d, rt
+        finished = True
+    finally:
+        if finished:
+            dist.barrier()
+        dist.destroy_process_group()
+
+
+class StopFlag:
+    """SIGTERM / Ctrl-C set a flag instead of killing the process: a training loop finishes its step, saves
+    and exits. A second Ctrl-C interrupts at once."""
+
+    def __init__(self):
+        self.requested = False
+        self.previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+        print(f"\n{signal.Signals(signum).name} received: finishing this step, then saving last.pt", flush=True)
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def library_versions() -> dict[str, str]:
+    """The versions that make a run reproducible, for the run record and the checkpoints."""
+    import numpy
+
+    # str(): torch.__version__ is a TorchVersion object, which a weights_only load would refuse to unpickle
+    versions = {"python": platform.python_version(), "torch": str(torch.__version__), "numpy": numpy.__version__}
+    for name in ("tiktoken", "datasets", "safetensors"):
+        try:
+            versions[name] = str(__import__(name).__version__)
+        except Exception:
+            pass
+    if torch.cuda.is_available():
+        versions["cuda"] = str(torch.version.cuda)
+    return versions

@@ -6,6 +6,7 @@
 Samples go to stdout (prompt followed by its continuation); what was loaded and how it runs goes to stderr,
 so `python sample.py ... > out.txt` captures the text only. Every bad input ends in a one-line `error: ...`.
 
+This script loads the model and its tokenizer and prints; the decoding loop itself is generate.py's.
 Speed: decoding uses the model's KV cache, so each new token costs one single-token forward instead of a
 forward over the whole context. On CUDA the weights are cast to bf16 (decoding is memory-bound: half the bytes
 per token) and, with compile on, the single-token step runs as a CUDA graph. `python bench.py` times it.
@@ -14,24 +15,23 @@ per token) and, with compile on, the single-token step runs as a CUDA graph. `py
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import torch
 
+import cli
 from checkpoint import CheckpointError, find_checkpoint, load_checkpoint, model_from_checkpoint
-from cli import UserError, one_line
 from config import ConfigError, load_config, setting
-from hf_gpt2 import load_pretrained
+from generate import SamplingOptions, decode_one_token, generate_stream
+from hf_gpt2 import GPT2_NAMES, load_pretrained
 from model import GPT
 from runtime import resolve_compile, setup_runtime
 from shards import DataError
 from tokenizer import Tokenizer
-
-GPT2_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 
 
 @dataclass
@@ -73,16 +73,22 @@ class SampleConfig:
             raise ConfigError(f"num_samples must be >= 1, got {self.num_samples}")
         if self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if not self.temperature >= 0:  # written this way round so that nan is rejected too
-            raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if self.top_k < 0:
+        if self.top_k < 0:  # the command line's spelling of "no limit" is 0; SamplingOptions checks the rest
             raise ConfigError(f"top_k must be >= 0 (0 = no limit), got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ConfigError(f"top_p must be in (0, 1] (1.0 = off), got {self.top_p}")
+        self.sampling()  # temperature and top_p
         # torch wraps negative seeds (-1 is 2**64 - 1: two spellings of one seed) and fails with a traceback
         # from 2**64 on; 2**63 also keeps the seed a signed 64-bit integer wherever it is recorded.
         if not 0 <= self.seed < 2**63:
             raise ConfigError(f"seed must be in [0, 2**63), got {self.seed}")
+
+    def sampling(self, stop_token: int | None = None) -> SamplingOptions:
+        """The sampling options these settings mean (--top_k=0 is no limit; --top_p=1.0 is off)."""
+        try:
+            return SamplingOptions(
+                temperature=self.temperature, top_k=self.top_k or None, top_p=self.top_p, stop_token=stop_token
+            )
+        except ValueError as e:  # SamplingOptions names the field and the values it takes
+            raise ConfigError(str(e)) from None
 
 
 # ----------------------------------------------------------------------------- loading
@@ -91,10 +97,7 @@ class SampleConfig:
 def load_model(cfg: SampleConfig) -> tuple[GPT, Tokenizer, str]:
     """The model (on the CPU, in eval mode), its tokenizer, and a few words saying what was loaded."""
     if cfg.init_from:
-        try:
-            model = load_pretrained(cfg.init_from)
-        except (ValueError, OSError, ImportError, KeyError, RuntimeError) as e:
-            raise CheckpointError(f"cannot load GPT-2 weights {cfg.init_from!r}: {one_line(e)}") from None
+        model = _load_pretrained(cfg.init_from)  # a bad name or folder is an HFGPT2Error: a UserError
         tokenizer = _pretrained_tokenizer(cfg.init_from)
         what = f"GPT-2 weights {cfg.init_from}"
     else:
@@ -103,8 +106,8 @@ def load_model(cfg: SampleConfig) -> tuple[GPT, Tokenizer, str]:
         try:
             model = model_from_checkpoint(ckpt)
         except (ValueError, RuntimeError, TypeError) as e:  # a bad model_config, or weights of another shape
-            raise CheckpointError(f"{path}: cannot rebuild its model: {one_line(e)}") from None
-        tokenizer = _checkpoint_tokenizer(ckpt, model, path)
+            raise CheckpointError(f"{path}: cannot rebuild its model: {cli.one_line(e)}") from None
+        tokenizer = _checkpoint_tokenizer(ckpt, path)
         step = ckpt.get("step")
         what = f"{path}" + (f" (step {step})" if step is not None else "")
     if model.config.vocab_size < tokenizer.vocab_size:
@@ -116,19 +119,31 @@ def load_model(cfg: SampleConfig) -> tuple[GPT, Tokenizer, str]:
     return model.eval(), tokenizer, what
 
 
+def _load_pretrained(name_or_path: str) -> GPT:
+    try:
+        return load_pretrained(name_or_path)
+    except ModuleNotFoundError as e:  # the Hub names need huggingface_hub: a dependency, maybe not installed
+        raise CheckpointError(
+            f"cannot load GPT-2 weights {name_or_path!r}: {cli.one_line(e)}; install it (pip install {e.name})"
+        ) from None
+
+
 def _pretrained_tokenizer(name_or_path: str) -> Tokenizer:
     """Every OpenAI GPT-2 shares one BPE vocabulary. A folder exported from a character-level checkpoint
     (export.py) carries its characters in char_vocab.json instead: there is no Hugging Face tokenizer for it."""
     char_vocab = Path(name_or_path) / "char_vocab.json"
     if name_or_path not in GPT2_NAMES and char_vocab.is_file():
         try:
-            return Tokenizer.from_meta(json.loads(char_vocab.read_text(encoding="utf-8")))
-        except (OSError, ValueError) as e:  # unreadable, not JSON, or not a char vocabulary (DataError)
-            raise CheckpointError(f"cannot use {char_vocab}: {one_line(e)}") from None
+            spec = json.loads(char_vocab.read_text(encoding="utf-8"))
+            if not isinstance(spec, dict):
+                raise DataError("it does not hold a JSON object")
+            return Tokenizer.from_meta(spec)
+        except (OSError, ValueError, DataError) as e:  # unreadable, not JSON (or UTF-8), not a char vocabulary
+            raise CheckpointError(f"cannot use {char_vocab}: {cli.one_line(e)}") from None
     return Tokenizer.tiktoken("gpt2")
 
 
-def _checkpoint_tokenizer(ckpt: dict, model: GPT, path: Path) -> Tokenizer:
+def _checkpoint_tokenizer(ckpt: dict, path: Path) -> Tokenizer:
     meta = ckpt.get("tokenizer")
     if meta is None:  # never guess a tokenizer: a wrong one prints fluent-looking garbage
         raise CheckpointError(f"{path} stores no tokenizer; it was not written by train.py")
@@ -146,7 +161,7 @@ def read_prompt(cfg: SampleConfig) -> str:
     except FileNotFoundError:
         raise ConfigError(f"prompt file {cfg.prompt_file} does not exist") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read prompt file {cfg.prompt_file}: {one_line(e)}") from None
+        raise ConfigError(f"cannot read prompt file {cfg.prompt_file}: {cli.one_line(e)}") from None
 
 
 def prompt_ids(text: str, tokenizer: Tokenizer) -> list[int]:
@@ -162,9 +177,10 @@ def prompt_ids(text: str, tokenizer: Tokenizer) -> list[int]:
         return [0]  # a vocabulary without a newline: its first character will do
 
 
-def decode_step_fn(model: GPT, device: torch.device, compile: bool | None = None) -> Callable | None:
-    """The function generate_stream should call for each one-token step (its `step_fn`), or None for the
-    plain forward. `compile` is --compile: True, False or None (auto: on for CUDA, see resolve_compile).
+def decode_step_fn(device: torch.device, compile: bool | None = None) -> Callable | None:
+    """The function generate_stream should call for each one-token step (its `step_fn`): a compiled
+    generate.decode_one_token (it takes the model as its first argument), or None for the plain one.
+    `compile` is --compile: True, False or None (auto: on for CUDA, see resolve_compile).
 
     On CUDA the step sees fixed shapes (one token, a (1,) position tensor, the preallocated cache), so
     mode="reduce-overhead" records it once as a CUDA graph and then replays the whole model with one launch
@@ -173,11 +189,9 @@ def decode_step_fn(model: GPT, device: torch.device, compile: bool | None = None
     """
     if not resolve_compile(compile, device)[0]:
         return None
-    if device.type == "cuda":
-        compiled = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
-    else:
-        compiled = torch.compile(model.forward, fullgraph=True)
-    return compiled  # model.generate_stream feeds it a fresh (B, 1) token tensor: fixed strides, no recompiles
+    mode = "reduce-overhead" if device.type == "cuda" else None
+    # generate_stream feeds it a fresh (B, 1) token tensor: fixed strides, no recompiles
+    return torch.compile(decode_one_token, mode=mode, fullgraph=True)
 
 
 # ----------------------------------------------------------------------------- generating
@@ -188,32 +202,31 @@ def generate_ids(
     prompt: list[int],
     num_samples: int,
     max_new_tokens: int,
+    options: SamplingOptions | None = None,
     *,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    stop_token: int | None = None,
     generator: torch.Generator | None = None,
     step_fn: Callable | None = None,
     use_cache: bool = True,
     on_step: Callable[[torch.Tensor], None] | None = None,
 ) -> list[list[int]]:
-    """Continue `prompt` num_samples times, as one batch; the new ids of each sample, cut before stop_token.
+    """Continue `prompt` num_samples times, as one batch; the new ids of each sample, cut before the options'
+    stop_token.
 
     on_step gets each step's tokens (num_samples,) as they are produced (streaming). Without it the tokens
     stay on the device until the end: no per-token host synchronisation.
     """
+    options = options if options is not None else SamplingOptions()
     device = model.transformer.wte.weight.device
     idx = torch.tensor([prompt] * num_samples, dtype=torch.long, device=device)
     steps = []
-    for nxt in model.generate_stream(
-        idx, max_new_tokens, temperature, top_k, top_p, stop_token, generator, use_cache=use_cache, step_fn=step_fn
+    for nxt in generate_stream(
+        model, idx, max_new_tokens, options, generator=generator, use_cache=use_cache, step_fn=step_fn
     ):
         steps.append(nxt)
         if on_step is not None:
             on_step(nxt)
     rows = torch.stack(steps, dim=1).tolist() if steps else [[] for _ in range(num_samples)]
-    return [cut_at(row, stop_token) for row in rows]
+    return [cut_at(row, options.stop_token) for row in rows]
 
 
 def cut_at(ids: list[int], stop_token: int | None) -> list[int]:
@@ -252,7 +265,56 @@ class TextStream:
         return text
 
 
-def run(cfg: SampleConfig, out=None, err=None) -> list[str]:
+class Printer:
+    """Writes the samples to `out`: each is the prompt and its continuation, then a newline, after a header
+    line when there are several. With streaming (`stream_first`, then `on_step` for every step) the first
+    sample appears token by token as it is generated, up to the stop token; `finish` writes what is left."""
+
+    def __init__(self, out: TextIO, tokenizer: Tokenizer, prompt_text: str, num_samples: int, stop: int | None):
+        self.out = out
+        self.tokenizer = tokenizer
+        self.prompt_text = prompt_text
+        self.num_samples = num_samples
+        self.stop = stop
+        self.stream: TextStream | None = None  # the first sample's text so far, while it is streamed
+        self.stopped = False  # the streamed sample has drawn the stop token
+
+    def header(self, i: int) -> None:
+        if self.num_samples > 1:
+            self.out.write(f"---------- sample {i + 1}/{self.num_samples} ----------\n")
+
+    def stream_first(self) -> Callable[[torch.Tensor], None]:
+        """Start streaming the first sample of the batch; returns the on_step for generate_ids."""
+        self.header(0)
+        self.out.write(self.prompt_text)
+        self.out.flush()
+        self.stream = TextStream(self.tokenizer)
+        return self.on_step
+
+    def on_step(self, nxt: torch.Tensor) -> None:
+        if self.stream is None or self.stopped:
+            return
+        token = int(nxt[0])  # the one host synchronisation per token that streaming needs
+        if token == self.stop:
+            self.stopped = True
+            return
+        piece = self.stream.push(token)
+        if piece:
+            self.out.write(piece)
+            self.out.flush()
+
+    def finish(self, texts: list[str]) -> None:
+        """Write every sample not streamed, and the end of the streamed one."""
+        for i, text in enumerate(texts):
+            if i == 0 and self.stream is not None:
+                self.out.write(self.stream.flush() + "\n")
+            else:
+                self.header(i)
+                self.out.write(text + "\n")
+        self.out.flush()
+
+
+def run(cfg: SampleConfig, out: TextIO | None = None, err: TextIO | None = None) -> list[str]:
     """Load, generate, print; returns the samples' texts (prompt + continuation)."""
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
@@ -263,90 +325,37 @@ def run(cfg: SampleConfig, out=None, err=None) -> list[str]:
     # Cast the weights themselves (not autocast): one-token decoding is bound by reading the weights, so bf16
     # weights halve the bytes per token. The KV cache follows the weights' dtype.
     model.to(device=rt.device, dtype=rt.dtype)
-    step_fn = decode_step_fn(model, rt.device, cfg.compile)
-    compile_reason = resolve_compile(cfg.compile, rt.device)[1]
-    stream = cfg.stream if cfg.stream is not None else (cfg.num_samples == 1 and out.isatty())
+    step_fn = decode_step_fn(rt.device, cfg.compile)
     print(
         f"sample.py: {what}, {model.num_params() / 1e6:.2f}M parameters, {tokenizer.kind} tokenizer; "
-        f"{rt.device} {rt.dtype_name}; {compile_reason}",
+        f"{rt.device} {rt.dtype_name}; {resolve_compile(cfg.compile, rt.device)[1]}",
         file=err,
     )
-
-    generator = torch.Generator(device=rt.device).manual_seed(cfg.seed)  # the only randomness: sampling
-    stop = tokenizer.eot_id
-    n = cfg.num_samples
-
-    def header(i: int) -> None:
-        if n > 1:
-            out.write(f"---------- sample {i + 1}/{n} ----------\n")
-
-    on_step = None
-    if stream:
-        # Stream the first sample of the batch; the others are printed when the batch is done.
-        header(0)
-        out.write(prompt_text)
-        out.flush()
-        pieces = TextStream(tokenizer)
-        done = False
-
-        def on_step(nxt: torch.Tensor) -> None:
-            nonlocal done
-            if done:
-                return
-            token = int(nxt[0])  # the one host synchronisation per token that streaming needs
-            if token == stop:
-                done = True
-                return
-            piece = pieces.push(token)
-            if piece:
-                out.write(piece)
-                out.flush()
-
+    printer = Printer(out, tokenizer, prompt_text, cfg.num_samples, tokenizer.eot_id)
+    stream = cfg.stream if cfg.stream is not None else (cfg.num_samples == 1 and out.isatty())
     new_ids = generate_ids(
         model,
         ids,
-        n,
+        cfg.num_samples,
         cfg.max_new_tokens,
-        temperature=cfg.temperature,
-        top_k=cfg.top_k or None,
-        top_p=cfg.top_p if cfg.top_p < 1.0 else None,
-        stop_token=stop,
-        generator=generator,
+        cfg.sampling(stop_token=tokenizer.eot_id),
+        generator=torch.Generator(device=rt.device).manual_seed(cfg.seed),  # the only randomness: sampling
         step_fn=step_fn,
-        on_step=on_step,
+        on_step=printer.stream_first() if stream else None,
     )
     texts = [prompt_text + tokenizer.decode(row) for row in new_ids]
-    for i, text in enumerate(texts):
-        if stream and i == 0:
-            out.write(pieces.flush() + "\n")
-        else:
-            header(i)
-            out.write(text + "\n")
-    out.flush()
+    printer.finish(texts)
     return texts
 
 
+@cli.entry_point(oom_hint="try fewer --num_samples or a smaller model")
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    try:
-        cfg = load_config(SampleConfig, argv, allow_files=False, prog="sample.py")
-        if hasattr(sys.stdout, "reconfigure"):
-            # A console that cannot show some generated character should print '?' rather than crash mid-sample.
-            sys.stdout.reconfigure(errors="replace")
-        run(cfg)
-    except BrokenPipeError:
-        # `python sample.py | head`: the reader left. Stop quietly; pointing stdout at /dev/null keeps Python's
-        # final flush of the unwritten text from raising (and printing) the same error again at exit.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(1)
-    except KeyboardInterrupt:
-        sys.exit("\ninterrupted")
-    except torch.cuda.OutOfMemoryError:
-        sys.exit("error: out of GPU memory; try fewer --num_samples or a smaller model")
-    # ConfigError, CheckpointError and DataError are ValueErrors with messages written for the user; OSError and
-    # RuntimeError come from reading files and running the model (e.g. a failed compile).
-    except (UserError, ValueError, OSError, RuntimeError) as e:
-        sys.exit(f"error: {one_line(e)}")
+    cfg = load_config(SampleConfig, argv, allow_files=False, prog="sample.py")
+    if hasattr(sys.stdout, "reconfigure"):
+        # A console that cannot show some generated character should print '?' rather than crash mid-sample.
+        sys.stdout.reconfigure(errors="replace")
+    run(cfg)
 
 
 if __name__ == "__main__":

@@ -16,14 +16,16 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as `python prepare/shakespeare_char.py`: import from the repo root
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from prepare import common  # noqa: E402
+import cli  # noqa: E402
+from prepare import tiny_shakespeare  # noqa: E402
 
 NAME = "shakespeare_char"
-URL = common.TINY_SHAKESPEARE_URL
+URL = tiny_shakespeare.URL
 
 
+@cli.entry_point()
 def main(argv: Sequence[str] | None = None) -> None:
-    common.tiny_shakespeare_main(argv, NAME, tokenizer="char", description=__doc__)
+    tiny_shakespeare.run_script(argv, NAME, description=__doc__)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ Many documents (a folder, a dataset): each document is followed by the end-of-te
 documents, about val_fraction of the tokens, picked at random with a fixed seed, form the val split.
 With --tokenizer char the vocabulary is the set of characters of all documents (no end-of-text token).
 
-Tokenisation runs on --num_proc workers (threads by default; tiktoken releases the GIL). A long file is cut
-at line breaks where GPT-2's pre-tokeniser always splits, so the tokens equal those of one encode call.
+Tokenisation runs on --num_proc threads (tiktoken releases the GIL). A long file is cut at line breaks
+where GPT-2's pre-tokeniser always splits, so the tokens equal those of one encode call.
 All tokens are kept in memory until written (2 bytes per token); for corpora larger than memory use
 prepare/openwebtext.py-style streaming instead.
 """
@@ -26,13 +26,15 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as `python prepare/text.py`: import from the repo root
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from prepare import common  # noqa: E402
+import cli  # noqa: E402
+from prepare import hub, local, script  # noqa: E402
+from prepare.writer import DEFAULT_SHARD_TOKENS, MIN_TOKENS  # noqa: E402
 from shards import DataError  # noqa: E402
 from tokenizer import Tokenizer  # noqa: E402
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> cli.ArgumentParser:
+    parser = script.make_parser(__doc__)
     parser.add_argument("--input", default=None, help="a text file, or a folder of .txt files")
     parser.add_argument("--hf_dataset", default=None, help="a Hugging Face dataset name (instead of --input)")
     parser.add_argument("--hf_config", default=None, help="the dataset's configuration name, if it has several")
@@ -41,11 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tokenizer", choices=["gpt2", "char"], default="gpt2")
     parser.add_argument("--name", default=None, help="dataset name: output goes to data/NAME (default: input's name)")
     parser.add_argument("--val_fraction", type=float, default=0.1, help="share of the data used for val")
-    parser.add_argument("--shard_tokens", type=int, default=common.DEFAULT_SHARD_TOKENS, help="tokens per shard")
-    parser.add_argument(
-        "--parallel", choices=["thread", "process"], default="thread", help="worker kind for tokenisation"
-    )
-    common.add_common_args(parser, "NAME")
+    parser.add_argument("--shard_tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard")
+    script.add_common_args(parser, "NAME")
     return parser
 
 
@@ -54,7 +53,7 @@ def load_documents(args: argparse.Namespace) -> tuple[list[str], str, str]:
     if (args.input is None) == (args.hf_dataset is None):
         raise DataError("give exactly one of --input PATH (file or folder) or --hf_dataset NAME")
     if args.hf_dataset is not None:
-        ds = common.load_hf_dataset(args.hf_dataset, args.hf_config, split=args.hf_split)
+        ds = hub.load_hf_dataset(args.hf_dataset, args.hf_config, split=args.hf_split)
         if args.text_column not in ds.column_names:
             raise DataError(
                 f"{args.hf_dataset} has no column {args.text_column!r} (columns: {', '.join(ds.column_names)}); "
@@ -67,36 +66,32 @@ def load_documents(args: argparse.Namespace) -> tuple[list[str], str, str]:
         files = sorted(p for p in path.rglob("*.txt") if p.is_file())
         if not files:
             raise DataError(f"--input folder {path} contains no .txt files; add some or point at a text file")
-        return [common.read_text(f) for f in files], str(path), path.resolve().name
+        return [local.read_text(f) for f in files], str(path), path.resolve().name
     if not path.is_file():
         raise DataError(f"--input {path} does not exist; give a text file or a folder of .txt files")
-    return [common.read_text(path)], str(path), path.stem
+    return [local.read_text(path)], str(path), path.stem
 
 
-def prepare(args: argparse.Namespace) -> None:
-    t0 = time.perf_counter()
+@cli.entry_point()
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    started = time.perf_counter()
     docs, source, default_name = load_documents(args)
     name = args.name or default_name
     if "/" in name or "\\" in name or name in ("", ".", ".."):
         raise DataError(f"--name {name!r} must be a plain folder name; use --out_dir for a path")
     out_dir = Path(args.out_dir or f"data/{name}")
     if not any(docs):
-        raise DataError(f"the input ({source}) is empty; give text with at least {common.MIN_TOKENS} tokens")
+        raise DataError(f"the input ({source}) is empty; give text with at least {MIN_TOKENS} tokens")
     if args.tokenizer == "char":
         tokenizer = Tokenizer({"kind": "char", "chars": sorted(set().union(*map(set, docs)))})
     else:
         tokenizer = Tokenizer.tiktoken("gpt2")
-    meta = common.prepare_documents(
+    meta = local.prepare_documents(
         out_dir, docs, tokenizer, val_fraction=args.val_fraction, source=source, num_proc=args.num_proc,
-        shard_tokens=args.shard_tokens, parallel=args.parallel,
+        shard_tokens=args.shard_tokens,
     )
-    common.summarize(out_dir, meta)
-    print(f"done in {time.perf_counter() - t0:.2f} s")
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    common.run(lambda: prepare(args))
+    script.print_summary(out_dir, meta, started)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,10 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from checkpoint import save_checkpoint  # noqa: E402
+from export import export_hf  # noqa: E402
 from export import main as export_main  # noqa: E402
-from hf_gpt2 import HFGPT2Error, export_hf, load_pretrained  # noqa: E402
+from hf_gpt2 import HFGPT2Error, hf_to_ours, load_pretrained, ours_to_hf  # noqa: E402
+from generate import SamplingOptions, generate  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 # GPT2Config fields of the tiny test models. Beside the shapes (an odd head count, contexts < 1024), they set a
@@ -114,7 +116,7 @@ def test_loaded_model_matches_transformers(tmp_path, shape, fmt):
     assert_logits_close(our_logits(model, idx), hf_logits(hf, idx))
 
     prompt, n = tokens(c.vocab_size, (2, 5), seed=2), 16
-    ours = model.generate(prompt, n, temperature=0)
+    ours = generate(model, prompt, n, SamplingOptions(temperature=0))
     with torch.no_grad():
         theirs = hf.generate(
             prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=n, pad_token_id=0
@@ -270,6 +272,21 @@ def test_block_size_override_crops(hf_folder):
         load_pretrained(str(folder), block_size=0)
 
 
+def test_key_mapping_is_one_table_both_ways(tiny_model):
+    """hf_to_ours undoes ours_to_hf; the tied head is never written and ignored when read, with or without
+    the `transformer.` prefix; the attention-mask buffers are skipped."""
+    ours = tiny_model.state_dict()
+    hf = dict(filter(None, (ours_to_hf(k, v) for k, v in ours.items())))
+    assert "lm_head.weight" not in hf and hf["transformer.h.0.attn.c_attn.weight"].shape == (32, 96)
+    back = dict(filter(None, (hf_to_ours(k, v) for k, v in hf.items())))
+    assert back.keys() == ours.keys() - {"lm_head.weight"}
+    assert all(torch.equal(back[k], ours[k]) for k in back)
+    key, tensor = hf_to_ours("h.1.mlp.c_fc.weight", hf["transformer.h.1.mlp.c_fc.weight"])  # OpenAI's keys
+    assert key == "transformer.h.1.mlp.c_fc.weight" and torch.equal(tensor, ours[key])
+    for key in ("lm_head.weight", "transformer.lm_head.weight", "h.0.attn.bias", "h.3.attn.masked_bias"):
+        assert hf_to_ours(key, torch.zeros(1)) is None, key
+
+
 def test_dropout_override(hf_folder):
     folder, _ = hf_folder
     assert load_pretrained(str(folder)).config.dropout == 0.0  # not HF's 0.1: the default is for evaluation
@@ -282,7 +299,7 @@ def test_dropout_override(hf_folder):
         load_pretrained(str(folder), n_layer=3)
 
 
-# ----------------------------------------------------------------------------- exporting
+# ----------------------------------------------------------------------------- exporting (export.py)
 
 
 def test_export_loads_in_transformers(tmp_path, hf_folder):
@@ -424,7 +441,7 @@ def test_failed_overwrite_leaves_the_old_export(tmp_path, tiny_model, monkeypatc
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]  # the temporary folder is gone
 
 
-# ----------------------------------------------------------------------------- export.py
+# ----------------------------------------------------------------------------- the export.py script
 
 
 def test_export_cli(tmp_path, tiny_model, tiny_config, capsys):
@@ -466,3 +483,23 @@ def test_export_cli(tmp_path, tiny_model, tiny_config, capsys):
     with pytest.raises(SystemExit) as e:  # an OSError while writing: one line, not a traceback
         export_main(["--ckpt", str(tmp_path / "out"), "--to", "/dev/null/x"])
     assert str(e.value.code).startswith("error: cannot write /dev/null/x") and "\n" not in str(e.value.code)
+
+
+def test_export_cli_one_line_errors(tmp_path, tiny_model, tiny_config):
+    def error_of(*argv):
+        with pytest.raises(SystemExit) as e:
+            export_main(list(argv))
+        message = str(e.value.code)
+        assert message.startswith("error: ") and "\n" not in message, message
+        return message
+
+    assert "--to" in error_of("--ckpt", str(tmp_path))  # a bad command line: exit code 1, one line
+    state = {k: v for k, v in tiny_model.state_dict().items() if k != "transformer.ln_f.bias"}
+    ckpt = {"format": 1, "model_config": tiny_config.to_dict(), "model": state, "step": 0}
+    save_checkpoint(ckpt, tmp_path / "out" / "last.pt")
+    message = error_of("--ckpt", str(tmp_path / "out"), "--to", str(tmp_path / "hf"))
+    assert "weights do not fit its model_config" in message
+    save_checkpoint({**ckpt, "model": tiny_model.state_dict(), "tokenizer": ["a"]}, tmp_path / "out" / "last.pt")
+    message = error_of("--ckpt", str(tmp_path / "out"), "--to", str(tmp_path / "hf"))
+    assert "tokenizer entry is a list" in message
+    assert not (tmp_path / "hf").exists()

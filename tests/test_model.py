@@ -1,11 +1,21 @@
-"""The GPT itself: shapes, causality, init, KV cache, generation and the sampling functions."""
+"""The GPT itself (model.py: shapes, causality, init, KV cache) and its decoding (generate.py: the prefill and
+one-token steps, generation, the sampling options and functions)."""
 
 import math
 
 import pytest
 import torch
 
-from model import GPT, GPTConfig, logits_to_probs, next_token, sample_token
+from generate import (
+    SamplingOptions,
+    decode_one_token,
+    generate,
+    logits_to_probs,
+    next_token,
+    prefill,
+    sample_token,
+)
+from model import GPT, GPTConfig
 
 
 def test_forward_shapes_and_loss_at_init(tiny_model, tiny_config):
@@ -114,11 +124,27 @@ def test_kv_cache_logits_equal_full_forward(tiny_model, tiny_config):
     tiny_model.clear_kv_cache()
 
 
+def test_prefill_and_decode_one_token_give_the_full_forward_logits(tiny_model, tiny_config):
+    torch.manual_seed(3)
+    B, T = 2, 12
+    x = torch.randint(0, tiny_config.vocab_size, (B, T))
+    full, _ = tiny_model(x)  # (B, T, V)
+    tiny_model.setup_kv_cache(B)
+    with torch.no_grad():
+        logits = [prefill(tiny_model, x[:, :5], torch.arange(5))]  # the last prompt position only, (B, V)
+        for t in range(5, T):
+            logits.append(decode_one_token(tiny_model, x[:, t : t + 1], torch.tensor([t])))
+    tiny_model.clear_kv_cache()
+    assert logits[0].shape == (B, tiny_config.vocab_size)
+    assert torch.allclose(torch.stack(logits, dim=1), full[:, 4:], atol=1e-5)
+
+
 def test_greedy_with_cache_equals_without(tiny_model, tiny_config):
     torch.manual_seed(4)
     prompt = torch.randint(0, tiny_config.vocab_size, (3, 5))
-    a = tiny_model.generate(prompt, 20, temperature=0)
-    b = tiny_model.generate(prompt, 20, temperature=0, use_cache=False)
+    greedy = SamplingOptions(temperature=0)
+    a = generate(tiny_model, prompt, 20, greedy)
+    b = generate(tiny_model, prompt, 20, greedy, use_cache=False)
     assert a.shape == (3, 25) and torch.equal(a, b) and torch.equal(a[:, :5], prompt)
 
 
@@ -128,9 +154,10 @@ def test_generation_past_block_size(tiny_model, tiny_config, shift):
     prompt = torch.randint(0, tiny_config.vocab_size, (2, 10))
     n = 3 * tiny_config.block_size
     gen = torch.Generator().manual_seed(0)
-    a = tiny_model.generate(prompt, n, temperature=0.8, top_k=20, generator=gen, window_shift=shift)
+    options = SamplingOptions(temperature=0.8, top_k=20, window_shift=shift)
+    a = generate(tiny_model, prompt, n, options, generator=gen)
     gen = torch.Generator().manual_seed(0)
-    b = tiny_model.generate(prompt, n, temperature=0.8, top_k=20, generator=gen, use_cache=False, window_shift=shift)
+    b = generate(tiny_model, prompt, n, options, generator=gen, use_cache=False)
     assert a.shape == (2, 10 + n) and torch.equal(a, b)
 
 
@@ -139,7 +166,7 @@ def test_sliding_window_of_one_is_the_last_block_size_tokens(tiny_model, tiny_co
     torch.manual_seed(6)
     bs = tiny_config.block_size
     prompt = torch.randint(0, tiny_config.vocab_size, (1, bs + 5))  # longer than the context
-    out = tiny_model.generate(prompt, 6, temperature=0, window_shift=1)
+    out = generate(tiny_model, prompt, 6, SamplingOptions(temperature=0, window_shift=1))
     seq = prompt
     for _ in range(6):
         logits, _ = tiny_model(seq[:, -bs:])
@@ -150,9 +177,9 @@ def test_sliding_window_of_one_is_the_last_block_size_tokens(tiny_model, tiny_co
 def test_stop_token_pads_finished_sequences(tiny_model, tiny_config):
     torch.manual_seed(7)
     prompt = torch.randint(0, tiny_config.vocab_size, (2, 4))
-    free = tiny_model.generate(prompt, 10, temperature=0)
+    free = generate(tiny_model, prompt, 10, SamplingOptions(temperature=0))
     stop = int(free[0, 6])  # a token sequence 0 emits greedily at its third new token
-    out = tiny_model.generate(prompt, 10, temperature=0, stop_token=stop)
+    out = generate(tiny_model, prompt, 10, SamplingOptions(temperature=0, stop_token=stop))
     first = (out[0, 4:] == stop).nonzero()[0].item()
     assert torch.all(out[0, 4 + first :] == stop)
     assert torch.equal(out[0, : 4 + first], free[0, : 4 + first])
@@ -161,7 +188,7 @@ def test_stop_token_pads_finished_sequences(tiny_model, tiny_config):
 def test_top_k_one_is_argmax():
     torch.manual_seed(8)
     logits = torch.randn(5, 30)
-    probs = logits_to_probs(logits, temperature=1.3, top_k=1)
+    probs = logits_to_probs(logits, SamplingOptions(temperature=1.3, top_k=1))
     assert torch.equal(probs.argmax(-1), logits.argmax(-1))
     assert torch.allclose(probs.max(-1).values, torch.ones(5))
     assert torch.equal(sample_token(probs), logits.argmax(-1))
@@ -169,32 +196,64 @@ def test_top_k_one_is_argmax():
 
 def test_top_p_keeps_smallest_set_reaching_p():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    probs = logits_to_probs(logits, temperature=1.0, top_p=0.79)
+    probs = logits_to_probs(logits, SamplingOptions(temperature=1.0, top_p=0.79))
     # 0.5 alone < 0.79; 0.5 + 0.3 reaches it: exactly those two survive, renormalised.
     assert torch.allclose(probs, torch.tensor([[0.625, 0.375, 0.0, 0.0]]), atol=1e-6)
-    probs = logits_to_probs(logits, temperature=1.0, top_p=0.81)  # needs the third token too
+    probs = logits_to_probs(logits, SamplingOptions(temperature=1.0, top_p=0.81))  # needs the third token too
     assert (probs > 0).sum() == 3
     # top-p applies to the renormalised top 3: 0.5/0.95 + 0.3/0.95 = 0.84 < 0.9, so all three stay
-    probs = logits_to_probs(logits, temperature=1.0, top_k=3, top_p=0.9)
+    probs = logits_to_probs(logits, SamplingOptions(temperature=1.0, top_k=3, top_p=0.9))
     assert torch.allclose(probs, torch.tensor([[0.5, 0.3, 0.15, 0.0]]) / 0.95, atol=1e-6)
-    probs = logits_to_probs(logits, temperature=1.0, top_p=0.3)  # the top token alone already exceeds p
+    probs = logits_to_probs(logits, SamplingOptions(temperature=1.0, top_p=0.3))  # the top token alone already exceeds p
     assert torch.allclose(probs, torch.tensor([[1.0, 0.0, 0.0, 0.0]]))
 
 
 def test_top_k_keeps_exactly_k_even_with_ties():
     logits = torch.tensor([[1.0, 3.0, 3.0, 3.0, 0.0]])
-    probs = logits_to_probs(logits, temperature=1.0, top_k=2)
+    probs = logits_to_probs(logits, SamplingOptions(temperature=1.0, top_k=2))
     assert (probs > 0).sum() == 2 and torch.allclose(probs.sum(), torch.tensor(1.0))
 
 
 def test_temperature_zero_is_greedy_and_bad_values_are_refused():
     logits = torch.randn(3, 10)
-    probs = logits_to_probs(logits, temperature=0)
+    probs = logits_to_probs(logits, SamplingOptions(temperature=0))
     assert torch.equal(probs.argmax(-1), logits.argmax(-1)) and torch.allclose(probs.sum(-1), torch.ones(3))
-    assert torch.equal(next_token(logits, temperature=0), logits.argmax(-1))
+    assert torch.equal(next_token(logits, SamplingOptions(temperature=0)), logits.argmax(-1))
     for kwargs in (dict(temperature=-1), dict(top_k=0), dict(top_p=0.0), dict(top_p=1.5)):
         with pytest.raises(ValueError):
-            logits_to_probs(logits, **{"temperature": 1.0, **kwargs})
+            SamplingOptions(**{"temperature": 1.0, **kwargs})  # the one place sampling values are checked
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(top_k=2.5), "top_k"),
+        (dict(top_k=True), "top_k"),
+        (dict(top_p=float("nan")), "top_p"),
+        (dict(stop_token=-1), "stop_token"),
+        (dict(window_shift=0), "window_shift"),
+    ],
+)
+def test_sampling_options_name_the_bad_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        SamplingOptions(**kwargs)
+
+
+def test_window_shift_longer_than_the_window_is_refused(tiny_model, tiny_config):
+    options = SamplingOptions(window_shift=tiny_config.block_size + 1)
+    with pytest.raises(ValueError, match="window_shift"):
+        generate(tiny_model, torch.zeros(1, 3, dtype=torch.long), 2, options)
+
+
+def test_generate_samples_in_eval_mode_and_restores_the_mode():
+    cfg = GPTConfig(block_size=16, vocab_size=20, n_layer=1, n_head=2, n_embd=16, dropout=0.5)
+    torch.manual_seed(0)
+    model = GPT(cfg).train()
+    prompt = torch.zeros(2, 3, dtype=torch.long)
+    a = generate(model, prompt, 12, generator=torch.Generator().manual_seed(1))
+    b = generate(model, prompt, 12, generator=torch.Generator().manual_seed(1), use_cache=False)
+    assert model.training and torch.equal(a, b)  # dropout off while sampling, so both paths agree
 
 
 def test_crop_block_size(tiny_model, tiny_config):

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import shards
-from prepare import common, openwebtext, shakespeare, shakespeare_char, text
+from prepare import hub, local, openwebtext, shakespeare, shakespeare_char, text
+from prepare.tiny_shakespeare import prepare_shakespeare
 from shards import DataError, TokenDataset
 from tokenizer import Tokenizer
 
@@ -37,6 +38,14 @@ def exit_message(excinfo) -> str:
     msg = str(excinfo.value.code)
     assert msg.startswith("error: ") and "\n" not in msg
     return msg
+
+
+def write_docs(folder: Path, docs: list[str]) -> Path:
+    """A folder of documents doc00.txt, doc01.txt, ... (the order text.py reads them in)."""
+    folder.mkdir()
+    for i, d in enumerate(docs):
+        (folder / f"doc{i:02d}.txt").write_text(d, encoding="utf-8", newline="")
+    return folder
 
 
 def folder_bytes(path: Path) -> dict[str, bytes]:
@@ -82,6 +91,44 @@ def test_no_network_is_one_line_naming_the_url(tmp_path, monkeypatch):
     assert not list(out.glob("*"))  # no partial download left behind
 
 
+def test_prepare_shakespeare_function_raises_data_error(tmp_path, monkeypatch, shakespeare_path):
+    """The function train.py calls: a meta dict back, or a one-line DataError (never SystemExit)."""
+    meta = prepare_shakespeare(tmp_path / "sc", "char", shakespeare_path, num_proc=1)
+    assert meta == shards.read_meta(tmp_path / "sc") and meta["source"] == str(shakespeare_path)
+    with pytest.raises(DataError, match="unknown tokenizer 'bpe'; use char or gpt2"):
+        prepare_shakespeare(tmp_path / "x", "bpe")
+    (tmp_path / "a_file").write_text("not a folder")
+    with pytest.raises(DataError, match="a_file"):  # an out_dir that cannot be written
+        prepare_shakespeare(tmp_path / "a_file", "char", shakespeare_path)
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("no network")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    with pytest.raises(DataError, match=r"could not download .*--input PATH"):
+        prepare_shakespeare(tmp_path / "offline", "gpt2")
+
+
+def test_download_is_written_once_and_whole(tmp_path, monkeypatch):
+    import io
+
+    body = make_text(3000).encode()
+    calls = []
+
+    class Response(io.BytesIO):
+        headers = {"Content-Length": str(len(body))}
+
+    def fake_urlopen(url, timeout):
+        calls.append(url)
+        return Response(body)
+
+    monkeypatch.setattr(urllib.request, "urlopen", fake_urlopen)
+    dest = tmp_path / "dl" / "input.txt"
+    assert local.download("https://example.org/t.txt", dest) == dest and dest.read_bytes() == body
+    assert local.download("https://example.org/t.txt", dest) == dest and len(calls) == 1  # cached
+    assert [p.name for p in dest.parent.iterdir()] == ["input.txt"]  # no temporary file left
+
+
 def test_script_help_runs_as_a_subprocess():
     for script in ("shakespeare_char", "text"):
         result = subprocess.run([sys.executable, f"prepare/{script}.py", "--help"], cwd=REPO,
@@ -95,6 +142,18 @@ def test_script_error_as_a_subprocess(tmp_path):
                              "--out_dir", str(tmp_path / "o")], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert result.stderr.strip().count("\n") == 0 and "does not exist" in result.stderr
+
+
+def test_bad_option_is_one_line_exit_1():
+    """A bad command line fails like every other mistake: exit code 1 and one `error:` line (not argparse's 2)."""
+    result = subprocess.run([sys.executable, "prepare/shakespeare_char.py", "--bogus"], cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip().count("\n") == 0 and "unrecognized arguments: --bogus" in result.stderr
+    for script, argv in ((text, ["--num_proc", "x"]), (openwebtext, ["--shard_tokens", "many"])):
+        with pytest.raises(SystemExit) as e:
+            script.main(argv)
+        assert "invalid int value" in exit_message(e)
 
 
 # ---- refusals ---------------------------------------------------------------------------------------------
@@ -145,11 +204,8 @@ def test_text_single_file_round_trip(tmp_path, tokenizer):
 
 
 def test_text_folder_of_documents(tmp_path):
-    folder = tmp_path / "docs"
-    folder.mkdir()
     docs = [make_text(300, seed=i) for i in range(30)]
-    for i, d in enumerate(docs):
-        (folder / f"doc{i:02d}.txt").write_text(d, encoding="utf-8", newline="")
+    folder = write_docs(tmp_path / "docs", docs)
     out = tmp_path / "out"
     text.main(["--input", str(folder), "--out_dir", str(out), "--shard_tokens", "2000"])
     meta = shards.read_meta(out)
@@ -169,11 +225,8 @@ def test_text_folder_of_documents(tmp_path):
 
 
 def test_text_char_folder_and_stale_shards(tmp_path):
-    folder = tmp_path / "docs"
-    folder.mkdir()
     docs = [make_text(400, seed=i) for i in range(5)]
-    for i, d in enumerate(docs):
-        (folder / f"{i}.txt").write_text(d, encoding="utf-8", newline="")
+    folder = write_docs(tmp_path / "docs", docs)
     out = tmp_path / "out"
     text.main(["--input", str(folder), "--out_dir", str(out), "--tokenizer", "char", "--shard_tokens", "1000"])
     n_before = len(list(out.glob("train_*.bin")))
@@ -185,26 +238,25 @@ def test_text_char_folder_and_stale_shards(tmp_path):
 def test_chunked_gpt2_encoding_equals_whole_text():
     tok = Tokenizer.tiktoken("gpt2")
     content = make_text(20000, seed=3) + "\n\n\n   \n" + make_text(200, seed=4) + " \r\n\r\nx\n"
-    cuts = common.split_points(content, chunk_chars=500)
+    cuts = local.split_points(content, chunk_chars=500)
     assert len(cuts) > 50 and cuts[0] == 0 and cuts[-1] == len(content)
     chunked = np.concatenate([tok.encode_array(content[a:b]) for a, b in zip(cuts[:-1], cuts[1:])])
     assert chunked.tolist() == tok.encode(content)
 
 
-def test_process_pool_matches_threads():
+def test_thread_pool_matches_single_encodes():
     tok = Tokenizer.tiktoken("gpt2")
     texts = [make_text(200, seed=i) for i in range(8)]
-    a = common.encode_texts(tok, texts, 2, parallel="thread")
-    b = common.encode_texts(tok, texts, 2, parallel="process")
-    assert [x.tolist() for x in a] == [y.tolist() for y in b] == [tok.encode(t) for t in texts]
+    a = local.encode_texts(tok, texts, 2)
+    assert [x.tolist() for x in a] == [tok.encode(t) for t in texts]
     assert a[0].dtype == np.uint16
 
 
 def test_choose_val_docs():
-    is_val = common.choose_val_docs([100] * 50, 0.1)
+    is_val = local.choose_val_docs([100] * 50, 0.1)
     assert is_val.sum() == 5
-    assert (common.choose_val_docs([100] * 50, 0.1) == is_val).all()  # seeded: the same every run
-    assert common.choose_val_docs([10_000, 5], 0.1).tolist() == [False, True]  # the huge doc stays in train
+    assert (local.choose_val_docs([100] * 50, 0.1) == is_val).all()  # seeded: the same every run
+    assert local.choose_val_docs([10_000, 5], 0.1).tolist() == [False, True]  # the huge doc stays in train
 
 
 # ---- big corpora (openwebtext.py / fineweb.py share this writer) ------------------------------------------
@@ -219,7 +271,7 @@ def test_hf_corpus_writer(tmp_path):
     expected = np.concatenate([np.append(tok.encode_array(d), 50256) for d in docs])
 
     out = tmp_path / "map"
-    meta = common.write_hf_corpus(out, ds, tok, source="test", num_proc=1, shard_tokens=1000, val_tokens=1500)
+    meta = hub.write_hf_corpus(out, ds, tok, source="test", num_proc=1, shard_tokens=1000, val_tokens=1500)
     assert meta["splits"]["val"]["tokens"] == 1500
     assert meta["splits"]["train"]["tokens"] == len(expected) - 1500
     for split in ("train", "val"):
@@ -230,12 +282,12 @@ def test_hf_corpus_writer(tmp_path):
 
     # The streaming path (IterableDataset, thread pool) writes the very same bytes.
     out2 = tmp_path / "stream"
-    common.write_hf_corpus(out2, ds.to_iterable_dataset(), tok, source="test", num_proc=2, shard_tokens=1000,
+    hub.write_hf_corpus(out2, ds.to_iterable_dataset(), tok, source="test", num_proc=2, shard_tokens=1000,
                            val_tokens=1500)
     assert folder_bytes(out2) == folder_bytes(out)
 
     # Default val size is one shard.
-    meta = common.write_hf_corpus(tmp_path / "d", ds, tok, source="test", shard_tokens=2000)
+    meta = hub.write_hf_corpus(tmp_path / "d", ds, tok, source="test", shard_tokens=2000)
     assert meta["splits"]["val"]["tokens"] == 2000
 
 
@@ -244,10 +296,10 @@ def test_hf_corpus_writer_refuses_tiny_corpus(tmp_path):
 
     ds = datasets.Dataset.from_dict({"text": ["just a few words"] * 10})
     with pytest.raises(DataError, match="at least 4096"):
-        common.write_hf_corpus(tmp_path / "o", ds, Tokenizer.tiktoken("gpt2"), source="test", shard_tokens=50)
+        hub.write_hf_corpus(tmp_path / "o", ds, Tokenizer.tiktoken("gpt2"), source="test", shard_tokens=50)
     assert not (tmp_path / "o").exists()  # the streamed shards were removed again
     with pytest.raises(DataError, match="no column 'content'"):
-        common.write_hf_corpus(tmp_path / "o", ds, Tokenizer.tiktoken("gpt2"), source="t", text_column="content")
+        hub.write_hf_corpus(tmp_path / "o", ds, Tokenizer.tiktoken("gpt2"), source="t", text_column="content")
 
 
 def test_hf_offline_is_one_line(tmp_path, monkeypatch):
@@ -266,13 +318,11 @@ def test_hf_offline_is_one_line(tmp_path, monkeypatch):
 
 def test_failed_rerun_leaves_the_prepared_dataset_intact(tmp_path):
     """A corpus run that dies half-way (e.g. a network drop) must not destroy the dataset already there."""
-    from prepare import common
-
     out = tmp_path / "corpus"
     tok = Tokenizer.tiktoken("gpt2")
     rng = np.random.default_rng(0)
     chunks = [rng.integers(0, 50257, 3000) for _ in range(6)]
-    common.write_token_stream(out, iter(chunks), tok, source="test", shard_tokens=4000, val_tokens=3000)
+    hub.write_token_stream(out, iter(chunks), tok, source="test", shard_tokens=4000, val_tokens=3000)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
 
     def dying():
@@ -280,6 +330,6 @@ def test_failed_rerun_leaves_the_prepared_dataset_intact(tmp_path):
         raise ConnectionError("network dropped")
 
     with pytest.raises(ConnectionError):
-        common.write_token_stream(out, dying(), tok, source="test2", shard_tokens=4000, val_tokens=3000)
+        hub.write_token_stream(out, dying(), tok, source="test2", shard_tokens=4000, val_tokens=3000)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert shards.read_meta(out)["source"] == "test"

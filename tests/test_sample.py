@@ -11,6 +11,7 @@ import torch
 
 import sample
 from checkpoint import save_checkpoint
+from generate import SamplingOptions, decode_one_token
 from model import GPT, GPTConfig
 from tokenizer import Tokenizer
 
@@ -72,8 +73,9 @@ def split_samples(out: str, n: int) -> list[str]:
 def test_cache_and_no_cache_agree_greedy_past_block_size(tiny_model, tiny_config):
     prompt = [3, 1, 4, 1, 5]
     n = 2 * tiny_config.block_size + 7  # slides the window (and rebuilds the cache) twice
-    cached = sample.generate_ids(tiny_model, prompt, 3, n, temperature=0.0)
-    uncached = sample.generate_ids(tiny_model, prompt, 3, n, temperature=0.0, use_cache=False)
+    greedy = SamplingOptions(temperature=0.0)
+    cached = sample.generate_ids(tiny_model, prompt, 3, n, greedy)
+    uncached = sample.generate_ids(tiny_model, prompt, 3, n, greedy, use_cache=False)
     assert cached == uncached
     assert len(cached) == 3 and all(len(row) == n for row in cached)
 
@@ -83,8 +85,8 @@ def test_cache_and_no_cache_agree_with_a_seed(tiny_model, tiny_config):
 
     def draw(use_cache):
         g = torch.Generator().manual_seed(123)
-        return sample.generate_ids(tiny_model, [7], 4, n, temperature=1.0, top_k=20, top_p=0.9, generator=g,
-                                   use_cache=use_cache)
+        options = SamplingOptions(temperature=1.0, top_k=20, top_p=0.9)
+        return sample.generate_ids(tiny_model, [7], 4, n, options, generator=g, use_cache=use_cache)
 
     cached = draw(True)
     assert cached == draw(False)
@@ -94,7 +96,7 @@ def test_cache_and_no_cache_agree_with_a_seed(tiny_model, tiny_config):
 def test_stop_token_ends_each_sample(tiny_model):
     def draw(stop):
         g = torch.Generator().manual_seed(5)
-        return sample.generate_ids(tiny_model, [1, 2], 4, 40, temperature=1.0, generator=g, stop_token=stop)
+        return sample.generate_ids(tiny_model, [1, 2], 4, 40, SamplingOptions(stop_token=stop), generator=g)
 
     free = draw(None)
     stop = free[0][6]  # a token the first sample draws at its 7th step
@@ -132,18 +134,18 @@ def test_compiled_step_never_recompiles(tiny_model, tiny_config):
 
     torch._dynamo.reset()
     n = tiny_config.block_size + 10
-    reference = sample.generate_ids(tiny_model, [1, 2, 3], 2, n, temperature=0.0)
-    compiled = torch.compile(tiny_model.forward, backend="eager", fullgraph=True)
+    greedy = SamplingOptions(temperature=0.0)
+    reference = sample.generate_ids(tiny_model, [1, 2, 3], 2, n, greedy)
+    compiled = torch.compile(decode_one_token, backend="eager", fullgraph=True)
     with torch._dynamo.config.patch(error_on_recompile=True):
-        got = sample.generate_ids(tiny_model, [1, 2, 3], 2, n, temperature=0.0,
-                                  step_fn=compiled)
+        got = sample.generate_ids(tiny_model, [1, 2, 3], 2, n, greedy, step_fn=compiled)
     torch._dynamo.reset()
     assert got == reference
 
 
-def test_cpu_never_compiles_unless_asked(tiny_model):
-    assert sample.decode_step_fn(tiny_model, torch.device("cpu"), None) is None
-    assert sample.decode_step_fn(tiny_model, torch.device("cpu"), False) is None
+def test_cpu_never_compiles_unless_asked():
+    assert sample.decode_step_fn(torch.device("cpu"), None) is None
+    assert sample.decode_step_fn(torch.device("cpu"), False) is None
 
 
 def test_cut_at():
@@ -234,7 +236,7 @@ def test_init_from_a_local_hf_folder_of_a_char_model(capsys, char_ckpt, tmp_path
     """export.py's Hugging Face folder of a char model keeps its vocabulary in char_vocab.json: sampling it
     with --init_from gives what sampling the checkpoint gives."""
     from checkpoint import load_checkpoint, model_from_checkpoint
-    from hf_gpt2 import export_hf
+    from export import export_hf
 
     ckpt = load_checkpoint(char_ckpt)
     export_hf(model_from_checkpoint(ckpt), tmp_path / "hf", ckpt["tokenizer"])

@@ -13,7 +13,6 @@ import torch
 import checkpoint
 import train
 from checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from config import TrainConfig
 from model import GPT
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,29 +46,6 @@ def assert_same_weights(a, b, exact=True):
             assert torch.equal(a[k], b[k]), k
         else:
             torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
-
-
-def test_lr_schedule():
-    cfg = TrainConfig(learning_rate=1e-3, min_lr=1e-4, warmup_iters=10, lr_decay_iters=100)
-    assert 0 < train.get_lr(0, cfg) < train.get_lr(5, cfg) < train.get_lr(9, cfg) <= 1e-3
-    assert train.get_lr(10, cfg) == pytest.approx(1e-3)
-    assert train.get_lr(55, cfg) == pytest.approx(5.5e-4)
-    assert train.get_lr(100, cfg) == pytest.approx(1e-4) and train.get_lr(1000, cfg) == 1e-4
-    assert train.get_lr(0, TrainConfig(warmup_iters=0, learning_rate=1e-3, min_lr=1e-4)) == pytest.approx(1e-3)
-    assert train.get_lr(50, TrainConfig(decay_lr=False, learning_rate=2e-3)) == 2e-3
-
-
-def test_optimizer_decays_matrices_only(tiny_model):
-    opt = train.make_optimizer(tiny_model, TrainConfig(weight_decay=0.1), "cpu")
-    decay, no_decay = opt.param_groups
-    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
-    n_opt = sum(p.numel() for g in opt.param_groups for p in g["params"])
-    assert n_opt == tiny_model.num_params(non_embedding=False)  # the tied weight is optimised once
-
-
-def test_mfu_is_not_claimed_on_cpu():
-    assert train.peak_flops(torch.device("cpu")) is None
 
 
 def test_training_lowers_the_loss_and_writes_the_run_record(char_dataset, tmp_path):
@@ -348,3 +324,26 @@ def test_shakespeare_is_prepared_on_the_fly_or_explains_how(tmp_path, monkeypatc
     (tmp_path / "shakespeare_char" / "input.txt").write_bytes(shakespeare_path.read_bytes())
     assert train.main(args)["step"] == 1
     assert (tmp_path / "shakespeare_char" / "meta.json").is_file()
+
+
+def test_a_busy_out_dir_is_refused_at_once_and_nothing_is_touched(char_dataset, tmp_path):
+    from files import OutDirLock
+
+    out = tmp_path / "out"
+    train.main(tiny_args(char_dataset, out, max_iters=2))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with OutDirLock(out):  # as if another run were training into out/
+        for extra in ({}, {"overwrite": True}, {"init_from": "resume", "max_iters": 4}):
+            with pytest.raises(SystemExit, match=rf"out/ is in use by another run \(pid {os.getpid()} on host "):
+                train.main(tiny_args(char_dataset, out, **{"max_iters": 2, **extra}))
+        assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != ".lock"} == before
+    assert train.main(tiny_args(char_dataset, out, max_iters=4, init_from="resume"))["step"] == 4
+
+
+def test_a_gpu_sized_config_on_the_cpu_says_so(char_dataset, tmp_path, capsys):
+    if torch.cuda.is_available() or torch.backends.mps.is_available():
+        pytest.skip("device=auto would not pick the CPU here")
+    train.main(tiny_args(char_dataset, tmp_path / "big", device="auto", max_iters=10**9, eval_only=True))
+    assert "sized for a GPU" in capsys.readouterr().out
+    train.main(tiny_args(char_dataset, tmp_path / "small", device="auto", max_iters=10, eval_only=True))
+    assert "sized for a GPU" not in capsys.readouterr().out

@@ -1,0 +1,156 @@
+"""One run's numbers: metrics.jsonl, Weights & Biases, and the printed log lines with tokens/s, MFU and ETA.
+
+    metrics = Metrics(out_dir, ...)          # on every rank; only the master writes and prints
+    metrics.start_timing()                   # after the first (compile, warm-up) step
+    metrics.log_step(step, loss, ...)        # every log_interval steps
+    metrics.log_eval(step, val_loss, ...)
+
+metrics.jsonl has one JSON object per line: training lines (step, loss, lr, grad_norm, ms_per_step,
+tokens_per_s, mfu, peak_mem_mb, epoch) and evaluation lines (step, val_loss, best_val_loss).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from cli import UserError
+
+# Peak dense bf16 tensor-core FLOP/s from the vendors' datasheets (the sparsity figures halved), matched
+# against the CUDA device name as whole words, most specific first: "H100 NVL" before "H100", "L40S"
+# before "L40" (and "L4" never matches "L40"). A GPU not listed reports MFU as n/a.
+PEAK_BF16_FLOPS = (
+    ("GH200", 989e12), ("H200", 989e12), ("H100 NVL", 835e12), ("H100 PCIe", 756e12), ("H100", 989e12),
+    ("H800 PCIe", 756e12), ("H800", 989e12), ("B200", 2250e12), ("A100", 312e12), ("A800", 312e12),
+    ("L40S", 362e12), ("L40", 181e12), ("L4", 121e12), ("A10G", 125e12), ("A10", 125e12),
+    ("RTX 4090", 165e12), ("RTX 3090", 71e12), ("A6000", 155e12),
+)
+
+
+def flops_per_token(model) -> float:
+    """Training FLOPs per token (forward + backward), PaLM appendix B: 6N + 12 * L * C * T."""
+    c = model.config
+    return 6 * model.num_params() + 12 * c.n_layer * c.n_embd * c.block_size
+
+
+def peak_flops_for(name: str) -> float | None:
+    """The bf16 peak of a GPU by its CUDA name, or None when it is not in the table."""
+    for key, flops in PEAK_BF16_FLOPS:
+        if re.search(rf"(^|[\s-]){re.escape(key)}($|[\s-])", name):
+            return flops
+    return None
+
+
+def peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    return peak_flops_for(torch.cuda.get_device_name(device))
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    if platform.system() == "Linux":  # peak resident set size of the process (kB on Linux)
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return float("nan")
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+class Metrics:
+    """Owns the run's record: appends to metrics.jsonl and W&B, prints the log lines, and times the steps.
+
+    Rates (ms/step, tokens/s, MFU) and the ETA leave out the run's first step, which compiles and warms up:
+    timing starts with `start_timing()`, and is restarted after every evaluation. The ETA uses the median
+    step time of the recent log intervals, so one slow interval does not swing it.
+    """
+
+    def __init__(self, out_dir: str | Path, *, master: bool, tokens_per_step: int, flops_per_token: float,
+                 peak_flops: float | None, world_size: int, max_iters: int, device: torch.device,
+                 wandb_run=None):
+        self.path = Path(out_dir) / "metrics.jsonl"
+        self.master, self.wandb_run, self.device = master, wandb_run, device
+        self.tokens_per_step, self.max_iters = tokens_per_step, max_iters
+        self.flops_per_step = flops_per_token * tokens_per_step
+        self.peak = peak_flops * world_size if peak_flops else None
+        self.timing = False  # off until the first step is done
+        self.t0, self.steps = 0.0, 0  # the clock of the current interval and the steps timed in it
+        self.recent_step_times: list[float] = []  # seconds per step of the recent log intervals
+
+    def start_timing(self) -> None:
+        """Start (or restart) the step clock: after the first step, and after each evaluation."""
+        self.timing, self.t0, self.steps = True, time.perf_counter(), 0
+
+    def step_done(self) -> None:
+        if self.timing:
+            self.steps += 1
+
+    def record(self, entry: dict) -> None:
+        if not self.master:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+        if self.wandb_run is not None:
+            self.wandb_run.log({k: v for k, v in entry.items() if k != "step"}, step=entry["step"])
+
+    def log_eval(self, step: int, val_loss: float, best_val_loss: float, improved: bool) -> None:
+        self.record({"step": step, "val_loss": val_loss, "best_val_loss": best_val_loss})
+        if self.master:
+            print(f"step {step}: val loss {val_loss:.4f}" + (" (best so far)" if improved else ""), flush=True)
+
+    def log_step(self, step: int, loss: float, lr: float, grad_norm: float, epoch: float) -> None:
+        """Record and print one training step's numbers (`loss`, `grad_norm` already read from the device)."""
+        rates = self._rates()
+        entry = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, **rates,
+                 "peak_mem_mb": peak_memory_mb(self.device), "epoch": epoch}
+        self.record(entry)
+        if not self.master:
+            return
+        if rates["ms_per_step"] is None:
+            speed = "timing starts after the first step"
+        else:
+            mfu = f"{rates['mfu'] * 100:.1f}%" if rates["mfu"] is not None else "n/a"
+            median = statistics.median(self.recent_step_times)
+            speed = (f"{rates['ms_per_step']:.1f} ms/step | {rates['tokens_per_s']:,.0f} tok/s | MFU {mfu} | "
+                     f"ETA {format_duration(median * (self.max_iters - step))}")
+        print(f"step {step}/{self.max_iters} | loss {loss:.4f} | lr {lr:.2e} | grad {grad_norm:.3f} | {speed} | "
+              f"mem {entry['peak_mem_mb']:,.0f} MB", flush=True)
+
+    def _rates(self) -> dict:
+        """ms/step, tokens/s and MFU over the steps timed since the last log line (None before any)."""
+        if not self.steps:
+            return {"ms_per_step": None, "tokens_per_s": None, "mfu": None}
+        now = time.perf_counter()
+        dt = (now - self.t0) / self.steps
+        self.t0, self.steps = now, 0
+        self.recent_step_times = (self.recent_step_times + [dt])[-20:]
+        mfu = self.flops_per_step / dt / self.peak if self.peak else None
+        return {"ms_per_step": dt * 1000, "tokens_per_s": self.tokens_per_step / dt, "mfu": mfu}
+
+    def close(self) -> None:
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+
+
+def start_wandb(project: str, run_name: str, config: dict):
+    """A W&B run, or a one-line error that says how to fix the usual causes."""
+    import wandb
+
+    try:
+        return wandb.init(project=project, name=run_name, config=config)
+    except Exception as e:  # not logged in, no network, ...: wandb raises many types
+        raise UserError(f"could not start Weights & Biases ({type(e).__name__}: {str(e).splitlines()[0]}); "
+                        f"run `wandb login`, set WANDB_MODE=offline, or drop --wandb_log") from None

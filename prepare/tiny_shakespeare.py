@@ -1,0 +1,76 @@
+"""Tiny Shakespeare (1.1M characters of plays), prepared with a character or the GPT-2 tokenizer.
+
+    from prepare.tiny_shakespeare import DATASETS, prepare_shakespeare
+    meta = prepare_shakespeare("data/shakespeare_char", "char")   # downloads the text once, then reuses it
+    meta = prepare_shakespeare(path, DATASETS[path.name])          # train.py: a dataset name's tokenizer
+
+The one implementation behind train.py's preparing of the two datasets on the fly and the scripts
+prepare/shakespeare_char.py and prepare/shakespeare.py (whose command line is ``run_script``). The first 90%
+of the characters are train and the rest val; the text is a single document, so no end-of-text token is
+inserted.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import cli
+from prepare import local, script
+from shards import DataError
+from tokenizer import Tokenizer
+
+URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+# The two datasets made of the text: name (its script prepare/NAME.py, its folder data/NAME) -> tokenizer.
+DATASETS = {"shakespeare_char": "char", "shakespeare": "gpt2"}
+
+
+def prepare_shakespeare(
+    out_dir: str | os.PathLike,
+    tokenizer: str = "char",
+    input_path: str | os.PathLike | None = None,
+    *,
+    val_fraction: float = 0.1,
+    num_proc: int | None = None,
+) -> dict[str, Any]:
+    """Prepare tiny Shakespeare in out_dir and return its meta.json contents.
+
+    tokenizer: "char" (the sorted characters of the text, 65) or "gpt2" (tiktoken's BPE). input_path: a
+    local copy of the text; without it the text is downloaded once into out_dir/input.txt and reused after.
+    num_proc: tokeniser threads (default: all CPU cores). Every failure (no network, a missing or empty
+    input, a folder that cannot be written) is a DataError with a one-line message.
+    """
+    if tokenizer not in DATASETS.values():
+        raise DataError(f"unknown tokenizer {tokenizer!r}; use {' or '.join(DATASETS.values())}")
+    out_dir = Path(out_dir)
+    try:
+        path = local.obtain_input(None if input_path is None else str(input_path), URL, out_dir)
+        text = local.read_text(path)
+        local.require_text(text, str(path))
+        tok = Tokenizer.char_from_text(text) if tokenizer == "char" else Tokenizer.tiktoken(tokenizer)
+        source = URL if input_path is None else str(input_path)
+        num_proc = (os.cpu_count() or 1) if num_proc is None else num_proc
+        return local.prepare_single_text(
+            out_dir, text, tok, val_fraction=val_fraction, source=source, num_proc=num_proc
+        )
+    except OSError as e:  # e.g. an out_dir that cannot be written
+        raise DataError(cli.describe_os_error(e)) from None
+
+
+def run_script(argv: Sequence[str] | None, name: str, description: str) -> None:
+    """The command line of both scripts (`name`: a key of DATASETS): --input, --val_fraction, --out_dir
+    (default data/NAME), --num_proc."""
+    parser = script.make_parser(description)
+    parser.add_argument("--input", default=None, help="local copy of the text (default: download it)")
+    parser.add_argument("--val_fraction", type=float, default=0.1, help="share of characters for val")
+    script.add_common_args(parser, name)
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    out_dir = Path(args.out_dir or f"data/{name}")
+    meta = prepare_shakespeare(
+        out_dir, DATASETS[name], args.input, val_fraction=args.val_fraction, num_proc=args.num_proc
+    )
+    script.print_summary(out_dir, meta, started)

@@ -1,0 +1,25 @@
+"""optim.py: the learning-rate schedule and the optimizer's parameter groups."""
+
+import pytest
+
+from config import TrainConfig
+from optim import get_lr, make_optimizer
+
+
+def test_lr_schedule():
+    cfg = TrainConfig(learning_rate=1e-3, min_lr=1e-4, warmup_iters=10, lr_decay_iters=100)
+    assert 0 < get_lr(0, cfg) < get_lr(5, cfg) < get_lr(9, cfg) <= 1e-3
+    assert get_lr(10, cfg) == pytest.approx(1e-3)
+    assert get_lr(55, cfg) == pytest.approx(5.5e-4)
+    assert get_lr(100, cfg) == pytest.approx(1e-4) and get_lr(1000, cfg) == 1e-4
+    assert get_lr(0, TrainConfig(warmup_iters=0, learning_rate=1e-3, min_lr=1e-4)) == pytest.approx(1e-3)
+    assert get_lr(50, TrainConfig(decay_lr=False, learning_rate=2e-3)) == 2e-3
+
+
+def test_optimizer_decays_matrices_only(tiny_model):
+    opt = make_optimizer(tiny_model, TrainConfig(weight_decay=0.1), "cpu")
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
+    n_opt = sum(p.numel() for g in opt.param_groups for p in g["params"])
+    assert n_opt == tiny_model.num_params(non_embedding=False)  # the tied weight is optimised once
