@@ -13,6 +13,25 @@ if (SHARED_DATA / "tiktoken_cache").is_dir():
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED_DATA / "tiktoken_cache"))
 
 
+def _gpt2_bpe_problem() -> str | None:
+    """Why tiktoken's GPT-2 BPE files cannot be had here (downloaded on first use, or TIKTOKEN_CACHE_DIR), or
+    None when they can."""
+    try:
+        import tiktoken
+
+        tiktoken.get_encoding("gpt2")
+    except Exception as e:  # no network and no cache: a requests/OS error
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    return None
+
+
+GPT2_BPE_PROBLEM = _gpt2_bpe_problem()
+# Tests that tokenize with the GPT-2 BPE skip, saying why, where its files cannot be downloaded or found.
+needs_gpt2_bpe = pytest.mark.skipif(
+    GPT2_BPE_PROBLEM is not None, reason=f"the GPT-2 BPE files are not available: {GPT2_BPE_PROBLEM}"
+)
+
+
 @pytest.fixture
 def shakespeare_path():
     """The 1.1M-character tiny Shakespeare corpus, where this machine has it."""

@@ -3,7 +3,7 @@ and sample.py on a checkpoint that train.py wrote."""
 
 import pytest
 import torch
-from conftest import write_dataset
+from conftest import needs_gpt2_bpe, write_dataset
 
 import export
 import sample
@@ -25,6 +25,7 @@ def tiny_gpt2_folder(tmp_path):
     return folder
 
 
+@needs_gpt2_bpe
 def test_finetune_local_gpt2_then_sample_and_export(tiny_gpt2_folder, tmp_path, capsys):
     text = "To be, or not to be, that is the question.\n" * 400
     data = write_dataset(tmp_path / "bpe", text, Tokenizer.tiktoken("gpt2"))

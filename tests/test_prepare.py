@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import needs_gpt2_bpe
 
 import shards
 from prepare import hub, local, openwebtext, shakespeare, shakespeare_char, text
@@ -68,6 +69,7 @@ def test_shakespeare_char_exact_round_trip(shakespeare_path, tmp_path):
     assert folder_bytes(out) == first  # idempotent: the same bytes again, meta.json included
 
 
+@needs_gpt2_bpe
 def test_shakespeare_gpt2_round_trip(shakespeare_path, tmp_path):
     out = tmp_path / "s"
     shakespeare.main(["--input", str(shakespeare_path), "--out_dir", str(out), "--num_proc", "2"])
@@ -159,6 +161,7 @@ def test_bad_option_is_one_line_exit_1():
 # ---- refusals ---------------------------------------------------------------------------------------------
 
 
+@needs_gpt2_bpe
 @pytest.mark.parametrize("content", ["", "tiny text, far fewer than 4096 tokens\n"])
 def test_refuses_empty_or_tiny_input_and_writes_nothing(tmp_path, content):
     src = tmp_path / "in.txt"
@@ -183,14 +186,14 @@ def test_text_argument_errors(tmp_path):
     src = tmp_path / "a.txt"
     src.write_text(make_text(3000))
     with pytest.raises(SystemExit) as e:
-        text.main(["--input", str(src), "--out_dir", str(tmp_path / "o"), "--val_fraction", "1.5"])
+        text.main(["--input", str(src), "--out_dir", str(tmp_path / "o"), "--val_fraction", "1.5", "--tokenizer", "char"])
     assert "--val_fraction must be between 0 and 1" in exit_message(e)
 
 
 # ---- text.py ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("tokenizer", ["char", "gpt2"])
+@pytest.mark.parametrize("tokenizer", ["char", pytest.param("gpt2", marks=needs_gpt2_bpe)])
 def test_text_single_file_round_trip(tmp_path, tokenizer):
     src = tmp_path / "book.txt"
     content = make_text(6000, seed=1)
@@ -203,6 +206,7 @@ def test_text_single_file_round_trip(tmp_path, tokenizer):
     assert meta["eot_id"] == (50256 if tokenizer == "gpt2" else None)
 
 
+@needs_gpt2_bpe
 def test_text_folder_of_documents(tmp_path):
     docs = [make_text(300, seed=i) for i in range(30)]
     folder = write_docs(tmp_path / "docs", docs)
@@ -235,6 +239,7 @@ def test_text_char_folder_and_stale_shards(tmp_path):
     assert sorted(decode_dataset(out)) == sorted("".join(docs))
 
 
+@needs_gpt2_bpe
 def test_chunked_gpt2_encoding_equals_whole_text():
     tok = Tokenizer.tiktoken("gpt2")
     content = make_text(20000, seed=3) + "\n\n\n   \n" + make_text(200, seed=4) + " \r\n\r\nx\n"
@@ -244,6 +249,7 @@ def test_chunked_gpt2_encoding_equals_whole_text():
     assert chunked.tolist() == tok.encode(content)
 
 
+@needs_gpt2_bpe
 def test_thread_pool_matches_single_encodes():
     tok = Tokenizer.tiktoken("gpt2")
     texts = [make_text(200, seed=i) for i in range(8)]
@@ -262,6 +268,7 @@ def test_choose_val_docs():
 # ---- big corpora (openwebtext.py / fineweb.py share this writer) ------------------------------------------
 
 
+@needs_gpt2_bpe
 def test_hf_corpus_writer(tmp_path):
     import datasets
 
@@ -291,6 +298,7 @@ def test_hf_corpus_writer(tmp_path):
     assert meta["splits"]["val"]["tokens"] == 2000
 
 
+@needs_gpt2_bpe
 def test_hf_corpus_writer_refuses_tiny_corpus(tmp_path):
     import datasets
 
@@ -302,6 +310,7 @@ def test_hf_corpus_writer_refuses_tiny_corpus(tmp_path):
         hub.write_hf_corpus(tmp_path / "o", ds, Tokenizer.tiktoken("gpt2"), source="t", text_column="content")
 
 
+@needs_gpt2_bpe
 def test_hf_offline_is_one_line(tmp_path, monkeypatch):
     import datasets
 
@@ -316,6 +325,7 @@ def test_hf_offline_is_one_line(tmp_path, monkeypatch):
     assert not (tmp_path / "owt").exists()
 
 
+@needs_gpt2_bpe
 def test_failed_rerun_leaves_the_prepared_dataset_intact(tmp_path):
     """A corpus run that dies half-way (e.g. a network drop) must not destroy the dataset already there."""
     out = tmp_path / "corpus"

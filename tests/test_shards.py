@@ -5,6 +5,7 @@ import struct
 
 import numpy as np
 import pytest
+from conftest import needs_gpt2_bpe
 
 import shards
 from shards import DataError, TokenDataset
@@ -186,6 +187,7 @@ def test_char_tokenizer_unknown_character():
         tok.decode([0, 3])
 
 
+@needs_gpt2_bpe
 def test_gpt2_tokenizer():
     tok = Tokenizer.tiktoken("gpt2")
     assert tok.kind == "tiktoken" and tok.vocab_size == 50257 and tok.eot_id == 50256
