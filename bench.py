@@ -5,8 +5,18 @@
 
 Training uses the project's real step (train.forward_backward + the AdamW/GradScaler update, with autocast,
 torch.compile and fused AdamW where train.py would use them) on random tokens or a prepared dataset.
-Decoding times generate.py's loop with and without the KV cache, and its prefill of a prompt. Warm-up is
+Decoding times generate.py's loop with and without the KV cache (with the compiled one-token step of
+generate.compile_decode_step when compile is on), and its prefill of a prompt. Warm-up and compilation are
 excluded; each figure is the median of several repeats, timed with CUDA events on a GPU.
+
+Every model, and every decode batch size, is compiled afresh (torch._dynamo.reset(), dynamic=False): in one
+process Dynamo would otherwise treat the second model's sizes as dynamic and time a symbolic-shape graph.
+
+--json=FILE writes the rows, one dict each, so results can be kept (benchmarks/) and compared: kind (train,
+decode, prefill), model, batch_size, seq_len (train: the context T; decode: new tokens per run; prefill:
+prompt tokens), tokens_per_s, ms (train: per step; decode: per token; prefill: per prompt), mfu, peak_mem_mb
+(CUDA: the allocator's peak; CPU: the process's peak resident memory during the row), device, device_name,
+dtype, torch, compile (and compile_s, the compile time of a compiled decode step), plus a few per kind.
 """
 
 from __future__ import annotations
@@ -15,14 +25,16 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
 import cli
 from config import TrainConfig
-from generate import SamplingOptions, generate_stream, prefill
+from generate import SamplingOptions, compile_decode_step, generate_stream, prefill
 from metrics import flops_per_token, peak_flops
 from model import GPT, GPTConfig
 from optim import make_optimizer
@@ -35,6 +47,9 @@ MODELS = {
     "tiny": (2, 2, 64, 64, 65, 1),  # for tests of this script
     "baby": (6, 6, 384, 256, 65, 1),  # configs/shakespeare.py
     "gpt2": (12, 12, 768, 1024, 50257, 64),  # GPT-2 124M, vocab padded to 50304
+    "modern": (12, 12, 768, 1024, 50257, 64),  # GPT-2 124M's shape, arch="modern", trained with Muon
+    # one thin layer under GPT-2's vocabulary: the head and the loss are nearly all of the work and memory
+    "widevocab": (1, 2, 128, 1024, 50257, 64),
 }
 
 
@@ -42,8 +57,34 @@ def build(name: str, rt: Runtime) -> GPT:
     n_layer, n_head, n_embd, block, vocab, multiple = MODELS[name]
     torch.manual_seed(0)
     cfg = GPTConfig(block_size=block, vocab_size=vocab, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
-                    dropout=0.0, bias=name != "baby", vocab_multiple=multiple)
+                    dropout=0.0, bias=name not in ("baby", "modern"), vocab_multiple=multiple,
+                    arch="modern" if name == "modern" else "gpt2")
     return GPT(cfg).to(rt.device)
+
+
+def reset_peak_memory(rt: Runtime) -> None:
+    """Start a new peak-memory measurement (see peak_memory_mb)."""
+    if rt.device_type == "cuda":
+        torch.cuda.reset_peak_memory_stats(rt.device)
+    elif rt.device_type == "cpu":
+        try:  # Linux: writing 5 resets the process' peak resident set size (VmHWM)
+            Path("/proc/self/clear_refs").write_text("5")
+        except OSError:
+            pass
+
+
+def peak_memory_mb(rt: Runtime) -> float | None:
+    """MiB at the peak since reset_peak_memory: on CUDA the caching allocator's peak of allocated memory, on
+    the CPU (Linux) the process' peak resident set; None where neither can be read."""
+    if rt.device_type == "cuda":
+        return torch.cuda.max_memory_allocated(rt.device) / 2**20
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return None
 
 
 def timed(fn: Callable[[], None], rt: Runtime, warmup: int, repeats: int) -> list[float]:
@@ -68,15 +109,30 @@ def timed(fn: Callable[[], None], rt: Runtime, warmup: int, repeats: int) -> lis
     return times
 
 
+def device_name(rt: Runtime) -> str:
+    return torch.cuda.get_device_name(rt.device) if rt.device_type == "cuda" else platform.processor() or platform.machine()
+
+
+def make_row(kind: str, name: str, rt: Runtime, **fields) -> dict:
+    """One result: what was measured, then where and how (device, dtype, torch), so rows stand on their own."""
+    return {"kind": kind, "model": name, **fields, "device": str(rt.device), "device_name": device_name(rt),
+            "dtype": rt.dtype_name, "torch": str(torch.__version__)}
+
+
 def bench_train(name: str, rt: Runtime, args) -> dict:
     model = build(name, rt)
     cfg = model.config
     batch = args.batch_size or (4 if rt.device_type == "cpu" else {"gpt2": 16, "baby": 64}.get(name, 16))
     use_compile, _ = resolve_compile(args.compile, rt.device)
-    train_cfg = TrainConfig(weight_decay=0.1, learning_rate=6e-4)
+    train_cfg = TrainConfig(weight_decay=0.1, learning_rate=6e-4,
+                            optimizer="muon" if cfg.arch == "modern" else "adamw")  # Muon + AdamW for modern
     optimizer = make_optimizer(model, train_cfg, rt.device_type)
     scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.needs_grad_scaler)
-    step_model = torch.compile(model) if use_compile else model
+    if use_compile:
+        torch._dynamo.reset()  # this model's own static graph, not a dynamic one from the last model's sizes
+        step_model = torch.compile(model, dynamic=False)
+    else:
+        step_model = model
     if args.data:
         from loader import BatchLoader
 
@@ -98,49 +154,62 @@ def bench_train(name: str, rt: Runtime, args) -> dict:
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
 
-    if rt.device_type == "cuda":
-        torch.cuda.reset_peak_memory_stats(rt.device)
+    reset_peak_memory(rt)
     times = timed(step, rt, args.warmup, args.repeats)
     sec = statistics.median(times)
     tokens = batch * cfg.block_size * args.accum
     tok_s = tokens / sec
     peak = peak_flops(rt.device)
-    return {
-        "kind": "train", "model": name, "params_M": round(model.num_params() / 1e6, 2), "T": cfg.block_size,
-        "batch": f"{batch}x{args.accum}", "ms_per_step": sec * 1000, "tokens_per_s": tok_s,
-        "mfu": flops_per_token(model) * tok_s / peak if peak else None,
-        "peak_mem_mb": torch.cuda.max_memory_allocated(rt.device) / 2**20 if rt.device_type == "cuda" else None,
-        "compile": use_compile,
-    }
+    return make_row(
+        "train", name, rt, params_M=round(model.num_params() / 1e6, 2), batch_size=batch, accum=args.accum,
+        seq_len=cfg.block_size, tokens_per_s=tok_s, ms=sec * 1000,
+        mfu=flops_per_token(model) * tok_s / peak if peak else None, peak_mem_mb=peak_memory_mb(rt),
+        compile=use_compile,
+    )
 
 
 def bench_decode(name: str, rt: Runtime, args) -> list[dict]:
     """Decoding tokens/s at batch 1 and 8, with and without the KV cache, and the prefill time."""
-    from sample import decode_step_fn
-
     model = build(name, rt).eval()
     if rt.device_type == "cuda" and rt.dtype != torch.float32:
         model.to(rt.dtype)  # decoding is memory-bound: bf16 weights halve the bytes read per token
-    step_fn = decode_step_fn(rt.device, args.compile)
+    use_compile, _ = resolve_compile(args.compile, rt.device)
     cfg = model.config
     new = args.decode_tokens or (100 if rt.device_type == "cpu" else 500)
     if args.compare_windows:
+        step_fn = None
+        if use_compile:
+            torch._dynamo.reset()
+            step_fn = compile_decode_step(rt.device)
         print(f"{name}: {new} new tokens, batch 1\n" + compare_table(
-            decode_benchmark(model, new, repeats=args.decode_repeats, step_fn=step_fn)), flush=True)
+            decode_benchmark(model, new, repeats=args.decode_repeats, step_fn=step_fn,
+                             nocache=not args.skip_nocache)), flush=True)
         return []
     rows = []
     for batch in (1, 8):
+        step_fn, compile_s = None, None
+        if use_compile:  # a fresh static graph for this batch size (a recompile would be counted, not timed)
+            torch._dynamo.reset()
+            step_fn = compile_decode_step(rt.device)
+            t0 = time.perf_counter()  # the first steps compile the step: timed apart, as compile_s
+            time_decode(model, 4, batch_size=batch, prompt_tokens=16, step_fn=step_fn, repeats=1, warmup_tokens=0)
+            compile_s = time.perf_counter() - t0
         for use_cache in (True, False):
             if not use_cache and args.skip_nocache:
                 continue
             # Without the cache: nanoGPT's decoder, a full forward over the last block_size tokens per token.
             # With it: one-token steps; past block_size the window moves by block_size // 4 (generate.py).
             options = SamplingOptions(window_shift=None if use_cache else 1)
+            reset_peak_memory(rt)
             sec = statistics.median(time_decode(
                 model, new, options, batch_size=batch, prompt_tokens=16, use_cache=use_cache,
                 step_fn=step_fn if use_cache else None, repeats=args.decode_repeats))
-            rows.append({"kind": "decode", "model": name, "batch": batch, "kv_cache": use_cache,
-                         "new_tokens": new, "tokens_per_s": batch * new / sec, "ms_per_token": sec / new * 1000})
+            compiled = use_compile and use_cache
+            rows.append(make_row(
+                "decode", name, rt, batch_size=batch, seq_len=new, prompt_tokens=16, kv_cache=use_cache,
+                tokens_per_s=batch * new / sec, ms=sec / new * 1000, mfu=None, peak_mem_mb=peak_memory_mb(rt),
+                compile=compiled, compile_s=compile_s if compiled else None,
+            ))
     # prefill: the whole prompt in one forward that also fills the cache
     n_prompt = min(args.prefill_tokens, cfg.block_size)
     prompt = torch.randint(0, cfg.vocab_size, (1, n_prompt), device=rt.device)
@@ -151,9 +220,13 @@ def bench_decode(name: str, rt: Runtime, args) -> list[dict]:
     def fill():
         prefill(model, prompt, pos)  # what generate does before the first token
 
+    reset_peak_memory(rt)
     sec = statistics.median(timed(fill, rt, 2, args.decode_repeats * 3))
     model.clear_kv_cache()
-    rows.append({"kind": "prefill", "model": name, "batch": 1, "prompt_tokens": n_prompt, "ms": sec * 1000})
+    rows.append(make_row(
+        "prefill", name, rt, batch_size=1, seq_len=n_prompt, tokens_per_s=n_prompt / sec, ms=sec * 1000, mfu=None,
+        peak_mem_mb=peak_memory_mb(rt), compile=False,
+    ))
     return rows
 
 
@@ -208,14 +281,15 @@ def decode_benchmark(
     batch_size: int = 1,
     repeats: int = 3,
     step_fn: Callable | None = None,
+    nocache: bool = True,
 ) -> list[dict]:
-    """Time decoding with and without the KV cache; one dict per variant: name, use_cache, window_shift,
+    """Time decoding with and without the KV cache (without: only when `nocache`); one dict per variant: name, use_cache, window_shift,
     seconds (median of `repeats`), tokens_per_s (all batch rows), ms_per_token (per step), speedup (over row 0).
 
     Rows: recomputing the last block_size tokens every step (classic nanoGPT: no cache, window_shift=1); no
     cache with generate's sliding window (window_shift=block_size//4); the KV cache with window_shift=1 (past
     block_size every step refills the cache, so it is no faster than no cache there); the KV cache with the
-    default window; and, when step_fn is given (e.g. from decode_step_fn), the KV cache with that compiled step.
+    default window; and, when step_fn is given (e.g. compile_decode_step's), the KV cache with that compiled step.
     The repeats are interleaved across the variants, so a slow spell on a shared machine hits all of them alike.
     """
     shift = max(1, model.config.block_size // 4)
@@ -224,7 +298,7 @@ def decode_benchmark(
         (f"no cache, window_shift={shift}", False, shift, None),
         ("KV cache, window_shift=1", True, 1, None),
         (f"KV cache, window_shift={shift} (default)", True, shift, None),
-    ]
+    ][0 if nocache else 2 :]
     if step_fn is not None:
         variants.append((f"KV cache, window_shift={shift}, compiled step", True, shift, step_fn))
     times: list[list[float]] = [[] for _ in variants]
@@ -259,29 +333,34 @@ def compare_table(rows: list[dict]) -> str:
 
 
 def format_table(rows: list[dict]) -> str:
+    def mem(r):
+        return f"{r['peak_mem_mb']:,.0f} MB" if r.get("peak_mem_mb") else "n/a"
+
     lines = []
     train_rows = [r for r in rows if r["kind"] == "train"]
     if train_rows:
-        lines.append(f"{'train':<8}{'params':>9}{'T':>6}{'batch':>9}{'ms/step':>10}{'tokens/s':>12}{'MFU':>7}"
+        lines.append(f"{'train':<10}{'params':>9}{'T':>6}{'batch':>9}{'ms/step':>10}{'tokens/s':>12}{'MFU':>7}"
                      f"{'peak mem':>11}")
         for r in train_rows:
             mfu = f"{r['mfu'] * 100:.1f}%" if r["mfu"] else "n/a"
-            mem = f"{r['peak_mem_mb']:,.0f} MB" if r["peak_mem_mb"] else "n/a"
-            lines.append(f"{r['model']:<8}{r['params_M']:>8.2f}M{r['T']:>6}{r['batch']:>9}{r['ms_per_step']:>10.1f}"
-                         f"{r['tokens_per_s']:>12,.0f}{mfu:>7}{mem:>11}")
+            batch = f"{r['batch_size']}x{r['accum']}"
+            lines.append(f"{r['model']:<10}{r['params_M']:>8.2f}M{r['seq_len']:>6}{batch:>9}{r['ms']:>10.1f}"
+                         f"{r['tokens_per_s']:>12,.0f}{mfu:>7}{mem(r):>11}")
     dec = [r for r in rows if r["kind"] == "decode"]
     if dec:
         lines.append("")
-        lines.append(f"{'decode':<8}{'batch':>6}{'KV cache':>10}{'new tokens':>12}{'tokens/s':>12}{'ms/token':>10}")
+        lines.append(f"{'decode':<10}{'batch':>6}{'KV cache':>10}{'compiled':>10}{'new tokens':>12}{'tokens/s':>12}"
+                     f"{'ms/token':>10}{'peak mem':>11}")
         for r in dec:
-            lines.append(f"{r['model']:<8}{r['batch']:>6}{'yes' if r['kv_cache'] else 'no':>10}{r['new_tokens']:>12}"
-                         f"{r['tokens_per_s']:>12,.1f}{r['ms_per_token']:>10.2f}")
+            compiled = f"{r['compile_s']:.0f} s" if r["compile"] else "no"  # with the compile time
+            lines.append(f"{r['model']:<10}{r['batch_size']:>6}{'yes' if r['kv_cache'] else 'no':>10}{compiled:>10}"
+                         f"{r['seq_len']:>12}{r['tokens_per_s']:>12,.1f}{r['ms']:>10.2f}{mem(r):>11}")
     pre = [r for r in rows if r["kind"] == "prefill"]
     if pre:
         lines.append("")
-        lines.append(f"{'prefill':<8}{'prompt tokens':>14}{'ms':>10}")
+        lines.append(f"{'prefill':<10}{'prompt tokens':>14}{'ms':>10}")
         for r in pre:
-            lines.append(f"{r['model']:<8}{r['prompt_tokens']:>14}{r['ms']:>10.2f}")
+            lines.append(f"{r['model']:<10}{r['seq_len']:>14}{r['ms']:>10.2f}")
     return "\n".join(lines)
 
 
@@ -307,7 +386,7 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--skip_nocache", action="store_true", help="skip the (slow) decoding without KV cache")
     p.add_argument("--compare_windows", action="store_true",
                    help="decode table instead: no cache vs KV cache, each with window_shift 1 and block_size//4")
-    p.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    p.add_argument("--json", default=None, help="also write the rows to this JSON file (e.g. benchmarks/NAME.json)")
     args = p.parse_args(argv)
     args.compile = {"auto": None, "True": True, "False": False}[args.compile]
     # Out-of-range counts would otherwise fail deep inside (a median of no timings, empty batches) with a
@@ -339,8 +418,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                                  f"model {', '.join(too_small)}; {fix} a dataset with a matching vocabulary")
     args.warmup = args.warmup if args.warmup is not None else (5 if on_gpu else 1)
     args.repeats = args.repeats if args.repeats is not None else (20 if on_gpu else 3)
-    device_name = torch.cuda.get_device_name(rt.device) if on_gpu else platform.processor() or platform.machine()
-    print(f"device {rt.device} ({device_name}) | {rt.dtype_name} | torch {torch.__version__} | "
+    print(f"device {rt.device} ({device_name(rt)}) | {rt.dtype_name} | torch {torch.__version__} | "
           f"{time.strftime('%Y-%m-%d')}", flush=True)
     rows: list[dict] = []
     for name in models:  # a DataError (--data: e.g. a split too short for the block_size) is a one-line exit
@@ -351,8 +429,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(format_table(rows))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": device_name, "dtype": rt.dtype_name, "torch": str(torch.__version__), "rows": rows},
-                      f, indent=2)
+            json.dump({"date": time.strftime("%Y-%m-%d"), "argv": argv if argv is not None else sys.argv[1:],
+                       "rows": rows}, f, indent=2)
     return rows
 
 

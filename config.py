@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from cli import UserError
-from model import GPTConfig
+from lora import LoRAError, LoRASettings
+from model import ARCH_OPTIONS, GPTConfig
 
 
 class ConfigError(UserError):
@@ -47,6 +48,10 @@ class TrainConfig:
     eval_interval: int = setting(2000, "evaluate on the validation batches every this many steps")
     eval_iters: int = setting(200, "validation batches per evaluation (a fixed, seeded set)")
     eval_only: bool = setting(False, "evaluate once and exit, without training")
+    hellaswag_interval: int = setting(
+        0, "also score HellaSwag (acc_norm) every this many steps, a multiple of eval_interval; 0 = off; BPE data only"
+    )
+    hellaswag_limit: int = setting(0, "HellaSwag items per evaluation: the first N of the 10,042 (0 = all)")
     always_save_checkpoint: bool = setting(True, "save last.pt at every evaluation, not only when val improves")
     log_interval: int = setting(1, "print and record training metrics every this many steps")
     # Weights & Biases
@@ -70,7 +75,20 @@ class TrainConfig:
     n_head: int = setting(12, "attention heads per block")
     n_embd: int = setting(768, "model width")
     dropout: float = setting(0.0, "dropout probability; 0.0 for pretraining, 0.1+ for fine-tuning")
-    bias: bool = setting(True, "biases in Linear and LayerNorm layers (GPT-2 has them)")
+    bias: bool | None = setting(None, "biases in Linear and LayerNorm layers (auto: the arch's; GPT-2 has them)")
+    # architecture: each option left auto takes the value of the preset `arch` (model.py's GPTConfig
+    # documents them; README.md "The modern recipe" says when to use them)
+    arch: str = setting("gpt2", "preset for the options left auto: gpt2 (all off) or modern (all on)",
+                        ("gpt2", "modern"))
+    rope: bool | None = setting(None, "rotary position embeddings instead of the learned position table")
+    rope_base: float = setting(10000.0, "RoPE base: channel pair i turns by pos * rope_base^(-2i / head size)")
+    norm: str | None = setting(None, "layernorm (GPT-2) or rmsnorm (parameter-free)")
+    qk_norm: bool | None = setting(None, "RMS-normalise queries and keys per head before attention")
+    activation: str | None = setting(None, "MLP nonlinearity: gelu_tanh (GPT-2) or relu2 (relu(x)**2)")
+    tie_embeddings: bool | None = setting(None, "the head is the token embedding (GPT-2); False: its own, "
+                                                "zero-initialised weight")
+    zero_init_proj: bool | None = setting(None, "initialise the attention and MLP output projections to zero")
+    logit_softcap: float | None = setting(None, "logits -> cap * tanh(logits / cap); 0 = off")
     # AdamW
     learning_rate: float = setting(6e-4, "peak learning rate, reached after warmup")
     max_iters: int = setting(600000, "total optimizer steps")
@@ -78,11 +96,28 @@ class TrainConfig:
     beta1: float = setting(0.9, "AdamW beta1")
     beta2: float = setting(0.95, "AdamW beta2")
     grad_clip: float = setting(1.0, "clip the global gradient norm to this; 0 disables")
+    # Muon (optimizer = "muon"): Muon for the blocks' 2-D weight matrices; AdamW above for the rest
+    optimizer: str = setting("adamw", "adamw (every weight; GPT-2's recipe) or muon (Muon for the blocks' "
+                                      "matrices, AdamW for embeddings, head, gains and biases)", ("adamw", "muon"))
+    muon_lr: float = setting(0.02, "Muon's peak learning rate (on the same schedule as learning_rate)")
+    muon_momentum: float = setting(0.95, "Muon's Nesterov momentum")
+    muon_weight_decay: float = setting(0.0, "Muon's decoupled weight decay (times its learning rate, per step)")
     # learning-rate schedule
-    decay_lr: bool = setting(True, "linear warmup then cosine decay; False = constant learning_rate")
+    decay_lr: bool = setting(True, "linear warmup then lr_schedule's decay; False = constant learning rates")
+    lr_schedule: str = setting("cosine", "after the warmup: cosine (down to min_lr at lr_decay_iters) or wsd "
+                                         "(stable, then linear to min_lr over cooldown_frac)", ("cosine", "wsd"))
+    cooldown_frac: float = setting(0.4, "wsd: fraction of lr_decay_iters spent in the final linear decay")
     warmup_iters: int = setting(2000, "steps of linear warmup")
-    lr_decay_iters: int = setting(600000, "step at which the cosine reaches min_lr (usually max_iters)")
-    min_lr: float = setting(6e-5, "floor of the cosine decay (usually learning_rate / 10)")
+    lr_decay_iters: int = setting(600000, "step at which the decay reaches min_lr (usually max_iters)")
+    min_lr: float = setting(6e-5, "floor of the decay (usually learning_rate / 10; Muon's: in proportion)")
+    # fine-tuning big models with little memory (README.md "Fine-tune with LoRA")
+    lora_rank: int = setting(0, "LoRA: train rank-r updates of the lora_targets layers, base frozen; 0 = off")
+    lora_alpha: float = setting(16.0, "LoRA: the updates are scaled by lora_alpha / lora_rank")
+    lora_dropout: float = setting(0.05, "LoRA: dropout on the adapters' input")
+    lora_targets: str = setting("attn.c_attn,attn.c_proj,mlp.c_fc,mlp.c_proj",
+                                "LoRA: comma-separated Linear layers of each block to adapt (these four are all)")
+    activation_checkpointing: bool = setting(False, "recompute each block in the backward pass: far less "
+                                                    "activation memory for ~30% more compute")
     # system
     backend: str = setting("auto", "DDP backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo", ("auto", "nccl", "gloo"))
     device: str = setting("auto", "auto (cuda > mps > cpu), cpu, cuda, cuda:N or mps")
@@ -104,6 +139,21 @@ class TrainConfig:
             raise ConfigError(f"learning_rate must be positive, got {self.learning_rate}")
         if self.decay_lr and self.min_lr > self.learning_rate:
             raise ConfigError(f"min_lr ({self.min_lr}) must not exceed learning_rate ({self.learning_rate})")
+        if self.muon_lr <= 0 or self.muon_weight_decay < 0 or not 0 <= self.muon_momentum < 1:
+            raise ConfigError(f"muon_lr must be positive, muon_weight_decay >= 0 and muon_momentum in [0, 1); got "
+                              f"{self.muon_lr}, {self.muon_weight_decay}, {self.muon_momentum}")
+        if not 0 <= self.cooldown_frac <= 1:
+            raise ConfigError(f"cooldown_frac must be in [0, 1], got {self.cooldown_frac}")
+        if self.hellaswag_interval < 0 or self.hellaswag_limit < 0:
+            raise ConfigError(f"hellaswag_interval and hellaswag_limit must be >= 0 (0 = off / all), got "
+                              f"{self.hellaswag_interval}, {self.hellaswag_limit}")
+        if self.hellaswag_interval % self.eval_interval:  # HellaSwag runs with an evaluation, printed beside it
+            raise ConfigError(f"hellaswag_interval ({self.hellaswag_interval}) must be a multiple of eval_interval "
+                              f"({self.eval_interval})")
+        if self.lora_rank < 0:
+            raise ConfigError(f"lora_rank must be >= 0 (0 = off), got {self.lora_rank}")
+        if self.lora_rank:
+            lora_settings(self)  # names a bad lora_targets, lora_alpha or lora_dropout
         self.model_config(vocab_size=1)  # the model's shape is checked by GPTConfig, its one validator
 
     def model_config(self, vocab_size: int, vocab_multiple: int = 1) -> GPTConfig:
@@ -111,9 +161,19 @@ class TrainConfig:
         try:
             return GPTConfig(block_size=self.block_size, vocab_size=vocab_size, n_layer=self.n_layer,
                              n_head=self.n_head, n_embd=self.n_embd, dropout=self.dropout, bias=self.bias,
-                             vocab_multiple=vocab_multiple)
+                             vocab_multiple=vocab_multiple, **{k: getattr(self, k) for k in ARCH_OPTIONS})
         except ValueError as e:
             raise ConfigError(str(e).removeprefix("GPTConfig.")) from None
+
+
+def lora_settings(cfg: TrainConfig) -> LoRASettings | None:
+    """The run's LoRA settings, or None when lora_rank is 0."""
+    if not cfg.lora_rank:
+        return None
+    try:
+        return LoRASettings(cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
+    except LoRAError as e:
+        raise ConfigError(str(e)) from None
 
 
 # ----------------------------------------------------------------------------- loading

@@ -2,24 +2,36 @@
 
     SamplingOptions          how to pick tokens: temperature, top-k, top-p, stop token, window shift
     logits_to_probs          logits (B, V) -> probabilities (B, V) after temperature, top-k, top-p
-    sample_token             probabilities (B, V) -> one drawn token per row (B,)
+    exponential_noise        the randomness of one step: Exp(1) noise (B, V), drawn from a seeded generator
+    sample_token             probabilities (B, V) and noise (B, V) -> one drawn token per row (B,)
     next_token               logits (B, V) -> the next token (B,): the argmax at temperature 0, else a draw
     prefill                  one forward over a window (B, T) that fills the KV cache -> logits (B, V)
     decode_one_token         one cached step: tokens (B, 1) at position pos (1,) -> logits (B, V)
+    decode_step              decode_one_token and next_token: the whole step, tokens (B, 1) -> next tokens (B,)
+    compile_decode_step      decode_step compiled (a CUDA graph on a GPU), and when --compile=auto does it
     generate_stream          the loop: yields the next token of every sequence, (B,), step by step
     generate                 the prompts with their continuations, (B, T + n)
 
 Shapes use B = batch (sequences decoded together), T = tokens in the model's window, V = vocab_size.
 
 Every function takes the model as an argument and keeps no state of its own: the KV cache lives in the model
-(`GPT.setup_kv_cache`). `prefill` and `decode_one_token` are plain functions of the model and tensors, so
-either can be wrapped in `torch.compile`; `decode_one_token` always sees the same shapes (one token per
-sequence, a (1,) position, the preallocated cache), which is what lets mode="reduce-overhead" replay it as a
-CUDA graph (see sample.decode_step_fn; generate_stream takes it as `step_fn`).
+(`GPT.setup_kv_cache`). `decode_step` always sees the same shapes (one token per sequence, a (1,) position,
+the noise, the preallocated cache), so it compiles to one graph, which mode="reduce-overhead" replays as one
+CUDA graph per token: the model's forward and the choice of the token (temperature, top-k, top-p, the draw)
+with no host synchronisation and no kernel launches of its own (see compile_decode_step).
+
+Drawing a token: the Gumbel-max trick in its exponential form. With E_i ~ Exp(1) independent,
+argmax_i p_i / E_i is token i with probability p_i (the smallest of the "arrival times" E_i / p_i wins), so a
+draw is an argmax over the probabilities and a noise tensor: a few fused element-wise kernels, unlike
+torch.multinomial (a dozen kernels and a host-side check). The noise comes from the caller's seeded
+torch.Generator, drawn outside the compiled step into one buffer per generation (one kernel per token) and
+passed in: a torch.Generator cannot be used inside a compiled graph, and inductor's own in-graph RNG would give
+other numbers than eager. So a seed gives the same tokens eagerly and compiled, cached and uncached, on a
+given device. Logits are float32 (`GPT.head(fp32=True)`) from the head on.
 
 The window: the model learned positions 0..block_size-1 only, so it sees at most the last block_size tokens,
 with positions counted from the window's start. `prefill` fills the cache from the whole window; each new
-token then costs one `decode_one_token`. When one more token would not fit, the window moves forward by
+token then costs one `decode_step`. When one more token would not fit, the window moves forward by
 `window_shift` tokens and `prefill` rebuilds the cache from the tokens it kept. Without the cache
 (use_cache=False) every token is a full forward over the same windows, so both paths give the same tokens.
 """
@@ -34,6 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from model import GPT
+from runtime import resolve_compile
 
 # ----------------------------------------------------------------------------- options
 
@@ -111,37 +124,108 @@ def logits_to_probs(logits: torch.Tensor, options: SamplingOptions) -> torch.Ten
     return torch.zeros_like(logits).scatter_(-1, order, probs)  # back to vocabulary order, (B, V)
 
 
-def sample_token(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Draw one token per row from probs (B, V) -> (B,). Stays on the device: no host synchronisation."""
-    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)  # (B, 1) -> (B,)
-
-
-def next_token(
-    logits: torch.Tensor, options: SamplingOptions, generator: torch.Generator | None = None
+def exponential_noise(
+    shape: tuple[int, ...], device: torch.device | str = "cpu", generator: torch.Generator | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    """Exp(1) noise of `shape` (float32) for sample_token, from `generator` (None: torch's default one),
+    written into `out` when given (a buffer reused every step)."""
+    out = out if out is not None else torch.empty(shape, device=device, dtype=torch.float32)
+    return out.exponential_(generator=generator)
+
+
+def sample_token(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """Draw one token per row from probs (B, V) -> (B,), using Exp(1) noise (B, V): argmax(probs / noise),
+    which picks token i with probability probs_i (the exponential race; see the module docstring). Tokens of
+    probability 0 (cut by top-k/top-p) are never drawn. All on the device: no host synchronisation."""
+    # An Exp(1) draw can be exactly 0 on some devices: 0/0 would be a NaN, which argmax would pick.
+    return (probs / noise.clamp_min(1e-30)).argmax(dim=-1)
+
+
+def next_token(logits: torch.Tensor, options: SamplingOptions, noise: torch.Tensor | None = None) -> torch.Tensor:
     """logits (B, V) -> the next token (B,): the argmax when temperature is 0 (no need to build a one-hot
-    distribution and draw from it), else a draw from logits_to_probs."""
+    distribution and draw from it), else a draw from logits_to_probs with `noise` (B, V) from
+    exponential_noise (needed then)."""
     if options.temperature == 0:
         return logits.argmax(dim=-1)
-    return sample_token(logits_to_probs(logits, options), generator)
+    if noise is None:
+        raise ValueError("next_token: sampling (temperature > 0) needs the noise, from exponential_noise")
+    return sample_token(logits_to_probs(logits, options), noise)
 
 
-# ----------------------------------------------------------------------------- the two model calls
+# ----------------------------------------------------------------------------- the model calls
 
 
 def prefill(model: GPT, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """One forward over the window idx (B, T) at positions pos (T,) (0..T-1) that writes every token's keys
-    and values into the KV cache; returns the logits of the last position only, (B, V): the head's matmul is
-    not spent on the T - 1 positions nobody samples from."""
-    return model.head(model.hidden_states(idx, pos)[:, -1])  # (B, T, C) -> (B, C) -> (B, V)
+    and values into the KV cache; returns the float32 logits of the last position only, (B, V): the head's
+    matmul is not spent on the T - 1 positions nobody samples from."""
+    return model.head(model.hidden_states(idx, pos)[:, -1], fp32=True)  # (B, T, C) -> (B, C) -> (B, V)
 
 
 def decode_one_token(model: GPT, token: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """One cached step: tokens (B, 1) at position pos (1,), attending over the cache -> logits (B, V).
+    """One cached forward: tokens (B, 1) at position pos (1,), attending over the cache -> float32 logits (B, V)."""
+    return model.head(model.hidden_states(token, pos)[:, -1], fp32=True)  # (B, 1, C) -> (B, C) -> (B, V)
 
-    The shapes never change from one call to the next, so this is the function to compile (see the module
-    docstring)."""
-    return model.head(model.hidden_states(token, pos))[:, -1]  # (B, 1, C) -> (B, 1, V) -> (B, V)
+
+def decode_step(
+    model: GPT, token: torch.Tensor, pos: torch.Tensor, options: SamplingOptions, noise: torch.Tensor | None
+) -> torch.Tensor:
+    """The whole one-token step: tokens (B, 1) at position pos (1,) -> the next tokens (B,), chosen by
+    `options` with `noise` (B, V) from exponential_noise (None when greedy). This is the function to compile:
+    its shapes never change from one token to the next (see compile_decode_step)."""
+    return next_token(decode_one_token(model, token, pos), options, noise)
+
+
+# ----------------------------------------------------------------------------- compiling the step
+
+# What compiling decode_step costs and saves, per device type: (seconds to compile it, milliseconds it saves
+# per token). --compile=auto compiles when the decode has enough tokens to repay the compile time:
+# max_new_tokens >= seconds / saved. (The samples are decoded together, one batch: their number does not
+# multiply the steps, and at small batches a step's cost barely depends on it.)
+# CUDA: NOT MEASURED YET, an assumption for GPT-2 124M at batch 1, to check first on a GPU (BENCHMARKS.md):
+# ~40 s to compile and record the CUDA graph with cold caches; eager ~5 ms/token (launch-bound: ~250 kernels
+# at ~20 us of Python and launch each), compiled ~0.5 ms/token: ~4.5 ms saved, so from ~9,000 tokens.
+# Other devices never compile by default. On the CPU (measured: BENCHMARKS.md, "Compiling the decode step")
+# compiling the baby model's step took ~60 s (~10 s with inductor's on-disk cache warm) and saved ~2.4 of
+# ~15 ms per token: it repays itself only after ~5,000-25,000 tokens, and inductor there needs a C++ compiler
+# that a CPU-only machine may lack.
+DECODE_COMPILE_COST = {"cuda": (40.0, 4.5)}
+
+
+def compile_decision(device: torch.device, compile: bool | None, new_tokens: int) -> tuple[bool, str]:
+    """Whether to compile the decode step for `new_tokens` tokens, and why, in a few words.
+
+    compile True / False: as asked (True where torch.compile can run at all; see runtime.resolve_compile).
+    None (auto): only when the decode is long enough to repay the compile time (DECODE_COMPILE_COST)."""
+    if compile is False:
+        return False, "decode step not compiled (--compile=False)"
+    possible, why = resolve_compile(True, device)
+    if not possible:  # e.g. CUDA without Triton
+        return False, why
+    if compile:
+        return True, "compiling the decode step (asked for)"
+    if device.type not in DECODE_COMPILE_COST:
+        return False, f"decode step not compiled: not by default on {device.type} (--compile=True to force)"
+    seconds, saved_ms = DECODE_COMPILE_COST[device.type]
+    needed = math.ceil(seconds / (saved_ms / 1000))
+    if new_tokens < needed:
+        return False, (f"decode step not compiled: {new_tokens} tokens are too few to repay compiling it "
+                       f"(~{seconds:.0f} s; pays from ~{needed:,} tokens; --compile=True to force)")
+    return True, f"compiling the decode step (~{seconds:.0f} s; pays from ~{needed:,} tokens)"
+
+
+def compile_decode_step(device: torch.device) -> Callable:
+    """decode_step, compiled with fullgraph=True and static shapes; pass it to generate_stream as `step_fn`.
+
+    On CUDA mode="reduce-overhead" records the step once as a CUDA graph and replays it with one launch per
+    token: the model's forward and the choice of the token, instead of hundreds of small kernel launches.
+    Only the noise (one exponential_ kernel) and the copies of the graph's inputs run outside it. Elsewhere
+    it is inductor's code without CUDA graphs. The prompt's forward (varying length) stays eager.
+
+    dynamic=False: a new batch size or sampling option is a new static graph, never a symbolic-shape one."""
+    mode = "reduce-overhead" if device.type == "cuda" else None
+    return torch.compile(decode_step, mode=mode, fullgraph=True, dynamic=False)
 
 
 # ----------------------------------------------------------------------------- the decoding loop
@@ -156,7 +240,7 @@ def generate_stream(
     *,
     generator: torch.Generator | None = None,
     use_cache: bool = True,
-    step_fn: Callable[[GPT, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    step_fn: Callable | None = None,
 ) -> Iterator[torch.Tensor]:
     """Yield the next token of every sequence, (B,), one step at a time (see `generate`). Puts the model in
     eval mode: dropout while sampling would make the cached and uncached paths disagree."""
@@ -176,12 +260,16 @@ def generate_stream(
     start = max(0, T0 - block)
     if use_cache and model.kv_cache_batch_size != B:
         model.setup_kv_cache(B)
-    step = step_fn if step_fn is not None else decode_one_token
+    step = step_fn if step_fn is not None else decode_step
     refill = True  # the cache must be (re)built from the whole window
     # The position of the next cached step lives on the device and is advanced in place: building it from a
     # Python int every token would be a host-to-device copy that waits for the GPU.
     step_pos = torch.zeros(1, dtype=torch.long, device=idx.device)
     last = buf[:, T0 - 1 : T0].clone()  # (B, 1), a fresh tensor: the compiled step sees fixed strides
+    # One noise buffer, refilled every step from the generator (the same draws whichever path runs).
+    noise = None
+    if opts.temperature > 0:
+        noise = torch.empty(B, model.config.vocab_size, dtype=torch.float32, device=idx.device)
     finished = torch.zeros(B, dtype=torch.bool, device=idx.device)
     # Checking "all stopped" reads a flag back to the host; on an accelerator do it only every 8 tokens.
     check_every = 1 if idx.device.type == "cpu" else 8
@@ -190,16 +278,22 @@ def generate_stream(
         if length - start > block:  # one token too many for the window: move it forward by `shift`
             start += shift
             refill = True
-        if not use_cache:  # a full forward over the window, (B, T, V) -> the last position (B, V)
-            logits = model(buf[:, start:length])[0][:, -1]
+        if noise is not None:
+            exponential_noise(noise.shape, generator=generator, out=noise)
+        if not use_cache:  # a full forward over the window; the head only at its last position
+            logits = model.head(model.hidden_states(buf[:, start:length])[:, -1], fp32=True)
+            nxt = next_token(logits, opts, noise)
         elif refill:  # one batched forward over the window fills the cache
             logits = prefill(model, buf[:, start:length], torch.arange(length - start, device=idx.device))
+            nxt = next_token(logits, opts, noise)
             step_pos.fill_(length - start)
             refill = False
         else:  # one new token at position step_pos
-            logits = step(model, last, step_pos)
+            nxt = step(model, last, step_pos, opts, noise)
+            if step_fn is not None:
+                # A compiled step's output may live in CUDA-graph memory that its next replay overwrites.
+                nxt = nxt.clone()
             step_pos += 1
-        nxt = next_token(logits, opts, generator)  # (B,)
         if stop is not None:
             # A finished sequence keeps emitting the stop token, so the batch stays rectangular.
             nxt = torch.where(finished, torch.full_like(nxt, stop), nxt)
@@ -221,16 +315,16 @@ def generate(
     *,
     generator: torch.Generator | None = None,
     use_cache: bool = True,
-    step_fn: Callable[[GPT, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    step_fn: Callable | None = None,
 ) -> torch.Tensor:
     """Continue the prompts idx (B, T) by up to max_new_tokens tokens; returns (B, T + n).
 
     options: see SamplingOptions (None: temperature 1, no top-k/top-p, no stop token, the default window).
     Sequences that draw the stop token are padded with it until all sequences have stopped (or
     max_new_tokens is reached), so n can be smaller than max_new_tokens. generator: the random stream of the
-    draws (the same seed gives the same tokens). use_cache=False recomputes the whole window for every token
-    (same tokens, slower). step_fn replaces decode_one_token for the cached one-token steps, with its
-    signature (e.g. a compiled decode_one_token; see sample.decode_step_fn). The model's train/eval mode is
+    draws (the same seed gives the same tokens, with or without the cache or a compiled step). use_cache=False
+    recomputes the whole window for every token (same tokens, slower). step_fn replaces decode_step for the
+    cached one-token steps, with its signature (e.g. compile_decode_step's). The model's train/eval mode is
     restored afterwards.
     """
     was_training = model.training

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from cli import UserError
-from model import GPT, GPTConfig
+from model import ARCH_PRESETS, GPT, GPTConfig
 
 # The official checkpoints and their Hub repositories (params: 124M, 350M, 774M, 1558M).
 PRETRAINED = {
@@ -139,8 +139,24 @@ def config_from_hf(hf: dict, source: str = "config.json") -> GPTConfig:
         raise HFGPT2Error(f"{where}: {e}") from None
 
 
+# GPTConfig's options that change the function GPT-2 computes: a model with any of them set differently from GPT-2
+# has no Hugging Face GPT-2 form. (zero_init_proj is initialisation only; bias=False exports as zero biases.)
+NON_GPT2_OPTIONS = ("rope", "norm", "qk_norm", "activation", "tie_embeddings", "logit_softcap")
+
+
+def non_gpt2_options(config: GPTConfig) -> list[str]:
+    """The options of `config` that a Hugging Face GPT-2 cannot express, as 'name=value' strings."""
+    gpt2 = ARCH_PRESETS["gpt2"]
+    return [f"{k}={getattr(config, k)!r}" for k in NON_GPT2_OPTIONS if getattr(config, k) != gpt2[k]]
+
+
 def hf_config(config: GPTConfig, bos_eos_id: int | None) -> dict:
-    """A Hugging Face GPT-2 config.json dict for our config."""
+    """A Hugging Face GPT-2 config.json dict for our config; an HFGPT2Error for a model GPT-2 cannot express."""
+    differing = non_gpt2_options(config)
+    if differing:
+        raise HFGPT2Error(f"this model cannot be exported as a Hugging Face GPT-2: {', '.join(differing)} "
+                          f"{'has' if len(differing) == 1 else 'have'} no GPT-2 equivalent (only the GPT-2 "
+                          f"architecture exports)")
     return {
         "model_type": "gpt2",
         "architectures": ["GPT2LMHeadModel"],

@@ -6,7 +6,9 @@
     metrics.log_eval(step, val_loss, ...)
 
 metrics.jsonl has one JSON object per line: training lines (step, loss, lr, grad_norm, ms_per_step,
-tokens_per_s, mfu, peak_mem_mb, epoch) and evaluation lines (step, val_loss, best_val_loss).
+tokens_per_s, mfu, peak_mem_mb, epoch) and evaluation lines (step, val_loss, best_val_loss, and with
+hellaswag_interval set, hellaswag_acc and hellaswag_acc_norm). `python plot.py OUT_DIR` draws them. Every line
+also has elapsed_s: wall-clock seconds since the Metrics was made, evaluations included (time to a loss).
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ class Metrics:
         self.timing = False  # off until the first step is done
         self.t0, self.steps = 0.0, 0  # the clock of the current interval and the steps timed in it
         self.recent_step_times: list[float] = []  # seconds per step of the recent log intervals
+        self.created = time.perf_counter()  # entries carry elapsed_s, wall seconds since then (evaluations included)
 
     def start_timing(self) -> None:
         """Start (or restart) the step clock: after the first step, and after each evaluation."""
@@ -101,15 +104,20 @@ class Metrics:
     def record(self, entry: dict) -> None:
         if not self.master:
             return
+        entry = {**entry, "elapsed_s": round(time.perf_counter() - self.created, 3)}
         with open(self.path, "a") as f:
             f.write(json.dumps(entry) + "\n")
         if self.wandb_run is not None:
             self.wandb_run.log({k: v for k, v in entry.items() if k != "step"}, step=entry["step"])
 
-    def log_eval(self, step: int, val_loss: float, best_val_loss: float, improved: bool) -> None:
-        self.record({"step": step, "val_loss": val_loss, "best_val_loss": best_val_loss})
+    def log_eval(self, step: int, val_loss: float, best_val_loss: float, improved: bool,
+                 extra: dict[str, float] | None = None) -> None:
+        """`extra`: more scores of this evaluation (e.g. hellaswag_acc_norm), recorded and printed beside it."""
+        extra = extra or {}
+        self.record({"step": step, "val_loss": val_loss, "best_val_loss": best_val_loss, **extra})
         if self.master:
-            print(f"step {step}: val loss {val_loss:.4f}" + (" (best so far)" if improved else ""), flush=True)
+            more = "".join(f" | {key} {value:.4f}" for key, value in extra.items())
+            print(f"step {step}: val loss {val_loss:.4f}" + (" (best so far)" if improved else "") + more, flush=True)
 
     def log_step(self, step: int, loss: float, lr: float, grad_norm: float, epoch: float) -> None:
         """Record and print one training step's numbers (`loss`, `grad_norm` already read from the device)."""

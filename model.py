@@ -4,6 +4,8 @@
 
 Shapes use B = batch, T = sequence length, C = n_embd, H = n_head, D = C // H, V = vocab.
 Parameter names follow OpenAI's GPT-2 (wte, wpe, h.N.ln_1, attn.c_attn, ...) so its weights map one to one.
+GPTConfig's architecture options (arch="modern": RoPE, RMSNorm, QK-norm, ReLU², an untied zero-init head,
+zero-init projections, logit soft-capping) are all off by default, and then the model is exactly GPT-2.
 Nothing here knows about optimizers, data or training loops, nor about decoding: generate.py turns the model's
 logits into tokens, using the KV cache and the `pos`-based cached forward defined here.
 """
@@ -16,6 +18,7 @@ from dataclasses import asdict, dataclass, fields
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 # ----------------------------------------------------------------------------- building blocks
 
@@ -40,12 +43,49 @@ class KVCache(nn.Module):
         return self.k, self.v
 
 
+# The modern block's pieces (GPTConfig's options; all off for GPT-2): small functions, so that the blocks below
+# read as GPT-2 with a few one-line choices.
+
+
+def make_norm(config: GPTConfig) -> nn.Module:
+    """GPT-2's LayerNorm (a gain and, with bias, a bias), or with norm="rmsnorm" a parameter-free RMSNorm."""
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.n_embd, eps=config.ln_eps, elementwise_affine=False)
+    return nn.LayerNorm(config.n_embd, eps=config.ln_eps, bias=config.bias)
+
+
+def relu_squared(x: torch.Tensor) -> torch.Tensor:
+    return F.relu(x).square()
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    # GPT-2 uses the tanh approximation of GELU; the exact erf form would change its pretrained outputs.
+    return F.gelu(x, approximate="tanh")
+
+
+ACTIVATIONS = {"gelu_tanh": gelu_tanh, "relu2": relu_squared}  # GPTConfig.activation -> the MLP's nonlinearity
+
+
+def rotate(x: torch.Tensor, pos: torch.Tensor, base: float) -> torch.Tensor:
+    """Rotary position embedding: x (B, H, T, D) at positions pos (T,). Channel pair (i, i + D/2) is turned by
+    the angle pos * base^(-2i/D), so a query-key dot product depends on their distance only. Computed from pos
+    each call (no buffers: nothing for DDP to broadcast, nothing to move between devices)."""
+    D = x.size(-1)
+    inv_freq = base ** -(torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D)  # (D/2,)
+    angle = pos.float()[:, None] * inv_freq  # (T, D/2)
+    cos, sin = angle.cos(), angle.sin()
+    x1, x2 = x.float().chunk(2, dim=-1)  # (B, H, T, D/2) each
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).type_as(x)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.n_head = config.n_head
         self.n_embd = config.n_embd
         self.dropout = config.dropout
+        self.qk_norm = config.qk_norm
+        self.rope_base = config.rope_base if config.rope else None
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # fused q, k, v
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
@@ -60,6 +100,11 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        if self.qk_norm:  # unit-RMS queries and keys per head: the attention logits cannot blow up
+            q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
+        if self.rope_base is not None:  # positions enter here, as rotations, instead of through wpe
+            positions = pos if pos is not None else torch.arange(T, device=x.device)
+            q, k = rotate(q, positions, self.rope_base), rotate(k, positions, self.rope_base)
         dropout_p = self.dropout if self.training else 0.0
 
         if pos is None:
@@ -82,10 +127,10 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
+        self.act = ACTIVATIONS[config.activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # GPT-2 uses the tanh approximation of GELU; the exact erf form would change its pretrained outputs.
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+        return self.dropout(self.c_proj(self.act(self.c_fc(x))))
 
 
 class Block(nn.Module):
@@ -93,9 +138,9 @@ class Block(nn.Module):
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.ln_eps, bias=config.bias)
+        self.ln_1 = make_norm(config)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.ln_eps, bias=config.bias)
+        self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
 
     def forward(
@@ -108,6 +153,20 @@ class Block(nn.Module):
 # ----------------------------------------------------------------------------- the model
 
 
+# The architecture presets: GPTConfig.arch names one, and it fills in every option below that is left None.
+# "gpt2" is OpenAI's GPT-2. "modern" is the block of modded-nanogpt's speedrun and nanochat: with the Muon
+# optimizer (optim.py) it reaches a given loss several times sooner (README.md, "The modern recipe").
+ARCH_PRESETS = {
+    "gpt2": dict(bias=True, rope=False, norm="layernorm", qk_norm=False, activation="gelu_tanh",
+                 tie_embeddings=True, zero_init_proj=False, logit_softcap=0.0),
+    "modern": dict(bias=False, rope=True, norm="rmsnorm", qk_norm=True, activation="relu2",
+                   tie_embeddings=False, zero_init_proj=True, logit_softcap=15.0),
+}
+# GPTConfig's architecture fields beyond GPT-2's own (n_layer, ..., bias): TrainConfig has each under its name.
+ARCH_OPTIONS = ("arch", "rope", "rope_base", "norm", "qk_norm", "activation", "tie_embeddings", "zero_init_proj",
+                "logit_softcap")
+
+
 @dataclass
 class GPTConfig:
     block_size: int = 1024  # longest sequence the model sees (rows of the position embedding)
@@ -116,13 +175,35 @@ class GPTConfig:
     n_head: int = 12  # attention heads per block; must divide n_embd
     n_embd: int = 768  # residual stream width C
     dropout: float = 0.0  # dropout after attention/MLP/embeddings while training; 0 for pretraining
-    bias: bool = True  # biases in Linear and LayerNorm layers (GPT-2 has them)
-    ln_eps: float = 1e-5  # LayerNorm epsilon (GPT-2: 1e-5)
+    bias: bool | None = None  # biases in Linear and LayerNorm layers (GPT-2 has them)
+    ln_eps: float = 1e-5  # LayerNorm (or RMSNorm) epsilon (GPT-2: 1e-5)
     # The embedding table gets rows up to a multiple of this (e.g. 50257 -> 50304 with 64): matmuls with
     # a round width run faster on GPUs. The extra rows are never returned as logits, so never sampled.
     vocab_multiple: int = 1
+    # ---- architecture options: each None takes the value of the preset `arch` (ARCH_PRESETS); GPT-2 has
+    # them all off, the GPT-2 weights need them off, and export to Hugging Face allows only zero_init_proj.
+    arch: str = "gpt2"  # "gpt2" or "modern": the preset that fills in the options left None
+    # Rotary position embeddings: queries and keys are rotated by their position (attention then sees only
+    # distances), and there is no learned position table `wpe`.
+    rope: bool | None = None
+    rope_base: float = 10000.0  # RoPE: channel pair i of a head turns by pos * rope_base^(-2i / head_dim)
+    norm: str | None = None  # "layernorm" (GPT-2: gain and bias) or "rmsnorm" (parameter-free RMSNorm)
+    qk_norm: bool | None = None  # RMS-normalise queries and keys per head before attention (bounded logits)
+    activation: str | None = None  # the MLP's nonlinearity: "gelu_tanh" (GPT-2) or "relu2" (relu(x)**2)
+    # The output head is the token embedding wte (GPT-2); False: it has its own weight, initialised to zero
+    # (so the first predictions are exactly uniform).
+    tie_embeddings: bool | None = None
+    # Initialise the c_proj of attention and MLP (what writes into the residual stream) to zero: every block
+    # starts as the identity. Initialisation only: the function is GPT-2's.
+    zero_init_proj: bool | None = None
+    logit_softcap: float | None = None  # logits -> cap * tanh(logits / cap), bounded by +-cap; 0 = off
 
     def __post_init__(self):
+        if self.arch not in ARCH_PRESETS:
+            raise ValueError(f"GPTConfig.arch must be one of {', '.join(ARCH_PRESETS)}, got {self.arch!r}")
+        for name, value in ARCH_PRESETS[self.arch].items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
         for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "vocab_multiple"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -136,6 +217,19 @@ class GPTConfig:
             raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}")
         if not self.ln_eps > 0:
             raise ValueError(f"GPTConfig.ln_eps must be positive, got {self.ln_eps!r}")
+        for name in ("bias", "rope", "qk_norm", "tie_embeddings", "zero_init_proj"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"GPTConfig.{name} must be True or False, got {getattr(self, name)!r}")
+        for name, allowed in (("norm", ("layernorm", "rmsnorm")), ("activation", tuple(ACTIVATIONS))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"GPTConfig.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        if not (_is_finite(self.logit_softcap) and self.logit_softcap >= 0):
+            raise ValueError(f"GPTConfig.logit_softcap must be a number >= 0 (0 = off), got {self.logit_softcap!r}")
+        if not (_is_finite(self.rope_base) and self.rope_base > 1):
+            raise ValueError(f"GPTConfig.rope_base must be a number > 1, got {self.rope_base!r}")
+        if self.rope and (self.n_embd // self.n_head) % 2:
+            raise ValueError(f"GPTConfig.rope needs an even head size (n_embd // n_head), got "
+                             f"{self.n_embd // self.n_head}")
 
     @property
     def padded_vocab_size(self) -> int:
@@ -153,28 +247,42 @@ class GPTConfig:
         return cls(**d)
 
 
+def _is_finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
-        self.transformer = nn.ModuleDict(
-            dict(
-                wte=nn.Embedding(config.padded_vocab_size, config.n_embd),
-                wpe=nn.Embedding(config.block_size, config.n_embd),
-                drop=nn.Dropout(config.dropout),
-                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-                ln_f=nn.LayerNorm(config.n_embd, eps=config.ln_eps, bias=config.bias),
-            )
+        # Training only: keep each block's input, recompute the block's inside in the backward pass (far less
+        # activation memory for about one more forward's compute). Set by train.py's activation_checkpointing.
+        self.activation_checkpointing = False
+        layers = dict(wte=nn.Embedding(config.padded_vocab_size, config.n_embd))
+        if not config.rope:  # learned positions; with RoPE the attention rotates queries and keys instead
+            layers["wpe"] = nn.Embedding(config.block_size, config.n_embd)
+        layers.update(
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+            ln_f=make_norm(config),
         )
+        self.transformer = nn.ModuleDict(layers)
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
-        # Weight tying: the output projection is the token embedding (GPT-2 does this; saves V*C parameters).
-        self.lm_head.weight = self.transformer.wte.weight
+        if config.tie_embeddings:
+            # Weight tying: the output projection is the token embedding (GPT-2 does this; saves V*C parameters).
+            self.lm_head.weight = self.transformer.wte.weight
         self.apply(self._init_weights)
         # GPT-2 scales the init of the projections that write into the residual stream by 1/sqrt(2 * n_layer)
         # (two per block), so the residual's variance does not grow with depth.
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+        # The modern options' initialisation: zeros where the output is better off starting silent.
+        for name, p in self.named_parameters():
+            if (name.endswith("c_proj.weight") and config.zero_init_proj) or (
+                name == "lm_head.weight" and not config.tie_embeddings
+            ):
+                nn.init.zeros_(p)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -187,29 +295,49 @@ class GPT(nn.Module):
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameter count; by default without the position embedding (the token embedding is shared with
-        the head, so it does its work as a weight and is counted)."""
+        the head, so it does its work as a weight and is counted; an untied head is counted too)."""
         n = sum(p.numel() for p in self.parameters())
-        if non_embedding:
+        if non_embedding and "wpe" in self.transformer:
             n -= self.transformer.wpe.weight.numel()
         return n
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None, pos: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """idx (B, T) token ids -> logits (B, T, vocab_size) for every position, and the mean cross-entropy
-        against targets (B, T) when given (targets of -1 are ignored).
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        pos: torch.Tensor | None = None,
+        *,
+        return_logits: bool = False,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """idx (B, T) token ids -> (logits, loss).
+
+        Without targets: the logits (B, T, vocab_size) of every position, and None.
+        With targets (B, T) (-1 = ignored): None and the mean cross-entropy; the logits too only with
+        return_logits=True. A training step never looks at the logits, and with a 50K vocabulary they are its
+        largest tensors (16 x 1024 tokens: 3.3 GB in fp32, plus the softmax autograd keeps for backward), so the
+        loss is computed from the hidden states a slice of the sequence at a time (`linear_cross_entropy`):
+        the full logits never exist, and nothing of them outlives the call.
 
         `pos` (T,) is only for incremental decoding with a KV cache (see `setup_kv_cache`): the absolute
         positions of the tokens in idx.
         """
-        B, T = idx.shape
-        padded = self.lm_head(self.hidden_states(idx, pos))  # (B, T, padded V)
-        loss = None
-        if targets is not None:
-            # The loss uses the contiguous padded logits (a view, no copy); the padding columns are never a
-            # target, so training simply pushes them down. (B, T, Vp) -> (B*T, Vp)
-            loss = F.cross_entropy(padded.view(B * T, -1).float(), targets.reshape(B * T), ignore_index=-1)
+        x = self.hidden_states(idx, pos)  # (B, T, C)
+        if targets is None:
+            return self.head(x), None
+        if not return_logits:
+            return None, self.loss_from_hidden(x, targets)
+        padded = self._logits(x)  # (B, T, padded V)
+        # The padding columns are never a target, so training simply pushes them down. (B*T, Vp) vs (B*T,)
+        loss = F.cross_entropy(padded.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
         return padded[..., : self.config.vocab_size], loss  # (B, T, V): the padding is never returned
+
+    def loss_from_hidden(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The mean cross-entropy of the head's predictions from hidden states x (B, T, C) against targets
+        (B, T) (-1 = ignored): the same value and gradients as F.cross_entropy on the logits, without ever
+        holding all of them (see linear_cross_entropy)."""
+        return linear_cross_entropy(
+            x.flatten(0, 1), self.lm_head.weight, targets.flatten(), softcap=self.config.logit_softcap
+        )
 
     def hidden_states(self, idx: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
         """idx (B, T) -> the final LayerNorm's output (B, T, C), the input of the head."""
@@ -221,24 +349,48 @@ class GPT(nn.Module):
                     f"crop the input to its last {self.config.block_size} tokens"
                 )
             pos = torch.arange(T, device=idx.device)
-            x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C) + (T, C)
+            x = self.transformer.drop(self._embed(idx, pos))
+            recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
             for block in self.transformer.h:
-                x = block(x)
+                x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
         else:
             cache = self.transformer.h[0].attn.kv_cache
             if cache is None:
                 raise RuntimeError("forward(pos=...) needs a KV cache: call model.setup_kv_cache(...) first")
             # Which cache slots each query may see, built once for all layers: (T, max_len) boolean.
             mask = torch.arange(cache.k.size(2), device=idx.device)[None, :] <= pos[:, None]
-            x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+            x = self.transformer.drop(self._embed(idx, pos))
             for block in self.transformer.h:
                 x = block(x, pos, mask)
         return self.transformer.ln_f(x)
 
-    def head(self, x: torch.Tensor) -> torch.Tensor:
+    def _embed(self, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Token ids (B, T) at positions pos (T,) -> the residual stream's input (B, T, C): the token embedding
+        plus the learned position embedding (B, T, C) + (T, C); with RoPE the positions act in the attention."""
+        if "wpe" not in self.transformer:
+            return self.transformer.wte(idx)
+        return self.transformer.wte(idx) + self.transformer.wpe(pos)
+
+    def _logits(self, x: torch.Tensor, fp32: bool = False) -> torch.Tensor:
+        """The output head: (..., C) -> logits over the padded vocabulary (..., Vp), soft-capped to
+        (-logit_softcap, logit_softcap) when that is set. Every path to logits goes through here (the training
+        loss, linear_cross_entropy, applies the same cap). fp32=True: computed in float32 over the real
+        vocabulary only, (..., V) (see `head`)."""
+        if fp32:
+            logits = linear_fp32(x, self.lm_head.weight[: self.config.vocab_size])  # rows 0..V-1: a view
+        else:
+            logits = self.lm_head(x)
+        cap = self.config.logit_softcap
+        return cap * torch.tanh(logits / cap) if cap else logits
+
+    def head(self, x: torch.Tensor, *, fp32: bool = False) -> torch.Tensor:
         """(..., C) -> logits (..., V). The padding columns of a padded vocabulary are dropped (a view): they are
-        never a prediction, so never sampled."""
-        return self.lm_head(x)[..., : self.config.vocab_size]
+        never a prediction, so never sampled.
+
+        fp32=True (what sampling uses): float32 logits, also from bf16/fp16 weights and under autocast. GPT-2's
+        logits reach ~100, where bf16 values are 0.25-0.5 apart: rounded logits would shift the probabilities
+        that temperature and top-p work with. The padding rows of the weight are not even read."""
+        return self._logits(x, fp32)[..., : self.config.vocab_size]
 
     # ------------------------------------------------------------------------- KV cache
 
@@ -268,4 +420,119 @@ class GPT(nn.Module):
             )
         self.clear_kv_cache()
         self.config.block_size = block_size
-        self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size].detach().clone())
+        if "wpe" in self.transformer:  # (with RoPE there is no table: any position up to block_size works)
+            self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size].detach().clone())
+
+
+# ----------------------------------------------------------------------------- the head's arithmetic
+#
+# The training loss and the sampling head, as functions of the hidden states and the head's weight.
+
+# Logit elements (rows x padded vocabulary) the loss computes at once. Below this the loss is one plain
+# F.cross_entropy on the logits (the char models: 64 x 256 x 65 = 1M); above it, a slice of rows at a time,
+# 2**25 elements = 128 MiB in fp32, e.g. 512 rows of GPT-2's 50,304-column head.
+LOSS_CHUNK_ELEMENTS = 2**25
+
+
+def linear_cross_entropy(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    softcap: float = 0.0,
+    chunk_elements: int | None = None,
+) -> torch.Tensor:
+    """Mean cross-entropy of the logits x @ weight.T (soft-capped by `softcap` when > 0) against targets;
+    x (N, C), weight (V, C), targets (N,) with -1 = ignored. The same value and gradients as
+    F.cross_entropy(logits.float(), targets, ignore_index=-1), with autocast's precision when it is on.
+
+    Small problems (N * V <= chunk_elements, default LOSS_CHUNK_ELEMENTS) take that plain path. Larger ones go
+    through _ChunkedLinearCrossEntropy: a few hundred rows of logits at a time, so memory stays at a few chunks
+    of logits however long the batch is."""
+    rows_per_chunk = (chunk_elements or LOSS_CHUNK_ELEMENTS) // weight.size(0)
+    if x.size(0) <= rows_per_chunk:
+        logits = F.linear(x, weight)
+        if softcap:
+            logits = softcap * torch.tanh(logits / softcap)
+        return F.cross_entropy(logits.float(), targets, ignore_index=-1)
+    rows = 1 << (max(1, rows_per_chunk).bit_length() - 1)  # a power of two: round shapes for the matmuls
+    device_type = x.device.type
+    # Under autocast the plain path's matmul runs in autocast's dtype: so do the chunks (cast inside).
+    dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
+    with_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+    return _ChunkedLinearCrossEntropy.apply(x, weight, targets, rows, float(softcap), dtype, with_grad)
+
+
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """linear_cross_entropy over slices of `rows` rows, with the gradients computed during the forward.
+
+    For each slice: logits s = x_c @ W^T (in `dtype`, then fp32), z = softcap * tanh(s / softcap) (or z = s),
+    loss += logsumexp(z) - z[target]; and, when a backward will follow, dloss/dz = softmax(z) - onehot(target)
+    (times 1 - tanh^2 with the cap), then grad_x_c = dz @ W and grad_W += dz^T @ x_c. The slice's logits are
+    then dropped: what is kept for backward is grad_x (N, C) and grad_W (V, C), the size of x and of W. The
+    backward only scales them by d(total)/d(loss) / n_valid. So the head costs its usual three matmuls (no
+    recomputation, unlike checkpointing each slice) and memory holds at most a couple of slices of logits.
+
+    The per-row gradients are formed unscaled (values in [-1, 1]) and scaled by 1 / n_valid only in the
+    backward, in fp32: with fp16 the tiny scaled values would otherwise underflow before the loss scaler's
+    factor reaches them. The loss must be used as a scalar (a mean), which is what training does.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, targets, rows: int, softcap: float, dtype: torch.dtype, with_grad: bool):
+        N = x.size(0)
+        with torch.autocast(x.device.type, enabled=False):
+            xd, wd = x.to(dtype), weight.to(dtype)
+            valid = targets != -1
+            safe = targets.clamp(min=0)[:, None]  # ignored rows pick column 0, then count for nothing
+            loss_sum = torch.zeros((), device=x.device, dtype=torch.float32)
+            grad_x = []
+            grad_w = torch.zeros(weight.shape, device=weight.device, dtype=torch.float32) if with_grad else None
+            for lo in range(0, N, rows):
+                xc, tc, vc = xd[lo : lo + rows], safe[lo : lo + rows], valid[lo : lo + rows, None]
+                z = (xc @ wd.t()).float()  # (r, V)
+                if softcap:
+                    cap = torch.tanh(z / softcap)
+                    z = cap * softcap
+                lse = torch.logsumexp(z, dim=-1, keepdim=True)  # (r, 1)
+                loss_sum = loss_sum + ((lse - z.gather(1, tc)) * vc).sum()
+                if not with_grad:
+                    continue
+                g = z.sub_(lse).exp_()  # the softmax, in place of z
+                g.scatter_add_(1, tc, -vc.float())  # minus the one-hot of the target
+                g.mul_(vc)  # ignored rows: no gradient
+                if softcap:
+                    g.mul_(1 - cap * cap)  # d(cap * tanh(s / cap)) / ds
+                g = g.to(dtype)
+                grad_x.append(g @ wd)  # (r, C)
+                if dtype == torch.float32:
+                    grad_w.addmm_(g.t(), xc)
+                else:
+                    grad_w += (g.t() @ xc).float()
+            n_valid = valid.sum().float()
+        if with_grad:
+            ctx.save_for_backward(torch.cat(grad_x), grad_w, n_valid)
+            ctx.dtypes = (x.dtype, weight.dtype)
+        return loss_sum / n_valid
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_x, grad_w, n_valid = ctx.saved_tensors
+        scale = grad_loss.float() / n_valid
+        x_dtype, w_dtype = ctx.dtypes
+        return (grad_x.float() * scale).to(x_dtype), (grad_w * scale).to(w_dtype), None, None, None, None, None
+
+
+def linear_fp32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x (..., C) @ weight (N, C)^T as float32 (..., N), whatever the dtype of the weight, with autocast off.
+
+    bf16/fp16 weights on CUDA: one matmul that accumulates and writes in fp32 (torch.mm's out_dtype), so the
+    weights are read once, in their own precision, as decoding needs. Elsewhere (CPU, MPS) such weights are
+    upcast first, which is slower but exact."""
+    with torch.autocast(x.device.type, enabled=False):
+        if weight.dtype == torch.float32:
+            return F.linear(x.float(), weight)
+        if x.device.type == "cuda":
+            flat = torch.mm(x.reshape(-1, x.size(-1)).to(weight.dtype), weight.t(), out_dtype=torch.float32)
+            return flat.view(*x.shape[:-1], weight.size(0))
+        return F.linear(x.float(), weight.float())

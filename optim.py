@@ -2,6 +2,10 @@
 
     optimizer = make_optimizer(model, cfg, device_type)
     lr = set_lr(optimizer, step, cfg)        # every step, before the update
+
+optimizer="adamw" (GPT-2's recipe) is one AdamW over every weight. optimizer="muon" is Muon for the 2-D weight
+matrices inside the blocks and AdamW for the rest (embeddings, head, gains, biases), stepped together by one
+object, MuonAdamW, that train.py, torch.amp.GradScaler and the checkpoint use like any optimizer.
 """
 
 from __future__ import annotations
@@ -13,32 +17,181 @@ import torch
 from config import TrainConfig
 
 
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device_type: str) -> torch.optim.AdamW:
-    """AdamW with weight decay on the matrices (linear weights, embeddings) only, not on biases and gains."""
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device_type: str) -> torch.optim.AdamW | MuonAdamW:
+    """AdamW (weight decay on the matrices only), or with cfg.optimizer="muon" Muon + AdamW as one optimizer."""
+    if cfg.optimizer == "muon":
+        return make_muon_adamw(model, cfg, device_type)
     params = [p for p in model.parameters() if p.requires_grad]  # the tied wte/lm_head weight appears once
+    return make_adamw(params, cfg, device_type)
+
+
+def make_adamw(params: list[torch.nn.Parameter], cfg: TrainConfig, device_type: str) -> torch.optim.AdamW:
+    """AdamW with weight decay on the matrices (linear weights, embeddings) only, not on biases and gains."""
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [g for g in groups if g["params"]]  # the modern block may have no gains or biases at all
     # The fused CUDA kernel updates all parameters in a few launches instead of several per tensor.
     extra = {"fused": True} if device_type == "cuda" else {}
     return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), **extra)
 
 
+# ----------------------------------------------------------------------------- Muon
+
+
+def block_matrices(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """What Muon optimises: the 2-D weights inside the transformer blocks (attention's c_attn and c_proj, the
+    MLP's c_fc and c_proj). Embeddings and the head are lookups and a classifier, not hidden layers: AdamW."""
+    return [p for name, p in model.named_parameters()
+            if p.requires_grad and p.dim() == 2 and name.startswith("transformer.h.")]
+
+
+def muon_class(device_type: str) -> type[torch.optim.Muon]:
+    """torch.optim.Muon on CUDA (bf16 Newton-Schulz on tensor cores); Float32Muon everywhere else."""
+    return torch.optim.Muon if device_type == "cuda" else Float32Muon
+
+
+def make_muon_adamw(model: torch.nn.Module, cfg: TrainConfig, device_type: str) -> MuonAdamW:
+    matrices = block_matrices(model)
+    ids = {id(p) for p in matrices}
+    rest = [p for p in model.parameters() if p.requires_grad and id(p) not in ids]
+    # "muon": True marks the group for set_lr, which gives it muon_lr's share of the schedule.
+    muon = muon_class(device_type)([{"params": matrices, "muon": True}], lr=cfg.muon_lr,
+                                   momentum=cfg.muon_momentum, weight_decay=cfg.muon_weight_decay, nesterov=True)
+    return MuonAdamW(muon, make_adamw(rest, cfg, device_type))
+
+
+class MuonAdamW:
+    """Muon and AdamW stepped as one optimizer.
+
+    param_groups are both optimizers' groups (the very dicts, so set_lr and GradScaler.unscale_ reach every
+    parameter); step, zero_grad, state_dict and load_state_dict act on both. torch.amp.GradScaler needs no
+    more: it unscales through param_groups, calls step() only when no gradient overflowed, and keys its
+    per-optimizer state by id(this object).
+    """
+
+    def __init__(self, muon: torch.optim.Muon, adamw: torch.optim.AdamW):
+        self.muon, self.adamw = muon, adamw
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.muon.param_groups + self.adamw.param_groups
+
+    def step(self, closure=None):
+        if closure is not None:
+            raise ValueError("MuonAdamW.step takes no closure")
+        self.muon.step()
+        self.adamw.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.muon.zero_grad(set_to_none=set_to_none)
+        self.adamw.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        return {"muon": self.muon.state_dict(), "adamw": self.adamw.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.muon.load_state_dict(state["muon"])
+        self.adamw.load_state_dict(state["adamw"])
+
+    def __repr__(self) -> str:
+        n_muon = sum(len(g["params"]) for g in self.muon.param_groups)
+        n_adamw = sum(len(g["params"]) for g in self.adamw.param_groups)
+        return (f"{type(self.muon).__name__} on {n_muon} block matrices + AdamW on {n_adamw} other tensors")
+
+
+class Float32Muon(torch.optim.Muon):
+    """torch.optim.Muon with its Newton-Schulz iteration in float32 instead of bfloat16; otherwise the same
+    update (momentum, Nesterov, learning-rate adjustment, decoupled weight decay) and the same state dict.
+
+    Why: torch's Muon (torch/optim/_muon.py, torch 2.13) runs the iteration in bfloat16, hard-coded
+    (`grad.bfloat16()`). That is right on a GPU, but a CPU without native bf16 arithmetic emulates it: on the
+    2-core development machine one training step of the 4-layer, 128-wide char model took 813 ms that way
+    and 88 ms in float32.
+    """
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, momentum = group["lr"], group["momentum"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
+                buf = state["momentum_buffer"]
+                buf.lerp_(p.grad, 1 - momentum)
+                update = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
+                update = orthogonalize(update, group["ns_coefficients"], group["ns_steps"], group["eps"])
+                p.mul_(1 - lr * group["weight_decay"])
+                p.add_(update, alpha=-lr * lr_ratio(p.shape, group["adjust_lr_fn"]))
+        return loss
+
+
+def orthogonalize(g: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float) -> torch.Tensor:
+    """G (m, n) -> about U V^T of its SVD, in float32: torch's Muon's quintic Newton-Schulz iteration (the same
+    coefficients, steps and normalisation), which moves every singular value to about 1 (0.5 to 1.5)."""
+    a, b, c = coefficients
+    x = g.float()
+    wide = x.size(0) <= x.size(1)
+    x = x if wide else x.T  # iterate on the wide orientation: the Gram matrix is the smaller one
+    x = x / x.norm().clamp(min=eps)  # spectral norm <= 1 (not in place: x may be the momentum buffer)
+    for _ in range(steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)  # a x + (b A + c A^2) x
+    return (x if wide else x.T).to(g.dtype)
+
+
+def lr_ratio(shape: torch.Size, adjust_lr_fn: str | None) -> float:
+    """torch's Muon's learning-rate adjustment for a (rows, cols) matrix: "original" (the default) keeps the
+    update's RMS per element steady across shapes; "match_rms_adamw" matches AdamW's update RMS."""
+    rows, cols = shape[:2]
+    if adjust_lr_fn is None or adjust_lr_fn == "original":
+        return math.sqrt(max(1, rows / cols))
+    if adjust_lr_fn == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(rows, cols))
+    return 1.0
+
+
+def describe(optimizer) -> str:
+    """One line for the run's log: which optimizers, on what, and for Muon which Newton-Schulz precision."""
+    if isinstance(optimizer, MuonAdamW):
+        precision = "float32 (CPU/MPS)" if isinstance(optimizer.muon, Float32Muon) else "bfloat16 (torch.optim.Muon)"
+        return f"optimizer: {optimizer!r}; Newton-Schulz in {precision}"
+    return f"optimizer: {type(optimizer).__name__}"
+
+
+# ----------------------------------------------------------------------------- the learning-rate schedule
+
+
 def get_lr(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup (never 0, even at step 0), then cosine decay from learning_rate to min_lr."""
+    """AdamW's learning rate at `step`: a linear warmup (never 0, even at step 0), then
+    cosine: a cosine decay from learning_rate to min_lr at lr_decay_iters;
+    wsd: learning_rate until the last cooldown_frac of lr_decay_iters, then a straight line down to min_lr."""
     if not cfg.decay_lr:
         return cfg.learning_rate
     if step < cfg.warmup_iters:
         return cfg.learning_rate * (step + 1) / (cfg.warmup_iters + 1)
     if step >= cfg.lr_decay_iters:
         return cfg.min_lr
+    if cfg.lr_schedule == "wsd":
+        left, cooldown = cfg.lr_decay_iters - step, cfg.cooldown_frac * cfg.lr_decay_iters
+        if left >= cooldown:
+            return cfg.learning_rate
+        return cfg.min_lr + (cfg.learning_rate - cfg.min_lr) * left / cooldown
     progress = (step - cfg.warmup_iters) / max(1, cfg.lr_decay_iters - cfg.warmup_iters)
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
 
 
-def set_lr(optimizer: torch.optim.Optimizer, step: int, cfg: TrainConfig) -> float:
-    """Set every group's learning rate for `step`; returns it."""
+def set_lr(optimizer, step: int, cfg: TrainConfig) -> float:
+    """Set every group's learning rate for `step`: AdamW's groups get get_lr, Muon's the same schedule relative
+    to their own peak, muon_lr. Returns AdamW's (the logged lr)."""
     lr = get_lr(step, cfg)
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = cfg.muon_lr * (lr / cfg.learning_rate) if group.get("muon") else lr
     return lr

@@ -9,12 +9,13 @@ so `python sample.py ... > out.txt` captures the text only. Every bad input ends
 This script loads the model and its tokenizer and prints; the decoding loop itself is generate.py's.
 Speed: decoding uses the model's KV cache, so each new token costs one single-token forward instead of a
 forward over the whole context. On CUDA the weights are cast to bf16 (decoding is memory-bound: half the bytes
-per token) and, with compile on, the single-token step runs as a CUDA graph. `python bench.py` times it.
+per token) and, with compile on, the single-token step (the forward and the token's draw) runs as one CUDA
+graph. Compiling takes tens of seconds, so --compile=auto (the default) compiles only a decode long enough to
+repay that (generate.compile_decision) and says on stderr which it chose. `python bench.py` times it.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,13 +24,12 @@ from typing import TextIO
 
 import torch
 
+import checkpoint
 import cli
-from checkpoint import CheckpointError, find_checkpoint, load_checkpoint, model_from_checkpoint
 from config import ConfigError, load_config, setting
-from generate import SamplingOptions, decode_one_token, generate_stream
-from hf_gpt2 import GPT2_NAMES, load_pretrained
+from generate import SamplingOptions, compile_decision, compile_decode_step, generate_stream
 from model import GPT
-from runtime import resolve_compile, setup_runtime
+from runtime import setup_runtime
 from shards import DataError
 from tokenizer import Tokenizer
 
@@ -57,7 +57,9 @@ class SampleConfig:
         "weights' precision: auto (bf16 on CUDA, fp16 where bf16 is unsupported; fp32 elsewhere), float32, bfloat16, float16",
         ("auto", "float32", "bfloat16", "float16"),
     )
-    compile: bool | None = setting(None, "compile the one-token decode step: True, False or auto (None: on for CUDA)")
+    compile: bool | None = setting(
+        None, "compile the one-token decode step: True, False or auto (None: on a GPU when max_new_tokens repays compiling)"
+    )
     stream: bool | None = setting(
         None, "print tokens as they are generated (the first sample when several); auto: on for one sample on a terminal"
     )
@@ -95,62 +97,9 @@ class SampleConfig:
 
 
 def load_model(cfg: SampleConfig) -> tuple[GPT, Tokenizer, str]:
-    """The model (on the CPU, in eval mode), its tokenizer, and a few words saying what was loaded."""
-    if cfg.init_from:
-        model = _load_pretrained(cfg.init_from)  # a bad name or folder is an HFGPT2Error: a UserError
-        tokenizer = _pretrained_tokenizer(cfg.init_from)
-        what = f"GPT-2 weights {cfg.init_from}"
-    else:
-        path = find_checkpoint(cfg.ckpt or "out")
-        ckpt = load_checkpoint(path, map_location="cpu")
-        try:
-            model = model_from_checkpoint(ckpt)
-        except (ValueError, RuntimeError, TypeError) as e:  # a bad model_config, or weights of another shape
-            raise CheckpointError(f"{path}: cannot rebuild its model: {cli.one_line(e)}") from None
-        tokenizer = _checkpoint_tokenizer(ckpt, path)
-        step = ckpt.get("step")
-        what = f"{path}" + (f" (step {step})" if step is not None else "")
-    if model.config.vocab_size < tokenizer.vocab_size:
-        # The prompt could then hold ids the embedding has no row for.
-        raise CheckpointError(
-            f"the model has {model.config.vocab_size} tokens but its tokenizer {tokenizer.vocab_size}; "
-            "the checkpoint and its tokenizer do not belong together"
-        )
-    return model.eval(), tokenizer, what
-
-
-def _load_pretrained(name_or_path: str) -> GPT:
-    try:
-        return load_pretrained(name_or_path)
-    except ModuleNotFoundError as e:  # the Hub names need huggingface_hub: a dependency, maybe not installed
-        raise CheckpointError(
-            f"cannot load GPT-2 weights {name_or_path!r}: {cli.one_line(e)}; install it (pip install {e.name})"
-        ) from None
-
-
-def _pretrained_tokenizer(name_or_path: str) -> Tokenizer:
-    """Every OpenAI GPT-2 shares one BPE vocabulary. A folder exported from a character-level checkpoint
-    (export.py) carries its characters in char_vocab.json instead: there is no Hugging Face tokenizer for it."""
-    char_vocab = Path(name_or_path) / "char_vocab.json"
-    if name_or_path not in GPT2_NAMES and char_vocab.is_file():
-        try:
-            spec = json.loads(char_vocab.read_text(encoding="utf-8"))
-            if not isinstance(spec, dict):
-                raise DataError("it does not hold a JSON object")
-            return Tokenizer.from_meta(spec)
-        except (OSError, ValueError, DataError) as e:  # unreadable, not JSON (or UTF-8), not a char vocabulary
-            raise CheckpointError(f"cannot use {char_vocab}: {cli.one_line(e)}") from None
-    return Tokenizer.tiktoken("gpt2")
-
-
-def _checkpoint_tokenizer(ckpt: dict, path: Path) -> Tokenizer:
-    meta = ckpt.get("tokenizer")
-    if meta is None:  # never guess a tokenizer: a wrong one prints fluent-looking garbage
-        raise CheckpointError(f"{path} stores no tokenizer; it was not written by train.py")
-    try:
-        return Tokenizer.from_meta(meta)
-    except DataError as e:
-        raise CheckpointError(f"{path}: its tokenizer entry is unusable: {e}") from None
+    """The model (on the CPU, in eval mode), its tokenizer, and a few words saying what was loaded (the one
+    loader sample.py and eval.py share: checkpoint.load_model)."""
+    return checkpoint.load_model(cfg.ckpt, cfg.init_from)
 
 
 def read_prompt(cfg: SampleConfig) -> str:
@@ -175,23 +124,6 @@ def prompt_ids(text: str, tokenizer: Tokenizer) -> list[int]:
         return tokenizer.encode("\n")
     except DataError:
         return [0]  # a vocabulary without a newline: its first character will do
-
-
-def decode_step_fn(device: torch.device, compile: bool | None = None) -> Callable | None:
-    """The function generate_stream should call for each one-token step (its `step_fn`): a compiled
-    generate.decode_one_token (it takes the model as its first argument), or None for the plain one.
-    `compile` is --compile: True, False or None (auto: on for CUDA, see resolve_compile).
-
-    On CUDA the step sees fixed shapes (one token, a (1,) position tensor, the preallocated cache), so
-    mode="reduce-overhead" records it once as a CUDA graph and then replays the whole model with one launch
-    per token instead of dozens of small kernel launches. The prompt's forward (varying length) stays eager.
-    Elsewhere nothing is compiled unless asked for, and then without CUDA graphs.
-    """
-    if not resolve_compile(compile, device)[0]:
-        return None
-    mode = "reduce-overhead" if device.type == "cuda" else None
-    # generate_stream feeds it a fresh (B, 1) token tensor: fixed strides, no recompiles
-    return torch.compile(decode_one_token, mode=mode, fullgraph=True)
 
 
 # ----------------------------------------------------------------------------- generating
@@ -325,12 +257,16 @@ def run(cfg: SampleConfig, out: TextIO | None = None, err: TextIO | None = None)
     # Cast the weights themselves (not autocast): one-token decoding is bound by reading the weights, so bf16
     # weights halve the bytes per token. The KV cache follows the weights' dtype.
     model.to(device=rt.device, dtype=rt.dtype)
-    step_fn = decode_step_fn(rt.device, cfg.compile)
+    # Compiling the step takes long (tens of seconds on a GPU): only when asked, or when the decode is long
+    # enough to repay it (generate.compile_decision). The line below says which, before the wait.
+    use_compile, why = compile_decision(rt.device, cfg.compile, cfg.max_new_tokens)
     print(
         f"sample.py: {what}, {model.num_params() / 1e6:.2f}M parameters, {tokenizer.kind} tokenizer; "
-        f"{rt.device} {rt.dtype_name}; {resolve_compile(cfg.compile, rt.device)[1]}",
+        f"{rt.device} {rt.dtype_name}; {why}",
         file=err,
+        flush=True,
     )
+    step_fn = compile_decode_step(rt.device) if use_compile else None
     printer = Printer(out, tokenizer, prompt_text, cfg.num_samples, tokenizer.eot_id)
     stream = cfg.stream if cfg.stream is not None else (cfg.num_samples == 1 and out.isatty())
     new_ids = generate_ids(

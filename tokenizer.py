@@ -109,6 +109,22 @@ class Tokenizer:
             return self._enc.decode(arr.tolist())
         return self._codepoints[arr].astype("<u4").tobytes().decode("utf-32-le")
 
+    def token_bytes(self) -> np.ndarray:
+        """How many bytes of UTF-8 text each id stands for (int64, one per id): the denominator of bits per
+        byte, exact because a token sequence's text is the concatenation of its tokens' bytes. Special tokens
+        (<|endoftext|>) stand for no text: 0."""
+        if self.kind == "char":
+            return np.array([len(c.encode("utf-8")) for c in self._chars], dtype=np.int64)
+        special = {self._enc.encode_single_token(s) for s in self._enc.special_tokens_set}
+        lengths = np.zeros(self.vocab_size, dtype=np.int64)
+        for i in range(self.vocab_size):
+            if i not in special:
+                try:
+                    lengths[i] = len(self._enc.decode_single_token_bytes(i))
+                except KeyError:  # an id the encoding leaves unused
+                    pass
+        return lengths
+
     def __repr__(self) -> str:
         return f"Tokenizer(kind={self.kind!r}, vocab_size={self.vocab_size})"
 

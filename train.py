@@ -27,21 +27,33 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 import cli
-from checkpoint import RESUME_KEYS, build_checkpoint, load_checkpoint, save_checkpoint
+import hellaswag
+import lora
+from checkpoint import (
+    GPT2_BPE,
+    RESUME_KEYS,
+    build_checkpoint,
+    load_base_model,
+    load_checkpoint,
+    lora_model,
+    save_checkpoint,
+)
 from cli import UserError
-from config import TrainConfig, build_config, config_to_dict, parse_args, print_config
+from config import TrainConfig, build_config, config_to_dict, lora_settings, parse_args, print_config
 from files import OutDirBusyError, OutDirLock
-from hf_gpt2 import GPT2_NAMES, load_pretrained
+from hf_gpt2 import GPT2_NAMES
 from loader import BatchLoader, ValBatches
 from metrics import Metrics, flops_per_token, peak_flops, start_wandb
-from model import GPT, GPTConfig
-from optim import make_optimizer, set_lr
+from model import ARCH_OPTIONS, GPT, GPTConfig
+from optim import describe, make_optimizer, set_lr
 from prepare.tiny_shakespeare import DATASETS as SHAKESPEARE_DATASETS
 from prepare.tiny_shakespeare import prepare_shakespeare
 from runtime import Dist, Runtime, StopFlag, distributed, library_versions, resolve_compile
 from shards import DataError, TokenDataset, dataset_dir, read_meta, require_dataset
+from tokenizer import Tokenizer
 
-MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias")  # the shape a resumed run must keep
+# The shape and architecture a resumed run must keep.
+MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", *ARCH_OPTIONS)
 # Scanning every token for out-of-vocabulary ids is cheap for small datasets; above this many tokens we trust
 # the shards' meta.json (the prepare scripts check ids on write).
 MAX_SCAN_TOKENS = 500_000_000
@@ -74,11 +86,17 @@ def resolve_config(argv: list[str]) -> tuple[TrainConfig, dict | None]:
         raise TrainError(f"{out_dir}/last.pt cannot be resumed: it has no {', '.join(missing)} (a weights-only "
                          f"checkpoint?); start a new run, or fine-tune from it")
     base = dict(ckpt["config"])
-    saved_shape = {k: ckpt["model_config"][k] for k in MODEL_KEYS}
+    # Through GPTConfig: a checkpoint older than an option has its default, and `auto` options their values.
+    saved_model = GPTConfig.from_dict(ckpt["model_config"]).to_dict()
+    saved_shape = {k: saved_model[k] for k in MODEL_KEYS}
     differing = [f"{k} (checkpoint {saved_shape[k]!r}, asked {values[k]!r})"
-                 for k in MODEL_KEYS if k in values and values[k] != saved_shape[k]]
+                 for k in MODEL_KEYS if values.get(k) is not None and values[k] != saved_shape[k]]
     if differing:
         raise TrainError(f"cannot resume {out_dir}/last.pt with a different model shape: {'; '.join(differing)}")
+    saved_optimizer = base.get("optimizer", "adamw")  # its state is that optimizer's
+    if values.get("optimizer", saved_optimizer) != saved_optimizer:
+        raise TrainError(f"cannot resume {out_dir}/last.pt with --optimizer={values['optimizer']}: it was trained "
+                         f"with {saved_optimizer}; start a new run, or fine-tune from it")
     base.update(values)
     base.update(saved_shape)
     return build_config(TrainConfig, base), ckpt
@@ -141,6 +159,8 @@ def build_model(cfg: TrainConfig, meta: dict, ckpt: dict | None) -> GPT:
                  for k in ("tokenizer", "vocab_size") if saved_tok.get(k) != meta.get(k)]
         if diffs:
             raise TrainError(f"cannot resume on dataset {cfg.dataset!r}: its vocabulary differs: {'; '.join(diffs)}")
+        if ckpt.get("lora"):  # its base, from where the run found it, with the saved adapters
+            return lora_model(ckpt, cfg.dropout)
         # The shape is the checkpoint's; dropout may be changed when continuing a run.
         model = GPT(GPTConfig.from_dict({**ckpt["model_config"], "dropout": cfg.dropout}))
         model.load_state_dict(ckpt["model"])
@@ -148,19 +168,42 @@ def build_model(cfg: TrainConfig, meta: dict, ckpt: dict | None) -> GPT:
     if cfg.init_from == "scratch":
         # Round the embedding up to a multiple of 64 for a BPE vocabulary (50257 -> 50304): faster matmuls.
         return GPT(cfg.model_config(vocab, vocab_multiple=64 if meta["tokenizer"]["kind"] != "char" else 1))
-    if cfg.init_from in GPT2_NAMES or Path(cfg.init_from).is_dir():
-        model = load_pretrained(cfg.init_from, dropout=cfg.dropout)
-        if cfg.block_size < model.config.block_size:
-            model.crop_block_size(cfg.block_size)
-        elif cfg.block_size > model.config.block_size:
-            raise TrainError(f"block_size {cfg.block_size} exceeds {cfg.init_from}'s context of "
-                             f"{model.config.block_size}; use --block_size={model.config.block_size} or less")
-        if meta["tokenizer"] != {"kind": "tiktoken", "name": "gpt2"} or vocab > model.config.vocab_size:
-            raise TrainError(f"dataset {cfg.dataset!r} is not tokenized with the GPT-2 BPE that {cfg.init_from} "
-                             f"expects; prepare it with --tokenizer gpt2 (e.g. python prepare/shakespeare.py)")
-        return model
-    raise TrainError(f"init_from {cfg.init_from!r} is not 'scratch', 'resume', one of {', '.join(GPT2_NAMES)}, "
-                     f"or an existing Hugging Face GPT-2 folder")
+    # Fine-tuning: a GPT-2 name, a Hugging Face folder, or a checkpoint of this project.
+    model, tokenizer = load_base_model(cfg.init_from, dropout=cfg.dropout)
+    if cfg.block_size < model.config.block_size:
+        model.crop_block_size(cfg.block_size)
+    elif cfg.block_size > model.config.block_size:
+        raise TrainError(f"block_size {cfg.block_size} exceeds {cfg.init_from}'s context of "
+                         f"{model.config.block_size}; use --block_size={model.config.block_size} or less")
+    if meta["tokenizer"] != tokenizer or vocab > model.config.vocab_size:
+        hint = ("prepare it with --tokenizer gpt2 (e.g. python prepare/shakespeare.py)" if tokenizer == GPT2_BPE
+                else "prepare it with the same tokenizer")
+        raise TrainError(f"dataset {cfg.dataset!r} is not tokenized with the tokenizer {cfg.init_from} was "
+                         f"trained with ({tokenizer}); {hint}")
+    return model
+
+
+def attach_lora(cfg: TrainConfig, model: GPT, ckpt: dict | None) -> dict | None:
+    """With lora_rank > 0, freeze the model and give it adapters; returns what the checkpoints record about
+    them (settings, and the base's name and fingerprint). A resumed LoRA run has its adapters already."""
+    settings = lora_settings(cfg)
+    if ckpt is not None:
+        saved = ckpt.get("lora")
+        if (saved or {}).get("settings") != (settings.to_dict() if settings else None):
+            raise TrainError(f"cannot resume {cfg.out_dir}/last.pt with other LoRA settings than it was trained "
+                             f"with ({(saved or {}).get('settings')}); start a new run")
+        return saved
+    if settings is None:
+        return None
+    if cfg.init_from == "scratch":
+        raise TrainError("LoRA adapts a trained model: set --init_from to a GPT-2 name, a Hugging Face GPT-2 "
+                         "folder or a checkpoint of this project (e.g. an out_dir), or set --lora_rank=0")
+    # A local base is recorded by its absolute path: the checkpoint must find it from anywhere.
+    where = cfg.init_from if cfg.init_from in GPT2_NAMES else str(Path(cfg.init_from).resolve())
+    info = {"settings": settings.to_dict(), "base": {"init_from": where, "fingerprint": lora.fingerprint(
+        model.state_dict())}}
+    lora.apply(model, settings)
+    return info
 
 
 def check_vocab(data_dir: Path, meta: dict, model: GPT) -> None:
@@ -209,6 +252,8 @@ class Run:
     loader: BatchLoader
     val: ValBatches
     accum: int  # micro-batches per process per step
+    lora: dict | None = None  # a LoRA run's settings and base (checkpoint.build_checkpoint's lora_info)
+    hellaswag: list[hellaswag.Encoded] | None = None  # HellaSwag's items, when hellaswag_interval is set
 
     @property
     def tokens_per_step(self) -> int:
@@ -225,6 +270,12 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     model = build_model(cfg, meta, ckpt)
     check_vocab(data_dir, meta, model)
+    lora_info = attach_lora(cfg, model, ckpt)
+    if lora_info and rt.device_type == "cuda" and rt.dtype == torch.bfloat16:
+        for p in model.parameters():  # the frozen base in bf16: half its memory; the adapters stay fp32
+            if not p.requires_grad:
+                p.data = p.data.to(torch.bfloat16)
+    model.activation_checkpointing = cfg.activation_checkpointing
     model.to(rt.device)
     block = model.config.block_size
     run = Run(
@@ -235,7 +286,7 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
                            mode=cfg.data_mode, rank=d.rank, world_size=d.world_size, device=rt.device),
         val=ValBatches(data_dir, "val", batch_size=cfg.batch_size, block_size=block, n_batches=cfg.eval_iters,
                        rank=d.rank, world_size=d.world_size, device=rt.device),
-        accum=cfg.gradient_accumulation_steps // d.world_size,
+        accum=cfg.gradient_accumulation_steps // d.world_size, lora=lora_info,
     )
     torch.manual_seed(cfg.seed + d.rank)  # dropout masks: a different stream per rank
     step, best_val = restore_state(run, ckpt) if ckpt is not None else (0, float("inf"))
@@ -246,6 +297,7 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
     use_compile, why = resolve_compile(cfg.compile, rt.device)
     if d.master:
         print(why)
+        print(describe(run.optimizer))
     if d.enabled:
         # The model has no buffers, so DDP's forward syncs nothing: evaluation, where ranks may run different
         # numbers of batches, involves no collective until evaluate's own all_reduce. Gradients as views into
@@ -287,7 +339,8 @@ def save(run: Run, name: str, step: int, best_val: float) -> None:
     if d.master:
         state = build_checkpoint(model=run.raw_model, optimizer=run.optimizer, scaler=run.scaler,
                                  loader=run.loader, meta=run.meta, config=config_to_dict(run.cfg), argv=run.argv,
-                                 step=step, best_val_loss=best_val, rng=rngs, versions=library_versions())
+                                 step=step, best_val_loss=best_val, rng=rngs, versions=library_versions(),
+                                 lora_info=run.lora)
         save_checkpoint(state, Path(run.cfg.out_dir) / name)
 
 
@@ -299,7 +352,8 @@ def make_metrics(run: Run) -> Metrics:
                                 config_to_dict(cfg))
     fpt = flops_per_token(run.raw_model)
     if d.master:
-        print(f"model: {run.raw_model.num_params() / 1e6:.2f}M parameters | {d.world_size} process(es) on "
+        trainable = f" ({lora.trainable_parameters(run.raw_model) / 1e6:.3f}M trainable: LoRA)" if run.lora else ""
+        print(f"model: {run.raw_model.num_params() / 1e6:.2f}M parameters{trainable} | {d.world_size} process(es) on "
               f"{rt.device} | {rt.dtype_name} | {run.tokens_per_step:,} tokens per step ({cfg.batch_size} x "
               f"{run.raw_model.config.block_size} x {run.accum} accumulation x {d.world_size} processes)")
         if rt.device_type == "cpu" and cfg.device == "auto":
@@ -326,8 +380,8 @@ def forward_backward(model, optimizer, scaler, next_batch, accum: int, rt: Runti
         no_sync = getattr(model, "no_sync", None)  # DDP's (also reachable through a compiled DDP model)
         sync = no_sync is None or micro == accum - 1
         with (contextlib.nullcontext() if sync else no_sync()), rt.autocast():
-            _, loss = model(x, y)
-            loss = loss / accum
+            # With targets the model returns no logits (None): the loss is computed without ever holding them.
+            loss = model(x, y)[1] / accum
         scaler.scale(loss).backward()
         loss_sum += loss.detach()
     scaler.unscale_(optimizer)
@@ -370,13 +424,37 @@ def evaluate(model, batches: ValBatches, rt: Runtime, d: Dist) -> float:
     quiet = not (d.master and sys.stdout.isatty())
     for x, y in tqdm(batches, desc="evaluating", unit="batch", leave=False, delay=3, disable=quiet):
         with rt.autocast():
-            _, loss = model(x, y)
+            loss = model(x, y)[1]  # no logits with targets: the loss is computed a slice at a time
         total[0] += loss.double()
         total[1] += 1
     if d.enabled:
         dist.all_reduce(total)
     model.train()
     return (total[0] / total[1]).item()
+
+
+def load_hellaswag(cfg: TrainConfig, meta: dict, d: Dist) -> list[hellaswag.Encoded] | None:
+    """HellaSwag's items in the dataset's tokens, when hellaswag_interval asks for them: the file is obtained
+    (downloaded once into the cache) and read before the run starts."""
+    if not cfg.hellaswag_interval:
+        return None
+    tokenizer = Tokenizer.from_meta(meta)
+    if tokenizer.kind == "char":
+        raise TrainError(f"hellaswag_interval needs a BPE dataset such as GPT-2's, and {cfg.dataset!r} is "
+                         f"character-level; set --hellaswag_interval=0")
+    items = hellaswag.read_items(hellaswag.obtain_once(d), cfg.hellaswag_limit or None)
+    return hellaswag.encode(items, tokenizer, cfg.block_size)
+
+
+def hellaswag_scores(run: Run, step: int) -> dict[str, float]:
+    """HellaSwag accuracies for this evaluation's log line when they are due at `step`, else nothing. The
+    plain model is scored (not its DDP or compiled wrapper); each rank scores its share of the items."""
+    cfg = run.cfg
+    if run.hellaswag is None or not (step % cfg.hellaswag_interval == 0 or step >= cfg.max_iters or cfg.eval_only):
+        return {}
+    quiet = not (run.d.master and sys.stdout.isatty())
+    scores = hellaswag.score(run.raw_model, run.hellaswag, run.rt, run.d, progress=not quiet)
+    return {"hellaswag_acc": scores["acc"], "hellaswag_acc_norm": scores["acc_norm"]}
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -391,7 +469,7 @@ def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, stop: Sto
             val_loss = evaluate(run.model, run.val, rt, d)
             improved = val_loss < best_val
             best_val = min(best_val, val_loss)
-            metrics.log_eval(step, val_loss, best_val, improved)
+            metrics.log_eval(step, val_loss, best_val, improved, hellaswag_scores(run, step))
             # Step 0 of a fresh run is the random initialisation: not worth a file. A resumed run may start on a
             # step whose evaluation the stopped run never did: an improvement there is saved too.
             if improved and step > 0:
@@ -437,9 +515,11 @@ def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, stop: Sto
 def train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Runtime) -> dict:
     """Run the training loop; returns a summary (final step, last val loss, best val loss)."""
     data_dir, meta = load_dataset(cfg, d)
+    hellaswag_items = load_hellaswag(cfg, meta, d)  # now: no network is an error at the start, not at step 5000
     with lock_out_dir(cfg.out_dir, d):
         check_out_dir(cfg)
         run, step, best_val = setup_run(cfg, ckpt, argv, d, rt, data_dir, meta)
+        run.hellaswag = hellaswag_items
         metrics = make_metrics(run)
         try:
             with StopFlag() as stop:

@@ -15,11 +15,44 @@ def test_bench_tiny(tmp_path, capsys):
     kinds = [r["kind"] for r in rows]
     assert kinds.count("train") == 1 and kinds.count("decode") == 4 and kinds.count("prefill") == 1
     train_row = rows[0]
-    assert train_row["tokens_per_s"] > 0 and train_row["batch"] == "4x2" and train_row["mfu"] is None
+    assert train_row["tokens_per_s"] > 0 and (train_row["batch_size"], train_row["accum"]) == (4, 2)
+    assert train_row["mfu"] is None and train_row["seq_len"] == 64
     assert all(r["tokens_per_s"] > 0 for r in rows if r["kind"] == "decode")
     table = capsys.readouterr().out
     assert "tokens/s" in table and "prefill" in table and "n/a" in table
-    assert json.loads(out.read_text())["rows"][0]["model"] == "tiny"
+    saved = json.loads(out.read_text())["rows"]
+    assert saved == json.loads(json.dumps(rows))  # every row, as returned
+    for r in saved:  # each row says what, how fast, and where, on its own
+        assert {"kind", "model", "batch_size", "seq_len", "tokens_per_s", "ms", "mfu", "peak_mem_mb", "device_name",
+                "dtype", "torch", "compile"} <= set(r), r
+        assert r["dtype"] == "float32" and r["compile"] is False and r["ms"] > 0
+
+
+def test_each_model_and_batch_is_compiled_afresh_with_static_shapes(monkeypatch):
+    """Two models of different sizes in one run: each is compiled as its own static graph (no recompile, which
+    would make Dynamo's automatic dynamic shapes time a symbolic-shape graph for the second model). Checked with
+    a backend that fails on any symbolic size, and error_on_recompile; fast, as it generates no code."""
+    import torch
+    import torch._dynamo
+
+    graphs = []
+
+    def static_only(gm, example_inputs):
+        sizes = [s for t in example_inputs if isinstance(t, torch.Tensor) for s in t.shape]
+        assert all(isinstance(s, int) for s in sizes), "a dynamic shape"
+        assert not any(isinstance(t, torch.SymInt) for t in example_inputs), "a dynamic size"
+        graphs.append(gm)
+        return gm.forward
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, mode=None, **kw: real_compile(fn, **kw, backend=static_only))
+    monkeypatch.setitem(bench.MODELS, "tiny2", (1, 2, 32, 48, 50, 1))
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        rows = bench.main(["--models=tiny,tiny2", "--device=cpu", "--compile=True", "--warmup=1", "--repeats=1",
+                           "--decode_tokens=6", "--decode_repeats=1", "--prefill_tokens=8", "--skip_nocache"])
+    torch._dynamo.reset()
+    assert [r["compile"] for r in rows if r["kind"] != "prefill"] == [True] * 6 and graphs
+    assert all(r["compile_s"] > 0 for r in rows if r["kind"] == "decode")
 
 
 def expect_error(args, *fragments):

@@ -1,33 +1,29 @@
-"""The GPT itself (model.py: shapes, causality, init, KV cache) and its decoding (generate.py: the prefill and
-one-token steps, generation, the sampling options and functions)."""
+"""The GPT itself (model.py): shapes, causality, init, the KV cache, and the training loss, which is computed a
+slice of the sequence at a time with the plain computation's value and gradients. Decoding is tested in
+test_generate.py."""
 
 import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from generate import (
-    SamplingOptions,
-    decode_one_token,
-    generate,
-    logits_to_probs,
-    next_token,
-    prefill,
-    sample_token,
-)
-from model import GPT, GPTConfig
+import model as model_module
+from model import GPT, GPTConfig, linear_cross_entropy
 
 
 def test_forward_shapes_and_loss_at_init(tiny_model, tiny_config):
     torch.manual_seed(1)
     x = torch.randint(0, tiny_config.vocab_size, (4, tiny_config.block_size))
     y = torch.randint(0, tiny_config.vocab_size, (4, tiny_config.block_size))
-    logits, loss = tiny_model(x, y)
+    logits, loss = tiny_model(x, y, return_logits=True)
     assert logits.shape == (4, tiny_config.block_size, tiny_config.vocab_size)
     # With 0.02-std weights the initial predictions are near uniform: loss ~ ln(V).
     assert abs(loss.item() - math.log(tiny_config.vocab_size)) < 0.1
     logits2, loss2 = tiny_model(x)
     assert loss2 is None and torch.equal(logits, logits2)
+    no_logits, loss3 = tiny_model(x, y)  # with targets the logits are made only when asked for
+    assert no_logits is None and torch.allclose(loss3, loss, atol=1e-6)
 
 
 def test_ignore_index_masks_targets(tiny_model, tiny_config):
@@ -35,7 +31,7 @@ def test_ignore_index_masks_targets(tiny_model, tiny_config):
     y = torch.randint(0, tiny_config.vocab_size, (2, 8))
     y_masked = y.clone()
     y_masked[:, 4:] = -1
-    logits, loss = tiny_model(x, y_masked)
+    logits, loss = tiny_model(x, y_masked, return_logits=True)
     expected = torch.nn.functional.cross_entropy(logits[:, :4].reshape(-1, logits.size(-1)), y[:, :4].reshape(-1))
     assert torch.allclose(loss, expected, atol=1e-6)
 
@@ -89,7 +85,7 @@ def test_padded_vocab_is_never_a_logit():
     cfg = GPTConfig(block_size=8, vocab_size=50, n_layer=1, n_head=2, n_embd=16, vocab_multiple=64)
     m = GPT(cfg)
     assert m.transformer.wte.weight.shape[0] == 64
-    logits, loss = m(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long))
+    logits, loss = m(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long), return_logits=True)
     assert logits.shape[-1] == 50 and torch.isfinite(loss)
 
 
@@ -124,138 +120,6 @@ def test_kv_cache_logits_equal_full_forward(tiny_model, tiny_config):
     tiny_model.clear_kv_cache()
 
 
-def test_prefill_and_decode_one_token_give_the_full_forward_logits(tiny_model, tiny_config):
-    torch.manual_seed(3)
-    B, T = 2, 12
-    x = torch.randint(0, tiny_config.vocab_size, (B, T))
-    full, _ = tiny_model(x)  # (B, T, V)
-    tiny_model.setup_kv_cache(B)
-    with torch.no_grad():
-        logits = [prefill(tiny_model, x[:, :5], torch.arange(5))]  # the last prompt position only, (B, V)
-        for t in range(5, T):
-            logits.append(decode_one_token(tiny_model, x[:, t : t + 1], torch.tensor([t])))
-    tiny_model.clear_kv_cache()
-    assert logits[0].shape == (B, tiny_config.vocab_size)
-    assert torch.allclose(torch.stack(logits, dim=1), full[:, 4:], atol=1e-5)
-
-
-def test_greedy_with_cache_equals_without(tiny_model, tiny_config):
-    torch.manual_seed(4)
-    prompt = torch.randint(0, tiny_config.vocab_size, (3, 5))
-    greedy = SamplingOptions(temperature=0)
-    a = generate(tiny_model, prompt, 20, greedy)
-    b = generate(tiny_model, prompt, 20, greedy, use_cache=False)
-    assert a.shape == (3, 25) and torch.equal(a, b) and torch.equal(a[:, :5], prompt)
-
-
-@pytest.mark.parametrize("shift", [None, 1, 5])
-def test_generation_past_block_size(tiny_model, tiny_config, shift):
-    torch.manual_seed(5)
-    prompt = torch.randint(0, tiny_config.vocab_size, (2, 10))
-    n = 3 * tiny_config.block_size
-    gen = torch.Generator().manual_seed(0)
-    options = SamplingOptions(temperature=0.8, top_k=20, window_shift=shift)
-    a = generate(tiny_model, prompt, n, options, generator=gen)
-    gen = torch.Generator().manual_seed(0)
-    b = generate(tiny_model, prompt, n, options, generator=gen, use_cache=False)
-    assert a.shape == (2, 10 + n) and torch.equal(a, b)
-
-
-def test_sliding_window_of_one_is_the_last_block_size_tokens(tiny_model, tiny_config):
-    """window_shift=1: every new token is predicted from exactly the last block_size tokens."""
-    torch.manual_seed(6)
-    bs = tiny_config.block_size
-    prompt = torch.randint(0, tiny_config.vocab_size, (1, bs + 5))  # longer than the context
-    out = generate(tiny_model, prompt, 6, SamplingOptions(temperature=0, window_shift=1))
-    seq = prompt
-    for _ in range(6):
-        logits, _ = tiny_model(seq[:, -bs:])
-        seq = torch.cat([seq, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
-    assert torch.equal(out, seq)
-
-
-def test_stop_token_pads_finished_sequences(tiny_model, tiny_config):
-    torch.manual_seed(7)
-    prompt = torch.randint(0, tiny_config.vocab_size, (2, 4))
-    free = generate(tiny_model, prompt, 10, SamplingOptions(temperature=0))
-    stop = int(free[0, 6])  # a token sequence 0 emits greedily at its third new token
-    out = generate(tiny_model, prompt, 10, SamplingOptions(temperature=0, stop_token=stop))
-    first = (out[0, 4:] == stop).nonzero()[0].item()
-    assert torch.all(out[0, 4 + first :] == stop)
-    assert torch.equal(out[0, : 4 + first], free[0, : 4 + first])
-
-
-def test_top_k_one_is_argmax():
-    torch.manual_seed(8)
-    logits = torch.randn(5, 30)
-    probs = logits_to_probs(logits, SamplingOptions(temperature=1.3, top_k=1))
-    assert torch.equal(probs.argmax(-1), logits.argmax(-1))
-    assert torch.allclose(probs.max(-1).values, torch.ones(5))
-    assert torch.equal(sample_token(probs), logits.argmax(-1))
-
-
-def test_top_p_keeps_smallest_set_reaching_p():
-    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    probs = logits_to_probs(logits, SamplingOptions(temperature=1.0, top_p=0.79))
-    # 0.5 alone < 0.79; 0.5 + 0.3 reaches it: exactly those two survive, renormalised.
-    assert torch.allclose(probs, torch.tensor([[0.625, 0.375, 0.0, 0.0]]), atol=1e-6)
-    probs = logits_to_probs(logits, SamplingOptions(temperature=1.0, top_p=0.81))  # needs the third token too
-    assert (probs > 0).sum() == 3
-    # top-p applies to the renormalised top 3: 0.5/0.95 + 0.3/0.95 = 0.84 < 0.9, so all three stay
-    probs = logits_to_probs(logits, SamplingOptions(temperature=1.0, top_k=3, top_p=0.9))
-    assert torch.allclose(probs, torch.tensor([[0.5, 0.3, 0.15, 0.0]]) / 0.95, atol=1e-6)
-    probs = logits_to_probs(logits, SamplingOptions(temperature=1.0, top_p=0.3))  # the top token alone already exceeds p
-    assert torch.allclose(probs, torch.tensor([[1.0, 0.0, 0.0, 0.0]]))
-
-
-def test_top_k_keeps_exactly_k_even_with_ties():
-    logits = torch.tensor([[1.0, 3.0, 3.0, 3.0, 0.0]])
-    probs = logits_to_probs(logits, SamplingOptions(temperature=1.0, top_k=2))
-    assert (probs > 0).sum() == 2 and torch.allclose(probs.sum(), torch.tensor(1.0))
-
-
-def test_temperature_zero_is_greedy_and_bad_values_are_refused():
-    logits = torch.randn(3, 10)
-    probs = logits_to_probs(logits, SamplingOptions(temperature=0))
-    assert torch.equal(probs.argmax(-1), logits.argmax(-1)) and torch.allclose(probs.sum(-1), torch.ones(3))
-    assert torch.equal(next_token(logits, SamplingOptions(temperature=0)), logits.argmax(-1))
-    for kwargs in (dict(temperature=-1), dict(top_k=0), dict(top_p=0.0), dict(top_p=1.5)):
-        with pytest.raises(ValueError):
-            SamplingOptions(**{"temperature": 1.0, **kwargs})  # the one place sampling values are checked
-
-
-@pytest.mark.parametrize(
-    "kwargs, field",
-    [
-        (dict(temperature=float("nan")), "temperature"),
-        (dict(top_k=2.5), "top_k"),
-        (dict(top_k=True), "top_k"),
-        (dict(top_p=float("nan")), "top_p"),
-        (dict(stop_token=-1), "stop_token"),
-        (dict(window_shift=0), "window_shift"),
-    ],
-)
-def test_sampling_options_name_the_bad_field(kwargs, field):
-    with pytest.raises(ValueError, match=field):
-        SamplingOptions(**kwargs)
-
-
-def test_window_shift_longer_than_the_window_is_refused(tiny_model, tiny_config):
-    options = SamplingOptions(window_shift=tiny_config.block_size + 1)
-    with pytest.raises(ValueError, match="window_shift"):
-        generate(tiny_model, torch.zeros(1, 3, dtype=torch.long), 2, options)
-
-
-def test_generate_samples_in_eval_mode_and_restores_the_mode():
-    cfg = GPTConfig(block_size=16, vocab_size=20, n_layer=1, n_head=2, n_embd=16, dropout=0.5)
-    torch.manual_seed(0)
-    model = GPT(cfg).train()
-    prompt = torch.zeros(2, 3, dtype=torch.long)
-    a = generate(model, prompt, 12, generator=torch.Generator().manual_seed(1))
-    b = generate(model, prompt, 12, generator=torch.Generator().manual_seed(1), use_cache=False)
-    assert model.training and torch.equal(a, b)  # dropout off while sampling, so both paths agree
-
-
 def test_crop_block_size(tiny_model, tiny_config):
     x = torch.randint(0, tiny_config.vocab_size, (1, 16))
     before, _ = tiny_model(x)
@@ -265,3 +129,94 @@ def test_crop_block_size(tiny_model, tiny_config):
     assert torch.allclose(before, after)
     with pytest.raises(ValueError):
         tiny_model.crop_block_size(17)
+
+
+
+# ----------------------------------------------------------------------------- the training loss, by chunks
+
+
+def make(vocab_size=67, **kwargs) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(block_size=32, vocab_size=vocab_size, n_layer=2, n_head=2, n_embd=32, **kwargs))
+
+
+def loss_and_grads(model: GPT, x, y, **kwargs):
+    model.zero_grad(set_to_none=True)
+    _, loss = model(x, y, **kwargs)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def force_chunks(monkeypatch, model: GPT, rows: int) -> None:
+    """Make model(x, y) take the chunked path with `rows` rows per chunk, even on a tiny problem."""
+    monkeypatch.setattr(model_module, "LOSS_CHUNK_ELEMENTS", rows * model.config.padded_vocab_size)
+
+
+@pytest.mark.parametrize("kwargs", [{}, dict(vocab_multiple=64), dict(logit_softcap=5.0)],
+                         ids=["plain", "padded-vocab", "softcap"])
+def test_chunked_loss_and_gradients_equal_the_plain_computation(monkeypatch, kwargs):
+    model = make(**kwargs)
+    torch.manual_seed(1)
+    x = torch.randint(0, 67, (2, 21))
+    y = torch.randint(0, 67, (2, 21))
+    y[0, :5] = -1  # ignored targets count for nothing, in the value and the gradients
+    plain, plain_grads = loss_and_grads(model, x, y, return_logits=True)  # F.cross_entropy on the logits
+    force_chunks(monkeypatch, model, 8)  # 42 rows: five chunks of 8 and a ragged one of 2
+    chunked, chunked_grads = loss_and_grads(model, x, y)
+    assert torch.allclose(chunked, plain, rtol=1e-6, atol=1e-6)
+    for name, g in plain_grads.items():
+        assert torch.allclose(chunked_grads[name], g, rtol=1e-5, atol=1e-7), name
+    with torch.no_grad():  # evaluation: the same value, no gradients formed
+        assert torch.allclose(model(x, y)[1], plain, rtol=1e-6, atol=1e-6)
+
+
+def test_chunked_loss_never_keeps_the_logits_for_backward(monkeypatch):
+    model = make(vocab_size=1000)
+    x = torch.randint(0, 1000, (2, 32))
+    n_logits = x.numel() * model.config.padded_vocab_size
+    force_chunks(monkeypatch, model, 16)
+    for kwargs, expect_logits in (({"return_logits": True}, True), ({}, False)):
+        saved = []  # the size of every tensor autograd keeps for the backward
+        with torch.autograd.graph.saved_tensors_hooks(lambda t, saved=saved: saved.append(t.numel()) or t,
+                                                      lambda t: t):
+            model(x, x, **kwargs)
+        assert (max(saved) >= n_logits) == expect_logits
+
+
+def test_chunked_loss_under_autocast_matches_the_plain_one(monkeypatch):
+    model = make(vocab_multiple=64)
+    x = torch.randint(0, 67, (2, 24))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        plain, plain_grads = loss_and_grads(model, x, x, return_logits=True)
+        force_chunks(monkeypatch, model, 16)
+        chunked, chunked_grads = loss_and_grads(model, x, x)
+    assert abs(chunked.item() - plain.item()) < 2e-2  # bf16 matmuls in both; the chunks' lse is in fp32
+    for name, g in plain_grads.items():
+        assert (chunked_grads[name] - g).norm() <= 0.05 * g.norm() + 1e-6, name
+
+
+def test_chunked_loss_compiles_to_the_same_values(monkeypatch):
+    model = make(logit_softcap=5.0)
+    x = torch.randint(0, 67, (2, 24))
+    force_chunks(monkeypatch, model, 16)
+    eager, eager_grads = loss_and_grads(model, x, x)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True, dynamic=False)  # the Function traced
+    model.zero_grad(set_to_none=True)
+    loss = compiled(x, x)[1]
+    loss.backward()
+    assert torch.allclose(loss, eager, atol=1e-6)
+    for name, g in eager_grads.items():
+        assert torch.allclose(dict(model.named_parameters())[name].grad, g, rtol=1e-5, atol=1e-7), name
+
+
+def test_linear_cross_entropy_plain_and_chunked_agree_directly():
+    torch.manual_seed(2)
+    x = torch.randn(50, 8, requires_grad=True)
+    w = torch.randn(13, 8, requires_grad=True)
+    t = torch.randint(0, 13, (50,))
+    expected = F.cross_entropy(x @ w.t(), t)
+    ex_grads = torch.autograd.grad(expected, (x, w))
+    got = linear_cross_entropy(x, w, t, chunk_elements=13 * 7)  # chunks of 4 rows (a power of two <= 7)
+    grads = torch.autograd.grad(got, (x, w))
+    assert torch.allclose(got, expected, atol=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads, ex_grads))

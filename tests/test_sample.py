@@ -11,7 +11,7 @@ import torch
 
 import sample
 from checkpoint import save_checkpoint
-from generate import SamplingOptions, decode_one_token
+from generate import SamplingOptions, decode_step
 from model import GPT, GPTConfig
 from tokenizer import Tokenizer
 
@@ -127,25 +127,39 @@ def test_text_stream_flushes_invalid_bytes(gpt2_tokenizer):
 
 
 def test_compiled_step_never_recompiles(tiny_model, tiny_config):
-    """generate_stream feeds the one-token step inputs of fixed shape and strides, so a compiled step is traced
-    once. (The eager backend traces like the real one, without the slow code generation; the CUDA graph path
-    needs a GPU.)"""
+    """generate_stream feeds the one-token step inputs of fixed shape and strides (the token, the position, the
+    noise), so a compiled step is traced once per batch size and options, sampling included. (The eager
+    backend traces like the real one, without the slow code generation; the CUDA graph path needs a GPU.)"""
     import torch._dynamo
 
+    n = tiny_config.block_size + 10  # past block_size: refills of the window between the compiled steps
+    for batch, options in ((2, SamplingOptions(temperature=0.0)), (1, SamplingOptions(temperature=0.8, top_k=9))):
+        torch._dynamo.reset()
+
+        def ids(batch=batch, options=options, **kwargs):
+            return sample.generate_ids(tiny_model, [1, 2, 3], batch, n, options,
+                                       generator=torch.Generator().manual_seed(0), **kwargs)
+
+        reference = ids()
+        compiled = torch.compile(decode_step, backend="eager", fullgraph=True, dynamic=False)
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            got = ids(step_fn=compiled)
+        assert got == reference
     torch._dynamo.reset()
-    n = tiny_config.block_size + 10
-    greedy = SamplingOptions(temperature=0.0)
-    reference = sample.generate_ids(tiny_model, [1, 2, 3], 2, n, greedy)
-    compiled = torch.compile(decode_one_token, backend="eager", fullgraph=True)
-    with torch._dynamo.config.patch(error_on_recompile=True):
-        got = sample.generate_ids(tiny_model, [1, 2, 3], 2, n, greedy, step_fn=compiled)
-    torch._dynamo.reset()
-    assert got == reference
 
 
-def test_cpu_never_compiles_unless_asked():
-    assert sample.decode_step_fn(torch.device("cpu"), None) is None
-    assert sample.decode_step_fn(torch.device("cpu"), False) is None
+def test_compile_auto_is_off_on_the_cpu_and_stderr_says_when_it_compiles(capsys, char_ckpt, monkeypatch):
+    sample.main(["--device=cpu", f"--ckpt={char_ckpt}", "--max_new_tokens=5"])
+    assert "decode step not compiled: not by default on cpu" in capsys.readouterr().err
+    compiled = []
+
+    def fake_compile(device):  # the real one is tested in test_generate.py; here only the CLI's wiring
+        compiled.append(device)
+        return torch.compile(decode_step, backend="eager", fullgraph=True, dynamic=False)
+
+    monkeypatch.setattr(sample, "compile_decode_step", fake_compile)
+    sample.main(["--device=cpu", f"--ckpt={char_ckpt}", "--max_new_tokens=5", "--compile=True"])
+    assert "compiling the decode step" in capsys.readouterr().err and compiled == [torch.device("cpu")]
 
 
 def test_cut_at():

@@ -1,0 +1,67 @@
+"""How much one training step grows the process: a 1-layer, 128-wide GPT with GPT-2's vocabulary (padded to
+50,304), B x 1024 tokens, fp32 on the CPU, one train.forward_backward + AdamW step. Nearly all of its memory
+is the head and the loss, so this measures how the loss is computed.
+
+    python benchmarks/loss_memory.py --batch_size 8            # from the repository root
+
+It uses only train.forward_backward, so the same command measures an older checkout too (run it from there,
+e.g. `git worktree add /tmp/old d1a0cdf && cd /tmp/old && python /path/to/benchmarks/loss_memory.py`).
+Prints the step's loss (equal before and after: the same computation), the process' resident memory before
+the step, its peak, their difference, and the step's wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import time
+
+sys.path.insert(0, os.getcwd())  # the checkout this is run from, not necessarily this file's
+
+import torch  # noqa: E402
+
+from config import TrainConfig  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+from optim import make_optimizer  # noqa: E402
+from runtime import setup_runtime  # noqa: E402
+from train import forward_backward  # noqa: E402
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS in /proc/self/status (Linux only)")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batch_size", type=int, default=8)
+    p.add_argument("--steps", type=int, default=1, help="steps to time (the memory is the peak over all)")
+    args = p.parse_args()
+    rt = setup_runtime("cpu", "float32")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=1024, vocab_size=50257, n_layer=1, n_head=2, n_embd=128, vocab_multiple=64))
+    optimizer = make_optimizer(model, TrainConfig(weight_decay=0.1, learning_rate=6e-4), "cpu")
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    x = torch.randint(0, 50257, (args.batch_size, 1024))
+    y = torch.randint(0, 50257, (args.batch_size, 1024))
+    before = rss_mb()
+    times = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        loss, _ = forward_backward(model, optimizer, scaler, lambda: (x, y), 1, rt, 1.0)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
+    print(f"batch {args.batch_size} x 1024: loss {loss.item():.4f} | RSS before {before:,.0f} MB, peak {peak:,.0f} MB, "
+          f"grew {peak - before:,.0f} MB | step {sorted(times)[len(times) // 2]:.2f} s")
+
+
+if __name__ == "__main__":
+    main()

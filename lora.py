@@ -1,0 +1,166 @@
+"""LoRA: fine-tune a big model by training small low-rank updates of some of its Linear layers.
+
+    lora.apply(model, LoRASettings(rank=8, alpha=16, targets="attn.c_attn,attn.c_proj"))  # freezes the base
+    lora.adapter_state_dict(model)      # only the adapters: what a LoRA checkpoint stores
+    lora.merge(model)                   # fold the updates into the weights: an ordinary GPT again
+
+A targeted layer y = x W^T + b becomes y = x W^T + b + (dropout(x) A^T B^T) * (alpha / rank), with A (rank, in)
+and B (out, rank) trainable and W, b frozen. B starts at zero, so before the first step the model computes
+exactly what the base model computes. The model does not know LoRA exists: `apply` swaps the targeted
+nn.Linear modules for `LoRALinear`, a subclass that keeps the same `weight` and `bias` (so the base's
+parameter names are unchanged) and adds `lora_A` and `lora_B`.
+
+`fingerprint` identifies the base weights, so that a LoRA checkpoint whose base changed or went missing is
+refused with a one-line error instead of producing garbage.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from cli import UserError
+
+# The Linear layers inside a block that LoRA can adapt, by their path in the block.
+TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+# All four: adapting every projection (not only the attention's) gives the best quality per trainable
+# parameter in the LoRA/QLoRA papers' ablations, and still trains ~1% of GPT-2's weights at rank 8.
+DEFAULT_TARGETS = ",".join(TARGETS)
+
+
+class LoRAError(UserError):
+    """Bad LoRA settings, or adapters that do not fit their base."""
+
+
+@dataclass(frozen=True)
+class LoRASettings:
+    rank: int
+    alpha: float = 16.0
+    dropout: float = 0.0
+    targets: str = DEFAULT_TARGETS
+
+    def __post_init__(self):
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
+            raise LoRAError(f"lora_rank must be a positive integer (0 turns LoRA off), got {self.rank!r}")
+        if not self.alpha > 0:
+            raise LoRAError(f"lora_alpha must be positive, got {self.alpha!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise LoRAError(f"lora_dropout must be in [0, 1), got {self.dropout!r}")
+        self.target_list()  # checks the names
+
+    def target_list(self) -> list[str]:
+        names = [t.strip() for t in self.targets.split(",") if t.strip()]
+        unknown = [t for t in names if t not in TARGETS]
+        if unknown or not names:
+            raise LoRAError(f"lora_targets: unknown layer(s) {', '.join(unknown) or '(none given)'}; "
+                            f"choose from {', '.join(TARGETS)} (comma-separated)")
+        return names
+
+    def to_dict(self) -> dict:
+        return {"rank": self.rank, "alpha": self.alpha, "dropout": self.dropout, "targets": self.targets}
+
+
+class LoRALinear(nn.Linear):
+    """A frozen nn.Linear plus a trainable low-rank update; same weight/bias names as the layer it replaces."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float):
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.weight, self.bias = base.weight, base.bias  # the base's own parameters, not copies
+        self.weight.requires_grad_(False)
+        if self.bias is not None:
+            self.bias.requires_grad_(False)
+        device = base.weight.device
+        self.lora_A = nn.Parameter(torch.empty(rank, self.in_features, device=device))
+        self.lora_B = nn.Parameter(torch.zeros(self.out_features, rank, device=device))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # nn.Linear's own init, for a (rank, in) weight
+        self.scale = alpha / rank
+        self.lora_dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        update = F.linear(F.linear(self.lora_dropout(x), self.lora_A), self.lora_B)  # (..., in) -> (..., rank) -> (..., out)
+        return F.linear(x, self.weight, self.bias) + update * self.scale
+
+    def merged_weight(self) -> torch.Tensor:
+        """W + (B @ A) * scale, in the base weight's dtype: the weight of the equivalent plain Linear."""
+        delta = (self.lora_B.float() @ self.lora_A.float()) * self.scale  # (out, rank) @ (rank, in)
+        return (self.weight.float() + delta).to(self.weight.dtype)
+
+
+def _targeted(model: nn.Module, settings: LoRASettings):
+    """(block, path, the Linear) for every targeted layer of every block."""
+    for block in model.transformer.h:
+        for path in settings.target_list():
+            parent_name, name = path.split(".")
+            parent = getattr(block, parent_name)
+            yield parent, name, getattr(parent, name)
+
+
+def apply(model: nn.Module, settings: LoRASettings) -> nn.Module:
+    """Freeze every parameter of `model` and give each targeted Linear a trainable low-rank update (in
+    place; returns the model)."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for parent, name, linear in _targeted(model, settings):
+        if isinstance(linear, LoRALinear):
+            raise LoRAError("the model already has LoRA adapters")
+        setattr(parent, name, LoRALinear(linear, settings.rank, settings.alpha, settings.dropout))
+    return model
+
+
+def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The adapters' tensors only, under the model's own key names (…attn.c_attn.lora_A, …)."""
+    return {k: v for k, v in model.state_dict().items() if k.endswith((".lora_A", ".lora_B"))}
+
+
+def load_adapters(model: nn.Module, adapters: dict[str, torch.Tensor]) -> None:
+    """Load adapter tensors saved by adapter_state_dict into a model that `apply` prepared the same way."""
+    ours = adapter_state_dict(model)
+    if set(adapters) != set(ours):
+        missing, extra = sorted(set(ours) - set(adapters)), sorted(set(adapters) - set(ours))
+        raise LoRAError(f"the saved adapters do not fit this model (missing {len(missing)}, unexpected "
+                        f"{len(extra)}, e.g. {(missing or extra)[0]}); was it saved with other lora_targets?")
+    for key, value in adapters.items():
+        if value.shape != ours[key].shape:
+            raise LoRAError(f"adapter {key} has shape {tuple(value.shape)}, the model needs "
+                            f"{tuple(ours[key].shape)}; was it saved with another lora_rank or base model?")
+    model.load_state_dict(adapters, strict=False)
+
+
+@torch.no_grad()
+def merge(model: nn.Module) -> nn.Module:
+    """Fold every adapter into its weight and put plain nn.Linear layers back (in place; returns the model).
+    Tensors that LoRA did not target are left exactly as they were."""
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, LoRALinear):
+                plain = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None,
+                                  device=child.weight.device, dtype=child.weight.dtype)
+                plain.weight.copy_(child.merged_weight())
+                if child.bias is not None:
+                    plain.bias.copy_(child.bias)
+                setattr(module, name, plain)
+    return model
+
+
+def trainable_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+@torch.no_grad()
+def fingerprint(state_dict: dict[str, torch.Tensor], samples: int = 4096) -> str:
+    """A short hash of a model's weights: names, shapes, dtypes and an evenly spaced sample of each tensor's
+    values. Reading a few thousand values per tensor keeps it instant for gpt2-xl; a fine-tuned or otherwise
+    changed base differs in essentially every weight, so it cannot keep the fingerprint."""
+    h = hashlib.sha256()
+    for key in sorted(state_dict):
+        t = state_dict[key].detach().flatten()
+        h.update(f"{key}:{tuple(state_dict[key].shape)}:{t.dtype}".encode())
+        step = max(1, t.numel() // samples)
+        h.update(t[::step].float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]

@@ -1,0 +1,305 @@
+"""Decoding (generate.py): the prefill and one-token steps, generation with and without the KV cache, the
+sampling options, the Gumbel-max sampler (its distribution, its seed), the float32 head, and the compiled
+one-token step."""
+
+import math
+
+import pytest
+import torch
+
+from generate import (
+    DECODE_COMPILE_COST,
+    SamplingOptions,
+    compile_decision,
+    compile_decode_step,
+    decode_one_token,
+    decode_step,
+    exponential_noise,
+    generate,
+    logits_to_probs,
+    next_token,
+    prefill,
+    sample_token,
+)
+from model import GPT, GPTConfig
+
+
+def test_prefill_and_decode_one_token_give_the_full_forward_logits(tiny_model, tiny_config):
+    torch.manual_seed(3)
+    B, T = 2, 12
+    x = torch.randint(0, tiny_config.vocab_size, (B, T))
+    full, _ = tiny_model(x)  # (B, T, V)
+    tiny_model.setup_kv_cache(B)
+    with torch.no_grad():
+        logits = [prefill(tiny_model, x[:, :5], torch.arange(5))]  # the last prompt position only, (B, V)
+        for t in range(5, T):
+            logits.append(decode_one_token(tiny_model, x[:, t : t + 1], torch.tensor([t])))
+    tiny_model.clear_kv_cache()
+    assert logits[0].shape == (B, tiny_config.vocab_size)
+    assert torch.allclose(torch.stack(logits, dim=1), full[:, 4:], atol=1e-5)
+
+
+def test_greedy_with_cache_equals_without(tiny_model, tiny_config):
+    torch.manual_seed(4)
+    prompt = torch.randint(0, tiny_config.vocab_size, (3, 5))
+    greedy = SamplingOptions(temperature=0)
+    a = generate(tiny_model, prompt, 20, greedy)
+    b = generate(tiny_model, prompt, 20, greedy, use_cache=False)
+    assert a.shape == (3, 25) and torch.equal(a, b) and torch.equal(a[:, :5], prompt)
+
+
+@pytest.mark.parametrize("shift", [None, 1, 5])
+def test_generation_past_block_size(tiny_model, tiny_config, shift):
+    torch.manual_seed(5)
+    prompt = torch.randint(0, tiny_config.vocab_size, (2, 10))
+    n = 3 * tiny_config.block_size
+    gen = torch.Generator().manual_seed(0)
+    options = SamplingOptions(temperature=0.8, top_k=20, window_shift=shift)
+    a = generate(tiny_model, prompt, n, options, generator=gen)
+    gen = torch.Generator().manual_seed(0)
+    b = generate(tiny_model, prompt, n, options, generator=gen, use_cache=False)
+    assert a.shape == (2, 10 + n) and torch.equal(a, b)
+
+
+def test_sliding_window_of_one_is_the_last_block_size_tokens(tiny_model, tiny_config):
+    """window_shift=1: every new token is predicted from exactly the last block_size tokens."""
+    torch.manual_seed(6)
+    bs = tiny_config.block_size
+    prompt = torch.randint(0, tiny_config.vocab_size, (1, bs + 5))  # longer than the context
+    out = generate(tiny_model, prompt, 6, SamplingOptions(temperature=0, window_shift=1))
+    seq = prompt
+    for _ in range(6):
+        logits, _ = tiny_model(seq[:, -bs:])
+        seq = torch.cat([seq, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(out, seq)
+
+
+def test_stop_token_pads_finished_sequences(tiny_model, tiny_config):
+    torch.manual_seed(7)
+    prompt = torch.randint(0, tiny_config.vocab_size, (2, 4))
+    free = generate(tiny_model, prompt, 10, SamplingOptions(temperature=0))
+    stop = int(free[0, 6])  # a token sequence 0 emits greedily at its third new token
+    out = generate(tiny_model, prompt, 10, SamplingOptions(temperature=0, stop_token=stop))
+    first = (out[0, 4:] == stop).nonzero()[0].item()
+    assert torch.all(out[0, 4 + first :] == stop)
+    assert torch.equal(out[0, : 4 + first], free[0, : 4 + first])
+
+
+def test_top_k_one_is_argmax():
+    torch.manual_seed(8)
+    logits = torch.randn(5, 30)
+    probs = logits_to_probs(logits, SamplingOptions(temperature=1.3, top_k=1))
+    assert torch.equal(probs.argmax(-1), logits.argmax(-1))
+    assert torch.allclose(probs.max(-1).values, torch.ones(5))
+    assert torch.equal(sample_token(probs, exponential_noise(probs.shape)), logits.argmax(-1))
+
+
+def test_top_p_keeps_smallest_set_reaching_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    probs = logits_to_probs(logits, SamplingOptions(temperature=1.0, top_p=0.79))
+    # 0.5 alone < 0.79; 0.5 + 0.3 reaches it: exactly those two survive, renormalised.
+    assert torch.allclose(probs, torch.tensor([[0.625, 0.375, 0.0, 0.0]]), atol=1e-6)
+    probs = logits_to_probs(logits, SamplingOptions(temperature=1.0, top_p=0.81))  # needs the third token too
+    assert (probs > 0).sum() == 3
+    # top-p applies to the renormalised top 3: 0.5/0.95 + 0.3/0.95 = 0.84 < 0.9, so all three stay
+    probs = logits_to_probs(logits, SamplingOptions(temperature=1.0, top_k=3, top_p=0.9))
+    assert torch.allclose(probs, torch.tensor([[0.5, 0.3, 0.15, 0.0]]) / 0.95, atol=1e-6)
+    probs = logits_to_probs(logits, SamplingOptions(temperature=1.0, top_p=0.3))  # the top token alone already exceeds p
+    assert torch.allclose(probs, torch.tensor([[1.0, 0.0, 0.0, 0.0]]))
+
+
+def test_top_k_keeps_exactly_k_even_with_ties():
+    logits = torch.tensor([[1.0, 3.0, 3.0, 3.0, 0.0]])
+    probs = logits_to_probs(logits, SamplingOptions(temperature=1.0, top_k=2))
+    assert (probs > 0).sum() == 2 and torch.allclose(probs.sum(), torch.tensor(1.0))
+
+
+def test_temperature_zero_is_greedy_and_bad_values_are_refused():
+    logits = torch.randn(3, 10)
+    probs = logits_to_probs(logits, SamplingOptions(temperature=0))
+    assert torch.equal(probs.argmax(-1), logits.argmax(-1)) and torch.allclose(probs.sum(-1), torch.ones(3))
+    assert torch.equal(next_token(logits, SamplingOptions(temperature=0)), logits.argmax(-1))
+    for kwargs in (dict(temperature=-1), dict(top_k=0), dict(top_p=0.0), dict(top_p=1.5)):
+        with pytest.raises(ValueError):
+            SamplingOptions(**{"temperature": 1.0, **kwargs})  # the one place sampling values are checked
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(top_k=2.5), "top_k"),
+        (dict(top_k=True), "top_k"),
+        (dict(top_p=float("nan")), "top_p"),
+        (dict(stop_token=-1), "stop_token"),
+        (dict(window_shift=0), "window_shift"),
+    ],
+)
+def test_sampling_options_name_the_bad_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        SamplingOptions(**kwargs)
+
+
+def test_window_shift_longer_than_the_window_is_refused(tiny_model, tiny_config):
+    options = SamplingOptions(window_shift=tiny_config.block_size + 1)
+    with pytest.raises(ValueError, match="window_shift"):
+        generate(tiny_model, torch.zeros(1, 3, dtype=torch.long), 2, options)
+
+
+def test_generate_samples_in_eval_mode_and_restores_the_mode():
+    cfg = GPTConfig(block_size=16, vocab_size=20, n_layer=1, n_head=2, n_embd=16, dropout=0.5)
+    torch.manual_seed(0)
+    model = GPT(cfg).train()
+    prompt = torch.zeros(2, 3, dtype=torch.long)
+    a = generate(model, prompt, 12, generator=torch.Generator().manual_seed(1))
+    b = generate(model, prompt, 12, generator=torch.Generator().manual_seed(1), use_cache=False)
+    assert model.training and torch.equal(a, b)  # dropout off while sampling, so both paths agree
+
+
+# ----------------------------------------------------------------------------- the Gumbel-max sampler
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        SamplingOptions(temperature=1.0),
+        SamplingOptions(temperature=0.6),
+        SamplingOptions(temperature=1.7),
+        SamplingOptions(temperature=1.0, top_k=3),
+        SamplingOptions(temperature=1.0, top_p=0.8),
+        SamplingOptions(temperature=1.3, top_k=4, top_p=0.9),
+    ],
+    ids=["T1", "T0.6", "T1.7", "topk3", "topp0.8", "T1.3-topk4-topp0.9"],
+)
+def test_draws_follow_logits_to_probs(options):
+    """argmax(probs / Exp(1) noise) draws token i with probability probs_i: a chi-square test of 40,000 draws
+    (one fixed seed) against logits_to_probs, which defines what temperature, top-k and top-p mean."""
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, -3.0]])
+    probs = logits_to_probs(logits, options)[0].double()
+    n = 40_000
+    noise = exponential_noise((n, 6), generator=torch.Generator().manual_seed(0))
+    tokens = next_token(logits.expand(n, -1), options, noise)
+    counts = torch.bincount(tokens, minlength=6).double()
+    kept = probs > 0
+    assert counts[~kept].sum() == 0  # what top-k/top-p cut is never drawn
+    expected = probs[kept] * n
+    chi2 = ((counts[kept] - expected) ** 2 / expected).sum()
+    p_value = torch.special.gammaincc((kept.sum() - 1) / 2.0, chi2 / 2)  # chi-square survival function
+    assert p_value > 1e-3, (counts, expected)
+
+
+def test_sampling_needs_noise_and_zero_noise_never_picks_a_cut_token():
+    logits = torch.tensor([[3.0, 0.0, -1.0]])
+    with pytest.raises(ValueError, match="noise"):
+        next_token(logits, SamplingOptions(temperature=1.0))
+    probs = logits_to_probs(logits, SamplingOptions(top_k=1))
+    assert sample_token(probs, torch.zeros(1, 3)).item() == 0  # 0/0 would be NaN, which argmax would pick
+
+
+def test_a_seed_reproduces_the_samples(tiny_model, tiny_config):
+    prompt = torch.randint(0, tiny_config.vocab_size, (2, 4))
+    options = SamplingOptions(temperature=1.0, top_k=20)
+
+    def run(seed, **kwargs):
+        return generate(tiny_model, prompt, 30, options, generator=torch.Generator().manual_seed(seed), **kwargs)
+
+    assert torch.equal(run(1), run(1)) and not torch.equal(run(1), run(2))
+    assert torch.equal(run(1), run(1, use_cache=False))  # the same draws on both paths
+
+
+# ----------------------------------------------------------------------------- the float32 head
+
+
+def test_sampling_logits_are_float32_from_bf16_weights():
+    cfg = GPTConfig(block_size=16, vocab_size=50, n_layer=1, n_head=2, n_embd=32, vocab_multiple=64)
+    torch.manual_seed(0)
+    model = GPT(cfg).eval().to(torch.bfloat16)
+    idx = torch.randint(0, 50, (2, 6))
+    model.setup_kv_cache(2)
+    with torch.no_grad():
+        logits = prefill(model, idx, torch.arange(6))
+        hidden = model.hidden_states(idx, torch.arange(6))[:, -1]
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast does not take the head back to bf16
+            again = model.head(hidden, fp32=True)
+    assert logits.dtype == torch.float32 and logits.shape == (2, 50)  # the 14 padding rows are not computed
+    exact = hidden.float() @ model.lm_head.weight[:50].float().t()
+    assert torch.equal(logits, exact) and torch.equal(again, exact)
+
+
+# ----------------------------------------------------------------------------- the compiled step
+
+
+def test_compiled_step_gives_the_eager_tokens(tiny_model, tiny_config):
+    """The whole step, forward and draw, compiled by inductor into one graph (fullgraph=True: a graph break
+    would fail), gives the eager tokens: greedy, and sampled with a seed (the noise is an input of the graph).
+    Past block_size, so the eager refills of the window alternate with the compiled steps."""
+    step = compile_decode_step(torch.device("cpu"))
+    prompt = torch.randint(0, tiny_config.vocab_size, (2, 5))
+    n = tiny_config.block_size + 8
+    greedy = SamplingOptions(temperature=0)
+    assert torch.equal(generate(tiny_model, prompt, n, greedy, step_fn=step), generate(tiny_model, prompt, n, greedy))
+    sampled = SamplingOptions(temperature=0.9, top_k=10, top_p=0.9)
+
+    def run(**kwargs):
+        return generate(tiny_model, prompt, n, sampled, generator=torch.Generator().manual_seed(3), **kwargs)
+
+    assert torch.equal(run(step_fn=step), run())
+
+
+def test_decode_step_is_decode_one_token_then_next_token(tiny_model, tiny_config):
+    tiny_model.setup_kv_cache(2)
+    x = torch.randint(0, tiny_config.vocab_size, (2, 6))
+    options = SamplingOptions(temperature=0.8, top_p=0.9)
+    noise = exponential_noise((2, tiny_config.vocab_size), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        prefill(tiny_model, x[:, :5], torch.arange(5))
+        token = decode_step(tiny_model, x[:, 5:], torch.tensor([5]), options, noise)
+        prefill(tiny_model, x[:, :5], torch.arange(5))
+        logits = decode_one_token(tiny_model, x[:, 5:], torch.tensor([5]))
+    tiny_model.clear_kv_cache()
+    assert torch.equal(token, next_token(logits, options, noise))
+
+
+def test_compile_decision_by_device_and_length(monkeypatch):
+    cpu = torch.device("cpu")
+    assert compile_decision(cpu, None, 10**9)[0] is False  # not by default on the CPU (BENCHMARKS.md)
+    assert compile_decision(cpu, True, 1)[0] is True and compile_decision(cpu, False, 10**9)[0] is False
+    import generate as generate_module
+
+    monkeypatch.setattr(generate_module, "resolve_compile", lambda flag, device: (True, "compile on"))
+    seconds, saved_ms = DECODE_COMPILE_COST["cuda"]
+    needed = math.ceil(seconds / (saved_ms / 1000))
+    cuda = torch.device("cuda")
+    use, why = compile_decision(cuda, None, needed - 1)
+    assert not use and "too few" in why
+    use, why = compile_decision(cuda, None, needed)
+    assert use and why.startswith("compiling the decode step")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs)")
+def test_cuda_graph_step_captures_forward_and_draw():
+    """On a GPU: mode="reduce-overhead" records the whole step as a CUDA graph (cudagraph_or_error turns any
+    "skipping cudagraphs" into a failure), and it gives the eager tokens, greedy and sampled with a seed; bf16
+    weights give float32 logits through torch.mm's out_dtype."""
+    import torch._inductor.config as inductor_config
+
+    device = torch.device("cuda")
+    cfg = GPTConfig(block_size=64, vocab_size=300, n_layer=2, n_head=2, n_embd=64, vocab_multiple=64)
+    torch.manual_seed(0)
+    model = GPT(cfg).to(device).eval()
+    prompt = torch.randint(0, 300, (2, 5), device=device)
+    with inductor_config.patch({"triton.cudagraph_or_error": True}):
+        step = compile_decode_step(device)
+        for options in (SamplingOptions(temperature=0), SamplingOptions(temperature=0.9, top_k=50, top_p=0.95)):
+            def run(options=options, **kwargs):
+                gen = torch.Generator(device=device).manual_seed(1)
+                return generate(model, prompt, 80, options, generator=gen, **kwargs)
+
+            assert torch.equal(run(step_fn=step), run())
+    model.to(torch.bfloat16)
+    model.setup_kv_cache(2)
+    with torch.no_grad():
+        hidden = model.hidden_states(prompt, torch.arange(5, device=device))[:, -1]
+        logits = model.head(hidden, fp32=True)
+    exact = hidden.float() @ model.lm_head.weight[:300].float().t()
+    assert logits.dtype == torch.float32 and torch.allclose(logits, exact, rtol=1e-5, atol=1e-5)
