@@ -66,14 +66,18 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 ACTIVATIONS = {"gelu_tanh": gelu_tanh, "relu2": relu_squared}  # GPTConfig.activation -> the MLP's nonlinearity
 
 
-def rotate(x: torch.Tensor, pos: torch.Tensor, base: float) -> torch.Tensor:
-    """Rotary position embedding: x (B, H, T, D) at positions pos (T,). Channel pair (i, i + D/2) is turned by
-    the angle pos * base^(-2i/D), so a query-key dot product depends on their distance only. Computed from pos
-    each call (no buffers: nothing for DDP to broadcast, nothing to move between devices)."""
-    D = x.size(-1)
-    inv_freq = base ** -(torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D)  # (D/2,)
+def rotary_angles(pos: torch.Tensor, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE: the cos and sin (T, D/2) of the angles pos * base^(-2i/D) by which channel pair (i, i + D/2) of
+    the tokens at positions pos (T,) is turned. Computed from pos on every call: no buffers, so nothing for
+    DDP to broadcast and nothing to move between devices."""
+    inv_freq = base ** -(torch.arange(0, head_dim, 2, device=pos.device, dtype=torch.float32) / head_dim)
     angle = pos.float()[:, None] * inv_freq  # (T, D/2)
-    cos, sin = angle.cos(), angle.sin()
+    return angle.cos(), angle.sin()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Turn the channel pairs of x (B, H, T, D) by the angles of rotary_angles: a query-key dot product then
+    depends on the distance of their positions only."""
     x1, x2 = x.float().chunk(2, dim=-1)  # (B, H, T, D/2) each
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).type_as(x)
 
@@ -104,7 +108,8 @@ class CausalSelfAttention(nn.Module):
             q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
         if self.rope_base is not None:  # positions enter here, as rotations, instead of through wpe
             positions = pos if pos is not None else torch.arange(T, device=x.device)
-            q, k = rotate(q, positions, self.rope_base), rotate(k, positions, self.rope_base)
+            cos, sin = rotary_angles(positions, C // self.n_head, self.rope_base)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         dropout_p = self.dropout if self.training else 0.0
 
         if pos is None:

@@ -5,7 +5,7 @@
 
 A step is 32 sequences x 1024 tokens x 16 micro-batches = 524,288 tokens (2 micro-batches per GPU on 8 GPUs;
 16 on one). 19,073 steps are one pass over the 10B tokens. For OpenWebText use --dataset=openwebtext.
-Every 250 steps it also scores HellaSwag (all 10,042 items, a few seconds; downloaded once before training):
+Every 250 steps it also scores HellaSwag (all 10,042 items; seconds on GPUs, by estimate; fetched before step 0):
 metrics.jsonl gets hellaswag_acc_norm, which OpenAI's GPT-2 124M puts at 0.2955 (python plot.py out-gpt2-124m).
 """
 
