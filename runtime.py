@@ -2,7 +2,7 @@
 
     rt = setup_runtime(device="auto", dtype="auto")
     with rt.autocast():
-        logits, loss = model(x, y)
+        _, loss = model(x, y)      # with targets the model returns no logits
 
     with distributed(device, dtype, backend) as (d, rt):   # torchrun or not; an orderly teardown either way
         ...
