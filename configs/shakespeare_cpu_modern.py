@@ -5,7 +5,7 @@
 The same data and model size as shakespeare_cpu.py (4 layers, 4 heads, 128 wide, context 64), with RoPE,
 RMSNorm, QK-norm, ReLU², an untied zero-init head, zero-init projections and logit soft-capping (arch =
 "modern"), Muon for the blocks' matrices (AdamW for the rest) and a warmup-stable-decay schedule. It reaches
-shakespeare_cpu.py's final val loss (1.80) in well under half its wall time, and ~1.6 by the time that one
+shakespeare_cpu.py's final val loss (1.80) in about a third of its wall time, and 1.56 by the time that one
 ends (BENCHMARKS.md, "The modern recipe"). Muon's Newton-Schulz iteration costs the same per step whatever
 the batch, so a CPU does better with fewer, bigger steps: 32 sequences a step instead of 12.
 """
