@@ -5,7 +5,7 @@
 
 Training uses the project's real step (train.forward_backward + the AdamW/GradScaler update, with autocast,
 torch.compile and fused AdamW where train.py would use them) on random tokens or a prepared dataset.
-Decoding times generate.py's loop with and without the KV cache (with the compiled one-token step of
+Decoding times gptkit/generate.py's loop with and without the KV cache (with the compiled one-token step of
 generate.compile_decode_step when compile is on), and its prefill of a prompt. Warm-up and compilation are
 excluded; each figure is the median of several repeats, timed with CUDA events on a GPU.
 
@@ -32,14 +32,14 @@ from pathlib import Path
 
 import torch
 
-import cli
-from config import TrainConfig
-from generate import SamplingOptions, compile_decode_step, generate_stream, prefill
-from metrics import flops_per_token, peak_flops
+from gptkit import cli
+from gptkit.config import TrainConfig
+from gptkit.generate import SamplingOptions, compile_decode_step, generate_stream, prefill
+from gptkit.metrics import flops_per_token, peak_flops
+from gptkit.optim import make_optimizer
+from gptkit.runtime import Runtime, resolve_compile, setup_runtime
+from gptkit.shards import read_meta, require_dataset
 from model import GPT, GPTConfig
-from optim import make_optimizer
-from runtime import Runtime, resolve_compile, setup_runtime
-from shards import read_meta, require_dataset
 from train import forward_backward
 
 # Model sizes by name: (n_layer, n_head, n_embd, block_size, vocab_size, vocab_multiple)
@@ -134,7 +134,7 @@ def bench_train(name: str, rt: Runtime, args) -> dict:
     else:
         step_model = model
     if args.data:
-        from loader import BatchLoader
+        from gptkit.loader import BatchLoader
 
         loader = BatchLoader(args.data, "train", batch_size=batch, block_size=cfg.block_size, device=rt.device)
         next_batch = loader.next_batch
@@ -198,7 +198,7 @@ def bench_decode(name: str, rt: Runtime, args) -> list[dict]:
             if not use_cache and args.skip_nocache:
                 continue
             # Without the cache: nanoGPT's decoder, a full forward over the last block_size tokens per token.
-            # With it: one-token steps; past block_size the window moves by block_size // 4 (generate.py).
+            # With it: one-token steps; past block_size the window moves by block_size // 4 (gptkit/generate.py).
             options = SamplingOptions(window_shift=None if use_cache else 1)
             reset_peak_memory(rt)
             sec = statistics.median(time_decode(

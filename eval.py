@@ -8,7 +8,7 @@
 What was loaded, a progress bar and a readable summary go to stderr; the last line on stdout is one JSON object
 with the results (`... | tail -n 1 | jq .acc_norm`). Every bad input ends in a one-line `error: ...`.
 
---task hellaswag: the 10,042 validation items, scored by completion (hellaswag.py says how, where the file is
+--task hellaswag: the 10,042 validation items, scored by completion (gptkit/hellaswag.py says how, where the file is
   cached and what happens to contexts longer than the model's); --input PATH reads a local copy instead.
   Result: {"task", "n", "acc", "acc_norm"}.
 --task loss: the split in contiguous windows of the model's block_size that do not overlap, so every token but
@@ -36,14 +36,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-import cli
-import hellaswag
-from checkpoint import load_model
-from config import ConfigError, load_config, setting
+from gptkit import cli, hellaswag
+from gptkit.checkpoint import load_model
+from gptkit.config import ConfigError, load_config, setting
+from gptkit.runtime import Dist, Runtime, distributed, resolve_compile
+from gptkit.shards import TokenDataset, require_dataset
+from gptkit.tokenizer import Tokenizer
 from model import GPT
-from runtime import Dist, Runtime, distributed, resolve_compile
-from shards import TokenDataset, require_dataset
-from tokenizer import Tokenizer
 
 LOGITS_BUDGET = 1 << 26  # floats of logits at a time when scoring windows (256 MB in fp32)
 

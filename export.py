@@ -4,7 +4,7 @@ for models trained on the GPT-2 BPE, the GPT-2 tokenizer files rebuilt from tikt
     python export.py --ckpt out-shakespeare/ --to hf-shakespeare/
 
 The folder loads with `transformers.AutoModelForCausalLM.from_pretrained` (and, for models trained on the
-GPT-2 BPE, `AutoTokenizer.from_pretrained`). The mapping between HF's layout and ours lives in hf_gpt2.py.
+GPT-2 BPE, `AutoTokenizer.from_pretrained`). The mapping between HF's layout and ours lives in gptkit/hf_gpt2.py.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import NamedTuple
 
 import torch
 
-import cli
-from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
-from hf_gpt2 import HFGPT2Error, hf_config, ours_to_hf
+from gptkit import cli
+from gptkit.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
+from gptkit.hf_gpt2 import HFGPT2Error, hf_config, ours_to_hf
 from model import GPT, GPTConfig
 
 # The GPT-2 BPE: tokenizer files are reconstructed for it, and its end-of-text token is BOS and EOS.

@@ -6,7 +6,7 @@ Shapes use B = batch, T = sequence length, C = n_embd, H = n_head, D = C // H, V
 Parameter names follow OpenAI's GPT-2 (wte, wpe, h.N.ln_1, attn.c_attn, ...) so its weights map one to one.
 GPTConfig's architecture options (arch="modern": RoPE, RMSNorm, QK-norm, ReLU², an untied zero-init head,
 zero-init projections, logit soft-capping) are all off by default, and then the model is exactly GPT-2.
-Nothing here knows about optimizers, data or training loops, nor about decoding: generate.py turns the model's
+Nothing here knows about optimizers, data or training loops, nor about decoding: gptkit/generate.py turns the model's
 logits into tokens, using the KV cache and the `pos`-based cached forward defined here.
 """
 
@@ -160,7 +160,7 @@ class Block(nn.Module):
 
 # The architecture presets: GPTConfig.arch names one, and it fills in every option below that is left None.
 # "gpt2" is OpenAI's GPT-2. "modern" is the block of modded-nanogpt's speedrun and nanochat: with the Muon
-# optimizer (optim.py) it reaches a given loss several times sooner (README.md, "The modern recipe").
+# optimizer (gptkit/optim.py) it reaches a given loss several times sooner (README.md, "The modern recipe").
 ARCH_PRESETS = {
     "gpt2": dict(bias=True, rope=False, norm="layernorm", qk_norm=False, activation="gelu_tanh",
                  tie_embeddings=True, zero_init_proj=False, logit_softcap=0.0),

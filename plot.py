@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-import cli
-from files import atomic_write
+from gptkit import cli
+from gptkit.files import atomic_write
 
-REFERENCES = {"chance": 0.25, "GPT-2 124M": 0.2955}  # HellaSwag acc_norm, completion scoring (hellaswag.py)
+REFERENCES = {"chance": 0.25, "GPT-2 124M": 0.2955}  # HellaSwag acc_norm, completion scoring (gptkit/hellaswag.py)
 
 
 class PlotError(cli.UserError):

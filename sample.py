@@ -6,7 +6,7 @@
 Samples go to stdout (prompt followed by its continuation); what was loaded and how it runs goes to stderr,
 so `python sample.py ... > out.txt` captures the text only. Every bad input ends in a one-line `error: ...`.
 
-This script loads the model and its tokenizer and prints; the decoding loop itself is generate.py's.
+This script loads the model and its tokenizer and prints; the decoding loop itself is gptkit/generate.py's.
 Speed: decoding uses the model's KV cache, so each new token costs one single-token forward instead of a
 forward over the whole context. On CUDA the weights are cast to bf16 (decoding is memory-bound: half the bytes
 per token) and, with compile on, the single-token step (the forward and the token's draw) runs as one CUDA
@@ -24,14 +24,13 @@ from typing import TextIO
 
 import torch
 
-import checkpoint
-import cli
-from config import ConfigError, load_config, setting
-from generate import SamplingOptions, compile_decision, compile_decode_step, generate_stream
+from gptkit import checkpoint, cli
+from gptkit.config import ConfigError, load_config, setting
+from gptkit.generate import SamplingOptions, compile_decision, compile_decode_step, generate_stream
+from gptkit.runtime import setup_runtime
+from gptkit.shards import DataError
+from gptkit.tokenizer import Tokenizer
 from model import GPT
-from runtime import setup_runtime
-from shards import DataError
-from tokenizer import Tokenizer
 
 
 @dataclass

@@ -5,9 +5,9 @@
     torchrun --standalone --nproc_per_node=8 train.py configs/gpt2_124m.py
     torchrun --nnodes=2 --node_rank=0 --master_addr=10.0.0.1 --master_port=29500 --nproc_per_node=8 train.py ...
 
-Following one batch: `loader.py` reads a window of tokens from the memory-mapped shards (x, y = the window and
+Following one batch: `gptkit/loader.py` reads a window of tokens from the memory-mapped shards (x, y = the window and
 the window shifted by one) -> `model.py` turns x into logits and the cross-entropy against y -> backward ->
-after the last micro-batch, clip and `optim.py`'s AdamW step -> `metrics.py` logs -> `checkpoint.py` saves.
+after the last micro-batch, clip and `gptkit/optim.py`'s AdamW step -> `gptkit/metrics.py` logs -> `gptkit/checkpoint.py` saves.
 
 This file: build the run from the config (`setup_run`), then `train_loop`, the whole loop on one screen.
 """
@@ -26,10 +26,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-import cli
-import hellaswag
-import lora
-from checkpoint import (
+from gptkit import cli, hellaswag, lora
+from gptkit.checkpoint import (
     GPT2_BPE,
     RESUME_KEYS,
     build_checkpoint,
@@ -38,19 +36,19 @@ from checkpoint import (
     lora_model,
     save_checkpoint,
 )
-from cli import UserError
-from config import TrainConfig, build_config, config_to_dict, lora_settings, parse_args, print_config
-from files import OutDirBusyError, OutDirLock
-from hf_gpt2 import GPT2_NAMES
-from loader import BatchLoader, ValBatches
-from metrics import Metrics, flops_per_token, peak_flops, start_wandb
+from gptkit.cli import UserError
+from gptkit.config import TrainConfig, build_config, config_to_dict, lora_settings, parse_args, print_config
+from gptkit.files import OutDirBusyError, OutDirLock
+from gptkit.hf_gpt2 import GPT2_NAMES
+from gptkit.loader import BatchLoader, ValBatches
+from gptkit.metrics import Metrics, flops_per_token, peak_flops, start_wandb
+from gptkit.optim import describe, make_optimizer, set_lr
+from gptkit.prepare.tiny_shakespeare import DATASETS as SHAKESPEARE_DATASETS
+from gptkit.prepare.tiny_shakespeare import prepare_shakespeare
+from gptkit.runtime import Dist, Runtime, StopFlag, distributed, library_versions, resolve_compile
+from gptkit.shards import DataError, TokenDataset, dataset_dir, read_meta, require_dataset
+from gptkit.tokenizer import Tokenizer
 from model import ARCH_OPTIONS, GPT, GPTConfig
-from optim import describe, make_optimizer, set_lr
-from prepare.tiny_shakespeare import DATASETS as SHAKESPEARE_DATASETS
-from prepare.tiny_shakespeare import prepare_shakespeare
-from runtime import Dist, Runtime, StopFlag, distributed, library_versions, resolve_compile
-from shards import DataError, TokenDataset, dataset_dir, read_meta, require_dataset
-from tokenizer import Tokenizer
 
 # The shape and architecture a resumed run must keep.
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", *ARCH_OPTIONS)

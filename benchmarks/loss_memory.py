@@ -2,10 +2,10 @@
 50,304), B x 1024 tokens, fp32 on the CPU, one train.forward_backward + AdamW step. Nearly all of its memory
 is the head and the loss, so this measures how the loss is computed.
 
-    python benchmarks/loss_memory.py --batch_size 8            # from the repository root
+    python -m benchmarks.loss_memory --batch_size 8            # from the repository root
 
-It uses only train.forward_backward, so the same command measures an older checkout too (run it from there,
-e.g. `git worktree add /tmp/old d1a0cdf && cd /tmp/old && python /path/to/benchmarks/loss_memory.py`).
+It uses only train.forward_backward, so the same command measures an older checkout too (copy this file there
+and run it the same way from that checkout's root).
 Prints the step's loss (equal before and after: the same computation), the process' resident memory before
 the step, its peak, their difference, and the step's wall time.
 """
@@ -13,20 +13,16 @@ the step, its peak, their difference, and the step's wall time.
 from __future__ import annotations
 
 import argparse
-import os
 import resource
-import sys
 import time
 
-sys.path.insert(0, os.getcwd())  # the checkout this is run from, not necessarily this file's
+import torch
 
-import torch  # noqa: E402
-
-from config import TrainConfig  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
-from optim import make_optimizer  # noqa: E402
-from runtime import setup_runtime  # noqa: E402
-from train import forward_backward  # noqa: E402
+from gptkit.config import TrainConfig
+from gptkit.optim import make_optimizer
+from gptkit.runtime import setup_runtime
+from model import GPT, GPTConfig
+from train import forward_backward
 
 
 def rss_mb() -> float:

@@ -9,16 +9,12 @@ writer streams: at most one shard of tokens is in memory, whatever the corpus si
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as `python prepare/fineweb.py`: import from the repo root
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
-
-import cli  # noqa: E402
-from prepare import hub, script  # noqa: E402
+from gptkit import cli
+from gptkit.prepare import hub, script
 
 SAMPLES = ("sample-10BT", "sample-100BT", "sample-350BT")
 

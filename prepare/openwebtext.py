@@ -11,16 +11,12 @@ one shard of tokens in memory.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as `python prepare/openwebtext.py`: import from the repo root
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
-
-import cli  # noqa: E402
-from prepare import hub, script  # noqa: E402
+from gptkit import cli
+from gptkit.prepare import hub, script
 
 NAME = "openwebtext"
 HF_PATH = "Skylion007/openwebtext"

@@ -9,15 +9,10 @@ Without --input the text is downloaded once into the output folder.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-if __package__ in (None, ""):  # run as `python prepare/shakespeare_char.py`: import from the repo root
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
-
-import cli  # noqa: E402
-from prepare import tiny_shakespeare  # noqa: E402
+from gptkit import cli
+from gptkit.prepare import tiny_shakespeare
 
 NAME = "shakespeare_char"
 URL = tiny_shakespeare.URL

@@ -18,19 +18,15 @@ prepare/openwebtext.py-style streaming instead.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as `python prepare/text.py`: import from the repo root
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
-
-import cli  # noqa: E402
-from prepare import hub, local, script  # noqa: E402
-from prepare.writer import DEFAULT_SHARD_TOKENS, MIN_TOKENS  # noqa: E402
-from shards import DataError  # noqa: E402
-from tokenizer import Tokenizer  # noqa: E402
+from gptkit import cli
+from gptkit.prepare import hub, local, script
+from gptkit.prepare.writer import DEFAULT_SHARD_TOKENS, MIN_TOKENS
+from gptkit.shards import DataError
+from gptkit.tokenizer import Tokenizer
 
 
 def build_parser() -> cli.ArgumentParser:

@@ -63,7 +63,7 @@ def write_dataset(path: Path, text: str, tokenizer) -> Path:
     """A prepared dataset folder from `text`: meta.json plus one train shard (first 90%) and one val shard."""
     import numpy as np
 
-    from shards import make_meta, shard_name, write_meta, write_shard
+    from gptkit.shards import make_meta, shard_name, write_meta, write_shard
 
     ids = np.array(tokenizer.encode(text), dtype=np.int64)
     cut = int(0.9 * len(ids))
@@ -81,7 +81,7 @@ def make_char_dataset(path: Path, n_chars: int = 60_000, seed: int = 0) -> Path:
     so a few training steps lower the loss."""
     import numpy as np
 
-    from tokenizer import Tokenizer
+    from gptkit.tokenizer import Tokenizer
 
     rng = np.random.default_rng(seed)
     words = ["the", "king", "queen", "shall", "speak", "to", "my", "lord", "and", "thou", "art", "good", "sir"]

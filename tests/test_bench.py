@@ -5,7 +5,7 @@ import json
 import pytest
 
 import bench
-from shards import write_meta
+from gptkit.shards import write_meta
 
 
 def test_bench_tiny(tmp_path, capsys):

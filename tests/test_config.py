@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from config import ConfigError, TrainConfig, config_to_json, load_config, read_config_file
+from gptkit.config import ConfigError, TrainConfig, config_to_json, load_config, read_config_file
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.py"))
 

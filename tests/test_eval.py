@@ -21,13 +21,13 @@ import torch.nn.functional as F
 from conftest import make_char_dataset, write_dataset
 
 import eval as eval_script
-import hellaswag
 import train
-from checkpoint import save_checkpoint
+from gptkit import hellaswag
+from gptkit.checkpoint import save_checkpoint
+from gptkit.runtime import setup_runtime
+from gptkit.shards import make_meta, read_meta, shard_name, write_meta, write_shard
+from gptkit.tokenizer import Tokenizer
 from model import GPT, GPTConfig
-from runtime import setup_runtime
-from shards import make_meta, read_meta, shard_name, write_meta, write_shard
-from tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = ("the man woman dog runs slowly into a kitchen and then picks up the ball while people watch from "
@@ -137,7 +137,7 @@ def test_hellaswag_matches_a_transformers_reference(capsys, hf_setup):
     assert disagree  # the two scorings pick different endings somewhere: both are checked
     assert run_eval(capsys, "--init_from", folder, "--task=hellaswag", "--input", path, "--batch_size=3") == expected
     # the per-ending losses themselves, from a batch padded to one length
-    from hf_gpt2 import load_pretrained
+    from gptkit.hf_gpt2 import load_pretrained
 
     encoded = hellaswag.encode(hellaswag.read_items(path), Tokenizer.tiktoken("gpt2"), 128)
     ours, _ = hellaswag.ending_losses(load_pretrained(str(folder)).eval(), encoded, setup_runtime("cpu"))
@@ -269,7 +269,7 @@ def test_bits_per_byte_of_a_char_model_is_its_loss_over_ln2(capsys, tmp_path, ch
 
 
 def load_char_model(ckpt: Path) -> GPT:
-    from checkpoint import load_checkpoint, model_from_checkpoint
+    from gptkit.checkpoint import load_checkpoint, model_from_checkpoint
 
     return model_from_checkpoint(load_checkpoint(ckpt)).eval()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from files import OutDirBusyError, OutDirLock, atomic_write
+from gptkit.files import OutDirBusyError, OutDirLock, atomic_write
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,7 +42,7 @@ def test_a_held_lock_refuses_a_second_holder_and_names_the_first(tmp_path):
 
 HOLD = """
 import sys, time
-from files import OutDirLock
+from gptkit.files import OutDirLock
 lock = OutDirLock(sys.argv[1]).acquire()
 print("locked", flush=True)
 time.sleep(60)

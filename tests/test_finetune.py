@@ -8,8 +8,8 @@ from conftest import needs_gpt2_bpe, write_dataset
 import export
 import sample
 import train
-from checkpoint import load_checkpoint
-from tokenizer import Tokenizer
+from gptkit.checkpoint import load_checkpoint, model_from_checkpoint
+from gptkit.tokenizer import Tokenizer
 
 pytest.importorskip("transformers")
 
@@ -51,7 +51,7 @@ def test_finetune_local_gpt2_then_sample_and_export(tiny_gpt2_folder, tmp_path, 
     from transformers import GPT2LMHeadModel
 
     hf = GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
-    ours = __import__("checkpoint").model_from_checkpoint(ckpt).eval()
+    ours = model_from_checkpoint(ckpt).eval()
     x = torch.randint(0, 50257, (1, 16))
     with torch.no_grad():
         torch.testing.assert_close(hf(x).logits, ours(x)[0], rtol=1e-5, atol=1e-5)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from generate import (
+from gptkit.generate import (
     DECODE_COMPILE_COST,
     SamplingOptions,
     compile_decision,
@@ -264,7 +264,7 @@ def test_compile_decision_by_device_and_length(monkeypatch):
     cpu = torch.device("cpu")
     assert compile_decision(cpu, None, 10**9)[0] is False  # not by default on the CPU (BENCHMARKS.md)
     assert compile_decision(cpu, True, 1)[0] is True and compile_decision(cpu, False, 10**9)[0] is False
-    import generate as generate_module
+    from gptkit import generate as generate_module
 
     monkeypatch.setattr(generate_module, "resolve_compile", lambda flag, device: (True, "compile on"))
     seconds, saved_ms = DECODE_COMPILE_COST["cuda"]

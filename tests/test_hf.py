@@ -10,11 +10,11 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from checkpoint import save_checkpoint  # noqa: E402
 from export import export_hf  # noqa: E402
 from export import main as export_main  # noqa: E402
-from generate import SamplingOptions, generate  # noqa: E402
-from hf_gpt2 import HFGPT2Error, hf_to_ours, load_pretrained, ours_to_hf  # noqa: E402
+from gptkit.checkpoint import save_checkpoint  # noqa: E402
+from gptkit.generate import SamplingOptions, generate  # noqa: E402
+from gptkit.hf_gpt2 import HFGPT2Error, hf_to_ours, load_pretrained, ours_to_hf  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 # GPT2Config fields of the tiny test models. Beside the shapes (an odd head count, contexts < 1024), they set a

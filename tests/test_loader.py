@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-import shards
-from loader import BatchLoader, ValBatches
-from shards import DataError
+from gptkit import shards
+from gptkit.loader import BatchLoader, ValBatches
+from gptkit.shards import DataError
 
 N_TOKENS = 5000
 

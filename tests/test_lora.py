@@ -5,8 +5,8 @@ import copy
 import pytest
 import torch
 
-import lora
-from lora import LoRAError, LoRASettings
+from gptkit import lora
+from gptkit.lora import LoRAError, LoRASettings
 from model import GPT
 
 
@@ -120,7 +120,7 @@ def lora_args(data, base, out, **over):
 
 def test_lora_run_trains_only_adapters_and_resumes_exactly(char_dataset, base_run, tmp_path):
     import train
-    from checkpoint import load_checkpoint, model_from_checkpoint
+    from gptkit.checkpoint import load_checkpoint, model_from_checkpoint
 
     full, cut = tmp_path / "full", tmp_path / "cut"
     train.main(lora_args(char_dataset, base_run, full, max_iters=6))
@@ -171,7 +171,7 @@ def test_lora_export_merges_into_an_ordinary_gpt2_folder(char_dataset, base_run,
     transformers = pytest.importorskip("transformers")
     import export
     import train
-    from checkpoint import load_checkpoint, model_from_checkpoint
+    from gptkit.checkpoint import load_checkpoint, model_from_checkpoint
 
     out = tmp_path / "lora"
     train.main(lora_args(char_dataset, base_run, out, max_iters=3))

@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-import metrics
-from metrics import Metrics, peak_flops, peak_flops_for
+from gptkit import metrics
+from gptkit.metrics import Metrics, peak_flops, peak_flops_for
 
 
 def test_mfu_is_not_claimed_on_cpu():

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import train
-from checkpoint import load_checkpoint, save_checkpoint
-from config import TrainConfig, load_config
-from generate import SamplingOptions, generate
+from gptkit.checkpoint import load_checkpoint, save_checkpoint
+from gptkit.config import TrainConfig, load_config
+from gptkit.generate import SamplingOptions, generate
+from gptkit.optim import Float32Muon, MuonAdamW, get_lr, make_optimizer, muon_class, set_lr
 from model import ARCH_PRESETS, GPT, GPTConfig
-from optim import Float32Muon, MuonAdamW, get_lr, make_optimizer, muon_class, set_lr
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = dict(block_size=32, vocab_size=67, n_layer=2, n_head=2, n_embd=32)

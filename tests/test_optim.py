@@ -2,8 +2,8 @@
 
 import pytest
 
-from config import TrainConfig
-from optim import get_lr, make_optimizer
+from gptkit.config import TrainConfig
+from gptkit.optim import get_lr, make_optimizer
 
 
 def test_lr_schedule():

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 from conftest import needs_gpt2_bpe
 
-import shards
-from prepare import hub, local, openwebtext, shakespeare, shakespeare_char, text
-from prepare.tiny_shakespeare import prepare_shakespeare
-from shards import DataError, TokenDataset
-from tokenizer import Tokenizer
+from gptkit import shards
+from gptkit.prepare import hub, local
+from gptkit.prepare.tiny_shakespeare import prepare_shakespeare
+from gptkit.shards import DataError, TokenDataset
+from gptkit.tokenizer import Tokenizer
+from prepare import openwebtext, shakespeare, shakespeare_char, text
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = "the of and to a in is it you that he was for on are with as I his they be at one have this from".split()

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import sample
-from checkpoint import save_checkpoint
-from generate import SamplingOptions, decode_step
+from gptkit.checkpoint import save_checkpoint
+from gptkit.generate import SamplingOptions, decode_step
+from gptkit.tokenizer import Tokenizer
 from model import GPT, GPTConfig
-from tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 CHARS = sorted(set("\n !',.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"))
@@ -249,8 +249,8 @@ def test_streaming_a_bpe_model_cut_at_end_of_text(capsys, tmp_path, gpt2_tokeniz
 def test_init_from_a_local_hf_folder_of_a_char_model(capsys, char_ckpt, tmp_path):
     """export.py's Hugging Face folder of a char model keeps its vocabulary in char_vocab.json: sampling it
     with --init_from gives what sampling the checkpoint gives."""
-    from checkpoint import load_checkpoint, model_from_checkpoint
     from export import export_hf
+    from gptkit.checkpoint import load_checkpoint, model_from_checkpoint
 
     ckpt = load_checkpoint(char_ckpt)
     export_hf(model_from_checkpoint(ckpt), tmp_path / "hf", ckpt["tokenizer"])

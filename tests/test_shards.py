@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from conftest import needs_gpt2_bpe
 
-import shards
-from shards import DataError, TokenDataset
-from tokenizer import Tokenizer
+from gptkit import shards
+from gptkit.shards import DataError, TokenDataset
+from gptkit.tokenizer import Tokenizer
 
 
 def one_line_error(excinfo) -> str:

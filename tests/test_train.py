@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import checkpoint
 import train
-from checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from gptkit import checkpoint
+from gptkit.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from model import GPT
 
 REPO = Path(__file__).resolve().parents[1]
@@ -327,7 +327,7 @@ def test_shakespeare_is_prepared_on_the_fly_or_explains_how(tmp_path, monkeypatc
 
 
 def test_a_busy_out_dir_is_refused_at_once_and_nothing_is_touched(char_dataset, tmp_path):
-    from files import OutDirLock
+    from gptkit.files import OutDirLock
 
     out = tmp_path / "out"
     train.main(tiny_args(char_dataset, out, max_iters=2))

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from shards import DataError, TokenDataset
+from gptkit.shards import DataError, TokenDataset
 
 MODES = ("random", "epoch")
 _MASK64 = (1 << 64) - 1

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from cli import UserError
+from gptkit.cli import UserError
 
 try:  # POSIX
     import fcntl

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import cli
+from gptkit import cli
 
 
 def make_parser(description: str) -> cli.ArgumentParser:

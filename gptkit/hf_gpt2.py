@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from cli import UserError
+from gptkit.cli import UserError
 from model import ARCH_PRESETS, GPT, GPTConfig
 
 # The official checkpoints and their Hub repositories (params: 124M, 350M, 774M, 1558M).

@@ -1,4 +1,4 @@
-"""Writing a prepared dataset folder: the shards of both splits and, last, meta.json (format: ``shards.py``).
+"""Writing a prepared dataset folder: the shards of both splits and, last, meta.json (format: ``gptkit/shards.py``).
 
 Every prepare script ends here, and the rules they share live here:
 
@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-import shards
-from shards import DataError
-from tokenizer import Tokenizer
+from gptkit import shards
+from gptkit.shards import DataError
+from gptkit.tokenizer import Tokenizer
 
 MIN_TOKENS = 4096
 DEFAULT_SHARD_TOKENS = 100_000_000
@@ -54,7 +54,7 @@ class DatasetWriter:
     after every check has passed: a run that fails half-way (a network drop during a 10B-token corpus, a
     refused input) leaves an already prepared dataset in ``out_dir`` exactly as it was. Use as a context
     manager: if anything fails before ``finish()``, the staging folder is removed (and ``out_dir`` too if this
-    run created it and it is empty). Each shard and meta.json is itself written atomically (``shards.py``).
+    run created it and it is empty). Each shard and meta.json is itself written atomically (``gptkit/shards.py``).
     """
 
     STAGING = ".partial"

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from cli import UserError
+from gptkit.cli import UserError
 
 # Peak dense bf16 tensor-core FLOP/s from the vendors' datasheets (the sparsity figures halved), matched
 # against the CUDA device name as whole words, most specific first: "H100 NVL" before "H100", "L40S"

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from cli import UserError
+from gptkit.cli import UserError
 
 
 class DeviceError(UserError):

@@ -23,12 +23,12 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-import shards
-from cli import one_line
-from files import atomic_write
-from prepare.writer import DEFAULT_SHARD_TOKENS, MIN_TOKENS, check_positive, write_splits
-from shards import DataError
-from tokenizer import Tokenizer
+from gptkit import shards
+from gptkit.cli import one_line
+from gptkit.files import atomic_write
+from gptkit.prepare.writer import DEFAULT_SHARD_TOKENS, MIN_TOKENS, check_positive, write_splits
+from gptkit.shards import DataError
+from gptkit.tokenizer import Tokenizer
 
 CHUNK_CHARS = 1 << 18  # a long text is tokenised in ~256K-character pieces, spread over the workers
 

@@ -45,8 +45,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from gptkit.runtime import resolve_compile
 from model import GPT
-from runtime import resolve_compile
 
 # ----------------------------------------------------------------------------- options
 

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import torch
 
-import lora
-from cli import UserError, one_line
-from files import atomic_write
-from hf_gpt2 import GPT2_NAMES, load_pretrained
+from gptkit import lora
+from gptkit.cli import UserError, one_line
+from gptkit.files import atomic_write
+from gptkit.hf_gpt2 import GPT2_NAMES, load_pretrained
+from gptkit.shards import DataError
+from gptkit.tokenizer import Tokenizer
 from model import GPT, GPTConfig
-from shards import DataError
-from tokenizer import Tokenizer
 
 FORMAT_VERSION = 1
 TRAIN_HINT = "train one with: python train.py configs/shakespeare.py"

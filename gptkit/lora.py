@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from cli import UserError
+from gptkit.cli import UserError
 
 # The Linear layers inside a block that LoRA can adapt, by their path in the block.
 TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")

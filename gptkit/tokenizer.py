@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from cli import one_line
-from shards import DataError
+from gptkit.cli import one_line
+from gptkit.shards import DataError
 
 
 class Tokenizer:

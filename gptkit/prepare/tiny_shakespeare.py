@@ -1,6 +1,6 @@
 """Tiny Shakespeare (1.1M characters of plays), prepared with a character or the GPT-2 tokenizer.
 
-    from prepare.tiny_shakespeare import DATASETS, prepare_shakespeare
+    from gptkit.prepare.tiny_shakespeare import DATASETS, prepare_shakespeare
     meta = prepare_shakespeare("data/shakespeare_char", "char")   # downloads the text once, then reuses it
     meta = prepare_shakespeare(path, DATASETS[path.name])          # train.py: a dataset name's tokenizer
 
@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import cli
-from prepare import local, script
-from shards import DataError
-from tokenizer import Tokenizer
+from gptkit import cli
+from gptkit.prepare import local, script
+from gptkit.shards import DataError
+from gptkit.tokenizer import Tokenizer
 
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 # The two datasets made of the text: name (its script prepare/NAME.py, its folder data/NAME) -> tokenizer.

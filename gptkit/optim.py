@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from config import TrainConfig
+from gptkit.config import TrainConfig
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device_type: str) -> torch.optim.AdamW | MuonAdamW:

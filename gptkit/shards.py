@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from cli import UserError, one_line
-from files import atomic_write
+from gptkit.cli import UserError, one_line
+from gptkit.files import atomic_write
 
 MAGIC = b"GPTTOKS\0"
 FORMAT_VERSION = 1

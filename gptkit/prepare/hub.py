@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-import shards
-from cli import one_line
-from prepare.local import encode_texts, with_eot
-from prepare.writer import DEFAULT_SHARD_TOKENS, DatasetWriter, check_positive
-from shards import DataError
-from tokenizer import Tokenizer
+from gptkit import shards
+from gptkit.cli import one_line
+from gptkit.prepare.local import encode_texts, with_eot
+from gptkit.prepare.writer import DEFAULT_SHARD_TOKENS, DatasetWriter, check_positive
+from gptkit.shards import DataError
+from gptkit.tokenizer import Tokenizer
 
 
 def add_corpus_args(parser: argparse.ArgumentParser) -> None:

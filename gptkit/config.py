@@ -20,8 +20,8 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from cli import UserError
-from lora import LoRAError, LoRASettings
+from gptkit.cli import UserError
+from gptkit.lora import LoRAError, LoRASettings
 from model import ARCH_OPTIONS, GPTConfig
 
 

@@ -38,10 +38,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from cli import UserError, one_line
-from files import atomic_write
-from runtime import Dist, Runtime
-from tokenizer import Tokenizer
+from gptkit.cli import UserError, one_line
+from gptkit.files import atomic_write
+from gptkit.runtime import Dist, Runtime
+from gptkit.tokenizer import Tokenizer
 
 URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 FILENAME = "hellaswag_val.jsonl"
