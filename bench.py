@@ -3,8 +3,12 @@
     python bench.py                                   # CPU: small defaults, under a minute
     python bench.py --device=cuda --models=baby,gpt2  # one GPU: the figures in BENCHMARKS.md
 
-Training uses the project's real step (train.forward_backward + the AdamW/GradScaler update, with autocast,
-torch.compile and fused AdamW where train.py would use them) on random tokens or a prepared dataset.
+Training times the step as train.py runs it (set_lr, train.forward_backward, train.check_step's host sync,
+then the AdamW or Muon + AdamW update, with autocast, torch.compile and fused AdamW where train.py would use
+them) on random tokens or a prepared dataset (then with the loader's prefetch). It also times the optimizer
+step alone (after that sync): the "optimizer" column is its share of the step. --loss_chunk=plain,2**25,2**28
+gives one training row per size of the loss' slices (model.LOSS_CHUNK_ELEMENTS), "plain" being one
+F.cross_entropy on all the logits: the "loss by" column says which ran.
 Decoding times gptkit/generate.py's loop with and without the KV cache (with the compiled one-token step of
 generate.compile_decode_step when compile is on), and its prefill of a prompt. Warm-up and compilation are
 excluded; each figure is the median of several repeats, timed with CUDA events on a GPU.
@@ -16,12 +20,14 @@ process Dynamo would otherwise treat the second model's sizes as dynamic and tim
 decode, prefill), model, batch_size, seq_len (train: the context T; decode: new tokens per run; prefill:
 prompt tokens), tokens_per_s, ms (train: per step; decode: per token; prefill: per prompt), mfu, peak_mem_mb
 (CUDA: the allocator's peak; CPU: the process's peak resident memory during the row), device, device_name,
-dtype, torch, compile (and compile_s, the compile time of a compiled decode step), plus a few per kind.
+dtype, torch, compile (and compile_s, the compile time of a compiled decode step), plus a few per kind
+(train: optimizer, optimizer_ms, optimizer_share, loss_slice_rows: rows per slice of the loss, None if plain).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import statistics
@@ -36,11 +42,11 @@ from gptkit import cli
 from gptkit.config import TrainConfig
 from gptkit.generate import SamplingOptions, compile_decode_step, generate_stream, prefill
 from gptkit.metrics import flops_per_token, peak_flops
-from gptkit.optim import make_optimizer
-from gptkit.runtime import Runtime, resolve_compile, setup_runtime
+from gptkit.optim import make_optimizer, set_lr
+from gptkit.runtime import Dist, Runtime, resolve_compile, setup_runtime
 from gptkit.shards import read_meta, require_dataset
-from model import GPT, GPTConfig
-from train import forward_backward
+from model import GPT, LOSS_CHUNK_ELEMENTS, GPTConfig, loss_chunk_rows
+from train import check_step, forward_backward
 
 # Model sizes by name: (n_layer, n_head, n_embd, block_size, vocab_size, vocab_multiple)
 MODELS = {
@@ -51,6 +57,8 @@ MODELS = {
     # one thin layer under GPT-2's vocabulary: the head and the loss are nearly all of the work and memory
     "widevocab": (1, 2, 128, 1024, 50257, 64),
 }
+# A loss slice larger than any batch: --loss_chunk=plain, one F.cross_entropy on all the logits.
+PLAIN_LOSS = 2**62
 
 
 def build(name: str, rt: Runtime) -> GPT:
@@ -119,7 +127,70 @@ def make_row(kind: str, name: str, rt: Runtime, **fields) -> dict:
             "dtype": rt.dtype_name, "torch": str(torch.__version__)}
 
 
-def bench_train(name: str, rt: Runtime, args) -> dict:
+class Span:
+    """The duration of one stretch of a step, e.g. the optimizer's: CUDA events on a GPU (read with seconds()
+    once the step is synchronised), else a host clock (after a synchronise: MPS runs asynchronously too)."""
+
+    def __init__(self, rt: Runtime):
+        self.rt = rt
+        if rt.device_type == "cuda":
+            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.start.record()
+        else:
+            rt.synchronize()
+            self.t0 = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.rt.device_type == "cuda":
+            self.end.record()
+        else:
+            self.rt.synchronize()
+            self.t1 = time.perf_counter()
+
+    def seconds(self) -> float:
+        if self.rt.device_type == "cuda":
+            return self.start.elapsed_time(self.end) / 1000
+        return self.t1 - self.t0
+
+
+def train_batches(args, cfg: GPTConfig, batch: int, rt: Runtime) -> tuple[Callable, Callable | None]:
+    """(next_batch, prefetch) for the training step: train.py's loader on --data, else a few random batches
+    already on the device, rotated so nothing is served from a cache (and no prefetch)."""
+    if args.data:
+        from gptkit.loader import BatchLoader
+
+        loader = BatchLoader(args.data, "train", batch_size=batch, block_size=cfg.block_size, device=rt.device)
+        return loader.next_batch, loader.prefetch
+    g = torch.Generator().manual_seed(0)
+    pool = [torch.randint(0, cfg.vocab_size, (batch, cfg.block_size + 1), generator=g).to(rt.device)
+            for _ in range(4)]
+    counter = iter(range(10**12))
+
+    def next_batch():
+        b = pool[next(counter) % len(pool)]
+        return b[:, :-1], b[:, 1:]
+
+    return next_batch, None
+
+
+@contextlib.contextmanager
+def loss_slices(elements: int | None, device_type: str):
+    """Inside the block the training loss takes `elements` logit elements per slice on this device type
+    (PLAIN_LOSS: one F.cross_entropy on all the logits; None: the model's own setting)."""
+    saved = dict(LOSS_CHUNK_ELEMENTS)
+    if elements is not None:
+        LOSS_CHUNK_ELEMENTS[device_type] = elements
+    try:
+        yield
+    finally:
+        LOSS_CHUNK_ELEMENTS.clear()
+        LOSS_CHUNK_ELEMENTS.update(saved)
+
+
+def bench_train(name: str, rt: Runtime, args, loss_chunk: int | None = None) -> dict:
+    """One training step as train.py runs it (set_lr, forward_backward, check_step's host sync, the optimizer
+    step), timed over args.repeats steps; also the optimizer step's own time. loss_chunk: the loss' slice
+    size in logit elements (see loss_slices)."""
     model = build(name, rt)
     cfg = model.config
     batch = args.batch_size or (4 if rt.device_type == "cpu" else {"gpt2": 16, "baby": 64}.get(name, 16))
@@ -133,38 +204,39 @@ def bench_train(name: str, rt: Runtime, args) -> dict:
         step_model = torch.compile(model, dynamic=False)
     else:
         step_model = model
-    if args.data:
-        from gptkit.loader import BatchLoader
-
-        loader = BatchLoader(args.data, "train", batch_size=batch, block_size=cfg.block_size, device=rt.device)
-        next_batch = loader.next_batch
-    else:  # a few random batches, rotated so nothing is served from a cache
-        g = torch.Generator().manual_seed(0)
-        pool = [torch.randint(0, cfg.vocab_size, (batch, cfg.block_size + 1), generator=g).to(rt.device)
-                for _ in range(4)]
-        counter = iter(range(10**12))
-
-        def next_batch():
-            b = pool[next(counter) % len(pool)]
-            return b[:, :-1], b[:, 1:]
+    next_batch, prefetch = train_batches(args, cfg, batch, rt)
+    optimizer_spans: list[Span] = []
 
     def step():
-        forward_backward(step_model, optimizer, scaler, next_batch, args.accum, rt, 1.0)
+        set_lr(optimizer, 0, train_cfg)
+        loss, grad_norm = forward_backward(step_model, optimizer, scaler, next_batch, args.accum, rt, 1.0,
+                                           prefetch=prefetch)
+        # train.py's one host sync per step: the GPU's queue drains here, before the optimizer's kernels are
+        # launched. (The flags are not acted on: random tokens give finite losses.)
+        check_step(loss, grad_norm, False, rt, Dist())
+        span = Span(rt)
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
+        span.stop()
+        optimizer_spans.append(span)
 
     reset_peak_memory(rt)
-    times = timed(step, rt, args.warmup, args.repeats)
+    with loss_slices(loss_chunk, rt.device_type):  # read when the loss runs (or is traced, when compiling)
+        times = timed(step, rt, args.warmup, args.repeats)
     sec = statistics.median(times)
+    opt_sec = statistics.median(s.seconds() for s in optimizer_spans[args.warmup:])
     tokens = batch * cfg.block_size * args.accum
     tok_s = tokens / sec
-    peak = peak_flops(rt.device)
+    peak = peak_flops(rt.device, rt.dtype)
+    slice_rows = loss_chunk_rows(cfg.padded_vocab_size, rt.device_type, loss_chunk)
     return make_row(
         "train", name, rt, params_M=round(model.num_params() / 1e6, 2), batch_size=batch, accum=args.accum,
         seq_len=cfg.block_size, tokens_per_s=tok_s, ms=sec * 1000,
         mfu=flops_per_token(model) * tok_s / peak if peak else None, peak_mem_mb=peak_memory_mb(rt),
-        compile=use_compile,
+        compile=use_compile, optimizer=train_cfg.optimizer, optimizer_ms=opt_sec * 1000,
+        optimizer_share=opt_sec / sec,
+        loss_slice_rows=slice_rows if batch * cfg.block_size > slice_rows else None,  # None: the plain path
     )
 
 
@@ -339,13 +411,15 @@ def format_table(rows: list[dict]) -> str:
     lines = []
     train_rows = [r for r in rows if r["kind"] == "train"]
     if train_rows:
-        lines.append(f"{'train':<10}{'params':>9}{'T':>6}{'batch':>9}{'ms/step':>10}{'tokens/s':>12}{'MFU':>7}"
-                     f"{'peak mem':>11}")
+        lines.append(f"{'train':<10}{'params':>9}{'T':>6}{'batch':>9}{'loss by':>11}{'ms/step':>10}"
+                     f"{'tokens/s':>12}{'MFU':>7}{'optimizer':>16}{'peak mem':>11}")
         for r in train_rows:
             mfu = f"{r['mfu'] * 100:.1f}%" if r["mfu"] else "n/a"
             batch = f"{r['batch_size']}x{r['accum']}"
-            lines.append(f"{r['model']:<10}{r['params_M']:>8.2f}M{r['seq_len']:>6}{batch:>9}{r['ms']:>10.1f}"
-                         f"{r['tokens_per_s']:>12,.0f}{mfu:>7}{mem(r):>11}")
+            loss_by = f"{r['loss_slice_rows']} rows" if r["loss_slice_rows"] else "plain"
+            opt = f"{r['optimizer']} {r['optimizer_share'] * 100:.0f}%"  # its share of the step time
+            lines.append(f"{r['model']:<10}{r['params_M']:>8.2f}M{r['seq_len']:>6}{batch:>9}{loss_by:>11}"
+                         f"{r['ms']:>10.1f}{r['tokens_per_s']:>12,.0f}{mfu:>7}{opt:>16}{mem(r):>11}")
     dec = [r for r in rows if r["kind"] == "decode"]
     if dec:
         lines.append("")
@@ -364,6 +438,22 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def parse_loss_chunk(value: str) -> int | None:
+    """One --loss_chunk value: PLAIN_LOSS, None (the device's default) or a number of logit elements."""
+    value = value.strip()
+    if value in ("plain", "default"):
+        return PLAIN_LOSS if value == "plain" else None
+    base, power, exponent = value.partition("**")
+    try:
+        elements = int(base) ** int(exponent) if power else int(value)
+    except ValueError:
+        elements = 0
+    if elements < 1:
+        raise cli.UsageError(f"--loss_chunk: {value!r} is not plain, default or a number of logit elements "
+                             f"(e.g. 33554432 or 2**25)")
+    return elements
+
+
 def parse_args(argv: list[str] | None):
     p = cli.ArgumentParser(prog="bench.py", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -378,6 +468,10 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--warmup", type=int, default=None, help="untimed training steps first (default 1 CPU, 5 GPU)")
     p.add_argument("--repeats", type=int, default=None, help="timed training steps (median; default 3 CPU, 20 GPU)")
     p.add_argument("--data", default=None, help="a prepared dataset folder to read batches from (default: random)")
+    p.add_argument("--loss_chunk", default="default",
+                   help="one training row per loss slice size, comma-separated: plain (one F.cross_entropy "
+                        "on all the logits), default (the device's), or logit elements per slice, e.g. "
+                        "plain,2**25,2**28")
     p.add_argument("--decode_tokens", type=int, default=0, help="new tokens per decode run (0: 100 CPU, 500 GPU)")
     p.add_argument("--decode_repeats", type=int, default=3, help="timed decode runs per row (median)")
     p.add_argument("--prefill_tokens", type=int, default=1000, help="prompt length for the prefill timing")
@@ -389,6 +483,7 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--json", default=None, help="also write the rows to this JSON file (e.g. benchmarks/NAME.json)")
     args = p.parse_args(argv)
     args.compile = {"auto": None, "True": True, "False": False}[args.compile]
+    args.loss_chunk = [parse_loss_chunk(value) for value in args.loss_chunk.split(",")]
     # Out-of-range counts would otherwise fail deep inside (a median of no timings, empty batches) with a
     # traceback. None means "not given": main picks the device's default.
     for name, low in (("batch_size", 0), ("accum", 1), ("warmup", 0), ("repeats", 1), ("decode_tokens", 0),
@@ -423,7 +518,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows: list[dict] = []
     for name in models:  # a DataError (--data: e.g. a split too short for the block_size) is a one-line exit
         if not args.skip_train:
-            rows.append(bench_train(name, rt, args))
+            rows.extend(bench_train(name, rt, args, chunk) for chunk in args.loss_chunk)
         if not args.skip_decode:
             rows.extend(bench_decode(name, rt, args))
     print(format_table(rows))

@@ -118,7 +118,7 @@ def window_losses(model: GPT, x: torch.Tensor, y: torch.Tensor, rt: Runtime, hid
     rows = max(1, LOGITS_BUDGET // model.config.vocab_size)
     out = torch.empty(len(targets), device=h.device)
     for lo in range(0, len(targets), rows):
-        logits = model.head(h[lo : lo + rows], fp32=True)  # float32 logits even under bf16 autocast
+        logits = model.head(h[lo : lo + rows], fp32=True)  # full fp32 (no TF32), even under bf16 autocast
         out[lo : lo + rows] = F.cross_entropy(logits, targets[lo : lo + rows], reduction="none")
     return out
 

@@ -6,14 +6,17 @@ Shapes use B = batch, T = sequence length, C = n_embd, H = n_head, D = C // H, V
 Parameter names follow OpenAI's GPT-2 (wte, wpe, h.N.ln_1, attn.c_attn, ...) so its weights map one to one.
 GPTConfig's architecture options (arch="modern": RoPE, RMSNorm, QK-norm, ReLU², an untied zero-init head,
 zero-init projections, logit soft-capping) are all off by default, and then the model is exactly GPT-2.
+GPTConfig declares each model setting once, with its help and allowed values: the training config, its --help,
+the resume check and the Hugging Face export derive theirs from it.
 Nothing here knows about optimizers, data or training loops, nor about decoding: gptkit/generate.py turns the model's
 logits into tokens, using the KV cache and the `pos`-based cached forward defined here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 import torch.nn as nn
@@ -167,52 +170,86 @@ ARCH_PRESETS = {
     "modern": dict(bias=False, rope=True, norm="rmsnorm", qk_norm=True, activation="relu2",
                    tie_embeddings=False, zero_init_proj=True, logit_softcap=15.0),
 }
-# GPTConfig's architecture fields beyond GPT-2's own (n_layer, ..., bias): TrainConfig has each under its name.
-ARCH_OPTIONS = ("arch", "rope", "rope_base", "norm", "qk_norm", "activation", "tie_embeddings", "zero_init_proj",
-                "logit_softcap")
+
+
+def option(default, help: str, choices: tuple | None = None, *, setting: bool = True, shape: bool = True,
+           gpt2: bool = True):
+    """A GPTConfig field, declared once with what the rest of the project derives from it.
+
+    help: the one-line description that train.py --help shows; choices: the allowed values (None: any).
+    setting: a training run sets it, train.py --NAME=VALUE (False: the data or the loaded weights set it).
+    shape: a resumed run must keep it (False: it may change between runs, like dropout).
+    gpt2: a Hugging Face GPT-2 can hold any value of it (False: only GPT-2's, ARCH_PRESETS["gpt2"]).
+    """
+    return field(default=default, metadata=dict(help=help, choices=choices, setting=setting, shape=shape,
+                                                gpt2=gpt2))
 
 
 @dataclass
 class GPTConfig:
-    block_size: int = 1024  # longest sequence the model sees (rows of the position embedding)
-    vocab_size: int = 50257  # tokenizer vocabulary; logits have exactly this many columns
-    n_layer: int = 12  # transformer blocks
-    n_head: int = 12  # attention heads per block; must divide n_embd
-    n_embd: int = 768  # residual stream width C
-    dropout: float = 0.0  # dropout after attention/MLP/embeddings while training; 0 for pretraining
-    bias: bool | None = None  # biases in Linear and LayerNorm layers (GPT-2 has them)
-    ln_eps: float = 1e-5  # LayerNorm (or RMSNorm) epsilon (GPT-2: 1e-5)
-    # The embedding table gets rows up to a multiple of this (e.g. 50257 -> 50304 with 64): matmuls with
-    # a round width run faster on GPUs. The extra rows are never returned as logits, so never sampled.
-    vocab_multiple: int = 1
-    # ---- architecture options: each None takes the value of the preset `arch` (ARCH_PRESETS); GPT-2 has
-    # them all off, the GPT-2 weights need them off, and export to Hugging Face allows only zero_init_proj.
-    arch: str = "gpt2"  # "gpt2" or "modern": the preset that fills in the options left None
-    # Rotary position embeddings: queries and keys are rotated by their position (attention then sees only
-    # distances), and there is no learned position table `wpe`.
-    rope: bool | None = None
-    rope_base: float = 10000.0  # RoPE: channel pair i of a head turns by pos * rope_base^(-2i / head_dim)
-    norm: str | None = None  # "layernorm" (GPT-2: gain and bias) or "rmsnorm" (parameter-free RMSNorm)
-    qk_norm: bool | None = None  # RMS-normalise queries and keys per head before attention (bounded logits)
-    activation: str | None = None  # the MLP's nonlinearity: "gelu_tanh" (GPT-2) or "relu2" (relu(x)**2)
-    # The output head is the token embedding wte (GPT-2); False: it has its own weight, initialised to zero
-    # (so the first predictions are exactly uniform).
-    tie_embeddings: bool | None = None
-    # Initialise the c_proj of attention and MLP (what writes into the residual stream) to zero: every block
-    # starts as the identity. Initialisation only: the function is GPT-2's.
-    zero_init_proj: bool | None = None
-    logit_softcap: float | None = None  # logits -> cap * tanh(logits / cap), bounded by +-cap; 0 = off
+    """The model's settings. A new option is written here (and in ARCH_PRESETS if the presets set it): the
+    training config, --help, the resume check and the export derive from these declarations."""
+
+    block_size: int = option(1024, "context length in tokens")
+    vocab_size: int = option(50257, "tokenizer vocabulary; logits have exactly this many columns", setting=False)
+    n_layer: int = option(12, "transformer blocks")
+    n_head: int = option(12, "attention heads per block; must divide n_embd")
+    n_embd: int = option(768, "model width")
+    dropout: float = option(0.0, "dropout probability; 0.0 for pretraining, 0.1+ for fine-tuning", shape=False)
+    bias: bool | None = option(None, "biases in Linear and LayerNorm layers (auto: the arch's; GPT-2 has them)")
+    ln_eps: float = option(1e-5, "LayerNorm (or RMSNorm) epsilon (GPT-2: 1e-5)", setting=False, shape=False)
+    # Matmuls with a round width run faster on GPUs (50257 -> 50304 with 64). The extra rows are never returned
+    # as logits, so never sampled.
+    vocab_multiple: int = option(1, "the embedding table's rows are rounded up to a multiple of this",
+                                 setting=False)
+    # ---- architecture options: each None (auto) takes the value of the preset `arch`; GPT-2 has them all
+    # off, and the GPT-2 weights need them off.
+    arch: str = option("gpt2", "preset for the options left auto: gpt2 (all off) or modern (all on)",
+                       tuple(ARCH_PRESETS))
+    # Attention then sees only the distance between positions; there is no position table wpe.
+    rope: bool | None = option(None, "rotary position embeddings instead of the learned position table",
+                               gpt2=False)
+    rope_base: float = option(10000.0, "RoPE base: channel pair i turns by pos * rope_base^(-2i / head size)")
+    norm: str | None = option(None, "layernorm (GPT-2) or rmsnorm (parameter-free)", ("layernorm", "rmsnorm"),
+                              gpt2=False)
+    # Unit-RMS queries and keys: the attention logits cannot blow up.
+    qk_norm: bool | None = option(None, "RMS-normalise queries and keys per head before attention", gpt2=False)
+    activation: str | None = option(None, "MLP nonlinearity: gelu_tanh (GPT-2) or relu2 (relu(x)**2)",
+                                    tuple(ACTIVATIONS), gpt2=False)
+    # Untied, the head starts at zero: the first predictions are exactly uniform.
+    tie_embeddings: bool | None = option(None, "the head is the token embedding (GPT-2); False: its own, "
+                                               "zero-initialised weight", gpt2=False)
+    # Every block starts as the identity. Initialisation only: the function is GPT-2's, so the model exports.
+    zero_init_proj: bool | None = option(None, "initialise the attention and MLP output projections to zero")
+    logit_softcap: float | None = option(None, "logits -> cap * tanh(logits / cap); 0 = off", gpt2=False)
+
+    @classmethod
+    def setting_names(cls) -> tuple[str, ...]:
+        """The fields a training run sets; gptkit/config.py's TrainConfig has each, with its help."""
+        return tuple(f.name for f in fields(cls) if f.metadata["setting"])
+
+    @classmethod
+    def shape_names(cls) -> tuple[str, ...]:
+        """The settings a resumed run must keep: the model's shape and architecture."""
+        return tuple(f.name for f in fields(cls) if f.metadata["setting"] and f.metadata["shape"])
+
+    @classmethod
+    def non_gpt2_names(cls) -> tuple[str, ...]:
+        """The options a Hugging Face GPT-2 can hold only at GPT-2's value."""
+        return tuple(f.name for f in fields(cls) if not f.metadata["gpt2"])
 
     def __post_init__(self):
-        if self.arch not in ARCH_PRESETS:
-            raise ValueError(f"GPTConfig.arch must be one of {', '.join(ARCH_PRESETS)}, got {self.arch!r}")
+        self._check_choice("arch")  # before the preset it names is read
         for name, value in ARCH_PRESETS[self.arch].items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
-        for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "vocab_multiple"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
+        for f in fields(self):
+            self._check_choice(f.name)
+            value, kind = getattr(self, f.name), f.type.partition(" |")[0]  # a string, "bool | None": postponed
+            if kind == "int" and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise ValueError(f"GPTConfig.{f.name} must be a positive integer, got {value!r}")
+            if kind == "bool" and not isinstance(value, bool):
+                raise ValueError(f"GPTConfig.{f.name} must be True or False, got {value!r}")
         if self.n_embd % self.n_head != 0:
             raise ValueError(
                 f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}); "
@@ -222,12 +259,6 @@ class GPTConfig:
             raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}")
         if not self.ln_eps > 0:
             raise ValueError(f"GPTConfig.ln_eps must be positive, got {self.ln_eps!r}")
-        for name in ("bias", "rope", "qk_norm", "tie_embeddings", "zero_init_proj"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"GPTConfig.{name} must be True or False, got {getattr(self, name)!r}")
-        for name, allowed in (("norm", ("layernorm", "rmsnorm")), ("activation", tuple(ACTIVATIONS))):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"GPTConfig.{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         if not (_is_finite(self.logit_softcap) and self.logit_softcap >= 0):
             raise ValueError(f"GPTConfig.logit_softcap must be a number >= 0 (0 = off), got {self.logit_softcap!r}")
         if not (_is_finite(self.rope_base) and self.rope_base > 1):
@@ -235,6 +266,11 @@ class GPTConfig:
         if self.rope and (self.n_embd // self.n_head) % 2:
             raise ValueError(f"GPTConfig.rope needs an even head size (n_embd // n_head), got "
                              f"{self.n_embd // self.n_head}")
+
+    def _check_choice(self, name: str) -> None:
+        choices, value = self.__dataclass_fields__[name].metadata["choices"], getattr(self, name)
+        if choices is not None and value not in choices:
+            raise ValueError(f"GPTConfig.{name} must be one of {', '.join(choices)}, got {value!r}")
 
     @property
     def padded_vocab_size(self) -> int:
@@ -331,17 +367,18 @@ class GPT(nn.Module):
             return self.head(x), None
         if not return_logits:
             return None, self.loss_from_hidden(x, targets)
-        padded = self._logits(x)  # (B, T, padded V)
-        # The padding columns are never a target, so training simply pushes them down. (B*T, Vp) vs (B*T,)
-        loss = F.cross_entropy(padded.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
-        return padded[..., : self.config.vocab_size], loss  # (B, T, V): the padding is never returned
+        logits = self._logits(x)[..., : self.config.vocab_size]  # (B, T, V): the padding is never returned
+        # Nor is it in the softmax: the loss is over the real vocabulary. (B*T, V) vs (B*T,)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
+        return logits, loss
 
     def loss_from_hidden(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The mean cross-entropy of the head's predictions from hidden states x (B, T, C) against targets
         (B, T) (-1 = ignored): the same value and gradients as F.cross_entropy on the logits, without ever
         holding all of them (see linear_cross_entropy)."""
         return linear_cross_entropy(
-            x.flatten(0, 1), self.lm_head.weight, targets.flatten(), softcap=self.config.logit_softcap
+            x.flatten(0, 1), self.lm_head.weight, targets.flatten(), softcap=self.config.logit_softcap,
+            vocab_size=self.config.vocab_size,
         )
 
     def hidden_states(self, idx: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
@@ -379,14 +416,15 @@ class GPT(nn.Module):
     def _logits(self, x: torch.Tensor, fp32: bool = False) -> torch.Tensor:
         """The output head: (..., C) -> logits over the padded vocabulary (..., Vp), soft-capped to
         (-logit_softcap, logit_softcap) when that is set. Every path to logits goes through here (the training
-        loss, linear_cross_entropy, applies the same cap). fp32=True: computed in float32 over the real
-        vocabulary only, (..., V) (see `head`)."""
+        loss, linear_cross_entropy, applies the same cap). The cap is computed in float32, so capped logits
+        are float32 whatever the matmul's precision. fp32=True: computed in float32 over the real vocabulary
+        only, (..., V) (see `head`)."""
         if fp32:
             logits = linear_fp32(x, self.lm_head.weight[: self.config.vocab_size])  # rows 0..V-1: a view
         else:
             logits = self.lm_head(x)
         cap = self.config.logit_softcap
-        return cap * torch.tanh(logits / cap) if cap else logits
+        return cap * torch.tanh(logits.float() / cap) if cap else logits  # fp32, as the loss caps
 
     def head(self, x: torch.Tensor, *, fp32: bool = False) -> torch.Tensor:
         """(..., C) -> logits (..., V). The padding columns of a padded vocabulary are dropped (a view): they are
@@ -428,15 +466,65 @@ class GPT(nn.Module):
         if "wpe" in self.transformer:  # (with RoPE there is no table: any position up to block_size works)
             self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size].detach().clone())
 
+    # ------------------------------------------------------------------------- nanoGPT compatibility
+    # nanoGPT's two most used calls, with its signatures, so that notebooks and scripts written for it run
+    # unchanged. Both delegate to the library (gptkit/hf_gpt2.py loads, gptkit/generate.py decodes), imported
+    # inside the call: importing model.py imports nothing of the project, so this file still works on its own.
+
+    @classmethod
+    def from_pretrained(cls, model_type: str, override_args: dict | None = None) -> GPT:
+        """nanoGPT's loader: a GPT with the weights of 'gpt2', 'gpt2-medium', 'gpt2-large' or 'gpt2-xl' (from the
+        Hugging Face Hub, or its local cache), or of a local Hugging Face GPT-2 folder. override_args may hold
+        only dropout (default 0.0), as in nanoGPT; like nanoGPT's, the model comes in training mode (call .eval()
+        to sample). Unlike nanoGPT's, its vocabulary is padded to a multiple of 64 rows (50304 for GPT-2), which
+        never shows: see gptkit.hf_gpt2.load_pretrained, which this calls."""
+        from gptkit.hf_gpt2 import HFGPT2Error, load_pretrained
+
+        override_args = override_args or {}
+        other = sorted(map(str, set(override_args) - {"dropout"}))
+        if other:
+            raise HFGPT2Error(f"GPT.from_pretrained: override_args may hold only dropout (as in nanoGPT), got "
+                              f"{', '.join(other)}; gptkit.hf_gpt2.load_pretrained also takes block_size")
+        return load_pretrained(model_type, **override_args).train()
+
+    @torch.no_grad()
+    def generate(
+        self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None
+    ) -> torch.Tensor:
+        """nanoGPT's sampler: the prompts idx (B, T) continued by max_new_tokens tokens, (B, T + max_new_tokens).
+        Each token is drawn from softmax(logits / temperature), over the top_k likeliest tokens when top_k is
+        set, given the last block_size tokens (nanoGPT's window, which slides one token at a time).
+
+        temperature=0 is greedy (the argmax), where nanoGPT would divide by zero. The draws use torch's global
+        generator, so torch.manual_seed repeats them (but picks other tokens than nanoGPT for a seed: it draws
+        differently). Dropout is off while it runs, in either mode; the KV cache makes it faster than nanoGPT's.
+        The same as gptkit.generate.generate(model, idx, max_new_tokens, SamplingOptions(temperature=...,
+        top_k=..., window_shift=1)), which also offers top-p, stop tokens and a seeded generator."""
+        from gptkit.generate import SamplingOptions, generate
+
+        options = SamplingOptions(temperature=temperature, top_k=top_k, window_shift=1)
+        return generate(self, idx, max_new_tokens, options)
+
 
 # ----------------------------------------------------------------------------- the head's arithmetic
 #
 # The training loss and the sampling head, as functions of the hidden states and the head's weight.
 
-# Logit elements (rows x padded vocabulary) the loss computes at once. Below this the loss is one plain
-# F.cross_entropy on the logits (the char models: 64 x 256 x 65 = 1M); above it, a slice of rows at a time,
-# 2**25 elements = 128 MiB in fp32, e.g. 512 rows of GPT-2's 50,304-column head.
-LOSS_CHUNK_ELEMENTS = 2**25
+# Logit elements (rows x padded vocabulary) the loss computes at once, by device type (others: the CPU's).
+# Up to one slice's worth of rows the loss is one plain F.cross_entropy on the logits (the char models:
+# 64 x 256 x 65 = 1M); beyond, a slice of rows at a time. CPU: 2**25 elements = 128 MiB in fp32, 512 rows of
+# GPT-2's 50,304-column head. CUDA: 2**28, 4,096 rows (0.8 GiB of fp32 logits), because every slice re-reads
+# and re-writes the fp32 (V, C) weight gradient (154 MB for GPT-2): at 32 x 1024 tokens, 512-row slices would
+# move ~20 GB per micro-batch for it, 4,096-row ones 2.5 GB. `bench.py --loss_chunk=...` compares sizes.
+LOSS_CHUNK_ELEMENTS = {"cpu": 2**25, "cuda": 2**28}
+
+
+def loss_chunk_rows(n_columns: int, device_type: str, chunk_elements: int | None = None) -> int:
+    """Rows of logits one slice of the loss holds for a head of n_columns: the largest power of two (round
+    shapes for the matmuls) whose logits fit in chunk_elements, by default the device type's
+    LOSS_CHUNK_ELEMENTS; at least 1."""
+    elements = chunk_elements or LOSS_CHUNK_ELEMENTS.get(device_type, LOSS_CHUNK_ELEMENTS["cpu"])
+    return 1 << (max(1, elements // n_columns).bit_length() - 1)
 
 
 def linear_cross_entropy(
@@ -446,26 +534,35 @@ def linear_cross_entropy(
     *,
     softcap: float = 0.0,
     chunk_elements: int | None = None,
+    vocab_size: int | None = None,
 ) -> torch.Tensor:
     """Mean cross-entropy of the logits x @ weight.T (soft-capped by `softcap` when > 0) against targets;
     x (N, C), weight (V, C), targets (N,) with -1 = ignored. The same value and gradients as
     F.cross_entropy(logits.float(), targets, ignore_index=-1), with autocast's precision when it is on.
 
-    Small problems (N * V <= chunk_elements, default LOSS_CHUNK_ELEMENTS) take that plain path. Larger ones go
-    through _ChunkedLinearCrossEntropy: a few hundred rows of logits at a time, so memory stays at a few chunks
-    of logits however long the batch is."""
-    rows_per_chunk = (chunk_elements or LOSS_CHUNK_ELEMENTS) // weight.size(0)
-    if x.size(0) <= rows_per_chunk:
+    vocab_size: the real vocabulary when the weight has padding rows after it. Their columns are computed (the
+    matmuls keep the round width) but kept out of the softmax, whatever those rows hold: a loaded GPT-2's are
+    zero, a logit far above its real ones (around -60), which would otherwise take nearly all the probability.
+
+    Problems of at most one slice's rows (loss_chunk_rows: chunk_elements, by default the device type's
+    LOSS_CHUNK_ELEMENTS) take that plain path. Larger ones go through _ChunkedLinearCrossEntropy: a slice of
+    rows of logits at a time, so memory stays at a few slices of logits however long the batch is. The cap is
+    applied in fp32 on both paths (tanh has no autocast policy: under autocast it would run in bf16)."""
+    device_type = x.device.type
+    rows = loss_chunk_rows(weight.size(0), device_type, chunk_elements)
+    if x.size(0) <= rows:
         logits = F.linear(x, weight)
         if softcap:
-            logits = softcap * torch.tanh(logits / softcap)
-        return F.cross_entropy(logits.float(), targets, ignore_index=-1)
-    rows = 1 << (max(1, rows_per_chunk).bit_length() - 1)  # a power of two: round shapes for the matmuls
-    device_type = x.device.type
+            logits = softcap * torch.tanh(logits.float() / softcap)
+        return F.cross_entropy(logits[:, :vocab_size].float(), targets, ignore_index=-1)
     # Under autocast the plain path's matmul runs in autocast's dtype: so do the chunks (cast inside).
     dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
-    with_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-    return _ChunkedLinearCrossEntropy.apply(x, weight, targets, rows, float(softcap), dtype, with_grad)
+    # Only the gradients autograd will ask for: a frozen head (LoRA's tied wte) needs no (V, C) gradient.
+    grad_on = torch.is_grad_enabled()
+    needs_grad = (grad_on and x.requires_grad, grad_on and weight.requires_grad)
+    n_real = vocab_size or weight.size(0)
+    return _ChunkedLinearCrossEntropy.apply(x, weight, targets, rows, float(softcap), dtype, needs_grad,
+                                            n_real)
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
@@ -477,6 +574,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     then dropped: what is kept for backward is grad_x (N, C) and grad_W (V, C), the size of x and of W. The
     backward only scales them by d(total)/d(loss) / n_valid. So the head costs its usual three matmuls (no
     recomputation, unlike checkpointing each slice) and memory holds at most a couple of slices of logits.
+    `needs_grad` (x's, W's) says which gradients a backward will ask for: the others are neither computed
+    nor kept (a frozen head: two matmuls per slice and no (V, C) buffer).
 
     The per-row gradients are formed unscaled (values in [-1, 1]) and scaled by 1 / n_valid only in the
     backward, in fp32: with fp16 the tiny scaled values would otherwise underflow before the loss scaler's
@@ -484,21 +583,26 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, targets, rows: int, softcap: float, dtype: torch.dtype, with_grad: bool):
+    def forward(ctx, x, weight, targets, rows: int, softcap: float, dtype: torch.dtype,
+                needs_grad: tuple[bool, bool], n_real: int):
         N = x.size(0)
+        need_x, need_w = needs_grad
+        with_grad = need_x or need_w
         with torch.autocast(x.device.type, enabled=False):
             xd, wd = x.to(dtype), weight.to(dtype)
             valid = targets != -1
             safe = targets.clamp(min=0)[:, None]  # ignored rows pick column 0, then count for nothing
             loss_sum = torch.zeros((), device=x.device, dtype=torch.float32)
             grad_x = []
-            grad_w = torch.zeros(weight.shape, device=weight.device, dtype=torch.float32) if with_grad else None
+            grad_w = torch.zeros(weight.shape, device=weight.device, dtype=torch.float32) if need_w else None
             for lo in range(0, N, rows):
                 xc, tc, vc = xd[lo : lo + rows], safe[lo : lo + rows], valid[lo : lo + rows, None]
                 z = (xc @ wd.t()).float()  # (r, V)
                 if softcap:
                     cap = torch.tanh(z / softcap)
                     z = cap * softcap
+                if n_real < z.size(1):
+                    z[:, n_real:] = float("-inf")  # the vocabulary's padding: probability 0, so gradient 0
                 lse = torch.logsumexp(z, dim=-1, keepdim=True)  # (r, 1)
                 loss_sum = loss_sum + ((lse - z.gather(1, tc)) * vc).sum()
                 if not with_grad:
@@ -509,14 +613,15 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
                 if softcap:
                     g.mul_(1 - cap * cap)  # d(cap * tanh(s / cap)) / ds
                 g = g.to(dtype)
-                grad_x.append(g @ wd)  # (r, C)
-                if dtype == torch.float32:
+                if need_x:
+                    grad_x.append(g @ wd)  # (r, C)
+                if need_w and dtype == torch.float32:
                     grad_w.addmm_(g.t(), xc)
-                else:
+                elif need_w:
                     grad_w += (g.t() @ xc).float()
             n_valid = valid.sum().float()
         if with_grad:
-            ctx.save_for_backward(torch.cat(grad_x), grad_w, n_valid)
+            ctx.save_for_backward(torch.cat(grad_x) if need_x else None, grad_w, n_valid)
             ctx.dtypes = (x.dtype, weight.dtype)
         return loss_sum / n_valid
 
@@ -525,18 +630,39 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         grad_x, grad_w, n_valid = ctx.saved_tensors
         scale = grad_loss.float() / n_valid
         x_dtype, w_dtype = ctx.dtypes
-        return (grad_x.float() * scale).to(x_dtype), (grad_w * scale).to(w_dtype), None, None, None, None, None
+        dx = None if grad_x is None else (grad_x.float() * scale).to(x_dtype)
+        dw = None if grad_w is None else (grad_w * scale).to(w_dtype)
+        nothing = (None,) * 6  # targets and the settings have no gradient
+        return dx, dw, *nothing
+
+
+@contextlib.contextmanager
+def no_tf32():
+    """Full-precision float32 matmuls on CUDA inside the block, whatever the global setting (setup_runtime
+    turns TF32 on for speed): TF32 keeps 10 mantissa bits, ~1e-3 relative error, ~0.1 on a logit of 100.
+
+    Switched eagerly, around the call. Inside a torch.compile'd function Dynamo records the switch, but
+    inductor's matmul runs under the flag in force when the compiled function is called: a compiled caller
+    has to call it inside this block."""
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
 
 
 def linear_fp32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x (..., C) @ weight (N, C)^T as float32 (..., N), whatever the dtype of the weight, with autocast off.
 
-    bf16/fp16 weights on CUDA: one matmul that accumulates and writes in fp32 (torch.mm's out_dtype), so the
-    weights are read once, in their own precision, as decoding needs. Elsewhere (CPU, MPS) such weights are
-    upcast first, which is slower but exact."""
+    float32 weights: a full-precision float32 matmul, also on CUDA where TF32 is on (no_tf32): these are the
+    evaluation's and sampling's logits. bf16/fp16 weights on CUDA: one matmul that accumulates and writes in
+    fp32 (torch.mm's out_dtype), so the weights are read once, in their own precision, as decoding needs.
+    Elsewhere (CPU, MPS) such weights are upcast first, which is slower but exact."""
     with torch.autocast(x.device.type, enabled=False):
         if weight.dtype == torch.float32:
-            return F.linear(x.float(), weight)
+            with no_tf32():
+                return F.linear(x.float(), weight)
         if x.device.type == "cuda":
             flat = torch.mm(x.reshape(-1, x.size(-1)).to(weight.dtype), weight.t(), out_dtype=torch.float32)
             return flat.view(*x.shape[:-1], weight.size(0))

@@ -36,6 +36,7 @@ class RunCurves:
     train: list[dict] = field(default_factory=list)  # training lines: step, loss, ms_per_step, ...
     evals: list[dict] = field(default_factory=list)  # evaluation lines: step, val_loss, hellaswag_acc_norm, ...
     tokens_per_step: int | None = None  # from config.json, when it is there
+    skipped: int = 0  # unreadable lines left out (only ever the last: a line being written)
 
     @property
     def has_hellaswag(self) -> bool:
@@ -57,7 +58,8 @@ def read_run(folder: str | Path, label: str) -> RunCurves:
             entry = json.loads(line)
         except json.JSONDecodeError:
             if lineno == len(lines):
-                break  # the last line of a run being written right now
+                run.skipped += 1  # the last line of a run being written right now
+                break
             raise PlotError(f"{path} line {lineno} is not JSON; the file is damaged") from None
         if not isinstance(entry, dict) or not isinstance(entry.get("step"), int):
             raise PlotError(f"{path} line {lineno} is not a metrics entry (no step)")
@@ -163,6 +165,10 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--logy", action="store_true", help="logarithmic loss axis")
     args = parser.parse_args(argv)
     runs = [read_run(folder, label) for folder, label in zip(args.runs, labels_for(args.runs))]
+    for folder, run in zip(args.runs, runs):
+        if run.skipped:
+            print(f"note: skipped {run.skipped} unreadable line of {Path(folder) / 'metrics.jsonl'} (its last: "
+                  f"a run still writing it?)", file=sys.stderr)
     out = Path(args.out)
     draw(runs, out, x=args.x, logy=args.logy)
     print(f"wrote {out} ({len(runs)} run{'s' if len(runs) > 1 else ''})", file=sys.stderr)

@@ -42,16 +42,24 @@ from gptkit.files import OutDirBusyError, OutDirLock
 from gptkit.hf_gpt2 import GPT2_NAMES
 from gptkit.loader import BatchLoader, ValBatches
 from gptkit.metrics import Metrics, flops_per_token, peak_flops, start_wandb
-from gptkit.optim import describe, make_optimizer, set_lr
+from gptkit.optim import describe, load_optimizer_state, make_optimizer, set_lr
 from gptkit.prepare.tiny_shakespeare import DATASETS as SHAKESPEARE_DATASETS
 from gptkit.prepare.tiny_shakespeare import prepare_shakespeare
-from gptkit.runtime import Dist, Runtime, StopFlag, distributed, library_versions, resolve_compile
+from gptkit.runtime import (
+    Dist,
+    Runtime,
+    StopFlag,
+    code_version,
+    distributed,
+    library_versions,
+    resolve_compile,
+)
 from gptkit.shards import DataError, TokenDataset, dataset_dir, read_meta, require_dataset
 from gptkit.tokenizer import Tokenizer
-from model import ARCH_OPTIONS, GPT, GPTConfig
+from model import GPT, GPTConfig
 
-# The shape and architecture a resumed run must keep.
-MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "bias", *ARCH_OPTIONS)
+# The shape and architecture a resumed run must keep (model.py's GPTConfig says which settings they are).
+MODEL_KEYS = GPTConfig.shape_names()
 # Scanning every token for out-of-vocabulary ids is cheap for small datasets; above this many tokens we trust
 # the shards' meta.json (the prepare scripts check ids on write).
 MAX_SCAN_TOKENS = 500_000_000
@@ -87,6 +95,8 @@ def resolve_config(argv: list[str]) -> tuple[TrainConfig, dict | None]:
     # Through GPTConfig: a checkpoint older than an option has its default, and `auto` options their values.
     saved_model = GPTConfig.from_dict(ckpt["model_config"]).to_dict()
     saved_shape = {k: saved_model[k] for k in MODEL_KEYS}
+    if ckpt.get("lora"):  # the model has its base's positions; the run trained on sequences of block_size
+        saved_shape["block_size"] = base["block_size"]
     differing = [f"{k} (checkpoint {saved_shape[k]!r}, asked {values[k]!r})"
                  for k in MODEL_KEYS if values.get(k) is not None and values[k] != saved_shape[k]]
     if differing:
@@ -168,11 +178,15 @@ def build_model(cfg: TrainConfig, meta: dict, ckpt: dict | None) -> GPT:
         return GPT(cfg.model_config(vocab, vocab_multiple=64 if meta["tokenizer"]["kind"] != "char" else 1))
     # Fine-tuning: a GPT-2 name, a Hugging Face folder, or a checkpoint of this project.
     model, tokenizer = load_base_model(cfg.init_from, dropout=cfg.dropout)
-    if cfg.block_size < model.config.block_size:
-        model.crop_block_size(cfg.block_size)
-    elif cfg.block_size > model.config.block_size:
+    if cfg.block_size > model.config.block_size:
         raise TrainError(f"block_size {cfg.block_size} exceeds {cfg.init_from}'s context of "
                          f"{model.config.block_size}; use --block_size={model.config.block_size} or less")
+    # A full fine-tune changes every weight at the first block_size positions only, so the model keeps those
+    # (as nanoGPT does): the rows beyond would no longer match the network, and weight decay would shrink
+    # them. A LoRA run keeps its frozen base whole, all positions included: block_size only limits the
+    # training sequences, and the merged model still has the base's context.
+    if cfg.block_size < model.config.block_size and not cfg.lora_rank:
+        model.crop_block_size(cfg.block_size)
     if meta["tokenizer"] != tokenizer or vocab > model.config.vocab_size:
         hint = ("prepare it with --tokenizer gpt2 (e.g. python prepare/shakespeare.py)" if tokenizer == GPT2_BPE
                 else "prepare it with the same tokenizer")
@@ -224,6 +238,7 @@ def write_run_info(cfg: TrainConfig, argv: list[str], d: Dist, rt: Runtime) -> N
             (out / name).unlink(missing_ok=True)
     (out / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2) + "\n")
     info = {"argv": ["train.py", *argv], "config": config_to_dict(cfg), "versions": library_versions(),
+            "code": code_version(Path(__file__).resolve().parent),
             "world_size": d.world_size, "device": str(rt.device), "dtype": rt.dtype_name,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
     with open(out / "runs.jsonl", "a") as f:  # one line per invocation: a resumed run keeps the history
@@ -255,7 +270,7 @@ class Run:
 
     @property
     def tokens_per_step(self) -> int:
-        return self.cfg.batch_size * self.raw_model.config.block_size * self.accum * self.d.world_size
+        return self.cfg.batch_size * self.cfg.block_size * self.accum * self.d.world_size
 
 
 def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Runtime,
@@ -270,12 +285,10 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
     check_vocab(data_dir, meta, model)
     lora_info = attach_lora(cfg, model, ckpt)
     if lora_info and rt.device_type == "cuda" and rt.dtype == torch.bfloat16:
-        for p in model.parameters():  # the frozen base in bf16: half its memory; the adapters stay fp32
-            if not p.requires_grad:
-                p.data = p.data.to(torch.bfloat16)
+        lora.cast_frozen_base(model, torch.bfloat16)  # the blocks' frozen weights: half their memory
     model.activation_checkpointing = cfg.activation_checkpointing
     model.to(rt.device)
-    block = model.config.block_size
+    block = cfg.block_size  # the training sequences (a LoRA run's model may have more positions: its base's)
     run = Run(
         cfg=cfg, argv=argv, d=d, rt=rt, meta=meta, raw_model=model, model=model,
         optimizer=make_optimizer(model, cfg, rt.device_type),
@@ -310,7 +323,7 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
 
 def restore_state(run: Run, ckpt: dict) -> tuple[int, float]:
     """Continue a run exactly: optimizer, loss scaler, data position and every rank's dropout stream."""
-    run.optimizer.load_state_dict(ckpt["optimizer"])
+    load_optimizer_state(run.optimizer, ckpt["optimizer"])
     if run.scaler.is_enabled() and ckpt["scaler"]:  # a bf16/fp32 run saved an empty (disabled) scaler
         run.scaler.load_state_dict(ckpt["scaler"])
     run.loader.load_state_dict(ckpt["loader"])
@@ -353,7 +366,7 @@ def make_metrics(run: Run) -> Metrics:
         trainable = f" ({lora.trainable_parameters(run.raw_model) / 1e6:.3f}M trainable: LoRA)" if run.lora else ""
         print(f"model: {run.raw_model.num_params() / 1e6:.2f}M parameters{trainable} | {d.world_size} process(es) on "
               f"{rt.device} | {rt.dtype_name} | {run.tokens_per_step:,} tokens per step ({cfg.batch_size} x "
-              f"{run.raw_model.config.block_size} x {run.accum} accumulation x {d.world_size} processes)")
+              f"{cfg.block_size} x {run.accum} accumulation x {d.world_size} processes)")
         if rt.device_type == "cpu" and cfg.device == "auto":
             total = fpt * run.tokens_per_step * cfg.max_iters
             if total > CPU_FLOPS_BUDGET:
@@ -361,16 +374,19 @@ def make_metrics(run: Run) -> Metrics:
                       f"({total:.1e} training FLOPs): expect hours; the ETA follows the first logged steps. "
                       f"For a run sized for a CPU: python train.py configs/shakespeare_cpu.py", flush=True)
     return Metrics(cfg.out_dir, master=d.master, tokens_per_step=run.tokens_per_step, flops_per_token=fpt,
-                   peak_flops=peak_flops(rt.device), world_size=d.world_size, max_iters=cfg.max_iters,
-                   device=rt.device, wandb_run=wandb_run)
+                   peak_flops=peak_flops(rt.device, rt.dtype), world_size=d.world_size,
+                   max_iters=cfg.max_iters, device=rt.device, wandb_run=wandb_run)
 
 
 # ----------------------------------------------------------------------------- one step, evaluation
 
 
-def forward_backward(model, optimizer, scaler, next_batch, accum: int, rt: Runtime, grad_clip: float):
+def forward_backward(model, optimizer, scaler, next_batch, accum: int, rt: Runtime, grad_clip: float,
+                     prefetch=None):
     """The gradient half of a training step: `accum` micro-batches of forward + backward, then unscale and
-    clip. Returns the mean loss and the gradient norm as device tensors (reading them would sync the host)."""
+    clip. Returns the mean loss and the gradient norm as device tensors (reading them would sync the host).
+    `prefetch` (the loader's) reads the next batch while the GPU runs the forward just queued; after the last
+    micro-batch that is the next step's first, read before the step's host sync instead of after it."""
     loss_sum = torch.zeros((), device=rt.device)
     for micro in range(accum):
         x, y = next_batch()
@@ -380,6 +396,8 @@ def forward_backward(model, optimizer, scaler, next_batch, accum: int, rt: Runti
         with (contextlib.nullcontext() if sync else no_sync()), rt.autocast():
             # With targets the model returns no logits (None): the loss is computed without ever holding them.
             loss = model(x, y)[1] / accum
+        if prefetch is not None:
+            prefetch()
         scaler.scale(loss).backward()
         loss_sum += loss.detach()
     scaler.unscale_(optimizer)
@@ -414,21 +432,25 @@ def mean_over_ranks(value: torch.Tensor, d: Dist) -> float:
 
 
 @torch.no_grad()
-def evaluate(model, batches: ValBatches, rt: Runtime, d: Dist) -> float:
-    """Mean loss over the fixed validation batches, each rank taking its share. A progress bar shows on a
-    terminal when an evaluation takes more than a few seconds."""
+def evaluate(model, batches: ValBatches, rt: Runtime, d: Dist, stop: StopFlag | None = None) -> float | None:
+    """Mean loss over the fixed validation batches, each rank taking its share; None when a stop signal cut
+    it short on any rank (a preempted job has seconds, not the minutes an evaluation may take). A progress
+    bar shows on a terminal when an evaluation takes more than a few seconds."""
     model.eval()
-    total = torch.zeros(2, device=rt.device, dtype=torch.float64)  # [sum of batch losses, batch count]
+    total = torch.zeros(3, device=rt.device, dtype=torch.float64)  # [sum of batch losses, batches, cut short]
     quiet = not (d.master and sys.stdout.isatty())
     for x, y in tqdm(batches, desc="evaluating", unit="batch", leave=False, delay=3, disable=quiet):
+        if stop is not None and stop.requested:
+            total[2] = 1
+            break
         with rt.autocast():
             loss = model(x, y)[1]  # no logits with targets: the loss is computed a slice at a time
         total[0] += loss.double()
         total[1] += 1
     if d.enabled:
-        dist.all_reduce(total)
+        dist.all_reduce(total)  # evaluation's one collective: ranks agree on the loss and on a cut
     model.train()
-    return (total[0] / total[1]).item()
+    return None if total[2] else (total[0] / total[1]).item()
 
 
 def load_hellaswag(cfg: TrainConfig, meta: dict, d: Dist) -> list[hellaswag.Encoded] | None:
@@ -458,13 +480,25 @@ def hellaswag_scores(run: Run, step: int) -> dict[str, float]:
 # ----------------------------------------------------------------------------- the loop
 
 
+def stop_run(run: Run, step: int, best_val: float, start_step: int) -> None:
+    """A stop signal: save the last finished step (unless last.pt holds it already) and say how to go on."""
+    if step > start_step:
+        save(run, "last.pt", step, best_val)
+    if run.d.master:
+        print(f"stopped at step {step}; saved {run.cfg.out_dir}/last.pt; continue with --init_from=resume")
+
+
 def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, stop: StopFlag) -> dict:
     cfg, rt, d = run.cfg, run.rt, run.d
-    start_step, val_loss = step, None
+    start_step, val_loss, stopped = step, None, False
     while True:
         # ---- evaluate and checkpoint
         if step % cfg.eval_interval == 0 or step >= cfg.max_iters or cfg.eval_only:
-            val_loss = evaluate(run.model, run.val, rt, d)
+            val_loss = evaluate(run.model, run.val, rt, d, stop)
+            if val_loss is None:  # a signal during the evaluation: the resumed run evaluates this step again
+                stop_run(run, step, best_val, start_step)
+                stopped = True
+                break
             improved = val_loss < best_val
             best_val = min(best_val, val_loss)
             metrics.log_eval(step, val_loss, best_val, improved, hellaswag_scores(run, step))
@@ -482,7 +516,7 @@ def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, stop: Sto
         # ---- learning rate, then forward + backward over the micro-batches
         lr = set_lr(run.optimizer, step, cfg)
         loss, grad_norm = forward_backward(run.model, run.optimizer, run.scaler, run.loader.next_batch,
-                                           run.accum, rt, cfg.grad_clip)
+                                           run.accum, rt, cfg.grad_clip, prefetch=run.loader.prefetch)
         # ---- NaN/inf or a stop signal on any rank
         is_bad, stop_now = check_step(loss, grad_norm, stop.requested, rt, d)
         if is_bad:
@@ -503,11 +537,10 @@ def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, stop: Sto
         if step % cfg.log_interval == 0 or step == cfg.max_iters:
             metrics.log_step(step, mean_over_ranks(loss, d), lr, grad_norm.item(), run.loader.epoch)
         if stop_now:  # a signal on any rank: every rank leaves after this same step
-            save(run, "last.pt", step, best_val)
-            if d.master:
-                print(f"stopped at step {step}; saved {cfg.out_dir}/last.pt; continue with --init_from=resume")
+            stop_run(run, step, best_val, start_step)
+            stopped = True
             break
-    return {"step": step, "val_loss": val_loss, "best_val_loss": best_val}
+    return {"step": step, "val_loss": val_loss, "best_val_loss": best_val, "stopped": stopped}
 
 
 def train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Runtime) -> dict:
@@ -521,9 +554,12 @@ def train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Run
         metrics = make_metrics(run)
         try:
             with StopFlag() as stop:
-                return train_loop(run, step, best_val, metrics, stop)
+                summary = train_loop(run, step, best_val, metrics, stop)
         finally:
             metrics.close()
+    if summary["stopped"]:  # by a signal (on this rank or another): exit as the signal would have
+        raise SystemExit(stop.exit_code)
+    return summary
 
 
 @cli.entry_point(oom_hint="lower --batch_size and raise --gradient_accumulation_steps to keep the same tokens "

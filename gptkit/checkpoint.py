@@ -124,8 +124,9 @@ def load_base_model(init_from: str, dropout: float = 0.0) -> tuple[GPT, dict | N
 
 
 def lora_base(ref: dict, block_size: int, dropout: float = 0.0) -> GPT:
-    """The base model a LoRA checkpoint names, cropped to its block_size; refused unless it is the very
-    model the adapters were trained on."""
+    """The base model a LoRA checkpoint names, with the checkpoint's block_size (the base's own; runs written
+    before LoRA kept its base whole cropped it); refused unless it is the very model the adapters were
+    trained on."""
     try:
         base, _ = load_base_model(ref["init_from"], dropout)
     except UserError as e:
@@ -134,10 +135,19 @@ def lora_base(ref: dict, block_size: int, dropout: float = 0.0) -> GPT:
     if base.config.block_size > block_size:
         base.crop_block_size(block_size)
     found = lora.fingerprint(base.state_dict())
-    if found != ref["fingerprint"]:
+    # Checkpoints written before GPT-2 weights were loaded with a padded vocabulary fingerprinted them without
+    # the padding rows: the same weights, so they are accepted too.
+    if found != ref["fingerprint"] and lora.fingerprint(_without_vocab_padding(base)) != ref["fingerprint"]:
         raise CheckpointError(f"the base model {ref['init_from']!r} is not the one these LoRA adapters were "
                               f"trained on (fingerprint {found}, expected {ref['fingerprint']}); restore that base")
     return base
+
+
+def _without_vocab_padding(model: GPT) -> dict[str, torch.Tensor]:
+    """The model's state dict with the token embedding and head cut to the real vocabulary (views)."""
+    c = model.config
+    return {k: v[: c.vocab_size] if k in ("transformer.wte.weight", "lm_head.weight") else v
+            for k, v in model.state_dict().items()}
 
 
 def lora_model(ckpt: dict, dropout: float = 0.0) -> GPT:

@@ -3,8 +3,12 @@
     python train.py configs/shakespeare.py --batch_size=32 --compile=False
 
 A config file holds assignments only (`n_layer = 6`, `max_iters = 5 * 1000`, `lr_decay_iters = max_iters`);
-it is parsed, never executed. Every value is converted to its field's type, and an unknown key or a value of
-the wrong type is an error that names the key.
+it is parsed, never executed, and its arithmetic is bounded (64-bit integers, strings of at most MAX_STR_LEN
+characters). The command line wins over the files, and a file's lines see its values: with --max_iters=2000,
+`lr_decay_iters = max_iters` is 2000. Every value is converted to its field's type, and an unknown key or a
+value of the wrong type is an error that names the key.
+
+The model's settings are GPTConfig's (model.py declares each once, with its help): TrainConfig inherits them.
 """
 
 from __future__ import annotations
@@ -12,17 +16,18 @@ from __future__ import annotations
 import ast
 import difflib
 import json
+import math
 import operator
 import sys
 import types
 import typing
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, make_dataclass
 from pathlib import Path
 from typing import Any
 
 from gptkit.cli import UserError
 from gptkit.lora import LoRAError, LoRASettings
-from model import ARCH_OPTIONS, GPTConfig
+from model import GPTConfig
 
 
 class ConfigError(UserError):
@@ -34,11 +39,25 @@ def setting(default: Any, help: str, choices: tuple | None = None) -> Any:
     return field(default=default, metadata={"help": help, "choices": choices})
 
 
+def settings_of(config: type, names: tuple[str, ...], class_name: str) -> type:
+    """A dataclass with the fields `names` of the dataclass `config`: their types, defaults, help and choices."""
+    hints = typing.get_type_hints(config)
+    declared = {f.name: f for f in fields(config)}
+    return make_dataclass(class_name,
+                          [(n, hints[n], field(default=declared[n].default, metadata=declared[n].metadata))
+                           for n in names],
+                          namespace={"__module__": __name__})
+
+
 # ----------------------------------------------------------------------------- the training run
+
+# The model's settings, first in --help: GPTConfig's fields that a run sets (not vocab_size and vocab_multiple,
+# which the dataset's tokenizer sets, nor ln_eps, GPT-2's). On resume the checkpoint's shape is used.
+ModelSettings = settings_of(GPTConfig, GPTConfig.setting_names(), "ModelSettings")
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(ModelSettings):
     # I/O and checkpoints
     out_dir: str = setting("out", "folder for checkpoints (last.pt, best.pt), config.json and metrics.jsonl")
     init_from: str = setting(
@@ -68,27 +87,7 @@ class TrainConfig:
     gradient_accumulation_steps: int = setting(
         40, "micro-batches per optimizer step, over ALL processes (divided by the DDP world size)"
     )
-    block_size: int = setting(1024, "context length in tokens")
     seed: int = setting(1337, "seed for initialisation, dropout and the data order")
-    # model (ignored on resume, where the checkpoint's shape is used)
-    n_layer: int = setting(12, "transformer blocks")
-    n_head: int = setting(12, "attention heads per block")
-    n_embd: int = setting(768, "model width")
-    dropout: float = setting(0.0, "dropout probability; 0.0 for pretraining, 0.1+ for fine-tuning")
-    bias: bool | None = setting(None, "biases in Linear and LayerNorm layers (auto: the arch's; GPT-2 has them)")
-    # architecture: each option left auto takes the value of the preset `arch` (model.py's GPTConfig
-    # documents them; README.md "The modern recipe" says when to use them)
-    arch: str = setting("gpt2", "preset for the options left auto: gpt2 (all off) or modern (all on)",
-                        ("gpt2", "modern"))
-    rope: bool | None = setting(None, "rotary position embeddings instead of the learned position table")
-    rope_base: float = setting(10000.0, "RoPE base: channel pair i turns by pos * rope_base^(-2i / head size)")
-    norm: str | None = setting(None, "layernorm (GPT-2) or rmsnorm (parameter-free)")
-    qk_norm: bool | None = setting(None, "RMS-normalise queries and keys per head before attention")
-    activation: str | None = setting(None, "MLP nonlinearity: gelu_tanh (GPT-2) or relu2 (relu(x)**2)")
-    tie_embeddings: bool | None = setting(None, "the head is the token embedding (GPT-2); False: its own, "
-                                                "zero-initialised weight")
-    zero_init_proj: bool | None = setting(None, "initialise the attention and MLP output projections to zero")
-    logit_softcap: float | None = setting(None, "logits -> cap * tanh(logits / cap); 0 = off")
     # AdamW
     learning_rate: float = setting(6e-4, "peak learning rate, reached after warmup")
     max_iters: int = setting(600000, "total optimizer steps")
@@ -159,9 +158,8 @@ class TrainConfig:
     def model_config(self, vocab_size: int, vocab_multiple: int = 1) -> GPTConfig:
         """The GPTConfig of a model trained from scratch with these settings."""
         try:
-            return GPTConfig(block_size=self.block_size, vocab_size=vocab_size, n_layer=self.n_layer,
-                             n_head=self.n_head, n_embd=self.n_embd, dropout=self.dropout, bias=self.bias,
-                             vocab_multiple=vocab_multiple, **{k: getattr(self, k) for k in ARCH_OPTIONS})
+            return GPTConfig(vocab_size=vocab_size, vocab_multiple=vocab_multiple,
+                             **{k: getattr(self, k) for k in GPTConfig.setting_names()})
         except ValueError as e:
             raise ConfigError(str(e).removeprefix("GPTConfig.")) from None
 
@@ -186,12 +184,26 @@ def load_config(cls: type, argv: list[str], allow_files: bool = True, prog: str 
 
 
 def parse_args(cls: type, argv: list[str], allow_files: bool = True, prog: str = "train.py") -> dict[str, Any]:
-    """The values that argv sets explicitly (config files, then overrides), converted to the fields' types."""
+    """The values that argv sets explicitly, converted to the fields' types: the config files' (in order, a later
+    file winning), then the --key=value overrides, which win wherever they stand and which the files' lines see."""
     if any(a in ("-h", "--help") for a in argv):
         print(config_help(cls, prog))
         raise SystemExit(0)
+    files, overrides = _split_args(cls, argv, allow_files)
     hints = typing.get_type_hints(cls)
     values: dict[str, Any] = {}
+    for path in files:
+        for key, value in read_config_file(path, fixed=overrides).items():
+            _check_key(cls, key, path)
+            values[key] = convert(key, hints[key], value, from_text=False)
+    return {**values, **overrides}
+
+
+def _split_args(cls: type, argv: list[str], allow_files: bool) -> tuple[list[str], dict[str, Any]]:
+    """argv's config files, and its --key=value / --key value overrides converted to the fields' types."""
+    hints = typing.get_type_hints(cls)
+    files: list[str] = []
+    overrides: dict[str, Any] = {}
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -210,15 +222,13 @@ def parse_args(cls: type, argv: list[str], allow_files: bool = True, prog: str =
                     _check_key(cls, key, "the command line")
                     raise ConfigError(f"--{key} needs a value: --{key}=VALUE")
             _check_key(cls, key, "the command line")
-            values[key] = convert(key, hints[key], raw, from_text=True)
+            overrides[key] = convert(key, hints[key], raw, from_text=True)
+        elif allow_files:
+            files.append(arg)
         else:
-            if not allow_files:
-                raise ConfigError(f"unexpected argument {arg!r}; options are written --key=value (see --help)")
-            for key, value in read_config_file(arg).items():
-                _check_key(cls, key, arg)
-                values[key] = convert(key, hints[key], value, from_text=False)
+            raise ConfigError(f"unexpected argument {arg!r}; options are written --key=value (see --help)")
         i += 1
-    return values
+    return files, overrides
 
 
 def build_config(cls: type, values: dict[str, Any]):
@@ -227,54 +237,123 @@ def build_config(cls: type, values: dict[str, Any]):
     for f in fields(cls):
         choices = f.metadata.get("choices")
         value = getattr(cfg, f.name)
-        if choices and value not in choices:
+        if choices and value is not None and value not in choices:  # None: auto
             raise ConfigError(f"{f.name} must be one of {', '.join(map(str, choices))}; got {value!r}")
     if hasattr(cfg, "validate"):
         cfg.validate()
     return cfg
 
 
-def read_config_file(path: str) -> dict[str, Any]:
-    """Parse `key = value` lines without executing the file. Values may be literals, arithmetic on numbers,
-    and names assigned earlier in the same file."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file {path!r} not found (config files live in configs/, e.g. configs/shakespeare.py)")
-    try:
-        tree = ast.parse(p.read_text(), filename=str(p))
-    except SyntaxError as e:
-        raise ConfigError(f"{path} line {e.lineno}: syntax error: {e.msg}") from None
-    values: dict[str, Any] = {}
-    for node in tree.body:
+def read_config_file(path: str, fixed: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The `key = value` lines of a config file, parsed without executing it. Values may be literals, bounded
+    arithmetic, and names assigned earlier in the file or in `fixed` (the command line's values): a fixed key
+    keeps its value, its own line is skipped, and the lines after it read the fixed value."""
+    fixed = fixed or {}
+    names, values = dict(fixed), {}
+    for node in _parse_file(path).body:
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
             continue  # a docstring
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
             raise ConfigError(f"{path} line {node.lineno}: only plain assignments `key = value` are allowed")
-        values[node.targets[0].id] = _evaluate(node.value, values, f"{path} line {node.lineno}")
+        key = node.targets[0].id
+        if key in fixed:
+            continue
+        where = f"{path} line {node.lineno}, {key}"
+        try:
+            value = _evaluate(node.value, names, where)
+        except RecursionError:
+            raise ConfigError(f"{where}: the expression is nested too deeply") from None
+        if isinstance(value, int) and not -INT64_LIMIT <= value < INT64_LIMIT:
+            raise ConfigError(f"{where}: {_show(node.value)} is outside the 64-bit integer range")
+        names[key] = values[key] = value
     return values
 
 
+def _parse_file(path: str) -> ast.Module:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {path!r} not found (config files live in configs/, e.g. configs/shakespeare.py)")
+    try:
+        text = p.read_text(encoding="utf-8-sig")  # -sig: a byte-order mark, as some editors write, is dropped
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {e.start} is {e.object[e.start]:#04x}); "
+                          f"save it as UTF-8") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    try:
+        return ast.parse(text, filename=str(p))
+    except SyntaxError as e:
+        raise ConfigError(f"{path} line {e.lineno}: syntax error: {e.msg}") from None
+    except (RecursionError, MemoryError):  # what the parser raises for expressions nested thousands deep
+        raise ConfigError(f"{path}: an expression is nested too deeply to parse") from None
+
+
+# A config's arithmetic is bounded, so that a typo cannot hang the parser (10**10**10) or fill the memory
+# ("x" * 10**9): a value's integers lie in the 64-bit range of the tensors and step counters (on the way, up to
+# +-2**64, for `2**63 - 1`), strings (paths, prompts, names) under MAX_STR_LEN characters, floats are finite.
+# Each bound is checked before the operation that would break it.
+INT64_LIMIT = 2**63
+MAX_STR_LEN = 10_000
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_UNARYOPS = {ast.USub: operator.neg, ast.UAdd: operator.pos}
 
 
 def _evaluate(node: ast.AST, names: dict[str, Any], where: str) -> Any:
     if isinstance(node, ast.Constant):
-        return node.value
+        if not isinstance(node.value, (int, float, str, type(None))):  # bool is an int
+            raise ConfigError(f"{where}: values must be numbers, strings, True/False or None, not "
+                              f"{_show(node)}")
+        return _bounded(node.value, node, where)
     if isinstance(node, ast.Name):
         if node.id not in names:
-            raise ConfigError(f"{where}: {node.id!r} is not assigned earlier in the file")
+            raise ConfigError(f"{where}: {node.id!r} is not assigned earlier in the file nor on the command line")
         return names[node.id]
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        value = _evaluate(node.operand, names, where)
-        return -value if isinstance(node.op, ast.USub) else +value
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-        left, right = _evaluate(node.left, names, where), _evaluate(node.right, names, where)
-        try:
-            return _BINOPS[type(node.op)](left, right)
-        except Exception as e:  # e.g. division by zero, "a" * None
-            raise ConfigError(f"{where}: cannot evaluate: {e}") from None
-    raise ConfigError(f"{where}: values must be literals or arithmetic on numbers, not {ast.unparse(node)!r}")
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARYOPS:
+        operands = [_evaluate(node.operand, names, where)]
+    elif isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        operands = [_evaluate(node.left, names, where), _evaluate(node.right, names, where)]
+        _check_size(node, *operands, where)
+    else:
+        raise ConfigError(f"{where}: values must be literals or arithmetic on numbers, not {_show(node)}")
+    try:
+        value = {**_BINOPS, **_UNARYOPS}[type(node.op)](*operands)
+    except OverflowError:  # 10.0 ** 400
+        raise ConfigError(f"{where}: {_show(node)} is outside the floating-point range") from None
+    except Exception as e:  # e.g. division by zero, "a" * None
+        raise ConfigError(f"{where}: cannot evaluate {_show(node)}: {e}") from None
+    return _bounded(value, node, where)
+
+
+def _check_size(node: ast.BinOp, left: Any, right: Any, where: str) -> None:
+    """Refuse an operation whose result would break the bounds, before it is computed."""
+    if isinstance(left, str) or isinstance(right, str):
+        if isinstance(node.op, ast.Mult):
+            text, count = (left, right) if isinstance(left, str) else (right, left)
+            if isinstance(count, int) and len(text) * count > MAX_STR_LEN:
+                raise ConfigError(f"{where}: {_show(node)} would be a string of {len(text) * count:,} characters; "
+                                  f"at most {MAX_STR_LEN:,} are allowed")
+        elif not isinstance(node.op, ast.Add):  # `%` would format ("%099999999d" % 1): strings only join, repeat
+            raise ConfigError(f"{where}: cannot evaluate {_show(node)}: strings can only be joined (+) and "
+                              f"repeated (*)")
+    if (isinstance(node.op, ast.Pow) and isinstance(left, int) and isinstance(right, int) and abs(left) > 1
+            and right > 64):  # |left| >= 2: over 2**64
+        raise ConfigError(f"{where}: {_show(node)} is outside the 64-bit integer range")
+
+
+def _bounded(value: Any, node: ast.AST, where: str) -> Any:
+    if isinstance(value, int) and abs(value) > 2 * INT64_LIMIT:
+        raise ConfigError(f"{where}: {_show(node)} is outside the 64-bit integer range")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where}: {_show(node)} is not a finite number")
+    if isinstance(value, str) and len(value) > MAX_STR_LEN:
+        raise ConfigError(f"{where}: a string of {len(value):,} characters; at most {MAX_STR_LEN:,} are allowed")
+    return value
+
+
+def _show(node: ast.AST, limit: int = 60) -> str:
+    text = ast.unparse(node)
+    return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
 _BOOL_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
@@ -318,7 +397,7 @@ def convert(key: str, tp, value: Any, from_text: bool) -> Any:
                 number = float(text) if any(c in text.lower() for c in ".e") else int(text)
                 if isinstance(number, float) and not number.is_integer():
                     raise bad
-                return int(number)
+                return _int64(key, number)
             if base is float:
                 return float(text)
             return str(value)  # strings verbatim: a prompt's leading/trailing spaces matter
@@ -334,7 +413,7 @@ def convert(key: str, tp, value: Any, from_text: bool) -> Any:
             raise bad
         if isinstance(value, float) and not value.is_integer():
             raise bad
-        return int(value)
+        return _int64(key, value)
     if base is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad
@@ -342,6 +421,12 @@ def convert(key: str, tp, value: Any, from_text: bool) -> Any:
     if not isinstance(value, str):
         raise bad
     return value
+
+
+def _int64(key: str, number: int | float) -> int:
+    if not -INT64_LIMIT <= number < INT64_LIMIT:
+        raise ConfigError(f"{key} must lie in the 64-bit integer range (-2**63 to 2**63 - 1), got {number:.3g}")
+    return int(number)
 
 
 # ----------------------------------------------------------------------------- showing and saving
@@ -368,8 +453,9 @@ def config_to_json(cfg) -> str:
     return json.dumps(config_to_dict(cfg), indent=2)
 
 
-def print_config(cfg, file=sys.stdout) -> None:
+def print_config(cfg, file=None) -> None:
+    """One line per setting, on `file` (sys.stdout as it is when called: it may have been replaced since import)."""
     width = max(len(f.name) for f in fields(cfg))
     for f in fields(cfg):
         value = getattr(cfg, f.name)
-        print(f"  {f.name:<{width}} = {'auto' if value is None else value!r}", file=file)
+        print(f"  {f.name:<{width}} = {'auto' if value is None else value!r}", file=file or sys.stdout)

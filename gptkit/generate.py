@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from gptkit.runtime import resolve_compile
-from model import GPT
+from model import GPT, no_tf32
 
 # ----------------------------------------------------------------------------- options
 
@@ -225,7 +225,15 @@ def compile_decode_step(device: torch.device) -> Callable:
 
     dynamic=False: a new batch size or sampling option is a new static graph, never a symbolic-shape one."""
     mode = "reduce-overhead" if device.type == "cuda" else None
-    return torch.compile(decode_step, mode=mode, fullgraph=True, dynamic=False)
+    compiled = torch.compile(decode_step, mode=mode, fullgraph=True, dynamic=False)
+
+    def step(*args, **kwargs):
+        # Inductor's matmuls follow the TF32 flag in force at the call, not the model's no_tf32 inside the
+        # head: float32 weights get a float32 head here too (and float32 blocks; bf16 weights are unaffected).
+        with no_tf32():
+            return compiled(*args, **kwargs)
+
+    return step
 
 
 # ----------------------------------------------------------------------------- the decoding loop

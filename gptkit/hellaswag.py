@@ -220,7 +220,7 @@ def ending_losses(model, batch: Sequence[Encoded], rt: Runtime,
     x, y, scored = x.to(rt.device), y.to(rt.device), scored.to(rt.device)
     with rt.autocast():
         h = (hidden or model.hidden_states)(x)  # (R, T, C)
-    logits = model.head(h[scored], fp32=True)  # (N, V) in float32: the scored positions only
+    logits = model.head(h[scored], fp32=True)  # (N, V) in full float32, no TF32: the scored positions only
     losses = F.cross_entropy(logits, y[scored], reduction="none")
     row_of = scored.nonzero()[:, 0]
     totals = torch.zeros(len(rows), device=rt.device).index_add_(0, row_of, losses)

@@ -139,15 +139,11 @@ def config_from_hf(hf: dict, source: str = "config.json") -> GPTConfig:
         raise HFGPT2Error(f"{where}: {e}") from None
 
 
-# GPTConfig's options that change the function GPT-2 computes: a model with any of them set differently from GPT-2
-# has no Hugging Face GPT-2 form. (zero_init_proj is initialisation only; bias=False exports as zero biases.)
-NON_GPT2_OPTIONS = ("rope", "norm", "qk_norm", "activation", "tie_embeddings", "logit_softcap")
-
-
 def non_gpt2_options(config: GPTConfig) -> list[str]:
-    """The options of `config` that a Hugging Face GPT-2 cannot express, as 'name=value' strings."""
+    """The options of `config` that a Hugging Face GPT-2 cannot express, as 'name=value' strings: those that
+    change the function GPT-2 computes (model.py's GPTConfig marks them), set differently from GPT-2."""
     gpt2 = ARCH_PRESETS["gpt2"]
-    return [f"{k}={getattr(config, k)!r}" for k in NON_GPT2_OPTIONS if getattr(config, k) != gpt2[k]]
+    return [f"{k}={getattr(config, k)!r}" for k in GPTConfig.non_gpt2_names() if getattr(config, k) != gpt2[k]]
 
 
 def hf_config(config: GPTConfig, bos_eos_id: int | None) -> dict:
@@ -187,9 +183,16 @@ def hf_config(config: GPTConfig, bos_eos_id: int | None) -> dict:
 
 # ----------------------------------------------------------------------------- loading
 
+# The embedding and head of a loaded model get rows up to a multiple of this, as a scratch run's do (GPT-2's
+# 50257 -> 50304): the head's matmuls (a third of GPT-2 124M's FLOPs) then run on the GPU's fast kernels. The
+# extra rows are zero and stay out of everything: never a target (the loss masks them), never a returned or
+# sampled logit (GPT.head drops them), never exported (export.py drops them).
+VOCAB_MULTIPLE = 64
+
 
 def load_pretrained(name_or_path: str, **overrides) -> GPT:
-    """A GPT holding the weights of a Hugging Face GPT-2, in eval mode on the CPU, in float32.
+    """A GPT holding the weights of a Hugging Face GPT-2, in eval mode on the CPU, in float32, with its vocabulary
+    padded to a multiple of VOCAB_MULTIPLE rows (zeros).
 
     name_or_path: 'gpt2', 'gpt2-medium', 'gpt2-large' or 'gpt2-xl' (downloaded from the Hub, or taken from its
     local cache), or a folder with a GPT-2 `config.json` and `model.safetensors` (or `pytorch_model.bin`).
@@ -206,7 +209,7 @@ def load_pretrained(name_or_path: str, **overrides) -> GPT:
             f"only dropout and block_size can be changed"
         )
     config_path, weight_paths, source = _locate(name_or_path)
-    config = config_from_hf(_read_json(config_path), source)
+    config = replace(config_from_hf(_read_json(config_path), source), vocab_multiple=VOCAB_MULTIPLE)
     if "dropout" in overrides:
         config = replace(config, dropout=overrides["dropout"])  # replace() re-runs GPTConfig's checks
     block_size = overrides.get("block_size")
@@ -316,7 +319,7 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
 
 def load_hf_state_dict(model: GPT, hf_state: dict[str, torch.Tensor], source: str = "the checkpoint") -> None:
     """Copy a Hugging Face GPT-2 state dict into `model`, checking that every weight is there, with its
-    shape."""
+    shape. The token embedding gets zero rows up to the model's padded vocabulary (config.vocab_multiple)."""
     ours = model.state_dict()
     converted: dict[str, torch.Tensor] = {}
     unexpected = []
@@ -328,6 +331,8 @@ def load_hf_state_dict(model: GPT, hf_state: dict[str, torch.Tensor], source: st
         if our_key not in ours:
             unexpected.append(key)
             continue
+        if our_key == TIED_TO:
+            tensor = _pad_vocab(tensor, model.config)
         if tensor.shape != ours[our_key].shape:
             raise HFGPT2Error(
                 f"{source}: {key} has shape {tuple(tensor.shape)} (after transposing Conv1D weights), "
@@ -345,6 +350,15 @@ def load_hf_state_dict(model: GPT, hf_state: dict[str, torch.Tensor], source: st
         )
     converted[TIED_HEAD] = converted[TIED_TO]  # tied: the same tensor either way
     model.load_state_dict(converted)  # copies, converting the file's dtype to the model's
+
+
+def _pad_vocab(wte: torch.Tensor, config: GPTConfig) -> torch.Tensor:
+    """A file's token embedding (vocab_size, C) with zero rows appended up to the model's padded vocabulary;
+    any other shape is returned as it is, for the caller's shape check to report."""
+    extra = config.padded_vocab_size - config.vocab_size
+    if wte.dim() != 2 or wte.size(0) != config.vocab_size or extra == 0:
+        return wte
+    return torch.cat([wte, wte.new_zeros(extra, wte.size(1))])
 
 
 def _few(keys: list[str], n: int = 5) -> str:

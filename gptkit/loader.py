@@ -133,6 +133,7 @@ class BatchLoader:
         self.rank, self.world_size = rank, world_size
         self.device = torch.device(device)
         self.calls = 0  # c: number of next_batch() calls made so far
+        self._prefetched: tuple[torch.Tensor, torch.Tensor] | None = None  # the batch of call c, read early
         n = len(self.dataset)
         self.n_starts = n - block_size  # valid random starts: 0 .. n - block_size - 1
         self.n_windows = (n - 1) // block_size  # non-overlapping windows of block_size + 1 tokens (epoch mode)
@@ -145,10 +146,22 @@ class BatchLoader:
         return random_starts(self.seed, ks, self.n_starts)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        first = (self.calls * self.world_size + self.rank) * self.batch_size
+        batch = self._prefetched if self._prefetched is not None else self._read(self.calls)
+        self._prefetched = None
+        self.calls += 1
+        return batch
+
+    def prefetch(self) -> None:
+        """Read the batch the next next_batch() returns, now: called while the GPU is busy with the current
+        micro-batch, the memmap read and the host-to-device copy are off the step's critical path (the data
+        position, and so state_dict, still moves only with next_batch)."""
+        if self._prefetched is None:
+            self._prefetched = self._read(self.calls)
+
+    def _read(self, call: int) -> tuple[torch.Tensor, torch.Tensor]:
+        first = (call * self.world_size + self.rank) * self.batch_size
         ks = np.arange(first, first + self.batch_size, dtype=np.int64)
         windows = self.dataset.windows(self.sample_starts(ks), self.block_size + 1)
-        self.calls += 1
         return _to_tensors(windows, self.device)
 
     @property
@@ -183,6 +196,7 @@ class BatchLoader:
                 "resume with the same global batch (world_size * batch_size) as the checkpointed run"
             )
         self.calls = next_sample // per_call
+        self._prefetched = None
 
 
 class ValBatches:

@@ -3,6 +3,7 @@
     lora.apply(model, LoRASettings(rank=8, alpha=16, targets="attn.c_attn,attn.c_proj"))  # freezes the base
     lora.adapter_state_dict(model)      # only the adapters: what a LoRA checkpoint stores
     lora.merge(model)                   # fold the updates into the weights: an ordinary GPT again
+    lora.cast_frozen_base(model, torch.bfloat16)   # the blocks' frozen Linear weights in bf16 (train.py, CUDA)
 
 A targeted layer y = x W^T + b becomes y = x W^T + b + (dropout(x) A^T B^T) * (alpha / rank), with A (rank, in)
 and B (out, rank) trainable and W, b frozen. B starts at zero, so before the first step the model computes
@@ -145,6 +146,22 @@ def merge(model: nn.Module) -> nn.Module:
                 if child.bias is not None:
                     plain.bias.copy_(child.bias)
                 setattr(module, name, plain)
+    return model
+
+
+@torch.no_grad()
+def cast_frozen_base(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Store the frozen weights and biases of the blocks' Linear layers in `dtype` (e.g. bf16: half their
+    memory), in place; returns the model. The adapters stay as they are, and so do the embeddings (wte, wpe,
+    an untied head) and the norms: an embedding's dtype is the residual stream's, which must stay fp32 as in
+    every other run (autocast computes the matmuls in bf16 either way), and together they are a small part
+    of the weights (gpt2-xl: 82M of 1.56B parameters)."""
+    for block in model.transformer.h:
+        for module in block.modules():
+            if isinstance(module, nn.Linear):
+                for p in (module.weight, module.bias):
+                    if p is not None and not p.requires_grad:
+                        p.data = p.data.to(dtype)
     return model
 
 

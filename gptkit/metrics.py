@@ -24,35 +24,62 @@ import torch
 
 from gptkit.cli import UserError
 
-# Peak dense bf16 tensor-core FLOP/s from the vendors' datasheets (the sparsity figures halved), matched
-# against the CUDA device name as whole words, most specific first: "H100 NVL" before "H100", "L40S"
-# before "L40" (and "L4" never matches "L40"). A GPU not listed reports MFU as n/a.
-PEAK_BF16_FLOPS = (
-    ("GH200", 989e12), ("H200", 989e12), ("H100 NVL", 835e12), ("H100 PCIe", 756e12), ("H100", 989e12),
-    ("H800 PCIe", 756e12), ("H800", 989e12), ("B200", 2250e12), ("A100", 312e12), ("A800", 312e12),
-    ("L40S", 362e12), ("L40", 181e12), ("L4", 121e12), ("A10G", 125e12), ("A10", 125e12),
-    ("RTX 4090", 165e12), ("RTX 3090", 71e12), ("A6000", 155e12),
+# Peak dense tensor-core FLOP/s from the vendors' datasheets (their sparsity figures halved): (name,
+# bf16/fp16, TF32). A float32 run on CUDA multiplies in TF32 (setup_runtime turns it on), whose dense peak is
+# half the bf16 one on all of these (H100 SXM 495 vs 989, H100 PCIe 378 vs 756, A100 156 vs 312, L40S 183 vs
+# 362, B200 1,100 vs 2,250 TFLOP/s). Matched against the CUDA device name as whole words, most specific
+# first: "H100 NVL" before "H100", "L40S" before "L40" (and "L4" never matches "L40"). A GPU not listed
+# reports MFU as n/a.
+PEAK_FLOPS = (
+    ("GH200", 989e12, 495e12), ("H200 NVL", 835e12, 418e12), ("H200", 989e12, 495e12),
+    ("H100 NVL", 835e12, 418e12), ("H100 PCIe", 756e12, 378e12), ("H100", 989e12, 495e12),
+    ("H800 PCIe", 756e12, 378e12), ("H800", 989e12, 495e12), ("B200", 2250e12, 1100e12),
+    ("A100 PCIe", 312e12, 156e12), ("A100", 312e12, 156e12), ("A800 PCIe", 312e12, 156e12),
+    ("A800", 312e12, 156e12), ("L40S", 362e12, 183e12), ("L40", 181e12, 90.5e12),
+    ("L4", 121e12, 60e12), ("A10G", 125e12, 62.5e12), ("A10", 125e12, 62.5e12),
+    ("RTX 4090", 165e12, 82.6e12), ("RTX 3090", 71e12, 35.6e12), ("A6000", 155e12, 77.4e12),
 )
+# Words after the model number that name a variant with its own, lower clocks (a PCIe card): "H200 NVL" must
+# not get the H200's figure. Such a name matches only an entry that names the variant, or none (A100 PCIe is
+# listed for that, with the A100's figures).
+VARIANTS = ("NVL", "PCIe")
 
 
 def flops_per_token(model) -> float:
-    """Training FLOPs per token (forward + backward), PaLM appendix B: 6N + 12 * L * C * T."""
+    """Training FLOPs per token (forward + backward), PaLM appendix B, counting the matmul weights only:
+    6 per trainable weight (forward 2, input gradient 2, weight gradient 2), 4 per frozen one (LoRA's base:
+    no weight gradient), plus the attention's 12 * L * C * T. The matmul weights are every 2-D parameter but
+    the embedding tables, which are lookups: the head's weight counts once, tied to wte or not; wpe never.
+    (Biases and norm gains are not matmul work: left out.)"""
     c = model.config
-    return 6 * model.num_params() + 12 * c.n_layer * c.n_embd * c.block_size
+    lookups = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    head = model.lm_head.weight
+    flops = 0
+    for p in model.parameters():  # a shared (tied) parameter is listed once
+        if p.dim() == 2 and (id(p) not in lookups or p is head):
+            flops += (6 if p.requires_grad else 4) * p.numel()
+    return flops + 12 * c.n_layer * c.n_embd * c.block_size
 
 
-def peak_flops_for(name: str) -> float | None:
-    """The bf16 peak of a GPU by its CUDA name, or None when it is not in the table."""
-    for key, flops in PEAK_BF16_FLOPS:
-        if re.search(rf"(^|[\s-]){re.escape(key)}($|[\s-])", name):
-            return flops
+def peak_flops_for(name: str, dtype: torch.dtype = torch.bfloat16) -> float | None:
+    """The dense peak of a GPU by its CUDA name for a run in `dtype` (float32: the TF32 peak), or None when it
+    is not in the table."""
+    variants = "|".join(VARIANTS)
+    for key, bf16, tf32 in PEAK_FLOPS:
+        pattern = re.escape(key).replace(r"\ ", r"[\s-]")
+        if not key.endswith(VARIANTS):  # "H200" must not take "NVIDIA H200 NVL"
+            pattern += rf"(?![\s-]({variants})($|[\s-]))"
+        if re.search(rf"(^|[\s-]){pattern}($|[\s-])", name, re.IGNORECASE):
+            return tf32 if dtype == torch.float32 else bf16
     return None
 
 
-def peak_flops(device: torch.device) -> float | None:
+def peak_flops(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> float | None:
+    """The peak FLOP/s that MFU divides by, for a run on `device` computing in `dtype` (None: not a GPU
+    of the table)."""
     if device.type != "cuda":
         return None
-    return peak_flops_for(torch.cuda.get_device_name(device))
+    return peak_flops_for(torch.cuda.get_device_name(device), dtype)
 
 
 def peak_memory_mb(device: torch.device) -> float:

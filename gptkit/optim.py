@@ -36,6 +36,20 @@ def make_adamw(params: list[torch.nn.Parameter], cfg: TrainConfig, device_type: 
     return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), **extra)
 
 
+# How an optimizer runs, not what it has learned: a checkpoint's values are those of the machine that saved it.
+IMPLEMENTATION_KEYS = ("fused", "foreach", "capturable")
+
+
+def load_optimizer_state(optimizer, state: dict) -> None:
+    """optimizer.load_state_dict(state), keeping this machine's implementation choices: torch restores every
+    group setting from the checkpoint, so a run started on a CPU (fused None) would resume on a GPU without
+    the fused kernel, and one started on a GPU would resume on a CPU asking for it."""
+    chosen = [{k: g[k] for k in IMPLEMENTATION_KEYS if k in g} for g in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, keep in zip(optimizer.param_groups, chosen, strict=True):
+        group.update(keep)
+
+
 # ----------------------------------------------------------------------------- Muon
 
 

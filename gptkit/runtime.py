@@ -11,12 +11,15 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import importlib.util
 import os
 import platform
 import signal
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -80,15 +83,23 @@ def resolve_device(name: str = "auto") -> torch.device:
     return device
 
 
+def native_bf16() -> bool:
+    """Whether this GPU computes in bf16 natively (Ampere and newer). torch.cuda.is_bf16_supported() also says
+    True for older GPUs (T4, V100), which emulate it: slow matmuls without tensor cores, and inductor refuses
+    to compile bf16 there, so those GPUs are better served by fp16 with loss scaling."""
+    return torch.cuda.is_bf16_supported(including_emulation=False)  # of the current device (set_device)
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+            return torch.bfloat16 if native_bf16() else torch.float16
         return torch.float32  # CPU autocast is slow for training, and MPS' is still patchy: fp32 is the safe default
     if name not in DTYPES:
         raise DeviceError(f"dtype {name!r} unknown; use auto, {', '.join(DTYPES)}")
-    if name == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise DeviceError("dtype bfloat16 is not supported on this GPU; use --dtype=float16 (with loss scaling)")
+    if name == "bfloat16" and device.type == "cuda" and not native_bf16():
+        raise DeviceError("dtype bfloat16 is only emulated on this GPU (it needs Ampere or newer); use "
+                          "--dtype=float16 (with loss scaling) or auto")
     return DTYPES[name]
 
 
@@ -143,6 +154,18 @@ class Dist:
             dist.barrier()
 
 
+def process_device(device: str, local_rank: int, cuda_available: bool) -> str:
+    """The device of one torchrun process: the GPU of its LOCAL_RANK. An explicit cuda:N would put every
+    process on the same GPU, so it is refused; CUDA_VISIBLE_DEVICES is how to pick the GPUs a job uses."""
+    if device.startswith("cuda:"):
+        raise DeviceError(f"--device={device} under torchrun would put every process on that one GPU; use "
+                          f"--device=cuda (or auto): each process takes the GPU of its LOCAL_RANK. To choose "
+                          f"the GPUs, set CUDA_VISIBLE_DEVICES")
+    if device in ("auto", "cuda") and cuda_available:
+        return f"cuda:{local_rank}"  # one GPU per process
+    return "cpu" if device == "auto" else device
+
+
 @contextlib.contextmanager
 def distributed(device: str = "auto", dtype: str = "auto", backend: str = "auto") -> Iterator[tuple[Dist, Runtime]]:
     """This process' place in the job and its runtime; under torchrun (RANK set) one GPU per process and a
@@ -156,11 +179,7 @@ def distributed(device: str = "auto", dtype: str = "auto", backend: str = "auto"
         yield Dist(), setup_runtime(device, dtype)
         return
     d = Dist(int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"]))
-    if device in ("auto", "cuda") and torch.cuda.is_available():
-        device = f"cuda:{d.local_rank}"  # one GPU per process
-    elif device == "auto":
-        device = "cpu"
-    rt = setup_runtime(device, dtype)
+    rt = setup_runtime(process_device(device, d.local_rank, torch.cuda.is_available()), dtype)
     if backend == "auto":
         backend = "nccl" if rt.device_type == "cuda" else "gloo"
     # device_id binds the group to this GPU at once (NCCL then sets up eagerly and never guesses the device).
@@ -176,12 +195,19 @@ def distributed(device: str = "auto", dtype: str = "auto", backend: str = "auto"
 
 
 class StopFlag:
-    """SIGTERM / Ctrl-C set a flag instead of killing the process: a training loop finishes its step, saves
-    and exits. A second Ctrl-C interrupts at once."""
+    """SIGTERM / Ctrl-C set a flag instead of killing the process: a training loop finishes its step (or cuts
+    an evaluation short), saves and exits with `exit_code`. A second Ctrl-C interrupts at once."""
 
     def __init__(self):
         self.requested = False
+        self.signum: int | None = None  # the signal that asked, once one has
         self.previous = {}
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal's number (143 for SIGTERM, 130 for Ctrl-C), as a shell reports a process killed
+        by it: a scheduler sees a run that was stopped, not one that finished, and can requeue it."""
+        return 128 + (self.signum or signal.SIGTERM)
 
     def __enter__(self):
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -191,8 +217,9 @@ class StopFlag:
     def _handle(self, signum, frame):
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
-        self.requested = True
-        print(f"\n{signal.Signals(signum).name} received: finishing this step, then saving last.pt", flush=True)
+        self.requested, self.signum = True, signum
+        print(f"\n{signal.Signals(signum).name} received: finishing this step (or cutting the evaluation short), "
+              f"then saving last.pt", flush=True)
 
     def __exit__(self, *exc):
         for sig, handler in self.previous.items():
@@ -213,3 +240,23 @@ def library_versions() -> dict[str, str]:
     if torch.cuda.is_available():
         versions["cuda"] = str(torch.version.cuda)
     return versions
+
+
+def code_version(checkout: Path) -> dict:
+    """Which code made a run: the installed gptkit's version and, when `checkout` (the folder of the script
+    that runs) is a git work tree, its commit and whether tracked files had uncommitted changes."""
+    try:
+        version = importlib.metadata.version("gptkit")
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):  # no git on this machine, or a hung file system
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return {"gptkit": version, "commit": commit, "dirty": None if status is None else bool(status)}

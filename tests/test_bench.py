@@ -17,9 +17,13 @@ def test_bench_tiny(tmp_path, capsys):
     train_row = rows[0]
     assert train_row["tokens_per_s"] > 0 and (train_row["batch_size"], train_row["accum"]) == (4, 2)
     assert train_row["mfu"] is None and train_row["seq_len"] == 64
+    # the optimizer step's share of the step, and the loss path (the tiny vocabulary: one plain cross-entropy)
+    assert train_row["optimizer"] == "adamw" and 0 < train_row["optimizer_ms"] < train_row["ms"]
+    assert 0 < train_row["optimizer_share"] < 1 and train_row["loss_slice_rows"] is None
     assert all(r["tokens_per_s"] > 0 for r in rows if r["kind"] == "decode")
     table = capsys.readouterr().out
     assert "tokens/s" in table and "prefill" in table and "n/a" in table
+    assert "loss by" in table and "adamw" in table and "optimizer" in table
     saved = json.loads(out.read_text())["rows"]
     assert saved == json.loads(json.dumps(rows))  # every row, as returned
     for r in saved:  # each row says what, how fast, and where, on its own
@@ -92,3 +96,45 @@ def test_decode_window_comparison(tiny_model, tiny_config):
     assert [r["use_cache"] for r in rows] == [False, False, True, True] and rows[0]["speedup"] == 1.0
     assert all(r["seconds"] > 0 and r["tokens_per_s"] > 0 for r in rows)
     assert len(bench.compare_table(rows).splitlines()) == 2 + len(rows)
+
+
+def test_training_step_is_timed_as_train_py_runs_it(monkeypatch):
+    """train.py synchronises once per step (check_step reads the NaN/stop flags) before the optimizer step;
+    the benchmarked step must too, or its tokens/s can overstate a run's on a GPU."""
+    import train
+
+    calls = []
+    monkeypatch.setattr(bench, "check_step", lambda *a: calls.append(1) or train.check_step(*a))
+    bench.main(["--models=tiny", "--device=cpu", "--warmup=1", "--repeats=2", "--skip_decode"])
+    assert len(calls) == 3
+
+
+def test_loss_slice_sizes_give_one_row_each(monkeypatch):
+    """--loss_chunk: the same step with the loss plain and in slices of the given logit elements, and the
+    model's own setting restored afterwards."""
+    import model
+
+    before = dict(model.LOSS_CHUNK_ELEMENTS)
+    slices = []
+    real_apply = model._ChunkedLinearCrossEntropy.apply
+    monkeypatch.setattr(model._ChunkedLinearCrossEntropy, "apply",
+                        lambda *a: slices.append(a[3]) or real_apply(*a))  # a[3]: rows per slice
+    rows = bench.main(["--models=tiny", "--device=cpu", "--warmup=0", "--repeats=1", "--skip_decode",
+                       "--loss_chunk=plain,2**12,default"])
+    assert [r["loss_slice_rows"] for r in rows] == [None, 32, None]  # 4096 // 65 -> 32 rows; default: plain
+    assert slices == [32]  # only the 2**12 row took the sliced path, with its 32-row slices
+    assert model.LOSS_CHUNK_ELEMENTS == before
+    expect_error(["--models=tiny", "--loss_chunk=plain,lots"], "--loss_chunk", "'lots'")
+
+
+def test_optimizer_share_for_muon(monkeypatch):
+    """The modern recipe's Muon step (many small kernels per matrix on a GPU): its share of the step is
+    reported, here for a tiny modern model standing in for --models=modern."""
+    from model import GPT, GPTConfig
+
+    def tiny_modern(name, rt):
+        return GPT(GPTConfig(block_size=32, vocab_size=65, n_layer=2, n_head=2, n_embd=32, arch="modern"))
+
+    monkeypatch.setattr(bench, "build", tiny_modern)
+    (row,) = bench.main(["--models=tiny", "--device=cpu", "--warmup=1", "--repeats=2", "--skip_decode"])
+    assert row["optimizer"] == "muon" and 0 < row["optimizer_share"] < 1

@@ -68,3 +68,44 @@ def test_sample_cli_on_a_checkpoint_trained_by_train_py(char_dataset, tmp_path, 
     assert printed.count("---------- sample") == 2 and printed.count("----------\nthe ") == 2  # prompt, verbatim
     with pytest.raises(SystemExit, match="'Z'"):  # a character the char model has never seen
         sample.main(["--ckpt", str(out), "--prompt", "Zebra"])
+
+
+@needs_gpt2_bpe
+def test_lora_checkpoint_from_before_padded_loading_still_loads_and_resumes(tiny_gpt2_folder, tmp_path):
+    """GPT-2 weights used to load with 50257 rows, and a LoRA run's shorter block_size cropped its base: the
+    fingerprint such a checkpoint recorded is of that base. The same weights, so it loads and resumes."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from gptkit import lora
+    from gptkit.checkpoint import save_checkpoint
+    from gptkit.hf_gpt2 import config_from_hf, load_hf_state_dict
+    from model import GPT
+
+    data = write_dataset(tmp_path / "bpe", "To be, or not to be, that is the question.\n" * 200,
+                         Tokenizer.tiktoken("gpt2"))
+    out = tmp_path / "lora"
+
+    def args(init_from: str, max_iters: int) -> list[str]:
+        return [f"--init_from={init_from}", f"--dataset={data}", f"--out_dir={out}", "--block_size=32",
+                "--batch_size=2", "--gradient_accumulation_steps=1", f"--max_iters={max_iters}",
+                "--eval_interval=2", "--eval_iters=1", "--lora_rank=2", "--device=cpu", "--compile=False"]
+
+    train.main(args(str(tiny_gpt2_folder), 2))
+    ckpt = load_checkpoint(out / "last.pt", mmap=False)
+    assert ckpt["model_config"]["vocab_multiple"] == 64 and ckpt["model_config"]["block_size"] == 64
+
+    # What such a checkpoint holds: the fingerprint of the base as it loaded then, and its model_config.
+    old_base = GPT(config_from_hf(json.loads((tiny_gpt2_folder / "config.json").read_text())))
+    load_hf_state_dict(old_base, load_file(tiny_gpt2_folder / "model.safetensors"))
+    old_base.crop_block_size(32)
+    assert old_base.transformer.wte.weight.shape[0] == 50257
+    ckpt["lora"]["base"]["fingerprint"] = lora.fingerprint(old_base.state_dict())
+    ckpt["model_config"].update(block_size=32, vocab_multiple=1)
+    for name in ("last.pt", "best.pt"):
+        save_checkpoint(ckpt, out / name)
+
+    assert model_from_checkpoint(load_checkpoint(out)).config.block_size == 32  # as it was trained
+    sample.main(["--ckpt", str(out), "--prompt", "To be", "--max_new_tokens", "4", "--stream=False"])
+    assert train.main(args("resume", 3))["step"] == 3

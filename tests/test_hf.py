@@ -159,7 +159,7 @@ def test_half_precision_file_loads_as_float32(tmp_path):
     hf.half().save_pretrained(folder)
     model = load_pretrained(str(folder))
     assert model.transformer.wte.weight.dtype == torch.float32
-    assert torch.equal(model.transformer.wte.weight, hf.transformer.wte.weight.float())
+    assert torch.equal(model.transformer.wte.weight[:97], hf.transformer.wte.weight.float())
 
 
 @pytest.mark.parametrize(
@@ -297,6 +297,47 @@ def test_dropout_override(hf_folder):
         load_pretrained(str(folder), dropout=1.5)
     with pytest.raises(HFGPT2Error, match="cannot override n_layer"):
         load_pretrained(str(folder), n_layer=3)
+
+
+@pytest.mark.parametrize("shape", ["small", "deeper"])
+def test_vocabulary_is_padded_on_load_and_never_shows(tmp_path, monkeypatch, shape):
+    """GPT-2 weights load with the embedding rounded up to a multiple of 64 rows (zeros), like a scratch run's:
+    the logits, the loss (whichever way it is computed) and the exported file are still exactly GPT-2's."""
+    from safetensors.torch import load_file
+
+    import model as model_module
+
+    hf = make_hf(**SHAPES[shape])
+    folder = save_hf(hf, tmp_path / "m")
+    model = load_pretrained(str(folder))
+    V = hf.config.vocab_size
+    wte = model.transformer.wte.weight
+    assert wte.shape[0] % 64 == 0 and wte.shape[0] > V and model.config.vocab_size == V
+    assert model.lm_head.weight is wte and not wte[V:].any()  # the padding rows are zero
+
+    idx = tokens(V, (2, 17))
+    assert_logits_close(our_logits(model, idx), hf_logits(hf, idx))
+    # The loss is over the real vocabulary: zero padding rows would otherwise add logits of 0 to the softmax.
+    with torch.no_grad():
+        theirs = hf(idx, labels=idx).loss  # transformers shifts the labels itself
+        x, y = idx[:, :-1], idx[:, 1:]
+        plain = model(x, y)[1]
+        with_logits = model(x, y, return_logits=True)[1]
+        monkeypatch.setitem(model_module.LOSS_CHUNK_ELEMENTS, "cpu", 8 * model.config.padded_vocab_size)
+        chunked = model(x, y)[1]  # 32 rows in chunks of 8
+    for loss in (plain, with_logits, chunked):
+        torch.testing.assert_close(loss, theirs, rtol=1e-5, atol=1e-6)
+    x.requires_grad_(False)
+    loss = model.train()(x, y)[1]  # the chunked path with gradients: the padding rows get none
+    loss.backward()
+    assert wte.grad[:V].any() and not wte.grad[V:].any()
+
+    # The export drops the padding: every tensor is bit for bit the one the Hugging Face folder holds.
+    export_hf(model, tmp_path / "export")
+    original, exported = load_file(folder / "model.safetensors"), load_file(tmp_path / "export" / "model.safetensors")
+    assert exported.keys() == original.keys() - {"lm_head.weight"}
+    for key, tensor in exported.items():
+        assert torch.equal(tensor, original[key]), key
 
 
 # ----------------------------------------------------------------------------- exporting (export.py)
@@ -503,3 +544,55 @@ def test_export_cli_one_line_errors(tmp_path, tiny_model, tiny_config):
     message = error_of("--ckpt", str(tmp_path / "out"), "--to", str(tmp_path / "hf"))
     assert "tokenizer entry is a list" in message
     assert not (tmp_path / "hf").exists()
+
+
+# ----------------------------------------------------------------------------- nanoGPT's Python API
+
+
+def test_gpt_from_pretrained_is_nanogpts_loader(hf_folder):
+    folder, _ = hf_folder
+    ours = GPT.from_pretrained(str(folder))
+    reference = load_pretrained(str(folder))
+    assert ours.training  # a new nn.Module, as nanoGPT returns it
+    assert ours.config == reference.config
+    assert ours.state_dict().keys() == reference.state_dict().keys()
+    assert all(torch.equal(v, reference.state_dict()[k]) for k, v in ours.state_dict().items())
+    assert GPT.from_pretrained(str(folder), dict(dropout=0.1)).config.dropout == 0.1
+    with pytest.raises(HFGPT2Error, match="override_args may hold only dropout .* got n_layer"):
+        GPT.from_pretrained(str(folder), dict(n_layer=2, dropout=0.1))
+
+
+def nanogpt_greedy(model: GPT, idx: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """nanoGPT's decoding loop, greedy: each token from a full forward over the last block_size tokens."""
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            logits = model(idx[:, -model.config.block_size :])[0][:, -1]
+            idx = torch.cat([idx, logits.argmax(dim=-1, keepdim=True)], dim=1)
+    return idx
+
+
+def test_model_generate_is_nanogpts_sampler(tiny_model, tiny_config):
+    prompt = tokens(tiny_config.vocab_size, (2, 5))
+    n = 40  # past block_size (32): nanoGPT's window slides one token at a time
+    expected = nanogpt_greedy(tiny_model, prompt, n)
+    assert torch.equal(tiny_model.generate(prompt, n, top_k=1), expected)
+    assert torch.equal(tiny_model.generate(prompt, n, temperature=0), expected)  # 0 is greedy, not a 1/0
+
+    tiny_model.train()
+    torch.manual_seed(0)
+    drawn = tiny_model.generate(prompt, n, temperature=0.8, top_k=5)
+    assert drawn.shape == (2, 5 + n) and torch.equal(drawn[:, :5], prompt) and tiny_model.training
+    torch.manual_seed(0)  # the same draws as gptkit.generate's, from torch's global generator
+    options = SamplingOptions(temperature=0.8, top_k=5, window_shift=1)
+    assert torch.equal(drawn, generate(tiny_model, prompt, n, options))
+
+
+def test_importing_model_imports_nothing_of_the_project():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    check = ("import sys, model; bad = [m for m in sys.modules if m.split('.')[0] == 'gptkit']; "
+             "assert not bad, bad")
+    repo = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-c", check], cwd=repo, check=True)

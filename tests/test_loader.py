@@ -171,3 +171,33 @@ def test_cuda_batches(data_dir):
     assert x.is_cuda and y.is_cuda and x.dtype == torch.int64
     x_cpu, _ = BatchLoader(data_dir, batch_size=4, block_size=16).next_batch()
     assert torch.equal(x.cpu(), x_cpu)
+
+
+def test_prefetch_reads_ahead_without_moving_the_data_position(data_dir):
+    plain = batches(BatchLoader(data_dir, batch_size=4, block_size=16, seed=3), 6)
+    loader = BatchLoader(data_dir, batch_size=4, block_size=16, seed=3)
+    got = []
+    for i in range(6):
+        got.append(loader.next_batch())
+        loader.prefetch()
+        loader.prefetch()  # a second call reads nothing more
+        assert loader.state_dict()["next_sample"] == 4 * (i + 1)  # a checkpoint here resumes at the next batch
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(plain, got))
+    loader.load_state_dict({"mode": "random", "seed": 3, "block_size": 16, "next_sample": 8})
+    assert torch.equal(loader.next_batch()[0], plain[2][0])  # a restore drops the batch read ahead
+
+
+def test_training_step_reads_the_next_batch_before_it_returns(data_dir):
+    """train.py's step reads the next step's first batch before its host synchronisation (the NaN/stop check
+    follows forward_backward), so that the read overlaps the GPU's work instead of stalling it."""
+    import train
+    from gptkit.runtime import setup_runtime
+    from model import GPT, GPTConfig
+
+    tiny_model = GPT(GPTConfig(block_size=16, vocab_size=N_TOKENS, n_layer=1, n_head=1, n_embd=8))
+    loader = BatchLoader(data_dir, batch_size=2, block_size=16, seed=3)
+    opt = torch.optim.SGD(tiny_model.parameters(), lr=0.0)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    train.forward_backward(tiny_model, opt, scaler, loader.next_batch, 2, setup_runtime("cpu"), 1.0,
+                           prefetch=loader.prefetch)
+    assert loader.calls == 2 and loader._prefetched is not None

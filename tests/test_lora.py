@@ -191,6 +191,103 @@ def test_lora_export_merges_into_an_ordinary_gpt2_folder(char_dataset, base_run,
         assert torch.equal(merged[k], v) != targeted, k  # every tensor LoRA did not target is the base's, bit for bit
 
 
+def test_lora_keeps_a_longer_base_whole(char_dataset, tmp_path):
+    """A shorter block_size limits the training sequences only: the model keeps all the base's positions, so
+    the merged model has its context, and every tensor LoRA does not target is the base's, shape included."""
+    from safetensors.torch import load_file
+
+    import export
+    import train
+    from gptkit.checkpoint import load_checkpoint, model_from_checkpoint
+    from gptkit.generate import SamplingOptions, generate
+    from gptkit.runtime import Dist
+
+    base = tmp_path / "base"
+    train.main(run_args(char_dataset, base, block_size=64, max_iters=3))
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    train.main(lora_args(char_dataset, base, full, block_size=32, max_iters=4))
+    train.main(lora_args(char_dataset, base, cut, block_size=32, max_iters=2))
+    train.main(run_args(char_dataset, cut, init_from="resume", block_size=32, max_iters=4))  # the same flag
+    a, b = load_checkpoint(full / "last.pt"), load_checkpoint(cut / "last.pt")
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])  # resumed == uninterrupted
+    assert a["model_config"]["block_size"] == 64 and a["loader"]["block_size"] == 32  # 32-token sequences
+    cfg = train.resolve_config(run_args(char_dataset, cut, init_from="resume", block_size=32))[0]
+    run = train.Run(cfg, [], Dist(), None, None, model_from_checkpoint(a), None, None, None, None, None, accum=2)
+    assert run.tokens_per_step == 4 * 32 * 2
+
+    export.main(["--ckpt", str(full), "--to", str(tmp_path / "hf")])
+    export.main(["--ckpt", str(base), "--to", str(tmp_path / "hf_base")])
+    merged, original = load_file(tmp_path / "hf" / "model.safetensors"), load_file(tmp_path / "hf_base" / "model.safetensors")
+    assert merged.keys() == original.keys() and merged["transformer.wpe.weight"].shape == (64, 32)
+    for k, v in original.items():
+        targeted = k.endswith(("attn.c_attn.weight", "mlp.c_fc.weight"))
+        assert torch.equal(merged[k], v) != targeted, k
+
+    model = model_from_checkpoint(a).eval()  # merged, as sample.py loads it
+    prompt = torch.randint(0, model.config.vocab_size, (1, 50), generator=torch.Generator().manual_seed(0))
+    out = generate(model, prompt, 1, SamplingOptions(temperature=0))  # the window holds all 50 tokens
+    assert model.config.block_size == 64 and out[0, -1] == logits(model, prompt)[0, -1].argmax()
+
+    # A full fine-tune crops (as nanoGPT does): it trains the first block_size positions only.
+    train.main(run_args(char_dataset, tmp_path / "ft", init_from=str(base), block_size=32, max_iters=1))
+    assert load_checkpoint(tmp_path / "ft" / "last.pt")["model"]["transformer.wpe.weight"].shape == (32, 32)
+
+
+# ---- the frozen base in bf16 (train.py, on a GPU with bf16)
+
+
+def block_linear(name: str) -> bool:
+    """A weight or bias of one of the blocks' Linear layers (not an adapter)."""
+    return name.startswith("transformer.h.") and name.endswith(tuple(f"{t}.{w}" for t in lora.TARGETS
+                                                                     for w in ("weight", "bias")))
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied-head", "untied-head"])
+def test_cast_frozen_base_keeps_the_residual_stream_in_fp32(tiny_config, tied):
+    import dataclasses
+
+    torch.manual_seed(0)
+    model = GPT(dataclasses.replace(tiny_config, tie_embeddings=tied))
+    if not tied:
+        torch.nn.init.normal_(model.lm_head.weight, std=0.02)  # its zero init would make every logit 0
+    idx = torch.randint(0, tiny_config.vocab_size, (2, 16))
+    reference = logits(model.eval(), idx)
+    lora.cast_frozen_base(lora.apply(model, LoRASettings(rank=4, targets="attn.c_attn,mlp.c_fc")),
+                          torch.bfloat16)
+    for name, p in model.named_parameters():  # bf16: the blocks' frozen Linear weights and biases only
+        assert p.dtype == (torch.bfloat16 if block_linear(name) else torch.float32), name
+    assert not model.lm_head.weight.requires_grad
+
+    residual = []
+    model.transformer.h[0].register_forward_hook(lambda module, inputs, out: residual.append(out.dtype))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        adapted = logits(model, idx)
+        loss = model.train()(idx, idx)[1]
+    loss.backward()
+    assert residual == [torch.float32, torch.float32]  # as in every run that is not LoRA
+    torch.testing.assert_close(adapted.float(), reference, rtol=0.05, atol=0.05)  # bf16 matmuls
+    assert all(p.grad.dtype == torch.float32 for n, p in model.named_parameters() if p.requires_grad)
+
+
+def test_a_gpu_lora_run_casts_only_the_blocks(char_dataset, base_run, tmp_path):
+    import train
+    from gptkit.runtime import Dist, Runtime
+
+    class CudaLike(Runtime):  # what setup_run sees on a GPU with bf16; the tensors stay on the CPU here
+        @property
+        def device_type(self) -> str:
+            return "cuda"
+
+    argv = lora_args(char_dataset, base_run, tmp_path / "lora")
+    cfg, _ = train.resolve_config(argv)
+    data_dir, meta = train.load_dataset(cfg, Dist())
+    (tmp_path / "lora").mkdir()
+    run, _, _ = train.setup_run(cfg, None, argv, Dist(), CudaLike(torch.device("cpu"), torch.bfloat16), data_dir, meta)
+    dtypes = {n: p.dtype for n, p in run.raw_model.named_parameters()}
+    assert {n for n, dt in dtypes.items() if dt == torch.bfloat16} == {n for n in dtypes if block_linear(n)}
+    assert dtypes["transformer.wte.weight"] == dtypes["transformer.ln_f.weight"] == torch.float32
+
+
 def test_activation_checkpointing_gives_the_same_gradients(tiny_config):
     import dataclasses
 

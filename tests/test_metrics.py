@@ -5,8 +5,9 @@ import json
 import pytest
 import torch
 
-from gptkit import metrics
-from gptkit.metrics import Metrics, peak_flops, peak_flops_for
+from gptkit import lora, metrics
+from gptkit.metrics import Metrics, flops_per_token, peak_flops, peak_flops_for
+from model import GPT, GPTConfig
 
 
 def test_mfu_is_not_claimed_on_cpu():
@@ -18,9 +19,47 @@ def test_mfu_is_not_claimed_on_cpu():
     ("NVIDIA H200", 989e12), ("NVIDIA H800", 989e12), ("NVIDIA L4", 121e12), ("NVIDIA L40", 181e12),
     ("NVIDIA L40S", 362e12), ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA GeForce RTX 4090", 165e12),
     ("NVIDIA GeForce GTX 1080", None), ("Tesla T4", None),
+    # a variant word after the model number: its own entry (or none), never the plain part's figure
+    ("NVIDIA H200 NVL", 835e12), ("NVIDIA A100-PCIE-40GB", 312e12), ("NVIDIA A100 80GB PCIe", 312e12),
+    ("NVIDIA B200 NVL", None),
 ])
 def test_peak_flops_table_matches_whole_names(name, flops):
     assert peak_flops_for(name) == flops
+
+
+@pytest.mark.parametrize("dtype, flops", [(torch.bfloat16, 989e12), (torch.float16, 989e12),
+                                          (torch.float32, 495e12)])
+def test_float32_runs_are_measured_against_the_tf32_peak(monkeypatch, dtype, flops):
+    """A float32 run on CUDA multiplies in TF32 (setup_runtime), whose dense peak is half the bf16 one."""
+    monkeypatch.setattr(metrics.torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    assert peak_flops(torch.device("cuda", 0), dtype) == flops
+
+
+def matmul_weights(c: GPTConfig) -> int:
+    """The model's matmul weights, counted from its shape: per block c_attn 3C x C, attn.c_proj C x C, c_fc
+    4C x C, mlp.c_proj C x 4C; and the head, Vp x C. The embeddings (wte when untied, wpe) are lookups."""
+    return c.n_layer * 12 * c.n_embd**2 + c.padded_vocab_size * c.n_embd
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "modern"])  # tied head (wte is the head) / untied (lm_head)
+def test_flops_per_token_counts_the_matmul_weights_once(arch):
+    c = GPTConfig(block_size=16, vocab_size=100, n_layer=2, n_head=2, n_embd=32, vocab_multiple=64, arch=arch)
+    attention = 12 * c.n_layer * c.n_embd * c.block_size
+    assert flops_per_token(GPT(c)) == 6 * matmul_weights(c) + attention
+
+
+def test_flops_per_token_counts_frozen_weights_at_four():
+    """LoRA: the frozen base weights need the forward and the input gradient (4 FLOPs per weight and token),
+    not their own gradient; the adapters are trained (6)."""
+    c = GPTConfig(block_size=16, vocab_size=100, n_layer=2, n_head=2, n_embd=32)
+    rank = 4
+    model = lora.apply(GPT(c), lora.LoRASettings(rank=rank))  # all four Linear layers of every block
+    # A (rank, in) and B (out, rank) per layer (in -> out): c_attn C -> 3C, attn.c_proj C -> C,
+    # c_fc C -> 4C, mlp.c_proj 4C -> C
+    adapters = c.n_layer * rank * (4 + 2 + 5 + 5) * c.n_embd
+    assert adapters == sum(p.numel() for p in model.parameters() if p.requires_grad)
+    attention = 12 * c.n_layer * c.n_embd * c.block_size
+    assert flops_per_token(model) == 4 * matmul_weights(c) + 6 * adapters + attention
 
 
 class Clock:

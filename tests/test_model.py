@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import model as model_module
 from model import GPT, GPTConfig, linear_cross_entropy
@@ -149,7 +150,7 @@ def loss_and_grads(model: GPT, x, y, **kwargs):
 
 def force_chunks(monkeypatch, model: GPT, rows: int) -> None:
     """Make model(x, y) take the chunked path with `rows` rows per chunk, even on a tiny problem."""
-    monkeypatch.setattr(model_module, "LOSS_CHUNK_ELEMENTS", rows * model.config.padded_vocab_size)
+    monkeypatch.setitem(model_module.LOSS_CHUNK_ELEMENTS, "cpu", rows * model.config.padded_vocab_size)
 
 
 @pytest.mark.parametrize("kwargs", [{}, dict(vocab_multiple=64), dict(logit_softcap=5.0)],
@@ -220,3 +221,118 @@ def test_linear_cross_entropy_plain_and_chunked_agree_directly():
     grads = torch.autograd.grad(got, (x, w))
     assert torch.allclose(got, expected, atol=1e-6)
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads, ex_grads))
+
+
+# ----------------------------------------------------------------------------- the head on a GPU: issue 21
+
+
+def test_loss_slices_are_sized_per_device_type():
+    # GPT-2's padded head: 512 rows (128 MiB of fp32 logits) on the CPU; on CUDA 4,096, so the fp32 (V, C)
+    # weight gradient is re-read and re-written 8 times per 32 x 1024 micro-batch, not 64.
+    assert model_module.loss_chunk_rows(50304, "cpu") == 512
+    assert model_module.loss_chunk_rows(50304, "cuda") == 4096
+    assert model_module.loss_chunk_rows(50304, "mps") == 512  # a device type not listed: the CPU's
+    assert model_module.loss_chunk_rows(65, "cpu") >= 64 * 256  # the char models: one plain F.cross_entropy
+    assert model_module.loss_chunk_rows(13, "cuda", chunk_elements=13 * 7) == 4  # a power of two
+    assert model_module.loss_chunk_rows(1000, "cpu", chunk_elements=10) == 1
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 4, 16, 64], ids=lambda r: f"{r}-rows")
+def test_loss_by_slices_of_any_size_equals_cross_entropy(chunk_rows):
+    torch.manual_seed(3)
+    x = torch.randn(50, 8, requires_grad=True)
+    w = torch.randn(13, 8, requires_grad=True)
+    t = torch.randint(0, 13, (50,))
+    t[:7] = -1
+    z = x @ w.t()
+    expected = F.cross_entropy(3.0 * torch.tanh(z / 3.0), t, ignore_index=-1)
+    ex_grads = torch.autograd.grad(expected, (x, w))
+    got = linear_cross_entropy(x, w, t, softcap=3.0, chunk_elements=13 * chunk_rows)  # 64: the plain path
+    grads = torch.autograd.grad(got, (x, w))
+    assert torch.allclose(got, expected, atol=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads, ex_grads))
+
+
+class MatmulLog(TorchDispatchMode):
+    """The output shape of every matmul run inside it, and of every tensor made."""
+
+    MATMULS = (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.addmm_, torch.ops.aten.bmm)
+
+    def __init__(self):
+        super().__init__()
+        self.matmuls, self.shapes = [], set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor):
+            self.shapes.add(tuple(out.shape))
+            if func.overloadpacket in self.MATMULS:
+                self.matmuls.append(tuple(out.shape))
+        return out
+
+
+@pytest.mark.parametrize("frozen", ["weight", "x"])
+def test_the_sliced_loss_computes_only_the_gradients_asked_for(frozen):
+    """A frozen head (LoRA: the tied wte) needs no weight gradient: no (V, C) buffer and no dz^T @ x matmul,
+    so two matmuls per slice instead of three; likewise no input gradient for inputs that need none."""
+    torch.manual_seed(4)
+    N, V, C = 40, 13, 8
+    x = torch.randn(N, C, requires_grad=frozen != "x")
+    w = torch.randn(V, C, requires_grad=frozen != "weight")
+    t = torch.randint(0, V, (N,))
+    trained = x if frozen == "weight" else w
+    expected = torch.autograd.grad(F.cross_entropy(x @ w.t(), t), trained)[0]
+    with MatmulLog() as log:
+        loss = linear_cross_entropy(x, w, t, chunk_elements=V * 8)  # 5 slices of 8 rows
+        (grad,) = torch.autograd.grad(loss, trained)
+    assert torch.allclose(grad, expected, atol=1e-6)
+    assert len(log.matmuls) == 2 * 5  # per slice: the logits, and the one gradient asked for
+    skipped = (V, C) if frozen == "weight" else (8, C)
+    assert skipped not in log.matmuls
+    if frozen == "weight":
+        assert (V, C) not in log.shapes  # not even the buffer for it
+
+
+def test_soft_cap_is_computed_in_float32_under_autocast():
+    """tanh has no autocast policy: under bf16 autocast it ran in bf16 on the plain path and in the head, in
+    fp32 on the sliced path. Every path now caps the (bf16) logits in fp32."""
+    model = make(logit_softcap=5.0).eval()  # 67 columns: the loss takes the plain path
+    torch.manual_seed(5)
+    x = torch.randint(0, 67, (2, 24))
+    y = torch.randint(0, 67, (2, 24))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        h = model.hidden_states(x)
+        raw = model.lm_head(h)  # the bf16 logits the cap is applied to
+        logits = model(x)[0]
+        loss = model(x, y)[1]
+    expected = 5.0 * torch.tanh(raw.float() / 5.0)
+    assert raw.dtype == torch.bfloat16 and logits.dtype == torch.float32
+    assert torch.equal(logits, expected)
+    assert torch.allclose(loss, F.cross_entropy(expected.flatten(0, 1), y.flatten()), rtol=0, atol=1e-6)
+
+
+class TF32Log(TorchDispatchMode):
+    """torch.backends.cuda.matmul.allow_tf32 as each matmul inside it saw it (CPU builds have the flag)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in MatmulLog.MATMULS:
+            self.seen.append(torch.backends.cuda.matmul.allow_tf32)
+        return func(*args, **(kwargs or {}))
+
+
+def test_float32_head_runs_without_tf32_and_restores_the_setting(monkeypatch):
+    """setup_runtime turns TF32 on for CUDA; the float32 head (evaluation's and sampling's logits) switches it
+    off for its own matmul, and back on after; the training head keeps it."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)  # as setup_runtime leaves it on CUDA
+    model = make().eval()
+    h = torch.randn(3, 32)
+    with torch.no_grad(), TF32Log() as fp32_head:
+        model.head(h, fp32=True)
+    with torch.no_grad(), TF32Log() as training_head:
+        model.head(h)
+    assert fp32_head.seen == [False] and training_head.seen == [True]
+    assert torch.backends.cuda.matmul.allow_tf32

@@ -1,6 +1,7 @@
 """The modern recipe: GPTConfig's architecture options (model.py), Muon + AdamW and the WSD schedule (optim.py),
 and their way through training, resume, DDP, decoding, the configs and export."""
 
+import dataclasses
 import json
 import math
 import os
@@ -314,7 +315,21 @@ def test_resume_keeps_the_architecture_and_the_optimizer(char_dataset, tmp_path)
         train.main(["--init_from=resume", f"--out_dir={out}", "--qk_norm=False"])
     with pytest.raises(SystemExit, match="with --optimizer=adamw: it was trained with muon"):
         train.main(["--init_from=resume", f"--out_dir={out}", "--optimizer=adamw"])
-    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=3"])["step"] == 3
+    saved = load_checkpoint(out / "last.pt")["model_config"]
+    for name in GPTConfig.shape_names():  # each setting model.py declares part of the shape, changed alone
+        other = changed_value(name, saved[name])
+        with pytest.raises(SystemExit, match=rf"different model shape: {name} \(checkpoint {saved[name]!r}, "
+                                             rf"asked {other!r}\)"):
+            train.main(["--init_from=resume", f"--out_dir={out}", f"--{name}={other}"])
+    assert train.main(["--init_from=resume", f"--out_dir={out}", "--max_iters=3", "--dropout=0.0"])["step"] == 3
+
+
+def changed_value(name: str, value):
+    """Another valid value of GPTConfig's setting `name`."""
+    choices = next(f.metadata["choices"] for f in dataclasses.fields(GPTConfig) if f.name == name)
+    if choices:
+        return next(c for c in choices if c != value)
+    return (not value) if isinstance(value, bool) else value * 2
 
 
 def test_a_checkpoint_from_before_the_options_resumes(char_dataset, tmp_path):
@@ -385,6 +400,29 @@ def test_export_of_a_modern_checkpoint_is_one_line_naming_the_options(tmp_path):
         assert option in message
     assert "logit_softcap" not in message and "zero_init_proj" not in message and "bias" not in message
     assert not (tmp_path / "hf").exists()
+
+
+def test_export_refuses_exactly_the_options_gpt2_cannot_express():
+    from gptkit.hf_gpt2 import HFGPT2Error, hf_config
+
+    assert set(GPTConfig.non_gpt2_names()) == {"rope", "norm", "qk_norm", "activation", "tie_embeddings",
+                                               "logit_softcap"}
+    for name, value in ARCH_PRESETS["modern"].items():  # each modern option alone
+        config = GPTConfig(**TINY, **{name: value})
+        if name in GPTConfig.non_gpt2_names():
+            with pytest.raises(HFGPT2Error, match=f"cannot be exported as a Hugging Face GPT-2: {name}="):
+                hf_config(config, None)
+        else:
+            assert hf_config(config, None)["n_embd"] == 32
+
+
+def test_every_option_is_declared_with_its_presets():
+    """model.py's declarations agree: every auto option is in every preset, every option GPT-2 lacks has GPT-2's
+    value there, and a resumed run keeps every option."""
+    auto = {f.name for f in dataclasses.fields(GPTConfig) if f.default is None}
+    assert all(set(preset) == auto for preset in ARCH_PRESETS.values())
+    assert set(GPTConfig.non_gpt2_names()) <= auto <= set(GPTConfig.shape_names()) <= set(GPTConfig.setting_names())
+    assert all(f.metadata["help"] for f in dataclasses.fields(GPTConfig))
 
 
 def test_zero_init_proj_alone_exports_logits_exact(tmp_path):

@@ -1,6 +1,7 @@
 """optim.py: the learning-rate schedule and the optimizer's parameter groups."""
 
 import pytest
+import torch
 
 from gptkit.config import TrainConfig
 from gptkit.optim import get_lr, make_optimizer
@@ -23,3 +24,21 @@ def test_optimizer_decays_matrices_only(tiny_model):
     assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
     n_opt = sum(p.numel() for g in opt.param_groups for p in g["params"])
     assert n_opt == tiny_model.num_params(non_embedding=False)  # the tied weight is optimised once
+
+
+@pytest.mark.parametrize("saved_on, resumed_on", [("cpu", "cuda"), ("cuda", "cpu")])
+def test_resume_keeps_this_machines_fused_choice(saved_on, resumed_on):
+    """A checkpoint's param groups carry the saving machine's `fused`; the resuming optimizer keeps its own
+    (the CUDA choice is fused=True, which torch also runs on CPU tensors, so both sides run here)."""
+    from gptkit.optim import load_optimizer_state
+
+    cfg = TrainConfig(learning_rate=1e-3)
+    model = torch.nn.Linear(4, 3)
+    saved = make_optimizer(model, cfg, saved_on)
+    model(torch.randn(2, 4)).sum().backward()
+    saved.step()
+    resumed = make_optimizer(model, cfg, resumed_on)
+    load_optimizer_state(resumed, saved.state_dict())
+    want = True if resumed_on == "cuda" else None
+    assert [g["fused"] for g in resumed.param_groups] == [want] * len(resumed.param_groups)
+    assert resumed.state_dict()["state"][0]["exp_avg"].equal(saved.state_dict()["state"][0]["exp_avg"])

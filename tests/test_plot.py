@@ -86,3 +86,12 @@ def test_errors_are_one_line(tmp_path, capsys):
     expect([str(run), "--x", "hours"], "invalid choice")
     (run / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{oops\n{"step": 2, "loss": 1.0}\n')
     expect([str(run)], "line 2")
+
+
+def test_an_unfinished_last_line_is_skipped_and_said(tmp_path, capsys):
+    run = write_run(tmp_path / "out")
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 99, "lo')  # a line being written
+    plot.main([str(run), "--out", str(tmp_path / "x.png")])
+    assert "skipped 1 unreadable line" in capsys.readouterr().err
+    assert plot.read_run(run, "out").skipped == 1

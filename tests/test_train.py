@@ -59,6 +59,10 @@ def test_training_lowers_the_loss_and_writes_the_run_record(char_dataset, tmp_pa
     assert cfg["max_iters"] == 40 and cfg["n_embd"] == 32
     runs = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
     assert len(runs) == 1 and "torch" in runs[0]["versions"] and "--max_iters=40" in runs[0]["argv"]
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode == 0:  # the tests run from a git checkout: the record names its commit
+        assert runs[0]["code"]["commit"] == head.stdout.strip() and isinstance(runs[0]["code"]["dirty"], bool)
+    assert runs[0]["code"]["gptkit"]  # the installed package's version
     ckpt = load_checkpoint(out / "best.pt")
     # the unwrapped model's keys, loadable without the optimizer, with the tokenizer to decode samples
     assert all(not k.startswith(("module.", "_orig_mod.")) for k in ckpt["model"])
@@ -204,18 +208,36 @@ train.forward_backward = forward_backward
 train.main(sys.argv[1:])
 """
 
+# SIGTERM as the evaluation of step 6 (the third) starts: it is cut short, step 6 is saved unevaluated.
+SIGNAL_IN_EVALUATION = """
+import os, signal, sys
+import train
+real = train.evaluate
+calls = {"n": 0}
+def evaluate(*args, **kwargs):
+    calls["n"] += 1
+    if calls["n"] == 3:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real(*args, **kwargs)
+train.evaluate = evaluate
+train.main(sys.argv[1:])
+"""
 
-@pytest.mark.parametrize("stop", [4, 5])  # 5: the run stops right before the evaluation of step 6
+
+@pytest.mark.parametrize("stop", [4, 5, "eval"])  # 5: the run stops right before the evaluation of step 6
 def test_sigterm_saves_and_resume_matches_uninterrupted(char_dataset, tmp_path, stop):
     full, cut = tmp_path / "full", tmp_path / "cut"
     args = dict(max_iters=12, eval_interval=3, lr_decay_iters=12)
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    res = subprocess.run([sys.executable, "-c", SIGNAL_AT_STEP.replace("STOP", str(stop)),
-                          *tiny_args(char_dataset, cut, **args)], cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=120)
-    assert res.returncode == 0, res.stdout + res.stderr
+    script = SIGNAL_IN_EVALUATION if stop == "eval" else SIGNAL_AT_STEP.replace("STOP", str(stop))
+    res = subprocess.run([sys.executable, "-c", script, *tiny_args(char_dataset, cut, **args)], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 143, res.stdout + res.stderr  # 128 + SIGTERM: a scheduler requeues it
     assert "SIGTERM received" in res.stdout and "--init_from=resume" in res.stdout
-    assert load_checkpoint(cut / "last.pt")["step"] == stop + 1  # the step in flight was finished
+    finished = 6 if stop == "eval" else stop + 1  # the step in flight was finished
+    assert load_checkpoint(cut / "last.pt")["step"] == finished
+    evaluated = [m["step"] for m in map(json.loads, (cut / "metrics.jsonl").read_text().splitlines()) if "val_loss" in m]
+    assert evaluated == [0, 3] if stop == "eval" else max(evaluated) <= finished
     torch.set_num_threads(1)  # the same arithmetic as the subprocess
     try:
         train.main(tiny_args(char_dataset, full, **args))
