@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import importlib.metadata
 import importlib.util
 import os
@@ -191,7 +192,26 @@ def distributed(device: str = "auto", dtype: str = "auto", backend: str = "auto"
     finally:
         if finished:
             dist.barrier()
+            leave_in_order(d)
+        else:
+            dist.destroy_process_group()
+
+
+def leave_in_order(d: Dist) -> None:
+    """Take the process group down with rank 0 last. After the final barrier rank 0 can be done while another
+    rank is still finishing its part of it; a rank 0 that tears its connections down then made gloo abort
+    that rank now and then (SIGABRT at the very end of a finished CPU run). The others take theirs down
+    first and say so through the job's key-value store, which rank 0 waits on (a minute at most)."""
+    store = dist.distributed_c10d._get_default_store()
+    if not d.master:
         dist.destroy_process_group()
+        store.set(f"gptkit_left_{d.rank}", "1")
+        return
+    try:
+        store.wait([f"gptkit_left_{r}" for r in range(1, d.world_size)], datetime.timedelta(seconds=60))
+    except Exception:  # a rank that died on its way out: leave anyway
+        pass
+    dist.destroy_process_group()
 
 
 class StopFlag:
