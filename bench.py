@@ -445,7 +445,7 @@ def parse_loss_chunk(value: str) -> int | None:
         return PLAIN_LOSS if value == "plain" else None
     base, power, exponent = value.partition("**")
     try:
-        elements = int(base) ** int(exponent) if power else int(value)
+        elements = int(base) ** min(int(exponent), 62) if power else int(value)  # 2**62: past any batch
     except ValueError:
         elements = 0
     if elements < 1:

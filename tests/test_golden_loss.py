@@ -50,30 +50,16 @@ def corpus(n_chars: int = 30_000) -> str:
     return "".join(parts)
 
 
-def write_corpus(folder: Path) -> Path:
-    from gptkit.shards import make_meta, shard_name, write_meta, write_shard
-    from gptkit.tokenizer import Tokenizer
-
-    text = corpus()
-    tokenizer = Tokenizer.char_from_text(text)
-    ids = torch.tensor(tokenizer.encode(text)).numpy()
-    cut = int(0.9 * len(ids))
-    folder.mkdir(parents=True, exist_ok=True)
-    splits = {}
-    for split, part in (("train", ids[:cut]), ("val", ids[cut:])):
-        write_shard(folder / shard_name(split, 0), part, tokenizer.vocab_size)
-        splits[split] = {"shards": [shard_name(split, 0)], "tokens": int(len(part))}
-    write_meta(folder, make_meta(tokenizer, splits, source="golden loss corpus"))
-    return folder
-
-
 def run_recipe(name: str, workdir: Path) -> list[float]:
     """The per-step training losses of one recipe's fixed run (one thread: one summation order)."""
     import train
+    from gptkit.tokenizer import Tokenizer
+    from tests.conftest import write_dataset  # (as a package path: this file also runs as a module, --record)
 
     data = workdir / "data"
     if not (data / "meta.json").is_file():
-        write_corpus(data)
+        text = corpus()
+        write_dataset(data, text, Tokenizer.char_from_text(text))
     out = workdir / name
     args = {**COMMON, **RECIPES[name], "dataset": str(data), "out_dir": str(out), "overwrite": True}
     threads = torch.get_num_threads()
