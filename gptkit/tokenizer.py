@@ -10,6 +10,7 @@ training, sampling and evaluation never guess which ids mean which text:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -127,6 +128,29 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer(kind={self.kind!r}, vocab_size={self.vocab_size})"
+
+
+# The special tokens of a chat model (gptkit/chat.py's template), in this order: a conversation starts after
+# <|endoftext|>, each turn is <|ROLE|>content<|end|>. prepare/chat.py gives a dataset's tokenizer all of them
+# (Tokenizer.with_special); a trained BPE reserves them when it is trained.
+CHAT_SPECIALS = ("<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
+
+
+def resolve_tokenizer(arg: str, *, data_root: str | Path = "data", chars: Iterable[str] | None = None) -> Tokenizer:
+    """The tokenizer a prepare script's --tokenizer names: "gpt2" (GPT-2's BPE), "char" (the characters
+    `chars`, which the caller collects from its text), or a trained BPE by NAME (under data_root/tokenizers/)
+    or by the PATH of its folder. A DataError (one line) for anything else."""
+    if arg == "gpt2":
+        return Tokenizer.tiktoken("gpt2")
+    if arg == "char":
+        if chars is None:
+            raise DataError("--tokenizer char needs the text's characters first (a bug in the caller)")
+        chosen = sorted(set(chars))
+        if not chosen:
+            raise DataError("cannot build a character vocabulary from empty text; give a non-empty input")
+        return Tokenizer({"kind": "char", "chars": chosen})
+    raise DataError(f"--tokenizer {arg!r}: use gpt2, char, or the NAME or PATH of a tokenizer trained with "
+                    f"python prepare/tokenizer.py")
 
 
 def _get_tiktoken(name: str) -> Any:
