@@ -31,6 +31,7 @@ class KVCache(nn.Module):
 
     The buffers have a fixed shape (B, H, max_len, D) so that a decode step always sees the same tensor
     shapes and addresses: that is what lets `torch.compile(mode="reduce-overhead")` capture it as a CUDA graph.
+    Row b holds sequence b; a forward may use some rows only (a serving engine's requests: CacheSlice.rows).
     """
 
     def __init__(self, batch_size: int, n_head: int, max_len: int, head_dim: int, device, dtype):
@@ -39,11 +40,39 @@ class KVCache(nn.Module):
         self.register_buffer("k", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
         self.register_buffer("v", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
 
-    def update(self, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v (B, H, T, D) at positions `pos` (T,) and return the whole cache (B, H, max_len, D)."""
-        self.k.index_copy_(2, pos, k.to(self.k.dtype))
-        self.v.index_copy_(2, pos, v.to(self.v.dtype))
-        return self.k, self.v
+    def update(self, at: CacheSlice, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v (B, H, T, D) at the rows and positions of `at`; return the keys and values the queries
+        attend over: those rows' first at.length slots, (B, H, length, D) (views, no copy)."""
+        kc, vc = self.k[at.rows], self.v[at.rows]  # (B, H, max_len, D) views of the rows in use
+        k, v = k.to(kc.dtype), v.to(vc.dtype)
+        if at.pos.dim() == 1:  # every row at the same positions (T,)
+            kc.index_copy_(2, at.pos, k)
+            vc.index_copy_(2, at.pos, v)
+        else:  # row b at its own positions pos[b] (B, T): advanced indices (B, 1) and (B, T) -> (B, T, H, D)
+            b = torch.arange(k.size(0), device=k.device)[:, None]
+            kc[b, :, at.pos] = k.transpose(1, 2)
+            vc[b, :, at.pos] = v.transpose(1, 2)
+        return kc[:, :, : at.length], vc[:, :, : at.length]
+
+
+@dataclass
+class CacheSlice:
+    """Where the tokens of a cached forward sit in the KV cache, worked out once for all layers
+    (GPT.hidden_states builds it).
+
+    pos: the tokens' absolute positions, (T,) for every row alike or (B, T) for each row its own.
+    rows: the cache rows the B sequences occupy (a slice: the rows' buffers stay views).
+    length: the cache slots read: the first `length` (> every position in pos). The whole cache keeps one
+        shape for every step (CUDA graphs); only the filled part reads less (the CPU's decode is bound by
+        reading memory).
+    mask: (T, length) or (B, 1, T, length): query t sees slot j only when j <= its position: earlier tokens
+        and itself, never an unwritten slot.
+    """
+
+    pos: torch.Tensor
+    rows: slice
+    length: int
+    mask: torch.Tensor
 
 
 # The modern block's pieces (GPTConfig's options; all off for GPT-2): small functions, so that the blocks below
@@ -71,10 +100,12 @@ ACTIVATIONS = {"gelu_tanh": gelu_tanh, "relu2": relu_squared}  # GPTConfig.activ
 
 def rotary_angles(pos: torch.Tensor, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE: the cos and sin (T, D/2) of the angles pos * base^(-2i/D) by which channel pair (i, i + D/2) of
-    the tokens at positions pos (T,) is turned. Computed from pos on every call: no buffers, so nothing for
-    DDP to broadcast and nothing to move between devices."""
+    the tokens at positions pos (T,) is turned; (B, 1, T, D/2) for positions per row, pos (B, T). Computed
+    from pos on every call: no buffers, so nothing for DDP to broadcast and nothing to move between devices."""
     inv_freq = base ** -(torch.arange(0, head_dim, 2, device=pos.device, dtype=torch.float32) / head_dim)
-    angle = pos.float()[:, None] * inv_freq  # (T, D/2)
+    angle = pos.float()[..., None] * inv_freq  # (T, D/2) or (B, T, D/2)
+    if angle.dim() == 3:
+        angle = angle[:, None]  # (B, 1, T, D/2): the same angles for every head
     return angle.cos(), angle.sin()
 
 
@@ -98,9 +129,7 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
         self.kv_cache: KVCache | None = None  # set by GPT.setup_kv_cache for incremental decoding
 
-    def forward(
-        self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: CacheSlice | None = None) -> torch.Tensor:
         B, T, C = x.shape
         # (B, T, 3C) -> 3 x (B, T, C) -> each (B, T, H, D) -> (B, H, T, D)
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
@@ -110,20 +139,19 @@ class CausalSelfAttention(nn.Module):
         if self.qk_norm:  # unit-RMS queries and keys per head: the attention logits cannot blow up
             q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
         if self.rope_base is not None:  # positions enter here, as rotations, instead of through wpe
-            positions = pos if pos is not None else torch.arange(T, device=x.device)
+            positions = cache.pos if cache is not None else torch.arange(T, device=x.device)
             cos, sin = rotary_angles(positions, C // self.n_head, self.rope_base)
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         dropout_p = self.dropout if self.training else 0.0
 
-        if pos is None:
+        if cache is None:
             # Plain causal attention over the T tokens of x (training, full forward).
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
         else:
-            # Incremental decoding: x holds the tokens at absolute positions `pos` (T,). Store their keys and
-            # values, then attend over the whole fixed-size cache; `mask` (T, max_len) lets query i see cached
-            # key j only when j <= pos[i] (earlier tokens and itself), which also hides the unwritten slots.
-            k_all, v_all = self.kv_cache.update(pos, k, v)  # (B, H, max_len, D)
-            y = F.scaled_dot_product_attention(q, k_all.to(q.dtype), v_all.to(q.dtype), attn_mask=mask)
+            # Incremental decoding: x holds the tokens at the positions cache.pos. Store their keys and values,
+            # then attend over the filled part of the cache, the mask hiding later and unwritten slots.
+            k_all, v_all = self.kv_cache.update(cache, k, v)  # (B, H, length, D)
+            y = F.scaled_dot_product_attention(q, k_all.to(q.dtype), v_all.to(q.dtype), attn_mask=cache.mask)
 
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, H, T, D) -> (B, T, H, D) -> (B, T, C)
         return self.resid_dropout(self.c_proj(y))
@@ -151,10 +179,8 @@ class Block(nn.Module):
         self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
 
-    def forward(
-        self, x: torch.Tensor, pos: torch.Tensor | None = None, mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), pos, mask)
+    def forward(self, x: torch.Tensor, cache: CacheSlice | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), cache)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -381,8 +407,14 @@ class GPT(nn.Module):
             vocab_size=self.config.vocab_size,
         )
 
-    def hidden_states(self, idx: torch.Tensor, pos: torch.Tensor | None = None) -> torch.Tensor:
-        """idx (B, T) -> the final LayerNorm's output (B, T, C), the input of the head."""
+    def hidden_states(self, idx: torch.Tensor, pos: torch.Tensor | None = None, *, rows: slice | None = None,
+                      length: int | None = None) -> torch.Tensor:
+        """idx (B, T) -> the final LayerNorm's output (B, T, C), the input of the head.
+
+        With `pos` the forward is cached (see setup_kv_cache): the tokens sit at the absolute positions pos,
+        (T,) for every row or (B, T) per row; their keys and values are written into the cache rows `rows`
+        (default: all of them, B must then be the cache's batch size), and attention reads the first `length`
+        slots of those rows (default: all block_size; `length` must exceed every position in pos)."""
         B, T = idx.shape
         if pos is None:
             if T > self.config.block_size:
@@ -390,25 +422,37 @@ class GPT(nn.Module):
                     f"input has {T} tokens but the model's block_size is {self.config.block_size}; "
                     f"crop the input to its last {self.config.block_size} tokens"
                 )
-            pos = torch.arange(T, device=idx.device)
-            x = self.transformer.drop(self._embed(idx, pos))
+            x = self.transformer.drop(self._embed(idx, torch.arange(T, device=idx.device)))
             recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
             for block in self.transformer.h:
                 x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
         else:
-            cache = self.transformer.h[0].attn.kv_cache
-            if cache is None:
-                raise RuntimeError("forward(pos=...) needs a KV cache: call model.setup_kv_cache(...) first")
-            # Which cache slots each query may see, built once for all layers: (T, max_len) boolean.
-            mask = torch.arange(cache.k.size(2), device=idx.device)[None, :] <= pos[:, None]
+            cache = self._cache_slice(B, pos, rows, length)
             x = self.transformer.drop(self._embed(idx, pos))
             for block in self.transformer.h:
-                x = block(x, pos, mask)
+                x = block(x, cache)
         return self.transformer.ln_f(x)
 
+    def _cache_slice(self, B: int, pos: torch.Tensor, rows: slice | None, length: int | None) -> CacheSlice:
+        """The CacheSlice of a cached forward of B sequences at positions pos, built once for all layers."""
+        cache = self.transformer.h[0].attn.kv_cache
+        if cache is None:
+            raise RuntimeError("forward(pos=...) needs a KV cache: call model.setup_kv_cache(...) first")
+        n_rows, max_len = cache.k.size(0), cache.k.size(2)
+        rows = rows if rows is not None else slice(0, n_rows)
+        if len(range(*rows.indices(n_rows))) != B:
+            raise ValueError(f"{B} sequences do not fit the cache rows {rows} of a cache with {n_rows} rows")
+        length = max_len if length is None else length
+        if not 0 < length <= max_len:
+            raise ValueError(f"length must be in 1..{max_len} (the cache's slots), got {length}")
+        slots = torch.arange(length, device=pos.device)
+        mask = slots <= pos[..., None]  # (T, length) or (B, T, length)
+        return CacheSlice(pos, rows, length, mask if pos.dim() == 1 else mask[:, None])
+
     def _embed(self, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """Token ids (B, T) at positions pos (T,) -> the residual stream's input (B, T, C): the token embedding
-        plus the learned position embedding (B, T, C) + (T, C); with RoPE the positions act in the attention."""
+        """Token ids (B, T) at positions pos (T,) or (B, T) -> the residual stream's input (B, T, C): the token
+        embedding plus the learned position embedding, (T, C) or (B, T, C); with RoPE the positions act in the
+        attention instead."""
         if "wpe" not in self.transformer:
             return self.transformer.wte(idx)
         return self.transformer.wte(idx) + self.transformer.wpe(pos)
@@ -445,6 +489,14 @@ class GPT(nn.Module):
         c = self.config
         for block in self.transformer.h:
             block.attn.kv_cache = KVCache(batch_size, c.n_head, c.block_size, c.n_embd // c.n_head, device, dtype)
+
+    def copy_cache_row(self, src: int, dst: int, length: int) -> None:
+        """Copy the first `length` slots of row src of every layer's KV cache into row dst (a serving engine
+        moving a sequence into the row another one left)."""
+        for block in self.transformer.h:
+            cache = block.attn.kv_cache
+            cache.k[dst, :, :length] = cache.k[src, :, :length]
+            cache.v[dst, :, :length] = cache.v[src, :, :length]
 
     def clear_kv_cache(self) -> None:
         for block in self.transformer.h:

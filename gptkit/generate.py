@@ -6,7 +6,7 @@
     sample_token             probabilities (B, V) and noise (B, V) -> one drawn token per row (B,)
     next_token               logits (B, V) -> the next token (B,): the argmax at temperature 0, else a draw
     prefill                  one forward over a window (B, T) that fills the KV cache -> logits (B, V)
-    decode_one_token         one cached step: tokens (B, 1) at position pos (1,) -> logits (B, V)
+    decode_one_token         one cached step: tokens (B, 1) at position pos (1,) or (B, 1) -> logits (B, V)
     decode_step              decode_one_token and next_token: the whole step, tokens (B, 1) -> next tokens (B,)
     compile_decode_step      decode_step compiled (a CUDA graph on a GPU), and when --compile=auto does it
     generate_stream          the loop: yields the next token of every sequence, (B,), step by step
@@ -156,16 +156,23 @@ def next_token(logits: torch.Tensor, options: SamplingOptions, noise: torch.Tens
 # ----------------------------------------------------------------------------- the model calls
 
 
-def prefill(model: GPT, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+def prefill(model: GPT, idx: torch.Tensor, pos: torch.Tensor, *, rows: slice | None = None,
+            length: int | None = None) -> torch.Tensor:
     """One forward over the window idx (B, T) at positions pos (T,) (0..T-1) that writes every token's keys
-    and values into the KV cache; returns the float32 logits of the last position only, (B, V): the head's
-    matmul is not spent on the T - 1 positions nobody samples from."""
-    return model.head(model.hidden_states(idx, pos)[:, -1], fp32=True)  # (B, T, C) -> (B, C) -> (B, V)
+    and values into the KV cache (its rows `rows`, default all; see GPT.hidden_states for `length`); returns
+    the float32 logits of the last position only, (B, V): the head's matmul is not spent on the T - 1
+    positions nobody samples from."""
+    h = model.hidden_states(idx, pos, rows=rows, length=length)  # (B, T, C)
+    return model.head(h[:, -1], fp32=True)  # (B, C) -> (B, V)
 
 
-def decode_one_token(model: GPT, token: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """One cached forward: tokens (B, 1) at position pos (1,), attending over the cache -> float32 logits (B, V)."""
-    return model.head(model.hidden_states(token, pos)[:, -1], fp32=True)  # (B, 1, C) -> (B, C) -> (B, V)
+def decode_one_token(model: GPT, token: torch.Tensor, pos: torch.Tensor, *, rows: slice | None = None,
+                     length: int | None = None) -> torch.Tensor:
+    """One cached forward: tokens (B, 1) at position pos, (1,) for every row or (B, 1) for each its own,
+    attending over the cache (its rows `rows`, its first `length` slots; see GPT.hidden_states) -> float32
+    logits (B, V)."""
+    h = model.hidden_states(token, pos, rows=rows, length=length)  # (B, 1, C)
+    return model.head(h[:, -1], fp32=True)  # (B, C) -> (B, V)
 
 
 def decode_step(

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from conftest import confident_model, counting_sequences
 
 from gptkit.generate import (
     DECODE_COMPILE_COST,
@@ -274,27 +275,6 @@ def test_compile_decision_by_device_and_length(monkeypatch):
     assert not use and "too few" in why
     use, why = compile_decision(cuda, None, needed)
     assert use and why.startswith("compiling the decode step")
-
-
-def counting_sequences(batch: int, length: int, vocab: int, device) -> torch.Tensor:
-    """Rows that count up in steps of 3 (mod vocab) from random starts: a rule a tiny model learns fast."""
-    start = torch.randint(0, vocab, (batch, 1), device=device)
-    return (start + 3 * torch.arange(length, device=device)) % vocab
-
-
-def confident_model(cfg: GPTConfig, device, steps: int = 100) -> GPT:
-    """A model trained until it predicts counting_sequences with logit margins of several units (~5 after 100
-    steps, measured on the CPU), far above any difference in rounding between two kernels."""
-    torch.manual_seed(0)
-    model = GPT(cfg).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for _ in range(steps):
-        seq = counting_sequences(32, cfg.block_size + 1, cfg.vocab_size, device)
-        loss = model(seq[:, :-1], seq[:, 1:])[1]
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    return model.eval()
 
 
 def test_the_confident_model_has_a_margin():

@@ -121,6 +121,43 @@ def test_kv_cache_logits_equal_full_forward(tiny_model, tiny_config):
     tiny_model.clear_kv_cache()
 
 
+@pytest.mark.parametrize("arch", ["gpt2", "modern"])
+def test_cache_rows_at_their_own_positions_equal_each_sequences_full_forward(tiny_config, arch):
+    """A serving engine's cache: sequences of different lengths, each prefilled alone into its own row, then
+    decoded together, every row at its own position, reading only the filled slots."""
+    torch.manual_seed(4)
+    model = GPT(GPTConfig(**{**tiny_config.to_dict(), "arch": arch, "bias": None})).eval()
+    for p in model.parameters():  # the modern model starts with zero projections: make every path count
+        torch.nn.init.normal_(p, std=0.3)
+    lengths = [3, 9, 5]
+    seqs = [torch.randint(0, tiny_config.vocab_size, (1, n + 4)) for n in lengths]
+    model.setup_kv_cache(4)  # one row more than needed: an idle row must not matter
+    with torch.no_grad():
+        for row, (seq, n) in enumerate(zip(seqs, lengths)):
+            model.hidden_states(seq[:, :n], torch.arange(n), rows=slice(row, row + 1))
+        steps = []
+        for t in range(4):
+            tokens = torch.stack([seq[0, n + t] for seq, n in zip(seqs, lengths)])[:, None]  # (3, 1)
+            pos = torch.tensor(lengths)[:, None] + t  # (3, 1): each row at its own position
+            h = model.hidden_states(tokens, pos, rows=slice(0, 3), length=max(lengths) + t + 1)
+            steps.append(model.head(h))  # (3, 1, V)
+        cached = torch.cat(steps, dim=1)  # (3, 4, V)
+        for row, (seq, n) in enumerate(zip(seqs, lengths)):
+            full = model(seq)[0][0, n:]  # the same 4 positions, (4, V)
+            torch.testing.assert_close(cached[row], full, rtol=1e-5, atol=1e-5)
+    model.clear_kv_cache()
+
+
+def test_cache_rows_and_length_are_checked(tiny_model):
+    tiny_model.setup_kv_cache(2)
+    x = torch.zeros(3, 1, dtype=torch.long)
+    with pytest.raises(ValueError, match="do not fit the cache rows"):
+        tiny_model.hidden_states(x, torch.tensor([0]))
+    with pytest.raises(ValueError, match="length must be in 1..32"):
+        tiny_model.hidden_states(x[:2], torch.tensor([0]), length=33)
+    tiny_model.clear_kv_cache()
+
+
 def test_crop_block_size(tiny_model, tiny_config):
     x = torch.randint(0, tiny_config.vocab_size, (1, 16))
     before, _ = tiny_model(x)

@@ -1,0 +1,151 @@
+"""The continuous-batching engine (gptkit/serving/engine.py): replies equal generate's, requests decoded
+together equal the same requests decoded one at a time, and the rules for stopping, cancelling and queueing."""
+
+import queue
+import threading
+
+import pytest
+import torch
+from conftest import confident_model, counting_sequences
+
+from gptkit.generate import SamplingOptions, generate
+from gptkit.serving.engine import Engine, EngineStopped, Finished, QueueFull, Request, Token
+from model import GPTConfig
+
+VOCAB = 300
+
+
+@pytest.fixture(scope="module")
+def model():
+    """Trained to count in steps of 3: greedy replies have logit margins of several units, far above the
+    rounding differences between a batch of one and a batch of eight."""
+    cfg = GPTConfig(block_size=48, vocab_size=VOCAB, n_layer=2, n_head=2, n_embd=64, vocab_multiple=64)
+    return confident_model(cfg, "cpu", steps=80)
+
+
+def run(engine: Engine, request: Request) -> tuple[list[int], Finished]:
+    """Submit and wait: the reply's tokens and how it finished."""
+    events = queue.SimpleQueue()
+    request.emit = events.put
+    engine.submit(request)
+    tokens = []
+    while not isinstance(event := events.get(timeout=60), Finished):
+        tokens.append(event.id)
+    return tokens, event
+
+
+def prompts(n: int, seed: int = 0) -> list[list[int]]:
+    torch.manual_seed(seed)
+    return [counting_sequences(1, 3 + (i * 5) % 11, VOCAB, "cpu")[0].tolist() for i in range(n)]
+
+
+def test_greedy_reply_equals_generate(model):
+    engine = Engine(model, max_batch=4).start()
+    for prompt in prompts(3):
+        tokens, done = run(engine, Request(prompt, 20, emit=None))
+        expected = generate(model, torch.tensor([prompt]), 20, SamplingOptions(temperature=0))[0, len(prompt):]
+        assert tokens == expected.tolist() and done == Finished("length", 20)
+    engine.stop()
+
+
+@pytest.mark.parametrize("sampling", [SamplingOptions(temperature=0), SamplingOptions(temperature=0.7, top_k=5),
+                                      SamplingOptions(temperature=1.0, top_p=0.9)])
+def test_requests_decoded_together_equal_one_at_a_time(model, sampling):
+    """8 requests of different lengths and max_tokens submitted at once share the batch (joining and leaving
+    it at different steps); each reply equals the one that request gets alone, with the same seed."""
+    requests = [dict(prompt=p, max_tokens=6 + 3 * i, sampling=sampling, seed=100 + i)
+                for i, p in enumerate(prompts(8, seed=1))]
+    engine = Engine(model, max_batch=8).start()
+    alone = [run(engine, Request(emit=None, **r)) for r in requests]
+    replies: list = [None] * len(requests)
+
+    def client(i):
+        replies[i] = run(engine, Request(emit=None, **requests[i]))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    engine.stop()
+    assert replies == alone
+    assert [len(tokens) for tokens, _ in alone] == [r["max_tokens"] for r in requests]
+
+
+def test_more_requests_than_rows_wait_for_a_row(model):
+    engine = Engine(model, max_batch=2, max_queue=8)
+    results = [queue.SimpleQueue() for _ in range(5)]
+    for i, prompt in enumerate(prompts(5)):
+        engine.submit(Request(prompt, 4, emit=results[i].put))
+    assert engine.load == (0, 5)
+    engine.step()
+    assert engine.load == (2, 3)  # two rows: two decoded, three waiting
+    engine.start()
+    engine.stop()  # drains: every accepted request is finished
+    for r in results:
+        events = [r.get_nowait() for _ in range(5)]
+        assert [type(e) for e in events] == [Token] * 4 + [Finished] and events[-1].reason == "length"
+
+
+def test_a_full_queue_refuses_and_a_stopped_engine_too(model):
+    engine = Engine(model, max_batch=1, max_queue=2)  # not started: nothing leaves the queue
+    for prompt in prompts(3):  # one for the row, two waiting
+        engine.submit(Request(prompt, 4, emit=lambda e: None))
+    with pytest.raises(QueueFull, match="all 1 rows are busy and 2 requests are already waiting"):
+        engine.submit(Request(prompts(1)[0], 4, emit=lambda e: None))
+    engine.start()
+    engine.stop()
+    with pytest.raises(EngineStopped):
+        engine.submit(Request(prompts(1)[0], 4, emit=lambda e: None))
+
+
+def test_stop_tokens_end_the_reply_and_are_not_emitted(model):
+    engine = Engine(model, max_batch=2)
+    prompt = prompts(1)[0]
+    reference = generate(model, torch.tensor([prompt]), 10, SamplingOptions(temperature=0))[0, len(prompt):]
+    stop = int(reference[4])
+    tokens, done = run(engine.start(), Request(prompt, 10, emit=None, stop_ids=frozenset({stop})))
+    engine.stop()
+    assert tokens == reference[:4].tolist() and done == Finished("stop", 4)
+
+
+def test_the_context_ends_a_reply(model):
+    engine = Engine(model, max_batch=2).start()
+    prompt = counting_sequences(1, 40, VOCAB, "cpu")[0].tolist()  # 8 slots left of 48
+    tokens, done = run(engine, Request(prompt, 100, emit=None))
+    engine.stop()
+    assert done == Finished("length", 9) and len(tokens) == 9  # the last one needs no slot: nothing follows it
+
+
+def test_a_cancelled_request_leaves_at_once_and_the_others_go_on(model):
+    engine = Engine(model, max_batch=3)
+    events = [queue.SimpleQueue() for _ in range(3)]
+    requests = [engine.submit(Request(p, 30, emit=events[i].put)) for i, p in enumerate(prompts(3))]
+    engine.step()
+    engine.step()
+    assert engine.load == (3, 0)
+    requests[0].cancel()
+    engine.step()
+    assert engine.load == (2, 0)  # its row is given back before the next decode step
+    got = [events[0].get_nowait() for _ in range(events[0].qsize())]
+    assert got[-1] == Finished("cancelled", 3)  # after the two steps' three tokens
+    engine.start()
+    engine.stop()
+    for i in (1, 2):  # the request moved into the freed row carries on where it was
+        got = [events[i].get_nowait() for _ in range(events[i].qsize())]
+        tokens = [e.id for e in got if isinstance(e, Token)]
+        alone = generate(model, torch.tensor([requests[i].prompt]), 30, SamplingOptions(temperature=0))
+        assert tokens == alone[0, len(requests[i].prompt):].tolist() and got[-1] == Finished("length", 30)
+
+
+def test_bad_requests_are_refused_before_they_are_queued(model):
+    engine = Engine(model, max_batch=1)
+    with pytest.raises(ValueError, match="the prompt has 0 tokens; it must have 1 to 48"):
+        engine.submit(Request([], 4, emit=None))
+    with pytest.raises(ValueError, match="the prompt has 49 tokens"):
+        engine.submit(Request([1] * 49, 4, emit=None))
+    with pytest.raises(ValueError, match="max_tokens must be at least 1"):
+        engine.submit(Request([1], 0, emit=None))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        engine.submit(Request([VOCAB], 1, emit=None))
+    assert engine.load == (0, 0)
