@@ -26,7 +26,13 @@ import torch
 
 from gptkit import checkpoint, cli
 from gptkit.config import ConfigError, load_config, setting
-from gptkit.generate import SamplingOptions, compile_decision, compile_decode_step, generate_stream
+from gptkit.generate import (
+    SamplingOptions,
+    TextStream,
+    compile_decision,
+    compile_decode_step,
+    generate_stream,
+)
 from gptkit.runtime import setup_runtime
 from gptkit.shards import DataError
 from gptkit.tokenizer import Tokenizer
@@ -165,35 +171,6 @@ def cut_at(ids: list[int], stop_token: int | None) -> list[int]:
     if stop_token is not None and stop_token in ids:
         return ids[: ids.index(stop_token)]
     return ids
-
-
-class TextStream:
-    """Turns token ids, fed one at a time, into text that can be printed at once and never needs taking back.
-
-    A BPE token is a run of bytes, and a character of several UTF-8 bytes (é, 世, emoji) is often split across
-    tokens: decoding a token on its own would print U+FFFD garbage. So tokens are held back while their text
-    ends in U+FFFD (an incomplete character), and released together once the character is complete. Released
-    text always ends on a character boundary, so decoding the held-back tokens alone gives the same text as
-    decoding everything: the streamed pieces add up exactly to the final decode.
-    """
-
-    def __init__(self, tokenizer: Tokenizer):
-        self.tokenizer = tokenizer
-        self.pending: list[int] = []
-
-    def push(self, token_id: int) -> str:
-        self.pending.append(token_id)
-        text = self.tokenizer.decode(self.pending)
-        if text.endswith("\ufffd"):
-            return ""  # maybe a character still missing bytes: wait for the next token
-        self.pending.clear()
-        return text
-
-    def flush(self) -> str:
-        """Whatever is held back (at the end of a sample: a genuinely invalid byte sequence prints as U+FFFD)."""
-        text = self.tokenizer.decode(self.pending) if self.pending else ""
-        self.pending.clear()
-        return text
 
 
 class Printer:

@@ -11,6 +11,7 @@
     compile_decode_step      decode_step compiled (a CUDA graph on a GPU), and when --compile=auto does it
     generate_stream          the loop: yields the next token of every sequence, (B,), step by step
     generate                 the prompts with their continuations, (B, T + n)
+    TextStream               streamed token ids -> text that can be printed at once (whole characters)
 
 Shapes use B = batch (sequences decoded together), T = tokens in the model's window, V = vocab_size.
 
@@ -352,3 +353,35 @@ def generate(
     finally:
         model.train(was_training)
     return torch.cat(out, dim=1)
+
+
+# ----------------------------------------------------------------------------- streamed text
+
+
+class TextStream:
+    """Turns token ids, fed one at a time, into text that can be printed at once and never needs taking back.
+
+    A BPE token is a run of bytes, and a character of several UTF-8 bytes (é, 世, emoji) is often split across
+    tokens: decoding a token on its own would print U+FFFD garbage. So tokens are held back while their text
+    ends in U+FFFD (an incomplete character), and released together once the character is complete. Released
+    text always ends on a character boundary, so decoding the held-back tokens alone gives the same text as
+    decoding everything: the streamed pieces add up exactly to the final decode.
+    """
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.pending: list[int] = []
+
+    def push(self, token_id: int) -> str:
+        self.pending.append(token_id)
+        text = self.tokenizer.decode(self.pending)
+        if text.endswith("\ufffd"):
+            return ""  # maybe a character still missing bytes: wait for the next token
+        self.pending.clear()
+        return text
+
+    def flush(self) -> str:
+        """Whatever is held back (at the end of a sample: a genuinely invalid byte sequence prints as U+FFFD)."""
+        text = self.tokenizer.decode(self.pending) if self.pending else ""
+        self.pending.clear()
+        return text

@@ -11,7 +11,7 @@ import torch
 
 import sample
 from gptkit.checkpoint import save_checkpoint
-from gptkit.generate import SamplingOptions, decode_step
+from gptkit.generate import SamplingOptions, TextStream, decode_step
 from gptkit.tokenizer import Tokenizer
 from model import GPT, GPTConfig
 
@@ -111,7 +111,7 @@ def test_stop_token_ends_each_sample(tiny_model):
 def test_text_stream_holds_back_split_utf8_characters(gpt2_tokenizer):
     text = "héllo 😀 世界 ☃ naïve ok"
     ids = gpt2_tokenizer.encode(text)
-    stream = sample.TextStream(gpt2_tokenizer)
+    stream = TextStream(gpt2_tokenizer)
     pieces = [stream.push(i) for i in ids]
     pieces.append(stream.flush())
     assert "".join(pieces) == text
@@ -121,7 +121,7 @@ def test_text_stream_holds_back_split_utf8_characters(gpt2_tokenizer):
 
 def test_text_stream_flushes_invalid_bytes(gpt2_tokenizer):
     lone_continuation_byte = 222  # b"\x80" on its own: never a complete character
-    stream = sample.TextStream(gpt2_tokenizer)
+    stream = TextStream(gpt2_tokenizer)
     assert stream.push(lone_continuation_byte) == ""
     assert stream.flush() == gpt2_tokenizer.decode([lone_continuation_byte]) == "\ufffd"
 
