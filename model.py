@@ -518,6 +518,32 @@ class GPT(nn.Module):
         if "wpe" in self.transformer:  # (with RoPE there is no table: any position up to block_size works)
             self.transformer.wpe.weight = nn.Parameter(self.transformer.wpe.weight[:block_size].detach().clone())
 
+    @torch.no_grad()
+    def grow_vocab(self, vocab_size: int) -> None:
+        """Add token ids vocab_size_old .. vocab_size - 1 (a tokenizer's new special tokens, for fine-tuning).
+        Their embedding rows (and an untied head's) start at the mean of the existing rows: the new tokens'
+        logits start at the average logit, neither dominant (a zero padding row of GPT-2 would score 0, far
+        above its real logits of about -60) nor negligible. GPT-2's padding rows (50257..50303) take the first
+        new ids, so its weights keep their shapes; past the padding, the tables get new rows."""
+        c = self.config
+        if vocab_size <= c.vocab_size:
+            raise ValueError(f"grow_vocab: {vocab_size} is not larger than the vocabulary's {c.vocab_size}")
+        old, rows = c.vocab_size, math.ceil(vocab_size / c.vocab_multiple) * c.vocab_multiple
+        tables = [self.transformer.wte] + ([] if c.tie_embeddings else [self.lm_head])
+        for module in tables:
+            weight = module.weight
+            if rows > weight.size(0):  # (rows, C): the old rows, then room for the new ones
+                grown = weight.new_zeros(rows, weight.size(1))
+                grown[: weight.size(0)] = weight
+                module.weight = nn.Parameter(grown, requires_grad=weight.requires_grad)
+            module.weight[old:vocab_size] = module.weight[:old].mean(dim=0)
+        if isinstance(self.transformer.wte, nn.Embedding):
+            self.transformer.wte.num_embeddings = self.transformer.wte.weight.size(0)
+        self.lm_head.out_features = self.lm_head.weight.size(0)
+        if c.tie_embeddings:
+            self.lm_head.weight = self.transformer.wte.weight
+        c.vocab_size = vocab_size
+
     # ------------------------------------------------------------------------- nanoGPT compatibility
     # nanoGPT's two most used calls, with its signatures, so that notebooks and scripts written for it run
     # unchanged. Both delegate to the library (gptkit/hf_gpt2.py loads, gptkit/generate.py decodes), imported

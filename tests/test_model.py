@@ -373,3 +373,30 @@ def test_float32_head_runs_without_tf32_and_restores_the_setting(monkeypatch):
         model.head(h)
     assert fp32_head.seen == [False] and training_head.seen == [True]
     assert torch.backends.cuda.matmul.allow_tf32
+
+
+@pytest.mark.parametrize("multiple, tie", [(64, True), (1, True), (1, False)])
+def test_grow_vocab_keeps_every_old_logit_and_starts_new_tokens_at_the_mean(multiple, tie):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=16, vocab_size=67, n_layer=1, n_head=2, n_embd=32, vocab_multiple=multiple,
+                          tie_embeddings=tie)).eval()
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    x = torch.randint(0, 67, (2, 16))
+    before = model(x)[0]
+    rows = model.transformer.wte.weight.size(0)
+    model.grow_vocab(71)
+    after = model(x)[0]
+    assert after.shape == (2, 16, 71) and model.config.vocab_size == 71
+    torch.testing.assert_close(after[..., :67], before)  # the old tokens' logits, exactly as they were
+    wte = model.transformer.wte.weight
+    assert wte.size(0) == (rows if multiple == 64 else 71)  # GPT-2-style padding rows are used first
+    torch.testing.assert_close(wte[67:71], wte[:67].mean(0).expand(4, -1))
+    assert (model.lm_head.weight is wte) == tie
+    head = model.lm_head.weight
+    torch.testing.assert_close(head[67:71], head[:67].mean(0).expand(4, -1))
+    y = torch.randint(0, 71, (2, 16))
+    model(y, y)[1].backward()  # the new rows train, as inputs and as predictions
+    assert wte.grad[67:71].abs().sum() > 0 and head.grad[67:71].abs().sum() > 0
+    with pytest.raises(ValueError, match="not larger"):
+        model.grow_vocab(71)
