@@ -1,10 +1,13 @@
-"""Export a trained checkpoint as a Hugging Face GPT-2 folder: the weights in HF's layout, config.json and,
-for models trained on the GPT-2 BPE, the GPT-2 tokenizer files rebuilt from tiktoken.
+"""Export a trained checkpoint as a Hugging Face GPT-2 folder: the weights in HF's layout, config.json and
+its tokenizer (GPT-2's BPE, a trained BPE or characters, with its special tokens) as Hugging Face files.
 
     python export.py --ckpt out-shakespeare/ --to hf-shakespeare/
+    python export.py --ckpt out-shakespeare/ --format gguf --out shakespeare.gguf --dtype q8_0
 
-The folder loads with `transformers.AutoModelForCausalLM.from_pretrained` (and, for models trained on the
-GPT-2 BPE, `AutoTokenizer.from_pretrained`). The mapping between HF's layout and ours lives in gptkit/hf_gpt2.py.
+The folder loads with `transformers.AutoModelForCausalLM.from_pretrained` and `AutoTokenizer.from_pretrained`.
+The mapping between HF's layout and ours lives in gptkit/hf_gpt2.py, the tokenizer files in gptkit/hf_tokenizer.py.
+With --format gguf the model and its tokenizer go into one GGUF file instead, for llama.cpp, ollama and LM
+Studio (gptkit/gguf.py writes it).
 """
 
 from __future__ import annotations
@@ -21,15 +24,14 @@ from typing import NamedTuple
 
 import torch
 
-from gptkit import cli
+from gptkit import chat, cli
 from gptkit.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
+from gptkit.gguf import GGUF_DTYPES, export_gguf
 from gptkit.hf_gpt2 import HFGPT2Error, hf_config, ours_to_hf
+from gptkit.hf_tokenizer import GPTKIT_FILE, hf_tokenizer_files
+from gptkit.shards import DataError
+from gptkit.tokenizer import Tokenizer
 from model import GPT, GPTConfig
-
-# The GPT-2 BPE: tokenizer files are reconstructed for it, and its end-of-text token is BOS and EOS.
-GPT2_VOCAB_SIZE = 50257
-GPT2_EOT_ID = 50256
-GPT2_EOT = "<|endoftext|>"
 
 # Every file an export may write. With overwrite=True, stale ones from an earlier export that this export
 # does not rewrite are removed first, so a char model never ends up next to an old GPT-2 vocab.json (nor
@@ -41,12 +43,13 @@ _EXPORT_FILES = (
     "merges.txt",
     "tokenizer_config.json",
     "special_tokens_map.json",
-    "char_vocab.json",
+    "tokenizer.json",
+    GPTKIT_FILE,
+    "char_vocab.json",  # written by exports of character-level models before they had a tokenizer.json
 )
 _STALE_HF_FILES = (
     "pytorch_model.bin",
     "model.safetensors.index.json",
-    "tokenizer.json",
     "generation_config.json",
 )
 
@@ -135,37 +138,28 @@ class TokenizerFiles(NamedTuple):
 
 def _tokenizer_files(tokenizer_meta: dict | None, config: GPTConfig) -> TokenizerFiles:
     """The files that describe the model's vocabulary, from the checkpoint's tokenizer meta (see
-    export_hf)."""
+    export_hf): Hugging Face's tokenizer files for every kind of tokenizer (gptkit/hf_tokenizer.py)."""
     meta = tokenizer_meta or {}
     spec = meta.get("tokenizer") if isinstance(meta.get("tokenizer"), dict) else meta
-    kind = spec.get("kind")
-    if kind == "tiktoken" and spec.get("name") == "gpt2":
-        if config.vocab_size < GPT2_VOCAB_SIZE:
-            raise HFGPT2Error(
-                f"the model's vocab_size is {config.vocab_size}, smaller than the GPT-2 tokenizer's "
-                f"{GPT2_VOCAB_SIZE}; "
-                f"this checkpoint does not belong to the GPT-2 BPE tokenizer its meta names"
-            )
-        return TokenizerFiles(gpt2_tokenizer_files(config.block_size), GPT2_EOT_ID, None, has_tokenizer=True)
-
-    eot = meta.get("eot_id")  # the dataset's end-of-text token, if it has one
-    bos_eos = eot if isinstance(eot, int) and not isinstance(eot, bool) else None
-    if kind == "char":
-        notice = (
-            "this model uses a character-level vocabulary, not the GPT-2 BPE: no Hugging Face tokenizer was "
-            "written; char_vocab.json holds its characters (token id i is chars[i])"
-        )
-        files = {"char_vocab.json": json.dumps(spec, indent=2, ensure_ascii=False) + "\n"}
-        return TokenizerFiles(files, bos_eos, notice, has_tokenizer=False)
-    if kind is None:
+    if spec.get("kind") is None:
         notice = "the checkpoint names no tokenizer: only the weights and config.json were written"
-    else:
-        name = f" {spec.get('name')!r}" if spec.get("name") else ""
-        notice = (
-            f"no Hugging Face tokenizer is written for tokenizer kind {kind!r}{name}; "
-            f"only the GPT-2 BPE has one"
+        eot = meta.get("eot_id")  # the dataset's end-of-text token, if it has one
+        bos_eos = eot if isinstance(eot, int) and not isinstance(eot, bool) else None
+        return TokenizerFiles({}, bos_eos, notice, has_tokenizer=False)
+    try:
+        tokenizer = Tokenizer.from_meta(meta)
+    except DataError as e:
+        raise HFGPT2Error(f"the checkpoint's tokenizer cannot be rebuilt: {e}") from None
+    if config.vocab_size < tokenizer.vocab_size:
+        raise HFGPT2Error(
+            f"the model's vocab_size is {config.vocab_size}, smaller than its tokenizer's {tokenizer.vocab_size} "
+            f"(the {tokenizer.describe()}); this checkpoint does not belong to the tokenizer its meta names"
         )
-    return TokenizerFiles({}, bos_eos, notice, has_tokenizer=False)
+    # A chat model (its tokenizer has the template's special tokens) carries its template, so that
+    # transformers' apply_chat_template gives exactly the prompts chat.py and serve.py build.
+    template = chat.HF_CHAT_TEMPLATE if chat.is_chat_tokenizer(tokenizer) else None
+    files = hf_tokenizer_files(tokenizer, model_max_length=config.block_size, chat_template=template)
+    return TokenizerFiles(files, tokenizer.eot_id, None, has_tokenizer=True)
 
 
 # The folder is replaced as a whole, not file by file. files.atomic_write makes one file atomic, but an export
@@ -203,105 +197,40 @@ def _move_into(out: Path, staging: Path, names: list[str]) -> None:
         os.replace(staging / name, out / name)
 
 
-# ----------------------------------------------------------------------------- the GPT-2 tokenizer files
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible map from the 256 byte values to printable characters, used to write byte strings as
-    text in vocab.json and merges.txt: bytes that are visible Latin-1 characters stand for themselves, the
-    others (control characters, space, ...) are given the characters from U+0100 on, in byte order. So the
-    space byte is 'Ġ' (U+0120) and newline is 'Ċ'."""
-    visible = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table = {b: chr(b) for b in visible}
-    next_char = 256
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(next_char)
-            next_char += 1
-    return table
-
-
-def _merge_parts(token: bytes, ranks: dict[bytes, int]) -> tuple[bytes, bytes]:
-    """The two tokens whose merge created `token`.
-
-    BPE training creates the token of rank r by merging two tokens of lower ranks, and encoding applies
-    merges in rank order. So byte-pair encoding the token's bytes with only the merges ranked below r stops at
-    the two parts that merge r joins. (For GPT-2 this rebuilds OpenAI's merges.txt line for line.)
-    """
-    limit = ranks[token]
-    parts = [bytes([b]) for b in token]
-    while len(parts) > 2:
-        best_rank, best_i = limit, -1
-        for i in range(len(parts) - 1):
-            rank = ranks.get(parts[i] + parts[i + 1], limit)
-            if rank < best_rank:
-                best_rank, best_i = rank, i
-        if best_i < 0:
-            break
-        parts[best_i : best_i + 2] = [parts[best_i] + parts[best_i + 1]]
-    if len(parts) != 2:
-        raise HFGPT2Error(
-            f"cannot recover the BPE merge of token {token!r} (rank {limit}); is the encoding a BPE?"
-        )
-    return parts[0], parts[1]
-
-
-def gpt2_tokenizer_files(model_max_length: int = 1024) -> dict[str, str]:
-    """vocab.json, merges.txt, tokenizer_config.json and special_tokens_map.json of the GPT-2 BPE, rebuilt
-    from tiktoken's gpt2 encoding. Its ranks are GPT-2's token ids; a merged token's id is 256 + the line
-    number of its merge in merges.txt, so listing the merges by rank gives merges.txt's order."""
-    import tiktoken
-
-    try:
-        enc = tiktoken.get_encoding("gpt2")
-    except Exception as e:  # no network and no TIKTOKEN_CACHE_DIR: a requests/OS error
-        raise HFGPT2Error(
-            f"cannot load tiktoken's gpt2 encoding ({type(e).__name__}); set TIKTOKEN_CACHE_DIR to a folder "
-            f"holding its files, or run once with network access"
-        ) from None
-    ranks: dict[bytes, int] = enc._mergeable_ranks
-    to_text = bytes_to_unicode()
-
-    def text(token: bytes) -> str:
-        return "".join(to_text[b] for b in token)
-
-    vocab = {text(token): rank for token, rank in sorted(ranks.items(), key=lambda kv: kv[1])}
-    vocab[GPT2_EOT] = enc.eot_token
-    merges = ["#version: 0.2"]  # the header GPT-2's own merges.txt has; readers skip it
-    for token, _ in sorted(ranks.items(), key=lambda kv: kv[1]):
-        if len(token) > 1:  # the 256 single bytes are the alphabet, not merges
-            left, right = _merge_parts(token, ranks)
-            merges.append(f"{text(left)} {text(right)}")
-    special = {"bos_token": GPT2_EOT, "eos_token": GPT2_EOT, "unk_token": GPT2_EOT}
-    tokenizer_config = {
-        "tokenizer_class": "GPT2Tokenizer",
-        "model_max_length": model_max_length,
-        "add_prefix_space": False,  # tiktoken does not add a leading space either
-        "add_bos_token": False,
-        **special,
-    }
-    return {
-        "vocab.json": json.dumps(vocab, ensure_ascii=False) + "\n",
-        "merges.txt": "\n".join(merges) + "\n",
-        "tokenizer_config.json": json.dumps(tokenizer_config, indent=2) + "\n",
-        "special_tokens_map.json": json.dumps(special, indent=2) + "\n",
-    }
-
-
 # ----------------------------------------------------------------------------- the script
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = cli.ArgumentParser(
         prog="export.py",
-        description="Write a checkpoint as a Hugging Face GPT-2 folder (config, safetensors, tokenizer).",
+        description="Write a checkpoint as a Hugging Face GPT-2 folder (config, safetensors, tokenizer), or "
+        "with --format gguf as one GGUF file for llama.cpp, ollama and LM Studio.",
     )
     parser.add_argument(
         "--ckpt", required=True, help="a checkpoint file, or an out_dir (best.pt, else last.pt)"
     )
-    parser.add_argument("--to", required=True, metavar="DIR", help="the folder to write")
-    parser.add_argument("--overwrite", action="store_true", help="allow writing into a non-empty DIR")
-    return parser.parse_args(argv)
+    parser.add_argument("--format", choices=("hf", "gguf"), default="hf",
+                        help="hf: a Hugging Face GPT-2 folder (--to DIR); gguf: a llama.cpp file (--out FILE)")
+    parser.add_argument("--to", metavar="DIR", help="the folder to write (--format hf)")
+    parser.add_argument("--out", metavar="FILE", help="the GGUF file to write (--format gguf)")
+    parser.add_argument("--dtype", choices=GGUF_DTYPES,
+                        help="the GGUF file's weights (default f32): f16 is half the size, q8_0 (8-bit) about a "
+                        "quarter, each faster to decode in llama.cpp")
+    parser.add_argument("--overwrite", action="store_true", help="allow writing into a non-empty DIR, or over FILE")
+    args = parser.parse_args(argv)
+    if args.format == "hf":
+        if args.to is None:
+            parser.error("--format hf needs --to DIR, the folder to write")
+        if args.out is not None or args.dtype is not None:
+            parser.error("--out and --dtype are for --format gguf; the Hugging Face export writes float32 to "
+                         "--to DIR")
+    else:
+        if args.out is None:
+            parser.error("--format gguf needs --out FILE, e.g. --out model.gguf")
+        if args.to is not None:
+            parser.error("--to is for --format hf; the GGUF export writes one file: --out FILE")
+        args.dtype = args.dtype or "f32"
+    return args
 
 
 def _size(n_bytes: int) -> str:
@@ -313,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     ckpt = load_checkpoint(args.ckpt)
     try:
-        model = model_from_checkpoint(ckpt)
+        model = model_from_checkpoint(ckpt)  # a LoRA checkpoint's adapters come merged into the weights
     except RuntimeError as e:  # load_state_dict's multi-line report: keep its first line
         raise CheckpointError(
             f"the checkpoint's weights do not fit its model_config: {str(e).splitlines()[0]}"
@@ -325,16 +254,33 @@ def main(argv: list[str] | None = None) -> None:
         raise CheckpointError(
             f"the checkpoint's tokenizer entry is a {type(meta).__name__}, not a dict; re-save it"
         )
+    c = model.config
+    what = (f"the step-{ckpt.get('step', '?')} model ({c.n_layer} layers, {c.n_head} heads, n_embd {c.n_embd}, "
+            f"vocab {c.vocab_size}, context {c.block_size})")
+
+    if args.format == "gguf":
+        try:
+            tokenizer = Tokenizer.from_meta(meta) if meta else None
+            template = chat.HF_CHAT_TEMPLATE if tokenizer and chat.is_chat_tokenizer(tokenizer) else None
+            gguf = export_gguf(model, args.out, meta, dtype=args.dtype, chat_template=template,
+                               overwrite=args.overwrite)
+        except OSError as e:  # writing the file: e.g. no permission, a full disk, a parent that is a file
+            raise ExportError(f"cannot write {args.out}: {cli.describe_os_error(e)}") from None
+        print(f"exported {what} to {gguf.path} ({_size(gguf.path.stat().st_size)}): llama.cpp's gpt2 "
+              f"architecture, {gguf.dtype} weights, tokenizer: {gguf.tokenizer}")
+        if gguf.f16_fallback:
+            print(f"note: {len(gguf.f16_fallback)} matrices have rows that are not a multiple of 32, the block "
+                  f"of q8_0, and are stored as f16 instead (as llama.cpp's converter does): "
+                  f"{', '.join(gguf.f16_fallback)}")
+        print(f"run it with llama.cpp: llama-completion -m {gguf.path} -no-cnv -p 'Hello' -n 100 (ollama, LM "
+              f"Studio and a chat model: README.md, \"Run it elsewhere: GGUF\")")
+        return
+
     try:
         result = export_hf(model, args.to, meta, overwrite=args.overwrite)
     except OSError as e:  # writing the folder: e.g. no permission, a full disk, a parent that is a file
-        raise ExportError(f"cannot write {args.to}: {cli.one_line(e)}") from None
-
-    c = model.config
-    print(
-        f"exported the step-{ckpt.get('step', '?')} model ({c.n_layer} layers, {c.n_head} heads, "
-        f"n_embd {c.n_embd}, vocab {c.vocab_size}, context {c.block_size}) to {result.out_dir}/:"
-    )
+        raise ExportError(f"cannot write {args.to}: {cli.describe_os_error(e)}") from None
+    print(f"exported {what} to {result.out_dir}/:")
     for name in result.files:
         print(f"  {name:<24} {_size((result.out_dir / name).stat().st_size):>10}")
     if result.notice:

@@ -62,8 +62,18 @@ class ChatTokens:
 
     @property
     def stop_ids(self) -> frozenset[int]:
-        """The tokens that end a reply: <|end|>, and <|endoftext|> in case the model skips it."""
-        return frozenset({self.end, self.begin})
+        """The tokens that end a reply: <|end|>, and any other marker (a reply never holds one: a model that
+        writes <|user|> has skipped its <|end|>)."""
+        return frozenset({self.end, self.begin, *self.role.values()})
+
+
+def is_chat_tokenizer(tokenizer: Any) -> bool:
+    """Whether the tokenizer has every special token of the template."""
+    try:
+        ChatTokens.of(tokenizer)
+    except ChatError:
+        return False
+    return True
 
 
 def check_messages(messages: Any, where: str = "messages") -> list[dict[str, str]]:

@@ -4,8 +4,9 @@ its tokenizer for the scripts that use one (sample.py, eval.py): `load_model(ckp
 A checkpoint is a dict of tensors and plain Python values (no pickled classes), so it loads with
 `torch.load(weights_only=True)`; the model state is the unwrapped model's (no `module.` / `_orig_mod.` prefixes).
 Keys written by train.py:
-    format, model_config, model, tokenizer (the dataset's meta.json), step, best_val_loss, config, argv,
-    versions, and for resuming: optimizer, scaler, loader, rng.
+    format, model_config, model, tokenizer (the dataset's meta.json; for a trained BPE with its files inline,
+    so the checkpoint needs no data/ folder), step, best_val_loss, config, argv, versions, and for resuming:
+    optimizer, scaler, loader, rng.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from gptkit import lora
 from gptkit.cli import UserError, one_line
 from gptkit.files import atomic_write
 from gptkit.hf_gpt2 import GPT2_NAMES, load_pretrained
+from gptkit.hf_tokenizer import GPTKIT_FILE
 from gptkit.shards import DataError
-from gptkit.tokenizer import Tokenizer
+from gptkit.tokenizer import Tokenizer, with_tokenizer_files
 from model import GPT, GPTConfig
 
 FORMAT_VERSION = 1
@@ -44,11 +46,12 @@ def build_checkpoint(*, model, optimizer, scaler, loader, meta: dict, config: di
                      best_val_loss: float, rng: list[dict], versions: dict, lora_info: dict | None = None) -> dict:
     """The checkpoint of a training run: a plain function of the run's state. `model` is the unwrapped
     model; `rng` holds every rank's RNG states (the dropout streams), in rank order. A LoRA run (lora_info:
-    its settings and its base's name and fingerprint) stores only the adapters of the model."""
+    its settings and its base's name and fingerprint) stores only the adapters of the model. A trained
+    tokenizer's files travel inside (`with_tokenizer_files`): sampling, serving and exporting need no data/."""
     weights = lora.adapter_state_dict(model) if lora_info else model.state_dict()
     return {
         "format": FORMAT_VERSION, "model_config": model.config.to_dict(), "model": weights, "lora": lora_info,
-        "tokenizer": meta, "step": step, "best_val_loss": best_val_loss, "config": config,
+        "tokenizer": with_tokenizer_files(meta), "step": step, "best_val_loss": best_val_loss, "config": config,
         "argv": ["train.py", *argv], "versions": versions, "optimizer": optimizer.state_dict(),
         "scaler": scaler.state_dict(), "loader": loader.state_dict(), "rng": rng,
     }
@@ -199,17 +202,20 @@ def _load_pretrained(name_or_path: str) -> GPT:
 
 
 def _pretrained_tokenizer(name_or_path: str) -> Tokenizer:
-    """Every OpenAI GPT-2 shares one BPE vocabulary. A folder exported from a character-level checkpoint
-    (export.py) carries its characters in char_vocab.json instead: there is no Hugging Face tokenizer for it."""
-    char_vocab = Path(name_or_path) / "char_vocab.json"
-    if name_or_path not in GPT2_NAMES and char_vocab.is_file():
-        try:
-            spec = json.loads(char_vocab.read_text(encoding="utf-8"))
-            if not isinstance(spec, dict):
-                raise DataError("it does not hold a JSON object")
-            return Tokenizer.from_meta(spec)
-        except (OSError, ValueError, DataError) as e:  # unreadable, not JSON (or UTF-8), not a char vocabulary
-            raise CheckpointError(f"cannot use {char_vocab}: {one_line(e)}") from None
+    """Every OpenAI GPT-2 shares one BPE vocabulary. A folder exported by export.py carries our own description
+    of its tokenizer (GPTKIT_FILE: any kind, special tokens included); older exports of character-level
+    models carry their characters in char_vocab.json."""
+    if name_or_path not in GPT2_NAMES:
+        for name in (GPTKIT_FILE, "char_vocab.json"):
+            path = Path(name_or_path) / name
+            if path.is_file():
+                try:
+                    meta = json.loads(path.read_text(encoding="utf-8"))
+                    if not isinstance(meta, dict):
+                        raise DataError("it does not hold a JSON object")
+                    return Tokenizer.from_meta(meta)
+                except (OSError, ValueError, DataError) as e:  # unreadable, not JSON (or UTF-8), not a tokenizer
+                    raise CheckpointError(f"cannot use {path}: {one_line(e)}") from None
     return Tokenizer.tiktoken("gpt2")
 
 

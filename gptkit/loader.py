@@ -15,6 +15,12 @@ Modes:
   * "random": start_k = splitmix64(seed, k) mod (number of valid starts): i.i.d.-like windows, any offset.
   * "epoch":  the split is cut into n_win non-overlapping windows; epoch e visits all of them once in the order
     of a permutation drawn from ``np.random.default_rng([seed, e])``.
+
+A chat dataset (prepare/chat.py) has a loss mask: y is -1 (no loss) wherever the target token is context (the
+system and user turns, the template's markers) and the token itself where it is trained (the assistant's
+replies). Its windows start where conversations start (at their <|endoftext|>), so a reply is always seen
+after its question: "random" draws among those starts, "epoch" visits each once per epoch; a window holds
+its conversation and, when that is shorter, the ones that follow.
 """
 
 from __future__ import annotations
@@ -55,10 +61,11 @@ def random_starts(seed: int, ks: np.ndarray, n_starts: int) -> np.ndarray:
 
 
 class _EpochOrder:
-    """Starts for "epoch" mode, caching the permutations of the epochs currently being read."""
+    """Window indices for "epoch" mode (0..n_win-1, each once per epoch), caching the permutations of the
+    epochs currently being read."""
 
-    def __init__(self, seed: int, n_win: int, block_size: int):
-        self.seed, self.n_win, self.block_size = seed, n_win, block_size
+    def __init__(self, seed: int, n_win: int):
+        self.seed, self.n_win = seed, n_win
         self._cache: dict[int, np.ndarray] = {}
 
     def _perm(self, epoch: int) -> np.ndarray:
@@ -68,14 +75,45 @@ class _EpochOrder:
             self._cache[epoch] = np.random.default_rng([self.seed, epoch]).permutation(self.n_win)
         return self._cache[epoch]
 
-    def starts(self, ks: np.ndarray) -> np.ndarray:
+    def windows(self, ks: np.ndarray) -> np.ndarray:
         ks = np.asarray(ks, dtype=np.int64)
         epochs, pos = np.divmod(ks, self.n_win)
         out = np.empty(len(ks), dtype=np.int64)
         for e in np.unique(epochs):
             sel = epochs == e
-            out[sel] = self._perm(int(e))[pos[sel]] * self.block_size
+            out[sel] = self._perm(int(e))[pos[sel]]
         return out
+
+
+def conversation_starts(dataset: TokenDataset, block_size: int, chunk: int = 1 << 24) -> np.ndarray:
+    """The positions of a chat dataset's conversation starts (its <|endoftext|> tokens) from which a whole
+    window of block_size + 1 tokens fits; a DataError if there is none."""
+    eot = dataset.meta.get("eot_id")
+    if not isinstance(eot, int):
+        raise DataError(f"{dataset.data_dir} has a loss mask but no end-of-text token to find its conversations "
+                        f"by; re-run prepare/chat.py")
+    found = []
+    for offset, shard in zip(dataset.offsets, dataset.shards):
+        for lo in range(0, len(shard), chunk):
+            found.append(np.flatnonzero(shard[lo : lo + chunk] == eot) + offset + lo)
+    starts = np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+    starts = starts[starts + block_size + 1 <= len(dataset)]
+    if not len(starts):
+        raise DataError(f"the {dataset.split} split of {dataset.data_dir} has no conversation start with "
+                        f"block_size + 1 = {block_size + 1} tokens after it; use a smaller --block_size or more data")
+    return starts.astype(np.int64)
+
+
+def read_batch(dataset: TokenDataset, starts: np.ndarray, block_size: int,
+               device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The windows at `starts` as x, y (B, T) on device; y is -1 where a loss mask says the target is context."""
+    windows = dataset.windows(starts, block_size + 1)
+    if dataset.masks is not None:
+        trained = dataset.masks.windows(starts, block_size + 1)[:, 1:] != 0
+        targets = np.where(trained, windows[:, 1:], -1)
+        windows = np.concatenate([windows[:, :-1], targets], axis=1)  # x, then y: split by _to_tensors
+        return _to_tensors(windows, device, split_at=block_size)
+    return _to_tensors(windows, device)
 
 
 def _check_common(
@@ -96,10 +134,16 @@ def _check_common(
         )
 
 
-def _to_tensors(windows: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, T+1) int64 windows -> contiguous x, y (B, T) on device."""
-    x = torch.from_numpy(np.ascontiguousarray(windows[:, :-1]))
-    y = torch.from_numpy(np.ascontiguousarray(windows[:, 1:]))
+def _to_tensors(windows: np.ndarray, device: torch.device,
+                split_at: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T+1) int64 windows -> contiguous x, y (B, T) on device (x the first T, y the last T); or, with
+    split_at=T, (B, 2T) rows that hold x and then y."""
+    if split_at is None:
+        x, y = windows[:, :-1], windows[:, 1:]
+    else:
+        x, y = windows[:, :split_at], windows[:, split_at:]
+    x = torch.from_numpy(np.ascontiguousarray(x))
+    y = torch.from_numpy(np.ascontiguousarray(y))
     if device.type == "cuda":
         # Pinned host memory lets the copy run asynchronously with the GPU's current work.
         x = x.pin_memory().to(device, non_blocking=True)
@@ -135,15 +179,22 @@ class BatchLoader:
         self.calls = 0  # c: number of next_batch() calls made so far
         self._prefetched: tuple[torch.Tensor, torch.Tensor] | None = None  # the batch of call c, read early
         n = len(self.dataset)
-        self.n_starts = n - block_size  # valid random starts: 0 .. n - block_size - 1
-        self.n_windows = (n - 1) // block_size  # non-overlapping windows of block_size + 1 tokens (epoch mode)
-        self._epoch = _EpochOrder(seed, self.n_windows, block_size) if mode == "epoch" else None
+        # A chat dataset's windows start at its conversations; others anywhere (random) or every block_size.
+        self.conversations = conversation_starts(self.dataset, block_size) if self.dataset.masks else None
+        if self.conversations is not None:
+            self.n_starts = self.n_windows = len(self.conversations)
+        else:
+            self.n_starts = n - block_size  # valid random starts: 0 .. n - block_size - 1
+            self.n_windows = (n - 1) // block_size  # non-overlapping windows of block_size + 1 tokens (epoch)
+        self._epoch = _EpochOrder(seed, self.n_windows) if mode == "epoch" else None
 
     def sample_starts(self, ks: np.ndarray) -> np.ndarray:
         """Start offsets of global samples ks (pure function of seed and k)."""
         if self._epoch is not None:
-            return self._epoch.starts(ks)
-        return random_starts(self.seed, ks, self.n_starts)
+            index = self._epoch.windows(ks)
+            return self.conversations[index] if self.conversations is not None else index * self.block_size
+        index = random_starts(self.seed, ks, self.n_starts)
+        return self.conversations[index] if self.conversations is not None else index
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         batch = self._prefetched if self._prefetched is not None else self._read(self.calls)
@@ -161,8 +212,7 @@ class BatchLoader:
     def _read(self, call: int) -> tuple[torch.Tensor, torch.Tensor]:
         first = (call * self.world_size + self.rank) * self.batch_size
         ks = np.arange(first, first + self.batch_size, dtype=np.int64)
-        windows = self.dataset.windows(self.sample_starts(ks), self.block_size + 1)
-        return _to_tensors(windows, self.device)
+        return read_batch(self.dataset, self.sample_starts(ks), self.block_size, self.device)
 
     @property
     def epoch(self) -> float:
@@ -227,7 +277,8 @@ class ValBatches:
         self.batch_size, self.block_size, self.n_batches, self.seed = batch_size, block_size, n_batches, seed
         self.rank, self.world_size = rank, world_size
         self.device = torch.device(device)
-        self.n_starts = len(self.dataset) - block_size
+        self.conversations = conversation_starts(self.dataset, block_size) if self.dataset.masks else None
+        self.n_starts = len(self.dataset) - block_size if self.conversations is None else len(self.conversations)
 
     def __len__(self) -> int:
         """Number of batches this rank yields."""
@@ -237,4 +288,6 @@ class ValBatches:
         for i in range(self.rank, self.n_batches, self.world_size):
             ks = np.arange(i * self.batch_size, (i + 1) * self.batch_size, dtype=np.int64)
             starts = random_starts(self.seed, ks, self.n_starts)
-            yield _to_tensors(self.dataset.windows(starts, self.block_size + 1), self.device)
+            if self.conversations is not None:
+                starts = self.conversations[starts]
+            yield read_batch(self.dataset, starts, self.block_size, self.device)

@@ -40,7 +40,8 @@ HEADER_SIZE = HEADER.size  # 32
 DTYPE_CODES: dict[int, np.dtype] = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
 META_NAME = "meta.json"
 SPLITS = ("train", "val")
-SHARD_RE = re.compile(r"^(train|val)_\d{6}\.bin$")
+# Token shards, and the loss-mask shards of a chat dataset (train_mask_000000.bin: 1 where the token is trained).
+SHARD_RE = re.compile(r"^(train|val)(_mask)?_\d{6}\.bin$")
 
 # Datasets that have their own prepare script: used to tell the user the exact command to run.
 PREPARE_COMMANDS = {
@@ -137,13 +138,18 @@ def open_shard(path: str | os.PathLike) -> np.ndarray:
 
 
 class ShardWriter:
-    """Streams tokens of one split into consecutive shards of ``shard_tokens`` tokens each.
+    """Streams tokens of one split into consecutive shards of ``shard_tokens`` tokens each, straight to disk.
 
-    Memory stays bounded by one shard: tokens are copied into a fixed buffer that is flushed to disk whenever it
-    fills up, which is what lets the big-corpus scripts run on machines with far less RAM than the corpus.
+    The shard being filled is ``NAME.part``: a placeholder header, then the tokens as they come. Once full (or
+    at ``close``) its header gets the count, and it is synced and renamed to NAME. Memory holds nothing but the
+    caller's array, whatever the shard size, which is what lets the big-corpus scripts run on machines with
+    far less RAM than the corpus. ``sync()`` makes everything written so far durable and returns the writer's
+    state; ``ShardWriter(..., state=that)`` continues from exactly there after a crash, dropping whatever was
+    written after that sync (how an interrupted prepare resumes).
     """
 
-    def __init__(self, out_dir: str | os.PathLike, split: str, vocab_size: int, shard_tokens: int = 100_000_000):
+    def __init__(self, out_dir: str | os.PathLike, split: str, vocab_size: int, shard_tokens: int = 100_000_000,
+                 state: dict[str, int] | None = None):
         if shard_tokens < 1:
             raise DataError(f"shard_tokens must be at least 1, got {shard_tokens}")
         self.out_dir = Path(out_dir)
@@ -152,39 +158,81 @@ class ShardWriter:
         self.shard_tokens = shard_tokens
         self.dtype = dtype_for_vocab(vocab_size)
         self.names: list[str] = []
-        self.tokens = 0  # total written (flushed or buffered)
-        self._buf: np.ndarray | None = None  # allocated on first use: np.empty is lazy, but keep it obvious
-        self._fill = 0
+        self.tokens = 0  # total written (in complete shards or the .part file)
+        self._fill = 0  # tokens in the shard being filled (its .part file)
+        if state is not None:
+            self._restore(state)
 
     def write(self, tokens: np.ndarray | Sequence[int]) -> None:
         arr = np.asarray(tokens)
         if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= self.vocab_size):
             raise DataError(f"a token id is outside the vocabulary [0, {self.vocab_size}) in the {self.split} split")
+        data = np.ascontiguousarray(arr, dtype=self.dtype)
         pos = 0
-        while pos < arr.size:
-            if self._buf is None:
-                self._buf = np.empty(self.shard_tokens, dtype=self.dtype)
-            take = min(arr.size - pos, self.shard_tokens - self._fill)
-            self._buf[self._fill : self._fill + take] = arr[pos : pos + take]
+        while pos < data.size:
+            take = min(data.size - pos, self.shard_tokens - self._fill)
+            part = self._part_path(len(self.names))
+            with open(part, "ab") as f:  # opened per call: no handle outlives a write, whatever happens next
+                if self._fill == 0:
+                    f.truncate(0)
+                    f.write(HEADER.pack(MAGIC, FORMAT_VERSION, self.dtype.itemsize, 0))  # the count comes last
+                f.write(memoryview(data[pos : pos + take]).cast("B"))
             self._fill += take
             pos += take
             if self._fill == self.shard_tokens:
-                self._flush()
-        self.tokens += int(arr.size)
+                self._complete()
+        self.tokens += int(data.size)
 
-    def _flush(self) -> None:
-        if self._fill == 0:
-            return
+    def sync(self) -> dict[str, int]:
+        """Make everything written so far durable; return the state to resume from."""
+        if self._fill:
+            with open(self._part_path(len(self.names)), "ab") as f:
+                os.fsync(f.fileno())
+        return {"shards": len(self.names), "part_tokens": self._fill, "tokens": self.tokens}
+
+    def close(self) -> list[str]:
+        """Complete the last partial shard; return the shard file names in order."""
+        if self._fill:
+            self._complete()
+        return list(self.names)
+
+    def _part_path(self, index: int) -> Path:
+        return self.out_dir / f"{shard_name(self.split, index)}.part"
+
+    def _complete(self) -> None:
+        part = self._part_path(len(self.names))
+        with open(part, "r+b") as f:
+            f.write(HEADER.pack(MAGIC, FORMAT_VERSION, self.dtype.itemsize, self._fill))
+            f.flush()
+            os.fsync(f.fileno())
         name = shard_name(self.split, len(self.names))
-        write_shard(self.out_dir / name, self._buf[: self._fill], self.vocab_size)
+        os.replace(part, self.out_dir / name)
         self.names.append(name)
         self._fill = 0
 
-    def close(self) -> list[str]:
-        """Flush the last partial shard; return the shard file names in order."""
-        self._flush()
-        self._buf = None
-        return list(self.names)
+    def _restore(self, state: dict[str, int]) -> None:
+        done, fill = int(state["shards"]), int(state["part_tokens"])
+        self.names = [shard_name(self.split, i) for i in range(done)]
+        for name in self.names:
+            read_header(self.out_dir / name)  # each complete shard is there, whole
+        part = self._part_path(done)
+        completed_since = self.out_dir / shard_name(self.split, done)
+        if completed_since.exists() and not part.exists():
+            os.replace(completed_since, part)  # filled and renamed after the sync: reopen it, cut back below
+        pattern = re.compile(rf"^{self.split}_(\d{{6}})\.bin(\.part)?$")
+        for path in self.out_dir.iterdir():
+            m = pattern.match(path.name)
+            if m and (int(m.group(1)) > done or (int(m.group(1)) < done and m.group(2))):
+                path.unlink()  # written after the sync, or a leftover
+        size = HEADER_SIZE + fill * self.dtype.itemsize
+        if fill == 0:
+            part.unlink(missing_ok=True)
+        elif not part.is_file() or part.stat().st_size < size:
+            raise DataError(f"{part} is missing or shorter than its saved state")
+        else:
+            os.truncate(part, size)
+        self._fill = fill
+        self.tokens = int(state["tokens"])
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -226,8 +274,8 @@ def _meta_problem(meta: Any) -> str | None:
         return f"format_version is {meta['format_version']!r}, this code supports {FORMAT_VERSION}"
     if not isinstance(meta["vocab_size"], int) or meta["vocab_size"] < 1:
         return "vocab_size must be a positive integer"
-    if not isinstance(meta["tokenizer"], dict) or meta["tokenizer"].get("kind") not in ("char", "tiktoken"):
-        return "tokenizer.kind must be 'char' or 'tiktoken'"
+    if not isinstance(meta["tokenizer"], dict) or meta["tokenizer"].get("kind") not in ("char", "tiktoken", "bpe"):
+        return "tokenizer.kind must be 'char', 'tiktoken' or 'bpe' (a trained BPE)"
     if not isinstance(meta["splits"], dict):
         return "splits must be an object"
     for split, entry in meta["splits"].items():
@@ -235,10 +283,12 @@ def _meta_problem(meta: Any) -> str | None:
             return f"splits.{split}.shards must be a list of file names"
         if not isinstance(entry.get("tokens"), int):
             return f"splits.{split}.tokens must be an integer"
-        for name in entry["shards"]:
+        if "masks" in entry and not isinstance(entry["masks"], list):
+            return f"splits.{split}.masks must be a list of file names"
+        for name in entry["shards"] + entry.get("masks", []):
             # Names only, never paths: a meta.json must not be able to point outside its folder.
             if not isinstance(name, str) or Path(name).name != name or not name.endswith(".bin"):
-                return f"splits.{split}.shards contains {name!r}, which is not a plain .bin file name"
+                return f"splits.{split} names {name!r}, which is not a plain .bin file name"
     return None
 
 
@@ -264,7 +314,7 @@ def make_meta(
 class TokenDataset:
     """All shards of one split, memory-mapped and addressed as a single concatenated stream of tokens."""
 
-    def __init__(self, data_dir: str | os.PathLike, split: str):
+    def __init__(self, data_dir: str | os.PathLike, split: str, stream: str = "shards"):
         self.data_dir = require_dataset(data_dir)
         self.split = split
         self.meta = read_meta(self.data_dir)
@@ -274,9 +324,9 @@ class TokenDataset:
                 f"{self.data_dir} has no {split!r} split (it has: {', '.join(sorted(splits)) or 'none'}); "
                 "re-run the prepare script"
             )
-        self.vocab_size: int = self.meta["vocab_size"]
-        self.shards = [open_shard(self.data_dir / name) for name in splits[split]["shards"]]
-        for name, shard in zip(splits[split]["shards"], self.shards):
+        self.vocab_size: int = self.meta["vocab_size"] if stream == "shards" else 2
+        self.shards = [open_shard(self.data_dir / name) for name in splits[split][stream]]
+        for name, shard in zip(splits[split][stream], self.shards):
             if shard.dtype.itemsize < dtype_for_vocab(self.vocab_size).itemsize:
                 raise DataError(f"{self.data_dir / name} is {shard.dtype} but vocab_size is {self.vocab_size}")
         # offsets[i] is the stream position of shard i's first token; offsets[-1] is the total length.
@@ -284,8 +334,12 @@ class TokenDataset:
         if int(self.offsets[-1]) != splits[split]["tokens"]:
             raise DataError(
                 f"{self.data_dir}/meta.json says the {split} split has {splits[split]['tokens']} tokens but its "
-                f"shards hold {int(self.offsets[-1])}; re-run the prepare script"
+                f"{stream} hold {int(self.offsets[-1])}; re-run the prepare script"
             )
+        # A chat dataset's loss mask (prepare/chat.py): for every token, 1 when it is trained (a target that
+        # carries loss: the assistant's replies), 0 when it is context only. The same stream layout.
+        self.masks = TokenDataset(data_dir, split, "masks") if stream == "shards" and "masks" in splits[split] \
+            else None
 
     def __len__(self) -> int:
         return int(self.offsets[-1])

@@ -1,10 +1,12 @@
 """Prepare a FineWeb sample (HuggingFaceFW/fineweb, or FineWeb-Edu with --edu) from the Hugging Face Hub.
 
     python prepare/fineweb.py [--edu] [--sample sample-10BT] [--streaming] [--num_proc N] [--shard_tokens N]
+                              [--tokenizer gpt2|char|NAME|PATH]
 
-Output goes to data/fineweb (or data/fineweb_edu). Each document is GPT-2-tokenised and followed by the
-end-of-text token; the first --val_tokens tokens (default: the first shard) are val, the rest train. The
-writer streams: at most one shard of tokens is in memory, whatever the corpus size.
+Output goes to data/fineweb (or data/fineweb_edu). Each document is tokenised (GPT-2's BPE by default) and
+followed by the end-of-text token; the first --val_tokens tokens (default: the first shard) are val, the rest
+train. As for prepare/openwebtext.py: flat memory, --num_proc processes with the same shards whatever their
+number, resumable after a kill, and a finished dataset is left alone unless --overwrite.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ def build_parser() -> cli.ArgumentParser:
     parser.add_argument("--edu", action="store_true", help="use FineWeb-Edu (HuggingFaceFW/fineweb-edu)")
     parser.add_argument("--sample", choices=SAMPLES, default="sample-10BT", help="which published sample")
     hub.add_corpus_args(parser)
+    script.add_tokenizer_arg(parser, "gpt2")
     script.add_common_args(parser, "fineweb (or fineweb_edu with --edu)")
     return parser
 
@@ -33,13 +36,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     started = time.perf_counter()
     name = "fineweb_edu" if args.edu else "fineweb"
-    out_dir = Path(args.out_dir or f"data/{name}")
-    meta = hub.prepare_gpt2_corpus(
+    out_dir = Path(args.out_dir or Path(args.data_root) / name)
+    hub.prepare_hub_corpus(
         out_dir, "HuggingFaceFW/fineweb-edu" if args.edu else "HuggingFaceFW/fineweb", args.sample,
         streaming=args.streaming, revision=args.revision, num_proc=args.num_proc,
-        shard_tokens=args.shard_tokens, val_tokens=args.val_tokens,
+        shard_tokens=args.shard_tokens, val_tokens=args.val_tokens, tokenizer=args.tokenizer,
+        overwrite=args.overwrite, data_root=args.data_root, started=started,
     )
-    script.print_summary(out_dir, meta, started)
 
 
 if __name__ == "__main__":

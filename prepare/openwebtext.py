@@ -1,12 +1,15 @@
 """Prepare OpenWebText (~9B GPT-2 tokens) from the Hugging Face Hub (Skylion007/openwebtext).
 
     python prepare/openwebtext.py [--streaming] [--num_proc N] [--shard_tokens 100000000] [--val_tokens N]
+                                  [--tokenizer gpt2|char|NAME|PATH]
 
-Each document is GPT-2-tokenised and followed by the end-of-text token (50256). The first --val_tokens
-tokens of the stream (default: one shard) are the val split, the rest train, in shards of --shard_tokens.
-Downloaded mode tokenises with datasets' map(num_proc=...) (cached, so an interrupted run resumes quickly);
---streaming reads the Hub on the fly and never stores the raw text. Either way the writer holds at most
-one shard of tokens in memory.
+Each document is tokenised (GPT-2's BPE by default, or a tokenizer trained with prepare/tokenizer.py) and
+followed by the end-of-text token. The first --val_tokens tokens of the corpus (default: one shard) are the
+val split, the rest train, in shards of --shard_tokens. Downloaded (the default), the Arrow files are read by
+--num_proc tokenizer processes; --streaming reads the Hub on the fly and never stores the raw text (and
+refuses --tokenizer char, whose vocabulary needs a first pass over the text). Memory stays flat whatever the
+corpus size, the shards are the same whatever --num_proc, a run that is killed continues where it stopped
+when run again, and a finished dataset is left alone (--overwrite prepares it again).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ HF_PATH = "Skylion007/openwebtext"
 def build_parser() -> cli.ArgumentParser:
     parser = script.make_parser(__doc__)
     hub.add_corpus_args(parser)
+    script.add_tokenizer_arg(parser, "gpt2")
     script.add_common_args(parser, NAME)
     return parser
 
@@ -33,12 +37,12 @@ def build_parser() -> cli.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     started = time.perf_counter()
-    out_dir = Path(args.out_dir or f"data/{NAME}")
-    meta = hub.prepare_gpt2_corpus(
+    out_dir = Path(args.out_dir or Path(args.data_root) / NAME)
+    hub.prepare_hub_corpus(
         out_dir, HF_PATH, streaming=args.streaming, revision=args.revision, num_proc=args.num_proc,
-        shard_tokens=args.shard_tokens, val_tokens=args.val_tokens,
+        shard_tokens=args.shard_tokens, val_tokens=args.val_tokens, tokenizer=args.tokenizer,
+        overwrite=args.overwrite, data_root=args.data_root, started=started,
     )
-    script.print_summary(out_dir, meta, started)
 
 
 if __name__ == "__main__":

@@ -432,7 +432,7 @@ def test_export_gpt2_tokenizer_matches_tiktoken(tmp_path, gpt2_encoding):
 
 def test_export_refuses_gpt2_meta_for_a_smaller_vocab(tmp_path):
     model = GPT(GPTConfig(block_size=8, vocab_size=65, n_layer=1, n_head=1, n_embd=8))
-    with pytest.raises(HFGPT2Error, match="vocab_size is 65, smaller than the GPT-2 tokenizer's 50257"):
+    with pytest.raises(HFGPT2Error, match="vocab_size is 65, smaller than its tokenizer's 50257"):
         export_hf(model, tmp_path / "export", {"kind": "tiktoken", "name": "gpt2"})
     assert not (tmp_path / "export").exists()
 
@@ -441,9 +441,9 @@ def test_export_char_model(tmp_path, tiny_model):
     chars = [chr(c) for c in range(32, 32 + 67)]
     meta = {"tokenizer": {"kind": "char", "chars": chars}, "vocab_size": 67, "eot_id": None}
     result = export_hf(tiny_model, tmp_path / "export", meta)
-    assert "character-level" in result.notice and "char_vocab.json" in result.notice
-    assert not result.has_tokenizer and not (tmp_path / "export" / "vocab.json").exists()
-    assert json.loads((tmp_path / "export" / "char_vocab.json").read_text())["chars"] == chars
+    assert result.notice is None and result.has_tokenizer and not (tmp_path / "export" / "vocab.json").exists()
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "export")  # a character tokenizer: exact ids
+    assert tok.encode("ABC !ab") == [chars.index(c) for c in "ABC !ab"]
     assert json.loads((tmp_path / "export" / "config.json").read_text())["eos_token_id"] is None
     exported = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "export").eval()
     idx = tokens(67)
@@ -457,17 +457,17 @@ def test_export_overwrite(tmp_path, tiny_model):
     (out / "notes.txt").write_text("mine")
     with pytest.raises(HFGPT2Error, match="not empty.*--overwrite"):
         export_hf(tiny_model, out)
-    export_hf(tiny_model, out, {"kind": "char", "chars": ["a"] * 67}, overwrite=True)
+    export_hf(tiny_model, out, {"kind": "char", "chars": [chr(65 + i) for i in range(67)]}, overwrite=True)
     assert not (out / "vocab.json").exists()  # stale tokenizer files would describe the wrong vocabulary
     assert (out / "notes.txt").read_text() == "mine"  # files that are not ours are left alone
-    assert (out / "char_vocab.json").is_file()
+    assert (out / "tokenizer.json").is_file()
 
 
 def test_failed_overwrite_leaves_the_old_export(tmp_path, tiny_model, monkeypatch):
     import safetensors.torch
 
     out = tmp_path / "export"
-    export_hf(tiny_model, out, {"kind": "char", "chars": ["a"] * 67})
+    export_hf(tiny_model, out, {"kind": "char", "chars": [chr(65 + i) for i in range(67)]})
     before = {p.name: p.read_bytes() for p in out.iterdir()}
 
     def full_disk(*args, **kwargs):
@@ -477,7 +477,7 @@ def test_failed_overwrite_leaves_the_old_export(tmp_path, tiny_model, monkeypatc
     torch.manual_seed(1)
     other = GPT(tiny_model.config)
     with pytest.raises(OSError, match="No space"):
-        export_hf(other, out, None, overwrite=True)  # would also drop char_vocab.json
+        export_hf(other, out, None, overwrite=True)  # would also drop tokenizer.json
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]  # the temporary folder is gone
 
@@ -503,10 +503,10 @@ def test_export_cli(tmp_path, tiny_model, tiny_config, capsys):
 
     export_main(["--ckpt", str(tmp_path / "out"), "--to", str(dest)])  # an out_dir: best.pt is found
     printed = capsys.readouterr().out
-    assert "model.safetensors" in printed and "char_vocab.json" in printed and "character-level" in printed
-    assert f"AutoModelForCausalLM.from_pretrained({str(dest)!r})" in printed
+    assert "model.safetensors" in printed and "tokenizer.json" in printed and "note:" not in printed
+    assert f"AutoTokenizer.from_pretrained({str(dest)!r})" in printed
     exported = transformers.GPT2LMHeadModel.from_pretrained(dest).eval()
-    assert exported.config.eos_token_id == 0
+    assert exported.config.eos_token_id is None  # a char vocabulary without <|endoftext|>: none
     idx = tokens(67)
     assert_logits_close(hf_logits(exported, idx), our_logits(tiny_model, idx))
 

@@ -1,30 +1,39 @@
-"""Corpora from the Hugging Face Hub, larger than memory: streamed through the tokenizer into shards.
+"""Corpora from the Hugging Face Hub, larger than memory: rows tokenised by the workers, streamed into shards.
 
-    meta = prepare_gpt2_corpus(out_dir, "Skylion007/openwebtext", streaming=True)   # openwebtext.py, fineweb.py
+    meta = prepare_hub_corpus(out_dir, "Skylion007/openwebtext", streaming=True)   # openwebtext.py, fineweb.py
+    meta = write_hf_corpus(out_dir, ds, tokenizer, source=..., val_fraction=0.1)    # text.py --hf_dataset
 
-A downloaded dataset is tokenised with ``Dataset.map(num_proc=...)`` (cached by datasets, so an interrupted
-run resumes quickly); a streaming one batch by batch in a thread pool as it arrives. Each document is
-followed by the end-of-text token. The first ``val_tokens`` tokens of the stream are val, the rest train,
-and the writer holds at most one shard of tokens in memory, whatever the corpus size.
+A downloaded Dataset (memory-mapped Arrow files) is sent to each worker once and read by them, ``ROWS_PER_TASK``
+rows per task; a streaming IterableDataset is read here and its texts sent to the workers. Each document is
+followed by the end-of-text token. Splits: the first ``val_tokens`` tokens of the corpus are val and the rest
+train; or, with ``val_fraction``, whole documents picked by ``ValRule``. Interrupted runs resume: at a row
+range for a Dataset, and for an IterableDataset from the position its ``state_dict()`` saved (datasets
+resumes at that data file and row); any other iterable of rows is read again from the start, without
+tokenising, up to the row.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from tqdm import tqdm
 
-from gptkit import shards
 from gptkit.cli import one_line
-from gptkit.prepare.local import encode_texts, with_eot
-from gptkit.prepare.writer import DEFAULT_SHARD_TOKENS, DatasetWriter, check_positive
+from gptkit.prepare import pipeline
+from gptkit.prepare.local import distinct_chars
+from gptkit.prepare.parallel import ordered_map
+from gptkit.prepare.pipeline import Result, ValRule
+from gptkit.prepare.writer import DEFAULT_SHARD_TOKENS, check_positive, make_fingerprint
 from gptkit.shards import DataError
-from gptkit.tokenizer import Tokenizer
+from gptkit.tokenizer import Tokenizer, resolve_tokenizer
+
+ROWS_PER_TASK = 256  # ~1 MB of web text
+PARALLEL_MIN_BYTES = 16 << 20  # a smaller downloaded dataset is tokenised in this process (see local.py)
 
 
 def add_corpus_args(parser: argparse.ArgumentParser) -> None:
@@ -35,24 +44,41 @@ def add_corpus_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--revision", default=None, help="dataset revision on the Hub (branch, tag or commit)")
 
 
-def prepare_gpt2_corpus(
+def prepare_hub_corpus(
     out_dir: Path,
     hf_path: str,
     config: str | None = None,
     *,
+    tokenizer: str = "gpt2",
     streaming: bool = False,
     revision: str | None = None,
     num_proc: int = 1,
     shard_tokens: int = DEFAULT_SHARD_TOKENS,
     val_tokens: int | None = None,
+    overwrite: bool = False,
+    data_root: str = "data",
+    started: float | None = None,
 ) -> dict[str, Any]:
-    """The "train" split of a Hub dataset (and config), GPT-2-tokenised, written to out_dir."""
-    tokenizer = Tokenizer.tiktoken("gpt2")  # fail fast (before any download) if the BPE files are missing
-    ds = load_hf_dataset(hf_path, config, split="train", streaming=streaming, revision=revision)
+    """The "train" split of a Hub dataset (and config), tokenised with the --tokenizer value, written to out_dir."""
+    if tokenizer == "char" and streaming:
+        raise DataError("--tokenizer char needs the whole corpus's characters before tokenising, which a stream "
+                        "gives only by reading it twice; drop --streaming (the corpus is downloaded, then read "
+                        "twice locally) or use another tokenizer")
+    # A bad --tokenizer (or missing BPE files) fails here, before any download.
+    tok = None if tokenizer == "char" else resolve_tokenizer(tokenizer, data_root=data_root)
+    check_positive(shard_tokens, "--shard_tokens")
     source = f"https://huggingface.co/datasets/{hf_path}" + (f" ({config})" if config else "")
-    return write_hf_corpus(
-        out_dir, ds, tokenizer, source=source, num_proc=num_proc, shard_tokens=shard_tokens, val_tokens=val_tokens
-    )
+    fp = make_fingerprint(hub=[hf_path, config, revision, "train", "text"],
+                          tokenizer=tok.to_meta() if tok else "char", shard_tokens=shard_tokens,
+                          val_tokens=val_tokens, rows_per_task=ROWS_PER_TASK)
+    meta = pipeline.already_prepared(out_dir, fp, overwrite)
+    if meta is not None:
+        return meta
+    ds = load_hf_dataset(hf_path, config, split="train", streaming=streaming, revision=revision)
+    if tok is None:
+        tok = resolve_tokenizer("char", data_root=data_root, chars=dataset_chars(ds, "text", num_proc))
+    return write_hf_corpus(out_dir, ds, tok, source=source, num_proc=num_proc, shard_tokens=shard_tokens,
+                           val_tokens=val_tokens, fingerprint=fp, started=started)
 
 
 def load_hf_dataset(path: str, name: str | None = None, *, split: str = "train", streaming: bool = False,
@@ -81,129 +107,157 @@ def write_hf_corpus(
     num_proc: int = 1,
     shard_tokens: int = DEFAULT_SHARD_TOKENS,
     val_tokens: int | None = None,
+    val_fraction: float | None = None,
+    fingerprint: str | None = None,
+    overwrite: bool = False,
+    started: float | None = None,
 ) -> dict[str, Any]:
-    """The whole big-corpus pipeline for any Dataset/IterableDataset (or iterable of {"text": ...} rows)."""
-    chunks = tokenize_hf_dataset(ds, tokenizer, text_column=text_column, num_proc=num_proc)
-    return write_token_stream(
-        out_dir, chunks, tokenizer, source=source, shard_tokens=shard_tokens, val_tokens=val_tokens, what=source
-    )
+    """The whole pipeline for a Dataset, an IterableDataset or any iterable of {text_column: ...} rows.
 
-
-def write_token_stream(
-    out_dir: Path,
-    chunks: Iterable[np.ndarray],
-    tokenizer: Tokenizer,
-    *,
-    source: str,
-    shard_tokens: int = DEFAULT_SHARD_TOKENS,
-    val_tokens: int | None = None,
-    what: str = "the corpus",
-) -> dict[str, Any]:
-    """Write a stream of token arrays (documents already followed by EOT): the first ``val_tokens`` tokens
-    (default: one shard's worth) are the val split, everything after is train.
-
-    Only one shard's buffer is held at a time (the val writer is closed before train starts filling), so
-    memory does not grow with the corpus. The size check happens at the end; a refused corpus is deleted.
+    Splits: the first val_tokens tokens (default one shard) are val; or, given val_fraction, whole documents
+    picked by ValRule (a Dataset only: it needs the number of rows). `fingerprint` identifies the input for
+    resuming and for "already prepared" (default: the source, column, tokenizer and options).
     """
-    val_target = shard_tokens if val_tokens is None else val_tokens
-    check_positive(val_target, "--val_tokens")
-    with DatasetWriter(out_dir, tokenizer, shard_tokens) as writer, tqdm(unit="tok", unit_scale=True, desc="writing") as bar:
-        n_val = 0
-        for arr in chunks:
-            bar.update(len(arr))
-            if n_val < val_target:
-                take = min(len(arr), val_target - n_val)
-                writer.write("val", arr[:take])
-                n_val += take
-                arr = arr[take:]
-                if n_val == val_target:
-                    writer.close_split("val")
-            if len(arr):
-                writer.write("train", arr)
-        return writer.finish(source, what)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Tokenising a Dataset or a stream
-
-
-_WORKER_TOKENIZERS: dict[str, Tokenizer] = {}
-
-
-def _tokenize_batch(batch: dict[str, list], *, spec: dict[str, Any], text_column: str) -> dict[str, list]:
-    """datasets.map function (runs in worker processes): each text -> its ids followed by EOT."""
-    key = repr(spec)
-    if key not in _WORKER_TOKENIZERS:
-        _WORKER_TOKENIZERS[key] = Tokenizer.from_meta(spec)
-    tok = _WORKER_TOKENIZERS[key]
-    dtype = shards.dtype_for_vocab(tok.vocab_size)
-    return {"ids": [with_eot(tok.encode_array(t or "").astype(dtype), tok.eot_id) for t in batch[text_column]]}
-
-
-def tokenize_hf_dataset(ds: Any, tokenizer: Tokenizer, *, text_column: str = "text", num_proc: int = 1,
-                        batch_docs: int = 1024) -> Iterator[np.ndarray]:
-    """Yield token chunks (several documents each, each followed by EOT) of a datasets Dataset or
-    IterableDataset, in order.
-
-    A downloaded Dataset is tokenised with ``Dataset.map(num_proc=...)`` (cached by datasets, so a re-run
-    skips it); a streaming IterableDataset is tokenised batch by batch in a thread pool as it arrives.
-    """
-    import datasets
-
     check_positive(num_proc, "--num_proc")
     columns = getattr(ds, "column_names", None)
     if columns is not None and text_column not in columns:
         raise DataError(f"the dataset has no column {text_column!r} (columns: {', '.join(columns)}); pass --text_column")
-    if isinstance(ds, datasets.Dataset):
-        value = "uint16" if shards.dtype_for_vocab(tokenizer.vocab_size).itemsize == 2 else "uint32"
-        mapped = ds.map(
-            _tokenize_batch,
-            batched=True,
-            num_proc=num_proc if num_proc > 1 else None,
-            remove_columns=ds.column_names,
-            fn_kwargs={"spec": tokenizer.to_meta(), "text_column": text_column},
-            features=datasets.Features({"ids": datasets.List(datasets.Value(value))}),
-            desc="tokenizing",
-        )
-        # Arrow batches: the flattened ids of a batch are one zero-copy numpy array.
-        for table in mapped.with_format("arrow").iter(batch_size=batch_docs):
-            for chunk in table.column("ids").chunks:
-                yield chunk.flatten().to_numpy(zero_copy_only=False)
-        return
-    yield from _tokenize_stream(ds, tokenizer, text_column, num_proc, batch_docs)
+    rows = _num_rows(ds)
+    if val_fraction is not None and rows is None:
+        raise DataError("--val_fraction needs a dataset whose size is known; download it instead of streaming")
+    val_rule = None if val_fraction is None else ValRule.for_documents(val_fraction, rows)
+    fp = fingerprint or make_fingerprint(source=source, column=text_column, tokenizer=tokenizer.to_meta(),
+                                         shard_tokens=shard_tokens, val_tokens=val_tokens,
+                                         val_fraction=val_fraction, rows_per_task=ROWS_PER_TASK)
+    meta = pipeline.already_prepared(out_dir, fp, overwrite)
+    if meta is not None:
+        return meta
+    workers = num_proc
+    if _is_dataset(ds):
+        extra = _text_only(ds, text_column)
+        workers = _workers(extra, num_proc)
+
+        def tasks(cursor: int | None) -> Iterator[RowTask]:
+            for start in range((cursor or 0) * ROWS_PER_TASK, len(ds), ROWS_PER_TASK):
+                yield RowTask(start // ROWS_PER_TASK + 1, start, min(start + ROWS_PER_TASK, len(ds)), None,
+                              text_column, val_rule)
+    else:
+        extra = None
+
+        def tasks(cursor: dict | None) -> Iterator[RowTask]:
+            return _stream_tasks(ds, text_column, val_rule, cursor)
+
+    job = pipeline.Job(out_dir, tokenizer, fp, source, tasks=tasks, work=encode_rows, workers=workers, extra=extra,
+                       shard_tokens=shard_tokens, val_tokens=None if val_rule else val_tokens, total=rows,
+                       unit="doc", what=source, started=started)
+    return pipeline.run(job)
 
 
-def _tokenize_stream(ds: Iterable[dict], tokenizer: Tokenizer, text_column: str, num_proc: int,
-                     batch_docs: int) -> Iterator[np.ndarray]:
-    with ThreadPoolExecutor(num_proc) as pool:
-        batch: list[str] = []
-        for row in _rows(ds, text_column):
-            batch.append(row)
-            if len(batch) == batch_docs:
-                yield _encode_docs(tokenizer, batch, num_proc, pool)
-                batch = []
-        if batch:
-            yield _encode_docs(tokenizer, batch, num_proc, pool)
+def dataset_chars(ds: Any, text_column: str, num_proc: int) -> str:
+    """Every character of a downloaded dataset's texts (--tokenizer char), read by the workers."""
+    if not _is_dataset(ds):
+        raise DataError("--tokenizer char needs a downloaded dataset (its characters are collected first)")
+    ranges = ((start, min(start + ROWS_PER_TASK, len(ds))) for start in range(0, len(ds), ROWS_PER_TASK))
+    texts = _text_only(ds, text_column)
+    chars: set[str] = set()
+    with tqdm(total=len(ds), unit="doc", unit_scale=True, desc="scanning") as bar:
+        for (start, end), found in ordered_map(_scan_rows, ranges, _workers(texts, num_proc),
+                                               initializer=pipeline.init_worker, initargs=(None, (texts, text_column))):
+            chars.update(found)
+            bar.update(end - start)
+    return "".join(sorted(chars))
 
 
-def _encode_docs(tokenizer: Tokenizer, docs: list[str], num_proc: int, pool: ThreadPoolExecutor) -> np.ndarray:
-    arrays = encode_texts(tokenizer, docs, num_proc, executor=pool, desc="batch")
-    return np.concatenate([with_eot(a, tokenizer.eot_id) for a in arrays])
+def _scan_rows(rows: tuple[int, int]) -> str:
+    ds, column = pipeline.worker_extra()
+    return distinct_chars("".join(t or "" for t in ds[rows[0]:rows[1]][column]))
 
 
-def _rows(ds: Iterable[dict], text_column: str) -> Iterator[str]:
-    """Texts of a streaming dataset; network failures mid-stream become one-line errors."""
-    it = iter(ds)
+# ----------------------------------------------------------------------------------------------------------
+# Tasks
+
+
+@dataclass(frozen=True)
+class RowTask:
+    """Rows [start, end) of the corpus: read from the workers' Dataset, or given as `texts` (a stream)."""
+
+    cursor: Any  # tasks done (a Dataset), or the stream's position after these rows
+    start: int
+    end: int
+    texts: list[str] | None
+    column: str
+    val_rule: ValRule | None  # None: the tokens are one "stream" (val is its first tokens)
+
+
+def encode_rows(task: RowTask) -> Result:
+    """A worker's job: tokenise a task's rows, each followed by the end-of-text token."""
+    tok = pipeline.worker_tokenizer()
+    texts = task.texts if task.texts is not None else pipeline.worker_extra()[task.start : task.end][task.column]
+    texts = [t or "" for t in texts]
+    if task.val_rule is None:
+        return Result({"stream": pipeline.encode_documents(tok, texts)}, len(texts), len(texts))
+    by_split: dict[str, list[str]] = {}
+    for i, text in enumerate(texts):
+        by_split.setdefault(task.val_rule.split(task.start + i), []).append(text)
+    return Result({s: pipeline.encode_documents(tok, ts) for s, ts in by_split.items()}, len(texts), len(texts))
+
+
+def _stream_tasks(ds: Iterable[dict], column: str, val_rule: ValRule | None,
+                  cursor: dict | None) -> Iterator[RowTask]:
+    """Batches of rows of a stream, each with the position to resume after it."""
+    done = 0 if cursor is None else cursor["rows"]
+    resumable = hasattr(ds, "state_dict") and hasattr(ds, "load_state_dict")
+    if cursor is not None and resumable and cursor.get("state") is not None:
+        ds.load_state_dict(cursor["state"])
+        it = iter(ds)
+    else:
+        it = itertools.islice(iter(ds), done, None)
     while True:
-        try:
-            row = next(it)
-        except StopIteration:
+        texts = [_text(row, column) for row in _read(it, ROWS_PER_TASK)]
+        if not texts:
             return
-        except Exception as e:
-            raise DataError(
-                f"reading the dataset stream failed ({type(e).__name__}: {one_line(e)}); check your network "
-                "connection and re-run"
-            ) from None
-        if text_column not in row:
-            raise DataError(f"the dataset has no column {text_column!r} (columns: {', '.join(row)}); pass --text_column")
-        yield row[text_column] or ""
+        state = ds.state_dict() if resumable else None
+        yield RowTask({"rows": done + len(texts), "state": state}, done, done + len(texts), texts, column, val_rule)
+        done += len(texts)
+
+
+def _read(it: Iterator[dict], n: int) -> list[dict]:
+    """Up to n rows; network failures mid-stream become one-line errors."""
+    try:
+        return list(itertools.islice(it, n))
+    except Exception as e:
+        raise DataError(f"reading the dataset stream failed ({type(e).__name__}: {one_line(e)}); check your network "
+                        "connection and run the same command again: it continues where it stopped") from None
+
+
+def _text(row: dict, column: str) -> str:
+    if column not in row:
+        raise DataError(f"the dataset has no column {column!r} (columns: {', '.join(row)}); pass --text_column")
+    return row[column] or ""
+
+
+def _text_only(ds: Any, column: str) -> Any:
+    """The Dataset with just its text column: what the workers read (and are sent: a memory-mapped Dataset
+    pickles as the paths of its files)."""
+    return ds.select_columns([column]) if len(ds.column_names) > 1 else ds
+
+
+def _workers(texts: Any, num_proc: int) -> int:
+    return num_proc if texts.data.nbytes >= PARALLEL_MIN_BYTES else 1
+
+
+def _is_dataset(ds: Any) -> bool:
+    import datasets
+
+    return isinstance(ds, datasets.Dataset)
+
+
+def _num_rows(ds: Any) -> int | None:
+    """The number of rows, when known (a Dataset, or a stream whose card says it)."""
+    if _is_dataset(ds):
+        return len(ds)
+    try:
+        return int(ds.info.splits[ds.split].num_examples) or None
+    except Exception:  # no info, no split sizes: the progress bar has no ETA
+        return None
+

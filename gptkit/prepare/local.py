@@ -1,22 +1,28 @@
-"""Text that fits in memory -> tokens -> a dataset folder: one file (Shakespeare, a book) or many documents.
+"""Local text -> tokens -> a dataset folder, streamed: a file (Shakespeare, a book, a 50 GB dump) or a folder.
 
-* Input: a local file (``--input PATH``), or a source URL downloaded once into the output folder.
-* Tokenising: a thread pool (tiktoken's Rust core releases the GIL); one long text is cut at line breaks
-  where GPT-2's pre-tokeniser always splits, so the tokens equal those of a single encode call.
-* Splits: one text is cut by characters (the first 1 - val_fraction are train); many documents are kept
-  whole, each followed by the end-of-text token, and a seeded random choice of them forms val.
+    meta = prepare_local("data/mine", "my_texts/", "gpt2", num_proc=8)
 
-The folder itself is written by ``prepare.writer``; corpora larger than memory go through ``prepare.hub``.
+* Input: ``--input PATH``, a UTF-8 file or a folder whose ``.txt`` files below it (sorted by path) are the
+  documents; or a source URL downloaded once into the output folder (``obtain_input``). A folder is walked
+  twice (sizes and fingerprint, then the work) instead of being listed, so millions of files cost no memory.
+* Work: tasks of about ``BLOCK_BYTES`` of input each, a byte range of a file or a group of small files, read
+  by the workers themselves, so the main process only writes. A document larger than a block is cut inside
+  it only at safe points (``gptkit/prepare/cuts.py``): its tokens equal those of one encode call.
+* Splits: one document (a file): the first (1 - val_fraction) of its characters are train, the rest val,
+  as always (so decode(train) + decode(val) is the file); that needs the character count first, from a
+  streaming scan. Many documents: each is followed by the end-of-text token and goes whole to the split
+  ``ValRule`` picks (a seeded hash of its position: about val_fraction of the documents).
+* ``--tokenizer char``: the vocabulary is the input's characters, collected by the same scan.
 """
 
 from __future__ import annotations
 
-import re
-import time
+import hashlib
+import os
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +32,18 @@ from tqdm import tqdm
 from gptkit import shards
 from gptkit.cli import one_line
 from gptkit.files import atomic_write
-from gptkit.prepare.writer import DEFAULT_SHARD_TOKENS, MIN_TOKENS, check_positive, write_splits
+from gptkit.prepare import cuts
+from gptkit.prepare.parallel import ordered_map
+from gptkit.prepare.pipeline import Job, Result, ValRule, already_prepared, run, worker_tokenizer
+from gptkit.prepare.writer import DEFAULT_SHARD_TOKENS, MIN_TOKENS, check_positive, make_fingerprint
 from gptkit.shards import DataError
-from gptkit.tokenizer import Tokenizer
+from gptkit.tokenizer import resolve_tokenizer
 
-CHUNK_CHARS = 1 << 18  # a long text is tokenised in ~256K-character pieces, spread over the workers
+BLOCK_BYTES = 1 << 20  # input per task: large enough that a task's overhead is noise, small enough to stream
+# Smaller inputs are tokenised in this process: starting the workers (~1 s: Python, numpy, the tokenizer) costs
+# more than they save (9 MB, loaded machine: 1.6 s in one process, 2.8 s with two workers).
+PARALLEL_MIN_BLOCKS = 16
+MAX_FILES_PER_TASK = 1024
 
 # ----------------------------------------------------------------------------------------------------------
 # Input
@@ -68,176 +81,300 @@ def obtain_input(input_path: str | None, url: str, out_dir: Path, filename: str 
     return download(url, out_dir / filename)
 
 
-def read_text(path: Path) -> str:
-    """Read a UTF-8 text file exactly (newline="" keeps "\\r\\n" as is, so decoding gives the file back)."""
-    try:
-        with open(path, encoding="utf-8", newline="") as f:
-            return f.read()
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path} is not UTF-8 text ({one_line(e)}); convert it to UTF-8 first") from None
-    except OSError as e:
-        raise DataError(f"cannot read {path} ({one_line(e)})") from None
-
-
-def require_text(text: str, what: str) -> None:
-    if not text:
-        raise DataError(f"{what} is empty; give a text with at least {MIN_TOKENS} tokens")
-
-
 def check_fraction(value: float, flag: str = "--val_fraction") -> None:
     if not 0.0 < value < 1.0:
         raise DataError(f"{flag} must be between 0 and 1 (exclusive), got {value}")
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Tokenising
+class LocalInput:
+    """A text file, or a folder whose .txt files below it are the documents, in sorted path order.
 
-
-# A whitespace run that contains a newline and is followed by a non-space character. Cutting just before the
-# run's last character gives exactly the pieces GPT-2's pre-tokeniser would produce on the whole text (it
-# always ends a piece there: trailing whitespace stays on its own, and the last space/newline either starts
-# the next word or stands alone), so chunked encoding equals whole-text encoding token for token.
-_SAFE_BREAK = re.compile(r"\n\s*(?=\S)")
-
-
-def split_points(text: str, chunk_chars: int = CHUNK_CHARS) -> list[int]:
-    """Cut positions 0 = c0 < c1 < ... < cn = len(text), about chunk_chars apart, only at safe line breaks."""
-    cuts = [0]
-    while cuts[-1] + chunk_chars < len(text):
-        m = _SAFE_BREAK.search(text, cuts[-1] + chunk_chars)
-        if m is None:  # no line break left: the rest is one piece (correct, just not parallel)
-            break
-        cuts.append(m.end() - 1)
-    cuts.append(len(text))
-    return cuts
-
-
-def encode_texts(
-    tokenizer: Tokenizer,
-    texts: Sequence[str],
-    num_proc: int,
-    *,
-    desc: str = "tokenizing",
-    executor: ThreadPoolExecutor | None = None,
-) -> list[np.ndarray]:
-    """Encode texts in order, on num_proc threads (or the given pool), each to the compact on-disk dtype.
-
-    tiktoken's Rust core releases the GIL, so threads scale across cores without pickling texts and token
-    arrays between processes (on an idle 2-core machine they beat a process pool: BENCHMARKS.md).
+    Attributes from one walk: ``documents`` (non-empty files), ``total_bytes``, ``fingerprint`` (paths, sizes
+    and modification times), ``single`` (the path when there is exactly one document, else None).
     """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if not self.path.exists():
+            raise DataError(f"--input {path} does not exist; give a text file or a folder of .txt files")
+        self.is_dir = self.path.is_dir()
+        digest = hashlib.sha256(str(self.path.resolve()).encode())
+        self.files_found = self.documents = self.total_bytes = 0
+        self.single: Path | None = None
+        for file, size, mtime in self.files():
+            digest.update(f"\0{file.relative_to(self.path) if self.is_dir else ''}\0{size}\0{mtime}".encode())
+            self.files_found += 1
+            if size:
+                self.documents += 1
+                self.total_bytes += size
+                self.single = file if self.documents == 1 else None
+        if self.is_dir and not self.files_found:
+            raise DataError(f"--input folder {path} contains no .txt files; add some or point at a text file")
+        self.fingerprint = digest.hexdigest()
+
+    def files(self) -> Iterator[tuple[Path, int, int]]:
+        """(path, size, mtime_ns) of every file, in order."""
+        if not self.is_dir:
+            st = self.path.stat()
+            yield self.path, st.st_size, st.st_mtime_ns
+            return
+        yield from _walk(self.path)
+
+
+def _walk(folder: Path) -> Iterator[tuple[Path, int, int]]:
+    """The .txt files below folder in the order of sorted(folder.rglob("*.txt")), one directory listed at a
+    time (symlinked folders are not entered, as rglob does)."""
+    with os.scandir(folder) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False):
+            yield from _walk(Path(entry.path))
+        elif entry.name.endswith(".txt") and entry.is_file():
+            st = entry.stat()
+            yield Path(entry.path), st.st_size, st.st_mtime_ns
+
+
+def _decode(data: bytes, path: str, offset: int) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path} is not UTF-8 text (byte {offset + e.start}: {one_line(e.reason)}); "
+                        "convert it to UTF-8 first") from None
+
+
+def _char_start(f: Any, pos: int, size: int) -> int:
+    """The first character boundary at or after byte pos (UTF-8 continuation bytes are 10xxxxxx)."""
+    f.seek(pos)
+    head = f.read(4)
+    skip = 0
+    while skip < len(head) and head[skip] & 0xC0 == 0x80:
+        skip += 1
+    return min(pos + skip, size)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The scan: character counts (one document's split) and the character set (--tokenizer char)
+
+
+@dataclass(frozen=True)
+class Block:
+    path: str
+    lo: int
+    hi: int
+    size: int  # the file's
+    want_chars: bool
+
+
+def scan_block(block: Block) -> tuple[int, str]:
+    """(characters in the block, the distinct characters if asked). Blocks start and end on the first
+    character boundary at or after their byte offsets, so every character is counted once."""
+    with open(block.path, "rb") as f:
+        lo = _char_start(f, block.lo, block.size)
+        hi = _char_start(f, block.hi, block.size)
+        f.seek(lo)
+        text = _decode(f.read(hi - lo), block.path, lo)
+    return len(text), (distinct_chars(text) if block.want_chars else "")
+
+
+def distinct_chars(text: str) -> str:
+    """The distinct characters of text, as a string (a count table over code points: ~100x set(text))."""
+    cps = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    common = np.flatnonzero(np.bincount(cps[cps < 0x10000], minlength=0x10000))
+    rare = np.unique(cps[cps >= 0x10000])
+    return "".join(map(chr, np.concatenate([common, rare]).tolist()))
+
+
+def _blocks(inp: LocalInput, block_bytes: int, want_chars: bool) -> Iterator[Block]:
+    for path, size, _ in inp.files():
+        for lo in range(0, size, block_bytes):
+            yield Block(str(path), lo, min(lo + block_bytes, size), size, want_chars)
+
+
+def scan(inp: LocalInput, block_bytes: int, want_chars: bool, workers: int) -> tuple[list[tuple[Block, int]], str]:
+    """([(block, its character count)], the input's distinct characters if asked)."""
+    counts: list[tuple[Block, int]] = []
+    chars: set[str] = set()
+    bar = tqdm(total=inp.total_bytes, unit="B", unit_scale=True, desc="scanning")
+    with bar:
+        for block, (n, found) in ordered_map(scan_block, _blocks(inp, block_bytes, want_chars), workers):
+            counts.append((block, n))
+            chars.update(found)
+            bar.update(block.hi - block.lo)
+    return counts, "".join(sorted(chars))
+
+
+def char_to_byte(counts: list[tuple[Block, int]], cut: int) -> int:
+    """The byte offset of character `cut` of a file, from its scan."""
+    before = 0
+    for block, n in counts:
+        if cut < before + n:
+            with open(block.path, "rb") as f:
+                lo, hi = _char_start(f, block.lo, block.size), _char_start(f, block.hi, block.size)
+                f.seek(lo)
+                text = _decode(f.read(hi - lo), block.path, lo)
+            return lo + len(text[: cut - before].encode("utf-8"))
+        before += n
+    return counts[-1][0].size
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The work: pieces of files, tokenised in the workers
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Bytes [lo, hi) of a document that spans [doc_lo, doc_hi) of a file. An end that is not the document's
+    own moves to the first safe cut at or after it: the piece before and the piece after agree on it."""
+
+    path: str
+    lo: int
+    hi: int
+    doc_lo: int
+    doc_hi: int
+    split: str
+    last: bool  # the document ends with this piece
+
+
+@dataclass(frozen=True)
+class PieceTask:
+    cursor: int  # tasks done once this one is written
+    pieces: tuple[Piece, ...]
+    rule: str  # the cut rule (cuts.py)
+    eot: bool  # end each document with the end-of-text token
+
+
+def read_piece(piece: Piece, rule: str) -> str:
+    with open(piece.path, "rb") as f:
+        lo, hi = piece.lo, piece.hi
+        if lo != piece.doc_lo:
+            lo = cuts.find_cut(f, lo, piece.doc_hi, rule, piece.path)
+        if hi != piece.doc_hi:
+            hi = cuts.find_cut(f, hi, piece.doc_hi, rule, piece.path)
+        f.seek(lo)
+        return _decode(f.read(max(hi - lo, 0)), piece.path, lo)
+
+
+def encode_pieces(task: PieceTask) -> Result:
+    """A worker's job: read, tokenise and sort a task's pieces into their splits."""
+    tok = worker_tokenizer()
+    dtype = shards.dtype_for_vocab(tok.vocab_size)
+    eot = np.array([] if tok.eot_id is None or not task.eot else [tok.eot_id], dtype=dtype)
+    out: dict[str, list[np.ndarray]] = {}
+    documents = 0
+    for piece in task.pieces:
+        parts = out.setdefault(piece.split, [])
+        parts.append(tok.encode_array(read_piece(piece, task.rule)).astype(dtype, copy=False))
+        if piece.last:
+            parts.append(eot)
+            documents += 1
+    tokens = {split: np.concatenate(parts) for split, parts in out.items()}
+    return Result(tokens, documents, sum(p.hi - p.lo for p in task.pieces))
+
+
+def _numbered(groups: Iterable[tuple[Piece, ...]], cursor: int | None, rule: str, eot: bool) -> Iterator[PieceTask]:
+    """The tasks after the first `cursor` (planning is cheap: skipping reads no text)."""
+    for i, pieces in enumerate(groups):
+        if i >= (cursor or 0):
+            yield PieceTask(i + 1, pieces, rule, eot)
+
+
+def _ranges(path: str, doc_lo: int, doc_hi: int, split: str, last: bool, block_bytes: int) -> Iterator[Piece]:
+    for lo in range(doc_lo, doc_hi, block_bytes):
+        hi = min(lo + block_bytes, doc_hi)
+        yield Piece(path, lo, hi, doc_lo, doc_hi, split, last and hi == doc_hi)
+
+
+def text_groups(path: str, size: int, cut: int, block_bytes: int) -> Iterator[tuple[Piece, ...]]:
+    """One document: bytes [0, cut) are train and [cut, size) val, one block per task."""
+    for piece in _ranges(path, 0, cut, "train", False, block_bytes):
+        yield (piece,)
+    for piece in _ranges(path, cut, size, "val", True, block_bytes):
+        yield (piece,)
+
+
+def document_groups(inp: LocalInput, val_rule: ValRule, block_bytes: int) -> Iterator[tuple[Piece, ...]]:
+    """Many documents: small files grouped up to a block, a large one cut into blocks."""
+    group: list[Piece] = []
+    group_bytes = 0
+    doc = 0
+    for path, size, _ in inp.files():
+        if not size:
+            continue
+        split = val_rule.split(doc)
+        doc += 1
+        if size > block_bytes:
+            if group:
+                yield tuple(group)
+                group, group_bytes = [], 0
+            for piece in _ranges(str(path), 0, size, split, True, block_bytes):
+                yield (piece,)
+            continue
+        group.append(Piece(str(path), 0, size, 0, size, split, True))
+        group_bytes += size
+        if group_bytes >= block_bytes or len(group) >= MAX_FILES_PER_TASK:
+            yield tuple(group)
+            group, group_bytes = [], 0
+    if group:
+        yield tuple(group)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The whole preparation
+
+
+def prepare_local(
+    out_dir: Path,
+    input_path: str | os.PathLike,
+    tokenizer: str = "gpt2",
+    *,
+    source: str | None = None,
+    val_fraction: float = 0.1,
+    num_proc: int = 1,
+    shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    overwrite: bool = False,
+    data_root: str | os.PathLike = "data",
+    started: float | None = None,
+) -> dict[str, Any]:
+    """Prepare a local file or folder with the tokenizer a --tokenizer value names; return meta.json.
+
+    A folder already prepared from the same input, tokenizer and options is left alone (and its meta.json
+    returned); an interrupted run of the same is continued. Every user mistake is a one-line DataError.
+    """
+    check_fraction(val_fraction)
     check_positive(num_proc, "--num_proc")
-    dtype = shards.dtype_for_vocab(tokenizer.vocab_size)
+    check_positive(shard_tokens, "--shard_tokens")
+    out_dir = Path(out_dir)
+    inp = LocalInput(input_path)
+    if not inp.documents:
+        raise DataError(f"the input ({inp.path}) is empty; give text with at least {MIN_TOKENS} tokens")
+    tok = None if tokenizer == "char" else resolve_tokenizer(tokenizer, data_root=data_root)
+    block_bytes = BLOCK_BYTES
+    fp = make_fingerprint(input=inp.fingerprint, tokenizer=tok.to_meta() if tok else "char",
+                          val_fraction=val_fraction, shard_tokens=shard_tokens, block_bytes=block_bytes)
+    meta = already_prepared(out_dir, fp, overwrite)
+    if meta is not None:
+        return meta
+    workers = num_proc if inp.total_bytes > PARALLEL_MIN_BLOCKS * block_bytes else 1
+    counts: list[tuple[Block, int]] = []
+    if inp.single is not None or tok is None:
+        single_only = LocalInput(inp.single) if inp.single is not None else inp
+        counts, chars = scan(single_only, block_bytes, tok is None, workers)
+        if tok is None:
+            tok = resolve_tokenizer("char", data_root=data_root, chars=chars)
+    rule = cuts.choose_rule(tok)
+    if inp.single is not None:
+        # One text: the split is by characters (round() as it always was, so existing datasets keep their bytes).
+        total_chars = sum(n for _, n in counts)
+        cut = char_to_byte(counts, round(total_chars * (1.0 - val_fraction)))
+        path, size = str(inp.single), inp.total_bytes
 
-    def collect(results: Iterable[np.ndarray]) -> list[np.ndarray]:
-        with tqdm(total=len(texts), desc=desc, unit="text", disable=len(texts) < 16) as bar:
-            out = []
-            for ids in results:
-                out.append(ids.astype(dtype, copy=False))
-                bar.update(1)
-            return out
+        def tasks(cursor: int | None) -> Iterator[PieceTask]:
+            return _numbered(text_groups(path, size, cut, block_bytes), cursor, rule, eot=False)
+    else:
+        val_rule = ValRule.for_documents(val_fraction, inp.documents)
 
-    if num_proc == 1 or len(texts) < 2:
-        return collect(map(tokenizer.encode_array, texts))
-    if executor is not None:
-        return collect(executor.map(tokenizer.encode_array, texts))
-    with ThreadPoolExecutor(num_proc) as pool:
-        return collect(pool.map(tokenizer.encode_array, texts))
+        def tasks(cursor: int | None) -> Iterator[PieceTask]:
+            return _numbered(document_groups(inp, val_rule, block_bytes), cursor, rule, eot=True)
 
-
-def encode_long_text(tokenizer: Tokenizer, text: str, num_proc: int) -> np.ndarray:
-    """Encode one long text in parallel by cutting it at safe line breaks (same tokens as one encode call)."""
-    cuts = split_points(text)
-    pieces = [text[a:b] for a, b in zip(cuts[:-1], cuts[1:])]  # at least one piece, "" for an empty text
-    return np.concatenate(encode_texts(tokenizer, pieces, num_proc))
-
-
-def with_eot(ids: np.ndarray, eot_id: int | None) -> np.ndarray:
-    """A document's tokens followed by the end-of-text token (when the tokenizer has one)."""
-    if eot_id is None:
-        return ids
-    return np.concatenate([ids, np.array([eot_id], dtype=ids.dtype)])
-
-
-def report_speed(tokens: int, seconds: float) -> None:
-    rate = tokens / seconds if seconds > 0 else float("inf")
-    print(f"tokenized {tokens:,} tokens in {seconds:.2f} s ({rate / 1e6:.2f} M tokens/s)")
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Splitting and writing
-
-
-def choose_val_docs(lengths: Sequence[int], val_fraction: float, seed: int = 0) -> np.ndarray:
-    """Pick whole documents for val: about val_fraction of all tokens, chosen at random (seeded, so re-runs
-    agree). A document is skipped if it would push val past twice its target, so one huge document cannot
-    swallow the split; at least one document goes to val and at least one stays in train."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    target = val_fraction * lengths.sum()
-    is_val = np.zeros(len(lengths), dtype=bool)
-    total, n_val = 0, 0
-    for i in np.random.default_rng(seed).permutation(len(lengths)):
-        if total >= target:
-            break
-        if total + lengths[i] <= 2 * target and n_val < len(lengths) - 1:
-            is_val[i] = True
-            total += int(lengths[i])
-            n_val += 1
-    if not is_val.any():
-        is_val[int(np.argmin(lengths))] = True
-    return is_val
-
-
-def prepare_single_text(
-    out_dir: Path,
-    text: str,
-    tokenizer: Tokenizer,
-    *,
-    val_fraction: float,
-    source: str,
-    num_proc: int = 1,
-    shard_tokens: int = DEFAULT_SHARD_TOKENS,
-) -> dict[str, Any]:
-    """One text: the first (1 - val_fraction) of its characters become train, the rest val.
-
-    Splitting the text (not the tokens) keeps decode(train) + decode(val) == text for every tokenizer.
-    No end-of-text token is added: it is a single document.
-    """
-    check_fraction(val_fraction)
-    require_text(text, "the input text")
-    cut = round(len(text) * (1.0 - val_fraction))
-    t0 = time.perf_counter()
-    train = encode_long_text(tokenizer, text[:cut], num_proc)
-    val = encode_long_text(tokenizer, text[cut:], num_proc)
-    report_speed(len(train) + len(val), time.perf_counter() - t0)
-    return write_splits(out_dir, tokenizer, {"train": [train], "val": [val]}, source, shard_tokens=shard_tokens)
-
-
-def prepare_documents(
-    out_dir: Path,
-    docs: Sequence[str],
-    tokenizer: Tokenizer,
-    *,
-    val_fraction: float,
-    source: str,
-    num_proc: int = 1,
-    shard_tokens: int = DEFAULT_SHARD_TOKENS,
-) -> dict[str, Any]:
-    """Many documents: each is followed by the end-of-text token (gpt2); whole documents go to val."""
-    check_fraction(val_fraction)
-    docs = [d for d in docs if d]
-    if not docs:
-        raise DataError(f"the input has no text; give documents with at least {MIN_TOKENS} tokens in total")
-    if len(docs) == 1:
-        return prepare_single_text(
-            out_dir, docs[0], tokenizer, val_fraction=val_fraction, source=source, num_proc=num_proc,
-            shard_tokens=shard_tokens,
-        )
-    t0 = time.perf_counter()
-    ids = [with_eot(a, tokenizer.eot_id) for a in encode_texts(tokenizer, docs, num_proc)]
-    report_speed(sum(len(a) for a in ids), time.perf_counter() - t0)
-    is_val = choose_val_docs([len(a) for a in ids], val_fraction)
-    splits = {
-        "train": [a for a, v in zip(ids, is_val) if not v],
-        "val": [a for a, v in zip(ids, is_val) if v],
-    }
-    return write_splits(out_dir, tokenizer, splits, source, shard_tokens=shard_tokens)
+    return run(Job(out_dir, tok, fp, source or str(input_path), tasks=tasks, work=encode_pieces, workers=workers,
+                   shard_tokens=shard_tokens, total=inp.total_bytes, started=started))

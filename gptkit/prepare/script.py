@@ -1,12 +1,9 @@
-"""What every prepare script's command line shares: the parser, --out_dir/--num_proc, the closing summary."""
+"""What every prepare script's command line shares: the parser, --tokenizer, --out_dir/--num_proc/--overwrite."""
 
 from __future__ import annotations
 
 import argparse
 import os
-import time
-from pathlib import Path
-from typing import Any
 
 from gptkit import cli
 
@@ -16,16 +13,24 @@ def make_parser(description: str) -> cli.ArgumentParser:
     return cli.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
-def add_common_args(parser: argparse.ArgumentParser, name: str) -> None:
-    """--out_dir and --num_proc, which every script has."""
-    parser.add_argument("--out_dir", default=None, help=f"output folder (default: data/{name})")
+def add_tokenizer_arg(parser: argparse.ArgumentParser, default: str) -> None:
     parser.add_argument(
-        "--num_proc", type=int, default=os.cpu_count() or 1, help="tokeniser workers (default: all CPU cores)"
+        "--tokenizer", default=default,
+        help=f"gpt2 (GPT-2's BPE), char (the text's characters), or the NAME (in DATA_ROOT/tokenizers) or "
+             f"PATH of a tokenizer trained with prepare/tokenizer.py (default: {default})",
     )
 
 
-def print_summary(out_dir: Path, meta: dict[str, Any], started: float) -> None:
-    """What was written (from its meta.json) and how long it took since `started` (time.perf_counter())."""
-    parts = [f"{s}: {e['tokens']:,} tokens in {len(e['shards'])} shard(s)" for s, e in meta["splits"].items()]
-    print(f"wrote {out_dir} (vocab_size {meta['vocab_size']}; {'; '.join(parts)})")
-    print(f"done in {time.perf_counter() - started:.2f} s")
+def add_common_args(parser: argparse.ArgumentParser, name: str) -> None:
+    """--data_root, --out_dir, --num_proc and --overwrite, which every script has."""
+    parser.add_argument("--data_root", default="data", help="the folder of datasets (DATA_ROOT/NAME) and of "
+                        "trained tokenizers (DATA_ROOT/tokenizers)")
+    parser.add_argument("--out_dir", default=None, help=f"output folder (default: DATA_ROOT/{name})")
+    parser.add_argument(
+        "--num_proc", type=int, default=os.cpu_count() or 1,
+        help="tokenizer processes (default: all CPU cores); the shards are the same whatever it is",
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true",
+        help="prepare again even if the folder already holds this dataset (or replace a different one)",
+    )

@@ -1,4 +1,4 @@
-"""Tiny Shakespeare (1.1M characters of plays), prepared with a character or the GPT-2 tokenizer.
+"""Tiny Shakespeare (1.1M characters of plays), prepared with any tokenizer (characters by default).
 
     from gptkit.prepare.tiny_shakespeare import DATASETS, prepare_shakespeare
     meta = prepare_shakespeare("data/shakespeare_char", "char")   # downloads the text once, then reuses it
@@ -21,10 +21,10 @@ from typing import Any
 from gptkit import cli
 from gptkit.prepare import local, script
 from gptkit.shards import DataError
-from gptkit.tokenizer import Tokenizer
+from gptkit.tokenizer import resolve_tokenizer
 
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
-# The two datasets made of the text: name (its script prepare/NAME.py, its folder data/NAME) -> tokenizer.
+# The two datasets made of the text: name (its script prepare/NAME.py, its folder data/NAME) -> default tokenizer.
 DATASETS = {"shakespeare_char": "char", "shakespeare": "gpt2"}
 
 
@@ -35,42 +35,43 @@ def prepare_shakespeare(
     *,
     val_fraction: float = 0.1,
     num_proc: int | None = None,
+    overwrite: bool = False,
+    data_root: str | os.PathLike = "data",
+    started: float | None = None,
 ) -> dict[str, Any]:
     """Prepare tiny Shakespeare in out_dir and return its meta.json contents.
 
-    tokenizer: "char" (the sorted characters of the text, 65) or "gpt2" (tiktoken's BPE). input_path: a
-    local copy of the text; without it the text is downloaded once into out_dir/input.txt and reused after.
-    num_proc: tokeniser threads (default: all CPU cores). Every failure (no network, a missing or empty
-    input, a folder that cannot be written) is a DataError with a one-line message.
+    tokenizer: a --tokenizer value: "char" (the sorted characters of the text, 65), "gpt2" (tiktoken's BPE),
+    or a trained tokenizer's NAME (under data_root/tokenizers/) or PATH. input_path: a local copy of the text;
+    without it the text is downloaded once into out_dir/input.txt and reused after. num_proc: tokenizer
+    processes (default: all CPU cores; this small text is tokenised in this process anyway). Every failure
+    (no network, a missing or empty input, a folder that cannot be written) is a DataError with a one-line
+    message.
     """
-    if tokenizer not in DATASETS.values():
-        raise DataError(f"unknown tokenizer {tokenizer!r}; use {' or '.join(DATASETS.values())}")
     out_dir = Path(out_dir)
+    if tokenizer != "char":
+        resolve_tokenizer(tokenizer, data_root=data_root)  # a bad name fails before any download
     try:
         path = local.obtain_input(None if input_path is None else str(input_path), URL, out_dir)
-        text = local.read_text(path)
-        local.require_text(text, str(path))
-        tok = Tokenizer.char_from_text(text) if tokenizer == "char" else Tokenizer.tiktoken(tokenizer)
-        source = URL if input_path is None else str(input_path)
-        num_proc = (os.cpu_count() or 1) if num_proc is None else num_proc
-        return local.prepare_single_text(
-            out_dir, text, tok, val_fraction=val_fraction, source=source, num_proc=num_proc
+        return local.prepare_local(
+            out_dir, path, tokenizer, source=URL if input_path is None else str(input_path),
+            val_fraction=val_fraction, num_proc=(os.cpu_count() or 1) if num_proc is None else num_proc,
+            overwrite=overwrite, data_root=data_root, started=started,
         )
     except OSError as e:  # e.g. an out_dir that cannot be written
         raise DataError(cli.describe_os_error(e)) from None
 
 
 def run_script(argv: Sequence[str] | None, name: str, description: str) -> None:
-    """The command line of both scripts (`name`: a key of DATASETS): --input, --val_fraction, --out_dir
-    (default data/NAME), --num_proc."""
+    """The command line of both scripts (`name`: a key of DATASETS): --input, --val_fraction, --tokenizer and
+    the common options (--out_dir default DATA_ROOT/NAME)."""
     parser = script.make_parser(description)
     parser.add_argument("--input", default=None, help="local copy of the text (default: download it)")
     parser.add_argument("--val_fraction", type=float, default=0.1, help="share of characters for val")
+    script.add_tokenizer_arg(parser, DATASETS[name])
     script.add_common_args(parser, name)
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    out_dir = Path(args.out_dir or f"data/{name}")
-    meta = prepare_shakespeare(
-        out_dir, DATASETS[name], args.input, val_fraction=args.val_fraction, num_proc=args.num_proc
-    )
-    script.print_summary(out_dir, meta, started)
+    prepare_shakespeare(Path(args.out_dir or Path(args.data_root) / name), args.tokenizer, args.input,
+                        val_fraction=args.val_fraction, num_proc=args.num_proc, overwrite=args.overwrite,
+                        data_root=args.data_root, started=started)

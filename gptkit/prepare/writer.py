@@ -3,30 +3,43 @@
 Every prepare script ends here, and the rules they share live here:
 
 * Size: a dataset must hold at least ``MIN_TOKENS`` tokens (4096 = four 1024-token GPT-2 contexts) and both
-  splits must be non-empty. Anything smaller cannot give a meaningful train/val split, so it is refused
-  *before* any shard is written (the streaming writers, which only know the size at the end, delete what
-  they wrote instead).
-* Idempotence: the same input gives the same bytes. Shards are deterministic, and meta.json keeps its
-  "created" date when nothing else changed, so a re-run rewrites identical files.
+  splits must be non-empty; the streaming writer only knows the size at the end, so a refused input's shards
+  are deleted then.
+* Staging: shards are written into ``out_dir/.partial`` and moved into place only by ``finish()``, after every
+  check has passed, so a run that fails or is killed half-way leaves an already prepared dataset in
+  ``out_dir`` exactly as it was.
+* Resume: ``checkpoint(cursor)`` makes the shards written so far durable and records, in
+  ``.partial/progress.json``, how far into the input they reach (the caller's cursor) and the run's
+  fingerprint (a hash of its input, tokenizer and options). A run that is killed (even with kill -9) or fails
+  after a checkpoint keeps ``.partial``; the next run with the same fingerprint continues from the last
+  checkpoint, dropping anything written after it, and so ends with the same bytes as an uninterrupted run.
+  Any other run starts afresh.
+* Never rewritten unless asked: meta.json records the fingerprint, so ``check_prepared`` recognises a folder
+  already prepared from the same input (nothing to do), and refuses to replace a different one without
+  ``overwrite``.
+* Idempotence: the same input gives the same bytes, meta.json included (it keeps its "created" date).
 * Consistency: meta.json is removed first and written last, so a folder with a meta.json is always complete.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from gptkit import shards
+from gptkit.files import OutDirLock, write_text_atomic
 from gptkit.shards import DataError
 from gptkit.tokenizer import Tokenizer
 
 MIN_TOKENS = 4096
 DEFAULT_SHARD_TOKENS = 100_000_000
+PIPELINE_VERSION = 2  # part of every fingerprint: a change to how tokens are produced invalidates old runs
 
 
 def check_positive(value: int, flag: str) -> None:
@@ -47,49 +60,136 @@ def check_sizes(counts: dict[str, int], what: str) -> None:
             raise DataError(f"{what} gives an empty {split} split; adjust --val_fraction / --val_tokens")
 
 
-class DatasetWriter:
-    """Writes the shards of both splits and, last, meta.json.
+def make_fingerprint(**parts: Any) -> str:
+    """A short hash of everything that determines a dataset's bytes (JSON-able values)."""
+    text = json.dumps({"pipeline": PIPELINE_VERSION, **parts}, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
 
-    Shards are written into a staging folder (``out_dir/.partial``) and moved into place only by ``finish()``,
-    after every check has passed: a run that fails half-way (a network drop during a 10B-token corpus, a
-    refused input) leaves an already prepared dataset in ``out_dir`` exactly as it was. Use as a context
-    manager: if anything fails before ``finish()``, the staging folder is removed (and ``out_dir`` too if this
-    run created it and it is empty). Each shard and meta.json is itself written atomically (``gptkit/shards.py``).
+
+def check_prepared(out_dir: Path, fingerprint: str, overwrite: bool = False) -> dict[str, Any] | None:
+    """The meta.json of out_dir when it was prepared by a run with this fingerprint (nothing to do), None when
+    there is nothing complete there (or overwrite), and a DataError when it holds a different dataset."""
+    try:
+        meta = shards.read_meta(out_dir)
+    except DataError:
+        return None
+    if overwrite:
+        return None
+    if meta.get("fingerprint") == fingerprint:
+        return meta
+    raise DataError(
+        f"{out_dir} already holds a dataset prepared from {meta.get('source', 'another input')} with other "
+        "input, tokenizer or options; pass --overwrite to replace it, or choose another --out_dir"
+    )
+
+
+class DatasetWriter:
+    """Writes the shards of both splits into the staging folder, resumably, then moves them into place.
+
+    Use as a context manager. ``resumed`` is the cursor dict of the last checkpoint when this run continues
+    an interrupted one (the writers already hold what was written up to it), else None. If anything fails
+    before ``finish()``, the staging folder is kept when a checkpoint exists (to resume) and removed otherwise
+    (with ``out_dir`` itself if this run created it and it is empty). A lock on ``out_dir`` keeps a second
+    prepare out of it meanwhile.
     """
 
     STAGING = ".partial"
+    PROGRESS = "progress.json"
 
-    def __init__(self, out_dir: Path, tokenizer: Tokenizer, shard_tokens: int = DEFAULT_SHARD_TOKENS):
+    def __init__(self, out_dir: Path, tokenizer: Tokenizer, shard_tokens: int = DEFAULT_SHARD_TOKENS, *,
+                 fingerprint: str = "", masks: bool = False):
         check_positive(shard_tokens, "--shard_tokens")
+        # With masks (a chat dataset), each split also gets a loss mask: one 0/1 per token, in its own shards.
+        self.streams = [*shards.SPLITS, *(f"{s}_mask" for s in shards.SPLITS if masks)]
         self.out_dir = Path(out_dir)
         self.tokenizer = tokenizer
         self.shard_tokens = shard_tokens
+        self.fingerprint = fingerprint
         self._created_dir = not self.out_dir.exists()
+        self._lock = OutDirLock(self.out_dir).acquire()
+        if self._lock.notice:
+            print(self._lock.notice)
         self.stage = self.out_dir / self.STAGING
-        shutil.rmtree(self.stage, ignore_errors=True)  # left over from a run that was killed
-        self.stage.mkdir(parents=True)
-        # Remember the old creation date, for byte-identical re-runs.
+        self._finished = False
         try:
+            # Remember the old creation date, for byte-identical re-runs.
             self._old_meta: dict[str, Any] | None = shards.read_meta(self.out_dir)
         except DataError:
             self._old_meta = None
-        self.writers = {s: shards.ShardWriter(self.stage, s, tokenizer.vocab_size, shard_tokens) for s in shards.SPLITS}
-        self._finished = False
+        try:
+            self.resumed, self.writers = self._resume()
+        except BaseException:
+            self._lock.release()
+            raise
+        self._checkpointed = self.resumed is not None
 
-    def write(self, split: str, tokens: np.ndarray) -> None:
+    def _resume(self) -> tuple[dict[str, Any] | None, dict[str, shards.ShardWriter]]:
+        progress = self._read_progress()
+        if progress is not None:
+            try:
+                writers = {s: self._shard_writer(s, progress["splits"][s]) for s in self.streams}
+                return progress["cursor"], writers
+            except (DataError, KeyError, TypeError, ValueError, OSError) as e:
+                print(f"cannot continue the interrupted run in {self.stage} ({e}); starting again")
+        elif self.stage.exists():
+            print(f"discarding {self.stage}: left by an interrupted run with other input, tokenizer or options")
+        shutil.rmtree(self.stage, ignore_errors=True)
+        self.stage.mkdir(parents=True)
+        return None, {s: self._shard_writer(s, None) for s in self.streams}
+
+    def _read_progress(self) -> dict[str, Any] | None:
+        try:
+            progress = json.loads((self.stage / self.PROGRESS).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        ok = isinstance(progress, dict) and self.fingerprint and progress.get("fingerprint") == self.fingerprint
+        return progress if ok else None
+
+    def _shard_writer(self, stream: str, state: dict[str, int] | None) -> shards.ShardWriter:
+        vocab = 2 if stream.endswith("_mask") else self.tokenizer.vocab_size
+        return shards.ShardWriter(self.stage, stream, vocab, self.shard_tokens, state=state)
+
+    def write(self, split: str, tokens: np.ndarray, mask: np.ndarray | None = None) -> None:
+        """Append tokens to a split; with masks, `mask` says which of them are trained (1) or context (0)."""
+        if (mask is None) != (f"{split}_mask" not in self.writers) or (mask is not None and len(mask) != len(tokens)):
+            raise ValueError("a dataset with loss masks needs one mask value per token (and one without, none)")
         self.writers[split].write(tokens)
+        if mask is not None:
+            self.writers[f"{split}_mask"].write(np.asarray(mask, dtype=np.uint16))
 
     def close_split(self, split: str) -> None:
-        """Flush a split early (frees its buffer: the streaming writer only ever holds one shard)."""
+        """Complete a split's last shard early (the streaming corpora's val split is written first)."""
         self.writers[split].close()
 
-    def finish(self, source: str, what: str = "the input") -> dict[str, Any]:
-        """Close all shards, check sizes, move the shards into place, write meta.json, and delete shards left
-        over from older runs."""
+    def tokens(self, split: str) -> int:
+        return self.writers[split].tokens
+
+    def shards_done(self) -> int:
+        return sum(len(w.names) for w in self.writers.values())
+
+    def checkpoint(self, cursor: dict[str, Any]) -> None:
+        """Make everything written so far durable and record that it covers the input up to `cursor`."""
+        states = {s: w.sync() for s, w in self.writers.items()}
+        progress = {"fingerprint": self.fingerprint, "splits": states, "cursor": cursor}
+        write_text_atomic(self.stage / self.PROGRESS, json.dumps(progress))
+        self._checkpointed = True
+
+    def finish(self, source: str, what: str = "the input", extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Complete all shards, check sizes, move the shards into place, write meta.json (with `extra` keys and
+        the fingerprint), and delete shards left over from older runs."""
         names = {s: w.close() for s, w in self.writers.items()}
-        check_sizes({s: w.tokens for s, w in self.writers.items()}, what)
+        try:
+            check_sizes({s: self.writers[s].tokens for s in shards.SPLITS}, what)
+        except DataError:
+            self.abort()
+            raise
         splits = {s: {"shards": names[s], "tokens": self.writers[s].tokens} for s in shards.SPLITS}
+        for s in shards.SPLITS:
+            if f"{s}_mask" in names:
+                splits[s]["masks"] = names[f"{s}_mask"]
         meta = shards.make_meta(self.tokenizer, splits, source)
+        meta.update(extra or {})
+        meta["fingerprint"] = self.fingerprint
         old = self._old_meta
         if old is not None and {**old, "created": None} == {**meta, "created": None}:
             meta["created"] = old["created"]  # nothing changed: keep the file byte-identical
@@ -105,34 +205,25 @@ class DatasetWriter:
             if (shards.SHARD_RE.match(path.name) and path.name not in keep) or path.name.endswith(".bin.tmp"):
                 path.unlink()
         self._finished = True
+        self._lock.release()
         return meta
 
     def abort(self) -> None:
+        """Remove the staging folder (and out_dir if this run created it and it is empty)."""
         shutil.rmtree(self.stage, ignore_errors=True)
+        self._lock.release()
         if self._created_dir and self.out_dir.is_dir() and not any(self.out_dir.iterdir()):
             self.out_dir.rmdir()
+        self._finished = True
 
     def __enter__(self) -> DatasetWriter:
         return self
 
     def __exit__(self, exc_type: Any, *_: Any) -> None:
-        if exc_type is not None and not self._finished:
+        if self._finished:
+            return
+        if exc_type is not None and self._checkpointed:
+            self._lock.release()  # keep the staging folder: the next run continues from the checkpoint
+            print(f"kept {self.stage}: run the same command again to continue from its last checkpoint")
+        else:
             self.abort()
-
-
-def write_splits(
-    out_dir: Path,
-    tokenizer: Tokenizer,
-    splits: dict[str, Sequence[np.ndarray]],
-    source: str,
-    *,
-    shard_tokens: int = DEFAULT_SHARD_TOKENS,
-    what: str = "the input",
-) -> dict[str, Any]:
-    """Write in-memory token arrays per split. Sizes are checked first, so a refused input writes nothing."""
-    check_sizes({s: sum(len(a) for a in arrays) for s, arrays in splits.items()}, what)
-    with DatasetWriter(out_dir, tokenizer, shard_tokens) as writer:
-        for split, arrays in splits.items():
-            for arr in arrays:
-                writer.write(split, arr)
-        return writer.finish(source, what)

@@ -1,0 +1,191 @@
+"""The chat template (gptkit/chat.py) and chat.py: the ids and trained flags of a conversation, the Hugging Face
+export's chat_template against transformers' apply_chat_template, history that fits the context, and chat.py
+driven through its stdin."""
+
+import queue
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import needs_gpt2_bpe
+
+from export import export_hf
+from gptkit.chat import ChatError, ChatTokens, check_messages, fit_history, prompt_ids, render
+from gptkit.checkpoint import save_checkpoint
+from gptkit.serving.engine import Engine, Finished, Request
+from gptkit.tokenizer import CHAT_SPECIALS, Tokenizer
+from model import GPT, GPTConfig
+
+REPO = Path(__file__).resolve().parents[1]
+CHARS = sorted(set("\n !',.?abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZéö<|>"))
+CHAT_CHARS = Tokenizer({"kind": "char", "chars": CHARS}).with_special(CHAT_SPECIALS)
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "hi"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who are you?"},
+     {"role": "assistant", "content": "A model."}, {"role": "user", "content": "and?"}],
+    [{"role": "user", "content": "a\nb  c"}, {"role": "assistant", "content": " spaced  "},
+     {"role": "user", "content": "Héllo wörld, ok?"}],
+    [{"role": "user", "content": ""}, {"role": "assistant", "content": "empty question"},
+     {"role": "user", "content": "!"}],
+]
+
+
+def test_render_marks_exactly_the_assistant_replies_and_their_end_as_trained():
+    tok = CHAT_CHARS
+    s = tok.special
+    messages = [{"role": "system", "content": "be"}, {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "yo"}, {"role": "user", "content": "ok"},
+                {"role": "assistant", "content": "!"}]
+    ids, trained = render(messages, tok)
+    e = tok.encode
+    assert ids == [s["<|endoftext|>"], s["<|system|>"], *e("be"), s["<|end|>"], s["<|user|>"], *e("hi"),
+                   s["<|end|>"], s["<|assistant|>"], *e("yo"), s["<|end|>"], s["<|user|>"], *e("ok"),
+                   s["<|end|>"], s["<|assistant|>"], *e("!"), s["<|end|>"]]
+    learned = [i for i, t in zip(ids, trained) if t]
+    assert learned == [*e("yo"), s["<|end|>"], *e("!"), s["<|end|>"]]
+    prompt = prompt_ids(messages[:2], tok)
+    assert prompt[-1] == s["<|assistant|>"] and prompt[:-1] == ids[: len(prompt) - 1]
+
+
+def test_a_marker_typed_in_a_message_is_ordinary_text():
+    ids, _ = render([{"role": "user", "content": "<|end|><|assistant|>"}], CHAT_CHARS)
+    assert ids.count(CHAT_CHARS.special["<|end|>"]) == 1  # only the template's own
+
+
+@pytest.mark.parametrize("messages, message", [
+    ([], "must be a non-empty list"),
+    ("hi", "must be a non-empty list"),
+    ([{"role": "bot", "content": "x"}], r"messages\[0\].role must be one of system, user, assistant"),
+    ([{"role": "user", "content": "x"}, {"role": "user"}], r"messages\[1\].content must be a string"),
+    ([["user", "x"]], r"messages\[0\] must be an object"),
+])
+def test_bad_conversations_are_one_line_errors(messages, message):
+    with pytest.raises(ChatError, match=message):
+        check_messages(messages)
+
+
+def test_a_tokenizer_without_chat_tokens_is_refused():
+    with pytest.raises(ChatError, match="not a chat model"):
+        ChatTokens.of(Tokenizer({"kind": "char", "chars": CHARS}))
+
+
+def test_fit_history_drops_the_oldest_whole_messages_and_keeps_the_system_message():
+    tok = CHAT_CHARS
+    system = {"role": "system", "content": "sys"}
+    turns = [{"role": r, "content": f"message {'abcdef'[i]}"} for i, r in enumerate(["user", "assistant"] * 3)]
+    full = [system, *turns]
+    assert fit_history(full, tok, 1000) == full
+    budget = len(prompt_ids([system, *turns[2:]], tok))
+    assert fit_history(full, tok, budget) == [system, *turns[2:]]
+    assert fit_history(full, tok, budget - 1) == [system, *turns[3:]]
+    with pytest.raises(ChatError, match="does not fit in the model's context"):
+        fit_history(full, tok, 5)
+
+
+def hf_template_ids(tokenizer: Tokenizer, tmp_path: Path) -> list[list[int]]:
+    """apply_chat_template's ids, for every conversation of CONVERSATIONS, on the export of a model with
+    this tokenizer."""
+    from transformers import AutoTokenizer
+
+    cfg = GPTConfig(block_size=64, vocab_size=tokenizer.vocab_size, n_layer=1, n_head=2, n_embd=32)
+    export_hf(GPT(cfg), tmp_path / "hf", {"tokenizer": tokenizer.to_meta()})
+    hf = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    out = []
+    for messages in CONVERSATIONS:
+        encoded = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        out.append(list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded))
+    return out
+
+
+def test_the_exported_chat_template_gives_our_prompt_ids_char(tmp_path):
+    assert hf_template_ids(CHAT_CHARS, tmp_path) == [prompt_ids(m, CHAT_CHARS) for m in CONVERSATIONS]
+
+
+@needs_gpt2_bpe
+def test_the_exported_chat_template_gives_our_prompt_ids_gpt2(tmp_path):
+    tok = Tokenizer.tiktoken("gpt2").with_special(CHAT_SPECIALS)
+    assert hf_template_ids(tok, tmp_path) == [prompt_ids(m, tok) for m in CONVERSATIONS]
+
+
+def test_a_model_without_chat_tokens_exports_no_template(tmp_path):
+    from transformers import AutoTokenizer
+
+    tok = Tokenizer({"kind": "char", "chars": CHARS})
+    export_hf(GPT(GPTConfig(block_size=64, vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_embd=32)),
+              tmp_path / "hf", {"tokenizer": tok.to_meta()})
+    assert AutoTokenizer.from_pretrained(tmp_path / "hf").chat_template is None
+
+
+# ----------------------------------------------------------------------------- chat.py
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory):
+    """A random tiny chat model (char tokenizer with the chat tokens) and its checkpoint."""
+    torch.manual_seed(0)
+    cfg = GPTConfig(block_size=256, vocab_size=CHAT_CHARS.vocab_size, n_layer=2, n_head=2, n_embd=32)
+    model = GPT(cfg).eval()
+    folder = tmp_path_factory.mktemp("chat") / "out"
+    folder.mkdir()
+    meta = {"tokenizer": CHAT_CHARS.to_meta(), "vocab_size": CHAT_CHARS.vocab_size, "eot_id": CHAT_CHARS.eot_id,
+            "splits": {}}
+    save_checkpoint({"format": 1, "model_config": cfg.to_dict(), "model": model.state_dict(), "tokenizer": meta,
+                     "step": 1, "config": {}}, folder / "best.pt")
+    return model, folder
+
+
+def engine_reply(model: GPT, messages: list[dict], max_new_tokens: int) -> str:
+    """The greedy reply the engine gives alone: the same code chat.py runs, so the texts must be equal."""
+    engine = Engine(model, max_batch=1).start()
+    events = queue.SimpleQueue()
+    engine.submit(Request(prompt_ids(messages, CHAT_CHARS), max_new_tokens, emit=events.put,
+                          stop_ids=ChatTokens.of(CHAT_CHARS).stop_ids))
+    tokens = []
+    while not isinstance(event := events.get(timeout=30), Finished):
+        tokens.append(event.id)
+    engine.stop()
+    return CHAT_CHARS.decode(tokens)
+
+
+def run_chat(folder: Path, stdin: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "chat.py", f"--ckpt={folder}", "--temperature=0", "--max_new_tokens=12",
+                           "--device=cpu", *args], input=stdin, capture_output=True, text=True, cwd=REPO,
+                          timeout=120)
+
+
+def test_chat_py_through_stdin_keeps_the_conversation(chat_model):
+    model, folder = chat_model
+    done = run_chat(folder, "hi there\n\n/system be nice\nwho?\n/reset\nhi there\n/quit\nnever read\n",
+                    "--system=sys")
+    assert done.returncode == 0, done.stderr
+    replies = done.stdout.split("\n\n")
+    first = engine_reply(model, [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi there"}], 12)
+    second = engine_reply(model, [{"role": "system", "content": "be nice"}, {"role": "user", "content": "who?"}],
+                          12)
+    assert replies[:3] == [first, second, first]  # /system started over; /reset went back to --system
+    assert replies[3] == "" and len(replies) == 4  # /quit: nothing after it is read
+    assert "a new conversation, system: 'be nice'" in done.stderr
+
+
+def test_chat_py_sends_the_history_with_each_message(chat_model):
+    model, folder = chat_model
+    done = run_chat(folder, "one\ntwo\n")
+    assert done.returncode == 0, done.stderr
+    first = engine_reply(model, [{"role": "user", "content": "one"}], 12)
+    history = [{"role": "user", "content": "one"}, {"role": "assistant", "content": first},
+               {"role": "user", "content": "two"}]
+    assert done.stdout.split("\n\n")[:2] == [first, engine_reply(model, history, 12)]
+
+
+def test_chat_py_refuses_a_model_without_chat_tokens(tmp_path):
+    tok = Tokenizer({"kind": "char", "chars": CHARS})
+    cfg = GPTConfig(block_size=32, vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_embd=32)
+    (tmp_path / "out").mkdir()
+    meta = {"tokenizer": tok.to_meta(), "vocab_size": tok.vocab_size, "eot_id": None, "splits": {}}
+    save_checkpoint({"format": 1, "model_config": cfg.to_dict(), "model": GPT(cfg).state_dict(), "tokenizer": meta,
+                     "step": 1, "config": {}}, tmp_path / "out" / "best.pt")
+    done = run_chat(tmp_path / "out", "hi\n")
+    assert done.returncode == 1 and done.stderr.strip().splitlines()[-1].startswith("error: this model's tokenizer")
