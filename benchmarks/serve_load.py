@@ -1,0 +1,229 @@
+"""Serving throughput under load: 1, 4 and 16 concurrent streaming clients (the official `openai` client)
+against serve.py on this machine; prints total generated tokens/s and the time to first token (median, p99).
+
+    python benchmarks/serve_load.py                                   # starts serve.py on the baby model
+    python benchmarks/serve_load.py --clients 1,4,16 --requests 4 --seconds 60 --max_tokens 128
+    python benchmarks/serve_load.py --url http://127.0.0.1:8000       # a server already running here
+
+Without --url it writes a random-weights checkpoint of configs/shakespeare.py's shape (6 layers, 6 heads, 384
+wide, context 256, the 65 characters of tiny Shakespeare: speed does not depend on the weights) into a
+temporary folder, starts `serve.py --port 0` on it (127.0.0.1, --max_batch 16 by default), and stops it at the
+end. A --url must be http://127.0.0.1:PORT: this load generator is for one's own machine, never somebody
+else's. Each level runs `clients` clients, each sending up to --requests streamed completions one after
+another (a new one only within --seconds of the level's start; one in flight finishes), with a prompt of
+~60 characters, temperature 1 and a seed of its own. The clients run in this process on one event loop, so
+on a small machine they share its cores with the server, as the issue's target asks.
+
+A level's tokens/s is all the completion tokens it received over its wall time (first request sent to last
+reply done); time to first token is from sending a request to its first piece of text, queueing included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a file from anywhere: the scripts and gptkit are in the checkout
+
+from gptkit import cli  # noqa: E402
+from gptkit.config import read_config_file  # noqa: E402
+
+SHAKESPEARE_CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # its 65 characters
+PROMPT = "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, "
+
+
+class LoadError(cli.UserError):
+    """A bad option, a URL not on this machine, a server that does not start."""
+
+
+# ----------------------------------------------------------------------------- the server
+
+
+def write_baby_checkpoint(folder: Path) -> Path:
+    """Random weights in configs/shakespeare.py's shape, saved as train.py saves a checkpoint."""
+    folder.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    from gptkit.checkpoint import save_checkpoint
+    from gptkit.tokenizer import Tokenizer
+    from model import GPT, GPTConfig
+
+    shape = read_config_file(str(REPO / "configs" / "shakespeare.py"))
+    tokenizer = Tokenizer({"kind": "char", "chars": list(SHAKESPEARE_CHARS)})
+    cfg = GPTConfig(vocab_size=tokenizer.vocab_size, dropout=0.0,
+                    **{k: shape[k] for k in ("block_size", "n_layer", "n_head", "n_embd", "bias")})
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    meta = {"format_version": 1, "tokenizer": tokenizer.to_meta(), "vocab_size": tokenizer.vocab_size,
+            "eot_id": None, "splits": {}}
+    state = {"format": 1, "model_config": cfg.to_dict(), "model": model.state_dict(), "tokenizer": meta,
+             "step": 0, "config": {}}
+    save_checkpoint(state, folder / "best.pt")
+    return folder
+
+
+class LocalServer:
+    """serve.py in a subprocess on a free 127.0.0.1 port; its stderr goes to a file beside the checkpoint."""
+
+    def __init__(self, ckpt: Path, max_batch: int, timeout: float = 120):
+        self.log = ckpt / "serve.log"
+        with open(self.log, "w") as log:
+            command = [sys.executable, str(REPO / "serve.py"), f"--ckpt={ckpt}", "--port=0",
+                       f"--max_batch={max_batch}"]
+            self.proc = subprocess.Popen(command, cwd=REPO, stderr=log)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = self.log.read_text()
+            if "serve.py: serving" in text:
+                line = next(x for x in text.splitlines() if x.startswith("serve.py: serving"))
+                self.url = line.split("http://")[1].split()[0].removesuffix("/v1")
+                self.url = "http://" + self.url
+                print(text.strip(), file=sys.stderr)
+                return
+            if self.proc.poll() is not None:
+                raise LoadError(f"serve.py exited: {text.strip().splitlines()[-1] if text.strip() else '?'}")
+            time.sleep(0.2)
+        self.stop()
+        raise LoadError(f"serve.py did not start within {timeout:.0f} s")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def check_url(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "http" or parts.hostname != "127.0.0.1" or parts.port is None:
+        raise LoadError(f"--url {url!r}: only a server on this machine, http://127.0.0.1:PORT")
+    return f"http://127.0.0.1:{parts.port}"
+
+
+# ----------------------------------------------------------------------------- the clients
+
+
+@dataclass
+class Result:
+    tokens: int
+    first_token_s: float | None  # None: no text came
+
+
+async def one_request(client, model: str, max_tokens: int, seed: int) -> Result:
+    start = time.perf_counter()
+    first, tokens = None, 0
+    stream = await client.completions.create(model=model, prompt=PROMPT, max_tokens=max_tokens,
+                                             temperature=1.0, seed=seed, stream=True,
+                                             stream_options={"include_usage": True})
+    async for chunk in stream:
+        if first is None and chunk.choices and chunk.choices[0].text:
+            first = time.perf_counter() - start
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    return Result(tokens, first)
+
+
+async def run_level(url: str, model: str, clients: int, requests: int, seconds: float,
+                    max_tokens: int) -> tuple[list[Result], float]:
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=seconds + 60)
+    results: list[Result] = []
+    start = time.perf_counter()
+
+    async def worker(w: int) -> None:
+        for r in range(requests):
+            if time.perf_counter() - start > seconds:
+                return
+            results.append(await one_request(client, model, max_tokens, seed=w * 1000 + r))
+
+    try:
+        await asyncio.gather(*(worker(w) for w in range(clients)))
+    finally:
+        await client.close()
+    return results, time.perf_counter() - start
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The nearest-rank percentile: a value that was measured."""
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, int(-(-q * len(ordered) // 100)) - 1))]
+
+
+def served_model(url: str) -> str:
+    import openai
+
+    with openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=30) as client:
+        return client.models.list().data[0].id
+
+
+@cli.entry_point()
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", default="", help="a running server, http://127.0.0.1:PORT (default: start one)")
+    p.add_argument("--clients", default="1,4,16", help="comma-separated numbers of concurrent clients")
+    p.add_argument("--requests", type=int, default=4, help="requests per client per level (at most)")
+    p.add_argument("--seconds", type=float, default=60, help="no new request after this long in a level")
+    p.add_argument("--max_tokens", type=int, default=128, help="tokens per reply")
+    p.add_argument("--max_batch", type=int, default=16, help="the started server's --max_batch")
+    args = p.parse_args(argv)
+    try:
+        levels = [int(c) for c in args.clients.split(",")]
+    except ValueError:
+        raise LoadError(f"--clients {args.clients!r}: comma-separated integers, e.g. 1,4,16") from None
+    if min(levels) < 1 or args.requests < 1 or args.seconds <= 0 or args.max_tokens < 1:
+        raise LoadError("--clients, --requests, --seconds and --max_tokens must be positive")
+    if importlib.util.find_spec("openai") is None:
+        raise LoadError("the load generator's clients need the openai package: pip install -e \".[dev]\"")
+
+    server = None
+    scratch = tempfile.TemporaryDirectory(prefix="serve_load-")
+    if args.url:
+        url = check_url(args.url)
+    else:
+        server = LocalServer(write_baby_checkpoint(Path(scratch.name) / "baby-shakespeare"), args.max_batch)
+        url = server.url
+    try:
+        model = served_model(url)
+        asyncio.run(run_level(url, model, 1, 1, args.seconds, 8))  # warm-up: a first request's one-off costs
+        rows = []
+        for clients in levels:
+            results, wall = asyncio.run(run_level(url, model, clients, args.requests, args.seconds,
+                                                  args.max_tokens))
+            tokens = sum(r.tokens for r in results)
+            firsts = [r.first_token_s for r in results if r.first_token_s is not None]
+            rows.append((clients, len(results), tokens, wall, tokens / wall,
+                         statistics.median(firsts) if firsts else float("nan"),
+                         percentile(firsts, 99) if firsts else float("nan")))
+            print(f"  {clients} clients: {len(results)} requests, {tokens} tokens in {wall:.1f} s",
+                  file=sys.stderr, flush=True)
+    finally:
+        if server is not None:
+            server.stop()
+        scratch.cleanup()
+    base = rows[0][4]
+    print(f"serve_load: {model} at {url}, {args.max_tokens} tokens per reply, cpu count {os.cpu_count()}")
+    print("| clients | requests | tokens | seconds | tokens/s | vs first row | TTFT median | TTFT p99 |")
+    print("|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for clients, n, tokens, wall, rate, median, p99 in rows:
+        print(f"| {clients} | {n} | {tokens} | {wall:.1f} | {rate:.0f} | {rate / base:.2f}x | "
+              f"{median * 1000:.0f} ms | {p99 * 1000:.0f} ms |")
+
+
+if __name__ == "__main__":
+    main()

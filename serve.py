@@ -1,0 +1,193 @@
+"""Serve a model over HTTP with the OpenAI API, to many clients at once.
+
+    python serve.py --ckpt out-chat/ --port 8000          # http://127.0.0.1:8000/v1
+    python serve.py --init_from gpt2 --max_batch 32       # GPT-2 as a text-completion model
+    python serve.py --ckpt out-chat/ --host 0.0.0.0       # reachable from other machines: no authentication!
+
+Any OpenAI client then talks to it (base_url http://127.0.0.1:8000/v1, any api_key): /v1/models,
+/v1/completions, /v1/chat/completions (for a model with the chat tokens: train.py on prepare/chat.py's data),
+streamed or not; GET /health says how busy it is. gptkit/serving/routes.py has the API (what is supported, the
+errors), gptkit/serving/engine.py decodes the requests together: a request joins the running batch between
+two decode steps and leaves it when done, so clients do not wait for each other.
+
+A full queue (--max_batch rows decoding, --max_queue waiting) answers 429 at once. SIGTERM or Ctrl-C stops
+accepting connections, finishes the replies in flight, and exits with code 0 (a second Ctrl-C: at once).
+Needs the optional packages of `pip install -e ".[serve]"` (Starlette and uvicorn).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import signal
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from gptkit import checkpoint, cli
+from gptkit.chat import ChatError, ChatTokens
+from gptkit.config import ConfigError, load_config, setting
+from gptkit.runtime import setup_runtime
+from gptkit.serving.engine import Engine
+
+
+class ServeError(cli.UserError):
+    """The server cannot start: packages missing, the address taken."""
+
+
+@dataclass
+class ServeConfig:
+    # what to serve
+    ckpt: str = setting("", "checkpoint file, or an out_dir (best.pt if present, else last.pt); 'out' if "
+                            "neither is given")
+    init_from: str = setting("", "instead of --ckpt: OpenAI GPT-2 weights (gpt2, gpt2-medium, gpt2-large, "
+                                 "gpt2-xl) or a local HF GPT-2 folder")
+    model_name: str = setting("", "the model's id in the API (/v1/models, the requests' 'model'); default: "
+                                  "the checkpoint's folder name, or the --init_from name")
+    # where
+    host: str = setting("127.0.0.1", "address to listen on; 127.0.0.1 serves this machine only, 0.0.0.0 "
+                                     "every network (there is no authentication)")
+    port: int = setting(8000, "TCP port; 0 = any free one (the line on stderr says which)")
+    # how much at once
+    max_batch: int = setting(16, "requests decoded together (rows of the KV cache)")
+    max_queue: int = setting(64, "requests waiting for a row; beyond it a request gets 429 at once")
+    # how to run
+    device: str = setting("auto", "auto (cuda > mps > cpu), cpu, cuda, cuda:N or mps")
+    dtype: str = setting(
+        "auto",
+        "weights' precision: auto (bf16 on CUDA, fp16 where bf16 is unsupported; fp32 elsewhere), float32, "
+        "bfloat16, float16",
+        ("auto", "float32", "bfloat16", "float16"),
+    )
+    access_log: bool = setting(False, "log every request on stderr")
+
+    def validate(self) -> None:
+        if self.ckpt and self.init_from:
+            raise ConfigError("give either --ckpt or --init_from, not both")
+        if self.init_from in ("scratch", "resume"):
+            raise ConfigError(f"--init_from={self.init_from} is a train.py option; to serve a trained run "
+                              f"use --ckpt=OUT_DIR")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be in 0..65535 (0 = any free port), got {self.port}")
+        if self.max_batch < 1:
+            raise ConfigError(f"max_batch must be >= 1, got {self.max_batch}")
+        if self.max_queue < 0:
+            raise ConfigError(f"max_queue must be >= 0, got {self.max_queue}")
+        if not self.host:
+            raise ConfigError("host must not be empty (127.0.0.1: this machine only)")
+
+    def served_name(self) -> str:
+        """--model_name, or the name of what is loaded: out-chat/best.pt -> 'out-chat', gpt2 -> 'gpt2'."""
+        if self.model_name:
+            return self.model_name
+        if self.init_from:
+            return Path(self.init_from).name if Path(self.init_from).exists() else self.init_from
+        path = Path(self.ckpt or "out").resolve()
+        return (path.parent if path.suffix == ".pt" else path).name
+
+
+def check_packages() -> None:
+    missing = [name for name in ("starlette", "uvicorn") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ServeError(f"serving needs {' and '.join(missing)}, not installed here: "
+                         f"pip install -e \".[serve]\"")
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before the model loads: a taken port fails in a second, not after."""
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        return socket.create_server(address, family=family)  # SO_REUSEADDR: a restart need not wait
+    except socket.gaierror as e:
+        raise ServeError(f"--host {host!r} is not an address of this machine ({e.strerror})") from None
+    except OSError as e:
+        raise ServeError(f"cannot listen on {host}:{port}: {cli.describe_os_error(e)} (another server there? "
+                         f"choose another --port)") from None
+
+
+def serve(app, sock: socket.socket, cfg: ServeConfig, on_stop) -> None:
+    """Run uvicorn on `sock` until SIGTERM or Ctrl-C, then let it finish the replies in flight. `on_stop` is
+    called once, at the first signal."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            # uvicorn's own re-raises the signal once it has shut down, so the process would die of SIGTERM
+            # after a clean shutdown; here a signal ends the server and the process exits 0.
+            loop = asyncio.get_running_loop()  # entered from uvicorn's serve() coroutine
+
+            def handle(sig, frame):
+                if not self.should_exit:  # on the loop: a print in a signal handler can interrupt a print
+                    loop.call_soon_threadsafe(on_stop, signal.Signals(sig).name)
+                self.handle_exit(sig, frame)  # uvicorn's: a second Ctrl-C forces the exit
+
+            previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    config = uvicorn.Config(app, lifespan="off", log_level="info" if cfg.access_log else "warning",
+                            access_log=cfg.access_log, timeout_graceful_shutdown=None)
+    Server(config).run(sockets=[sock])
+
+
+@cli.entry_point(oom_hint="try a smaller --max_batch or --dtype=bfloat16")
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    cfg = load_config(ServeConfig, argv, allow_files=False, prog="serve.py")
+    check_packages()
+    sock = listen(cfg.host, cfg.port)
+    with contextlib.closing(sock):
+        run(cfg, sock)
+
+
+def run(cfg: ServeConfig, sock: socket.socket) -> None:
+    """Load the model, serve it on `sock` until a signal, finish the replies in flight."""
+    from gptkit.serving.routes import create_app  # here, after check_packages: it needs Starlette
+
+    rt = setup_runtime(cfg.device, cfg.dtype)
+    model, tokenizer, what = checkpoint.load_model(cfg.ckpt, cfg.init_from)
+    model.to(device=rt.device, dtype=rt.dtype)  # the weights themselves, as sample.py: decoding reads them
+    engine = Engine(model, max_batch=cfg.max_batch, max_queue=cfg.max_queue)
+    app = create_app(engine, tokenizer, cfg.served_name())
+    chat = "chat model" if _is_chat(tokenizer) else "text model (no chat tokens: /v1/completions only)"
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"serve.py: {what}, {model.num_params() / 1e6:.2f}M parameters, {tokenizer.kind} tokenizer, "
+          f"{chat}; {rt.device} {rt.dtype_name}; max_batch {cfg.max_batch}, max_queue {cfg.max_queue}",
+          file=sys.stderr)
+    if host not in ("127.0.0.1", "::1", "localhost"):
+        print(f"serve.py: listening on {host}: reachable from other machines, with no authentication",
+              file=sys.stderr)
+    print(f"serve.py: serving {cfg.served_name()!r} at http://{shown}:{port}/v1 (SIGTERM or Ctrl-C stops it)",
+          file=sys.stderr, flush=True)
+
+    def on_stop(name: str) -> None:
+        active, waiting = engine.load
+        engine.stop(timeout=0)  # new requests get 503; the accepted ones are decoded to their end
+        print(f"serve.py: {name}: no new requests; finishing the {active + waiting} in flight",
+              file=sys.stderr, flush=True)
+
+    engine.start()
+    try:
+        serve(app, sock, cfg, on_stop)
+    finally:
+        engine.stop()
+    print("serve.py: stopped", file=sys.stderr)
+
+
+def _is_chat(tokenizer) -> bool:
+    try:
+        ChatTokens.of(tokenizer)
+        return True
+    except ChatError:
+        return False
+
+
+if __name__ == "__main__":
+    main()

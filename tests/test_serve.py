@@ -1,0 +1,528 @@
+"""serve.py and gptkit/serving/routes.py: the OpenAI-compatible server, started in a subprocess on a free
+127.0.0.1 port and driven by the official `openai` client (raw HTTP for what a client cannot send). Greedy
+replies are checked against gptkit.generate.generate on the same prompt ids."""
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import confident_model
+
+openai = pytest.importorskip("openai", reason="the tests' client: pip install -e \".[dev]\"")
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("starlette", reason="serving needs it: pip install -e \".[serve]\"")
+pytest.importorskip("uvicorn", reason="serving needs it: pip install -e \".[serve]\"")
+
+import serve  # noqa: E402  (after the skips: the server's packages are optional)
+from gptkit.chat import ChatTokens, prompt_ids  # noqa: E402
+from gptkit.checkpoint import save_checkpoint  # noqa: E402
+from gptkit.generate import SamplingOptions, generate  # noqa: E402
+from gptkit.serving.routes import ReplyText  # noqa: E402
+from gptkit.tokenizer import CHAT_SPECIALS, Tokenizer  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+CHARS = sorted({chr(c) for c in range(32, 127)} | {"\n"})  # ids 0..95; the chat specials take 96..100
+TRAINED = 48  # the chat model learned positions 0..47: its greedy replies are tested inside them
+CHAT_BLOCK = 256
+TEXT_BLOCK = 4096  # the text model's replies are long: they are still decoding while a test looks
+WAIT = 60  # seconds: the bound on every wait, so that a broken server fails a test instead of hanging it
+
+
+# ----------------------------------------------------------------------------- models and servers
+
+
+def save(folder: Path, model: GPT, tokenizer: Tokenizer) -> Path:
+    meta = {"format_version": 1, "tokenizer": tokenizer.to_meta(), "vocab_size": tokenizer.vocab_size,
+            "eot_id": tokenizer.eot_id, "splits": {}}
+    save_checkpoint({"format": 1, "model_config": model.config.to_dict(), "model": model.state_dict(),
+                     "tokenizer": meta, "step": 1, "config": {}}, folder / "best.pt")
+    return folder
+
+
+class Server:
+    """serve.py in a subprocess (started here, then `ready`): its URL, an openai client, its stderr lines."""
+
+    def __init__(self, ckpt: Path, *args: str):
+        # One thread: on tiny matrices more threads only add synchronisation, and on the 2 shared cores of a
+        # test run they fight the other processes (up to ~8x slower, measured).
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        command = [sys.executable, "serve.py", f"--ckpt={ckpt}", "--port=0", "--device=cpu", *args]
+        self.proc = subprocess.Popen(command, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+        self.lines: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self.stderr: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def ready(self) -> "Server":
+        line = self.wait_for_line("serve.py: serving")
+        self.url = "http://" + line.split("http://")[1].split()[0].removesuffix("/v1")
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, timeout=WAIT)
+        self.model = line.split("'")[1]
+        return self
+
+    def _read(self):
+        for line in self.proc.stderr:  # drained all along, or a full pipe would block the server
+            self.stderr.append(line)
+            self.lines.put(line)
+
+    def wait_for_line(self, start: str) -> str:
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=1)
+            except queue.Empty:
+                assert self.proc.poll() is None, f"serve.py exited: {''.join(self.stderr)}"
+                continue
+            if line.startswith(start):
+                return line
+        raise AssertionError(f"serve.py did not say {start!r} within {WAIT} s: {''.join(self.stderr)}")
+
+    def post(self, path: str, body, **kwargs) -> httpx.Response:
+        content = body if isinstance(body, (str, bytes)) else json.dumps(body)
+        return httpx.post(self.url + path, content=content, timeout=kwargs.pop("timeout", WAIT), **kwargs)
+
+    def health(self) -> dict:
+        return httpx.get(self.url + "/health", timeout=WAIT).json()
+
+    def wait_until_idle(self) -> dict:
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:
+            h = self.health()
+            if h["active"] == h["waiting"] == 0:
+                return h
+            time.sleep(0.02)
+        raise AssertionError(f"the server is still busy after {WAIT} s: {self.health()}")
+
+    def stop(self):
+        if hasattr(self, "client"):
+            self.client.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=WAIT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The references decode in this process: one thread, for the reason given in Server."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def trained_chat_model() -> tuple[GPT, Tokenizer]:
+    """A char-level chat model (the chat special tokens after the 96 characters) trained to count in steps of
+    3: its greedy replies have logit margins of several units, far above the rounding differences between
+    decoding in a batch and alone. It learned positions up to TRAINED; the rest of its context is
+    untrained."""
+    tokenizer = Tokenizer({"kind": "char", "chars": CHARS}).with_special(CHAT_SPECIALS)
+    shape = dict(vocab_size=tokenizer.vocab_size, n_layer=2, n_head=2, n_embd=32, dropout=0.0)
+    trained = confident_model(GPTConfig(block_size=TRAINED, **shape), "cpu", steps=80)
+    model = GPT(GPTConfig(block_size=CHAT_BLOCK, **shape))
+    state = trained.state_dict()
+    wpe = model.transformer.wpe.weight.detach().clone()
+    wpe[:TRAINED] = state["transformer.wpe.weight"]
+    model.load_state_dict({**state, "transformer.wpe.weight": wpe})
+    return model.eval(), tokenizer
+
+
+@pytest.fixture(scope="module")
+def text_ckpt(tmp_path_factory):
+    """Random weights, characters without special tokens: no stop token, so a reply runs to max_tokens, and
+    with a long context that takes seconds (a test can watch it being decoded)."""
+    tokenizer = Tokenizer({"kind": "char", "chars": CHARS})
+    torch.manual_seed(1)
+    cfg = GPTConfig(block_size=TEXT_BLOCK, vocab_size=tokenizer.vocab_size, n_layer=2, n_head=2, n_embd=32)
+    model = GPT(cfg)
+    return save(tmp_path_factory.mktemp("serve") / "out-text", model, tokenizer)
+
+
+@pytest.fixture(scope="module")
+def servers(text_ckpt, tmp_path_factory):
+    """The module's two servers, started side by side (the text one starts while the chat model trains):
+    the chat model with 4 rows and 4 places in the queue (8 requests at once fill both), and the text model
+    with 2 and 2."""
+    started = [Server(text_ckpt, "--max_batch=2", "--max_queue=2", "--model_name=babbler")]
+    try:
+        chat_model = trained_chat_model()
+        ckpt = save(tmp_path_factory.mktemp("serve") / "out-chat", *chat_model)
+        started.append(Server(ckpt, "--max_batch=4", "--max_queue=4"))
+        yield chat_model, started[1].ready(), started[0].ready()
+    finally:
+        for server in started:
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def chat_model(servers):
+    return servers[0]
+
+
+@pytest.fixture(scope="module")
+def chat_server(servers):
+    return servers[1]
+
+
+@pytest.fixture(scope="module")
+def text_server(servers):
+    return servers[2]
+
+
+# ----------------------------------------------------------------------------- the reference
+
+
+def counting(start: int, length: int) -> str:
+    """Text the chat model continues confidently: characters whose ids count up in steps of 3."""
+    return "".join(CHARS[(start + 3 * i) % len(CHARS)] for i in range(length))
+
+
+def greedy(chat_model, ids: list[int], max_tokens: int, stop_ids, stops=()) -> tuple[str, str, int]:
+    """What the server must answer at temperature 0: (text, finish_reason, completion tokens), from
+    gptkit.generate.generate on the same prompt ids, cut at the first stop token, then before the first stop
+    string (whose last token is the last one counted)."""
+    model, tokenizer = chat_model
+    out = generate(model, torch.tensor([ids]), max_tokens, SamplingOptions(temperature=0))
+    tokens = out[0, len(ids):].tolist()
+    reason = "length"
+    for i, t in enumerate(tokens):
+        if t in stop_ids:
+            tokens, reason = tokens[:i], "stop"
+            break
+    for k in range(1, len(tokens) + 1):
+        text = tokenizer.decode(tokens[:k])
+        found = [text.find(s) for s in stops if s in text]
+        if found:
+            return text[:min(found)], "stop", k
+    return tokenizer.decode(tokens), reason, len(tokens)
+
+
+def completion_reference(chat_model, prompt: str, max_tokens: int, stops=()):
+    _, tokenizer = chat_model
+    return greedy(chat_model, tokenizer.encode(prompt), max_tokens, {tokenizer.eot_id}, stops)
+
+
+def chat_reference(chat_model, messages: list[dict], max_tokens: int):
+    _, tokenizer = chat_model
+    return greedy(chat_model, prompt_ids(messages, tokenizer), max_tokens, ChatTokens.of(tokenizer).stop_ids)
+
+
+def complete(server: Server, prompt, **options):
+    return server.client.completions.create(model=server.model, prompt=prompt, **options)
+
+
+def streamed(chunks) -> tuple[dict[int, str], dict[int, str], object]:
+    """A stream's text and finish_reason per choice, and its usage (completions or chat chunks)."""
+    texts, reasons, usage = {}, {}, None
+    for chunk in chunks:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            piece = c.delta.content if hasattr(c, "delta") else c.text
+            texts[c.index] = texts.get(c.index, "") + (piece or "")
+            if c.finish_reason:
+                reasons[c.index] = c.finish_reason
+    return texts, reasons, usage
+
+
+# ----------------------------------------------------------------------------- the API
+
+
+def test_models_list(chat_server, text_server):
+    assert [m.id for m in chat_server.client.models.list()] == ["out-chat"]  # the checkpoint's folder
+    assert [m.id for m in text_server.client.models.list()] == ["babbler"]  # --model_name
+    assert text_server.client.models.retrieve("babbler").id == "babbler"
+
+
+def test_text_completion_is_the_greedy_reply(chat_server, chat_model):
+    prompt = counting(10, 6)
+    text, reason, tokens = completion_reference(chat_model, prompt, 20)
+    r = complete(chat_server, prompt, max_tokens=20, temperature=0)
+    assert (r.choices[0].text, r.choices[0].finish_reason) == (text, reason)
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (6, tokens, 6 + tokens)
+    assert r.object == "text_completion" and r.model == "out-chat"
+
+
+def test_a_completion_that_draws_end_of_text_stops(chat_server, chat_model):
+    prompt = counting(84, 3)  # ids 84, 87, 90: counting reaches 96, <|endoftext|>, two tokens later
+    text, reason, tokens = completion_reference(chat_model, prompt, 30)
+    assert reason == "stop"  # the reference draws it: the case is covered
+    r = complete(chat_server, prompt, max_tokens=30, temperature=0)
+    c = r.choices[0]
+    assert (c.text, c.finish_reason, r.usage.completion_tokens) == (text, "stop", tokens)
+
+
+def test_streamed_completion_adds_up_to_the_reply(chat_server, chat_model):
+    prompt = counting(20, 5)
+    text, reason, tokens = completion_reference(chat_model, prompt, 25)
+    chunks = list(complete(chat_server, prompt, max_tokens=25, temperature=0, stream=True,
+                           stream_options={"include_usage": True}))
+    texts, reasons, usage = streamed(chunks)
+    assert (texts, reasons) == ({0: text}, {0: reason})
+    assert len(chunks) > 3  # piece by piece, not one block
+    assert chunks[-1].choices == [] and usage.completion_tokens == tokens and usage.prompt_tokens == 5
+    plain = list(complete(chat_server, prompt, max_tokens=25, temperature=0, stream=True))
+    assert all(c.usage is None for c in plain) and streamed(plain)[0] == {0: text}
+
+
+def test_chat_completion_streamed_and_not(chat_server, chat_model):
+    messages = [{"role": "system", "content": "Count."}, {"role": "user", "content": counting(30, 4)}]
+    text, reason, tokens = chat_reference(chat_model, messages, 20)
+    r = chat_server.client.chat.completions.create(model=chat_server.model, messages=messages, max_tokens=20,
+                                                   temperature=0)
+    assert (r.choices[0].message.role, r.choices[0].message.content) == ("assistant", text)
+    assert r.choices[0].finish_reason == reason and r.object == "chat.completion"
+    assert r.usage.prompt_tokens == len(prompt_ids(messages, chat_model[1]))
+    assert r.usage.completion_tokens == tokens
+    chunks = list(chat_server.client.chat.completions.create(
+        model=chat_server.model, messages=messages, max_completion_tokens=20, temperature=0, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert streamed(chunks)[:2] == ({0: text}, {0: reason})
+
+
+def test_a_chat_reply_ends_at_the_end_token(chat_server, chat_model):
+    """The counting model says <|end|> (id 100) 33 tokens after <|assistant|> (id 99): the reply ends."""
+    messages = [{"role": "user", "content": counting(40, 3)}]
+    text, reason, tokens = chat_reference(chat_model, messages, 48)
+    assert reason == "stop"
+    r = chat_server.client.chat.completions.create(model=chat_server.model, messages=messages, temperature=0)
+    assert (r.choices[0].message.content, r.choices[0].finish_reason, r.usage.completion_tokens) == (
+        text, "stop", tokens)
+
+
+def test_eight_concurrent_requests_equal_their_one_at_a_time_replies(chat_server, chat_model):
+    """Different prompts and lengths, 4 rows and 4 waiting: requests join the batch as others leave it.
+    Five greedy, three sampled with their own seeds."""
+    requests = [dict(prompt=counting(7 * i, 3 + i % 4), max_tokens=10 + 3 * i, temperature=0)
+                for i in range(5)]
+    requests += [dict(prompt=counting(5 * i, 4), max_tokens=20, temperature=1.0, top_p=0.9, seed=i)
+                 for i in range(3)]
+
+    def ask(r):
+        c = complete(chat_server, **r).choices[0]
+        return c.text, c.finish_reason
+
+    alone = [ask(r) for r in requests]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(ask, requests))
+    assert together == alone
+    greedy_ones = [completion_reference(chat_model, r["prompt"], r["max_tokens"])[:2] for r in requests[:5]]
+    assert alone[:5] == greedy_ones
+    assert len(set(alone)) == 8  # eight different replies: none can stand in for another
+
+
+def test_stop_strings_end_the_reply_before_them(chat_server, chat_model):
+    prompt = counting(3, 4)
+    whole = completion_reference(chat_model, prompt, 24)[0]
+    stop = whole[6:8]  # two characters, two tokens: the first is held back until the second shows the match
+    text, reason, tokens = completion_reference(chat_model, prompt, 24, stops=("not there", stop))
+    assert reason == "stop" and text == whole[:whole.find(stop)]
+    r = complete(chat_server, prompt, max_tokens=24, temperature=0, stop=["not there", stop])
+    c = r.choices[0]
+    assert (c.text, c.finish_reason, r.usage.completion_tokens) == (text, "stop", tokens)
+    chunks = complete(chat_server, prompt, max_tokens=24, temperature=0, stop=stop, stream=True,
+                      stream_options={"include_usage": True})
+    texts, reasons, usage = streamed(chunks)
+    assert (texts, reasons, usage.completion_tokens) == ({0: text}, {0: "stop"}, tokens)
+    r = complete(chat_server, prompt, max_tokens=24, temperature=0, stop="not there")
+    assert (r.choices[0].text, r.choices[0].finish_reason) == (whole, "length")
+
+
+def test_reply_text_holds_back_what_may_start_a_stop_string():
+    tokenizer = Tokenizer({"kind": "char", "chars": CHARS})
+    text = ReplyText(tokenizer, ["world", "wx"])
+    pieces = [text.push(t) for t in tokenizer.encode("hello world")]
+    assert pieces == ["h", "e", "l", "l", "o", " ", "", "", "", "", ""] and text.stopped and text.tokens == 11
+    text = ReplyText(tokenizer, ["world"])
+    pieces = [text.push(t) for t in tokenizer.encode("a word wo")] + [text.finish()]
+    assert pieces == ["a", " ", "", "", "", "word", " ", "", "", "wo"] and not text.stopped
+
+
+def test_n_choices(chat_server, chat_model):
+    prompt = counting(12, 4)
+    text, _, tokens = completion_reference(chat_model, prompt, 12)
+    r = complete(chat_server, prompt, max_tokens=12, temperature=0, n=3)
+    assert [(c.index, c.text) for c in r.choices] == [(0, text), (1, text), (2, text)]
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (4, 3 * tokens)  # the prompt counts once
+    # Sampled: choice i draws from seed + i, so it is the single reply with that seed.
+    sampled = complete(chat_server, prompt, max_tokens=12, temperature=2, n=3, seed=40)
+    singles = [complete(chat_server, prompt, max_tokens=12, temperature=2, seed=40 + i).choices[0].text
+               for i in range(3)]
+    assert [c.text for c in sampled.choices] == singles
+    texts, reasons, _ = streamed(complete(chat_server, prompt, max_tokens=12, temperature=2, n=3, seed=40,
+                                          stream=True))
+    assert texts == dict(enumerate(singles)) and set(reasons) == {0, 1, 2}
+    # A list of prompts: prompt i's choices are i*n .. i*n+n-1, as OpenAI numbers them.
+    two = complete(chat_server, [prompt, counting(50, 3)], max_tokens=12, temperature=0, n=2)
+    other = completion_reference(chat_model, counting(50, 3), 12)[0]
+    assert [c.text for c in two.choices] == [text, text, other, other]
+    ids = chat_model[1].encode(prompt)
+    assert complete(chat_server, ids, max_tokens=12, temperature=0).choices[0].text == text  # token ids
+
+
+# ----------------------------------------------------------------------------- bad requests
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+USER = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("path, body, status, param", [
+    (COMPLETIONS, '{"prompt": "abc", ', 400, None),  # malformed JSON
+    (COMPLETIONS, "[1, 2]", 400, None),
+    (COMPLETIONS, '{"prompt": "abc", "max_tokens": NaN}', 400, None),
+    (COMPLETIONS, {"model": "gpt-4", "prompt": "abc"}, 404, "model"),
+    (COMPLETIONS, {"prompt": "abc", "max_tokens": -1}, 400, "max_tokens"),
+    (COMPLETIONS, {"prompt": "abc", "max_tokens": 0}, 400, "max_tokens"),
+    (COMPLETIONS, {"prompt": "abc", "max_tokens": 10**30}, 400, "max_tokens"),
+    (COMPLETIONS, {"prompt": "abc", "max_tokens": CHAT_BLOCK - 2}, 400, "max_tokens"),  # over the context
+    (COMPLETIONS, {"prompt": "abc", "max_tokens": "ten"}, 400, "max_tokens"),
+    (COMPLETIONS, {"prompt": "a" * CHAT_BLOCK}, 400, "prompt"),  # longer than the context
+    (COMPLETIONS, {"prompt": 42}, 400, "prompt"),
+    (COMPLETIONS, {"prompt": []}, 400, "prompt"),
+    (COMPLETIONS, {"prompt": "naïve"}, 400, "prompt"),  # not in the model's vocabulary
+    (COMPLETIONS, {"prompt": [5, 1000]}, 400, "prompt"),
+    (COMPLETIONS, {"prompt": "abc", "temperature": "hot"}, 400, "temperature"),
+    (COMPLETIONS, {"prompt": "abc", "temperature": 3}, 400, "temperature"),
+    (COMPLETIONS, {"prompt": "abc", "top_p": 0}, 400, "top_p"),
+    (COMPLETIONS, {"prompt": "abc", "n": 0}, 400, "n"),
+    (COMPLETIONS, {"prompt": "abc", "n": 9}, 400, "n"),  # more than 4 rows + 4 places could ever take
+    (COMPLETIONS, {"prompt": "abc", "stream": "yes"}, 400, "stream"),
+    (COMPLETIONS, {"prompt": "abc", "stream_options": {"include_usage": True}}, 400, "stream_options"),
+    (COMPLETIONS, {"prompt": "abc", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    (COMPLETIONS, {"prompt": "abc", "stop": ""}, 400, "stop"),
+    (COMPLETIONS, {"prompt": "abc", "seed": 1.5}, 400, "seed"),
+    (COMPLETIONS, {"prompt": "abc", "logprobs": 2}, 400, "logprobs"),
+    (COMPLETIONS, {"prompt": "abc", "echo": True}, 400, "echo"),
+    (COMPLETIONS, {"prompt": "abc", "max_token": 5}, 400, "max_token"),  # unknown: a typo is not ignored
+    (CHAT, {"messages": []}, 400, "messages"),
+    (CHAT, {}, 400, "messages"),
+    (CHAT, {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages"),
+    (CHAT, {"messages": [{"role": "user", "content": 5}]}, 400, "messages"),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "messages"),
+    (CHAT, {"messages": [{"role": "user", "content": "x" * CHAT_BLOCK}]}, 400, "messages"),
+    (CHAT, {"messages": USER, "max_completion_tokens": CHAT_BLOCK}, 400, "max_completion_tokens"),
+    (CHAT, {"messages": USER, "max_tokens": 5, "max_completion_tokens": 6}, 400, "max_completion_tokens"),
+    (CHAT, {"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+    (CHAT, {"messages": USER, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ("/v1/nowhere", {}, 404, None),
+])
+def test_bad_requests_get_an_openai_error_and_the_server_goes_on(chat_server, path, body, status, param):
+    r = chat_server.post(path, body)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"] and error["param"] == param
+    assert "Traceback" not in error["message"]
+    assert complete(chat_server, "abc", max_tokens=2).choices[0].finish_reason == "length"
+
+
+def test_the_openai_client_sees_the_errors(chat_server):
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        chat_server.client.completions.create(model="gpt-4", prompt="abc")
+    with pytest.raises(openai.BadRequestError, match="context") as e:
+        complete(chat_server, "abc", max_tokens=10**6)
+    assert e.value.code == "context_length_exceeded"
+
+
+def test_harmless_and_default_valued_options_are_accepted(chat_server):
+    r = chat_server.post(CHAT, {"model": chat_server.model, "messages": [
+        {"role": "developer", "content": "Count."},
+        {"role": "user", "content": [{"type": "text", "text": "ab"}]}],
+        "max_tokens": 3, "user": "someone", "metadata": {"a": "b"}, "logprobs": False, "presence_penalty": 0,
+        "tool_choice": "none", "response_format": {"type": "text"}})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["role"] == "assistant"
+
+
+def test_a_model_without_chat_tokens_says_so(text_server):
+    with pytest.raises(openai.BadRequestError, match="no chat tokens"):
+        text_server.client.chat.completions.create(model="babbler", messages=USER)
+    assert complete(text_server, "abc", max_tokens=3).choices[0].text  # text completions still work
+
+
+# ----------------------------------------------------------------------------- load: queue, disconnects
+
+
+def test_a_full_queue_is_a_429_and_clients_that_leave_free_their_rows(text_server):
+    """2 rows, 2 places: four long streams fill them; the next request is refused at once. Then every client
+    hangs up: the rows and places are freed before the replies are decoded (fewer tokens than one reply)."""
+    long = TEXT_BLOCK - 10
+    before = text_server.health()["generated_tokens"]
+    streams = [complete(text_server, "abc", max_tokens=long, stream=True) for _ in range(4)]
+    next(iter(streams[0]))
+    h = text_server.health()
+    assert (h["active"], h["waiting"]) == (2, 2)
+    with pytest.raises(openai.RateLimitError) as e:
+        complete(text_server, "abc", max_tokens=5)
+    assert e.value.code == "queue_full" and e.value.response.headers["retry-after"] == "1"
+    r = text_server.post(COMPLETIONS, {"prompt": "abc", "stream": True})  # a stream is refused the same way
+    assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error"
+    for s in streams:
+        s.close()
+    after = text_server.wait_until_idle()["generated_tokens"]
+    assert after - before < long  # every reply was cut short: no row decoded its max_tokens
+    assert complete(text_server, "abc", max_tokens=3).choices[0].finish_reason == "length"
+
+
+def test_a_client_that_stops_waiting_for_a_whole_reply_frees_its_row(text_server):
+    long = TEXT_BLOCK - 10
+    before = text_server.health()["generated_tokens"]
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up after 0.3 s of a reply that takes seconds
+        text_server.post(COMPLETIONS, {"prompt": "abc", "max_tokens": long}, timeout=0.3)
+    after = text_server.wait_until_idle()["generated_tokens"]
+    assert after - before < long
+
+
+# ----------------------------------------------------------------------------- the process
+
+
+def test_sigterm_finishes_the_reply_in_flight_and_exits_0(text_server):
+    """The module's last test with the text server: it stops it."""
+    server = text_server
+    reply = complete(server, "abc", max_tokens=600, temperature=0).choices[0].text
+    stream = complete(server, "abc", max_tokens=600, temperature=0, stream=True)
+    chunks = iter(stream)
+    first = next(chunks)
+    server.proc.send_signal(signal.SIGTERM)
+    assert "finishing the 1 in flight" in server.wait_for_line("serve.py: SIGTERM")
+    with pytest.raises((openai.APIConnectionError, openai.InternalServerError)):  # refused, or 503
+        complete(server, "abc", max_tokens=3)
+    rest = list(chunks)
+    assert first.choices[0].text + streamed(rest)[0][0] == reply
+    assert rest[-1].choices[0].finish_reason == "length"
+    assert server.proc.wait(timeout=WAIT) == 0
+    assert "Traceback" not in "".join(server.stderr)
+
+
+def test_serve_errors_are_one_line(capsys, tmp_path, text_ckpt, monkeypatch):
+    def error(*args) -> str:
+        with pytest.raises(SystemExit) as e:
+            serve.main(["--device=cpu", *args])
+        message = e.value.code
+        assert isinstance(message, str) and message.startswith("error: ") and "\n" not in message, message
+        return message
+
+    assert "port" in error("--port=70000")
+    assert "not both" in error("--ckpt=a", "--init_from=gpt2")
+    assert "max_batch" in error("--max_batch=0")
+    assert "does not exist" in error(f"--ckpt={tmp_path / 'nowhere'}", "--port=0")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert "cannot listen on 127.0.0.1" in error(f"--ckpt={text_ckpt}", f"--port={port}")
+    monkeypatch.setattr(serve.importlib.util, "find_spec", lambda name: None)
+    assert 'pip install -e ".[serve]"' in error(f"--ckpt={text_ckpt}")
