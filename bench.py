@@ -41,8 +41,9 @@ import torch
 from gptkit import cli
 from gptkit.config import TrainConfig
 from gptkit.generate import SamplingOptions, compile_decode_step, generate_stream, prefill
-from gptkit.metrics import flops_per_token, peak_flops
+from gptkit.metrics import peak_flops
 from gptkit.optim import make_optimizer, set_lr
+from gptkit.plan import flops_per_token
 from gptkit.runtime import Dist, Runtime, resolve_compile, setup_runtime
 from gptkit.shards import read_meta, require_dataset
 from model import GPT, LOSS_CHUNK_ELEMENTS, GPTConfig, loss_chunk_rows

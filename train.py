@@ -2,6 +2,7 @@
 
     python train.py configs/shakespeare.py                      # one GPU, CPU or MPS
     python train.py configs/shakespeare.py --init_from=resume   # continue exactly where out_dir stopped
+    python train.py configs/gpt2_124m.py --plan                 # memory, time and cost per device; trains nothing
     torchrun --standalone --nproc_per_node=8 train.py configs/gpt2_124m.py
     torchrun --nnodes=2 --node_rank=0 --master_addr=10.0.0.1 --master_port=29500 --nproc_per_node=8 train.py ...
 
@@ -15,7 +16,10 @@ This file: build the run from the config (`setup_run`), then `train_loop`, the w
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import gc
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -26,7 +30,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from gptkit import cli, hellaswag, lora
+from gptkit import cli, hellaswag, lora, plan
 from gptkit.checkpoint import (
     GPT2_BPE,
     RESUME_KEYS,
@@ -41,7 +45,7 @@ from gptkit.config import TrainConfig, build_config, config_to_dict, lora_settin
 from gptkit.files import OutDirBusyError, OutDirLock
 from gptkit.hf_gpt2 import GPT2_NAMES
 from gptkit.loader import BatchLoader, ValBatches
-from gptkit.metrics import Metrics, flops_per_token, peak_flops, start_wandb
+from gptkit.metrics import Metrics, peak_flops, start_wandb
 from gptkit.optim import describe, load_optimizer_state, make_optimizer, set_lr
 from gptkit.prepare.tiny_shakespeare import DATASETS as SHAKESPEARE_DATASETS
 from gptkit.prepare.tiny_shakespeare import prepare_shakespeare
@@ -85,8 +89,8 @@ def resolve_config(argv: list[str]) -> tuple[TrainConfig, dict | None]:
     if not (out_dir / "last.pt").is_file():
         raise TrainError(f"nothing to resume: {out_dir}/last.pt does not exist; start with --init_from=scratch")
     # Not memory-mapped: the optimizer state would otherwise keep pointing into the file that the next save
-    # replaces.
-    ckpt = load_checkpoint(out_dir / "last.pt", mmap=False)
+    # replaces. (A --plan reads only the config: memory-mapped, nothing else is read.)
+    ckpt = load_checkpoint(out_dir / "last.pt", mmap=bool(values.get("plan")))
     missing = [k for k in RESUME_KEYS if k not in ckpt]
     if missing:
         raise TrainError(f"{out_dir}/last.pt cannot be resumed: it has no {', '.join(missing)} (a weights-only "
@@ -229,6 +233,81 @@ def check_vocab(data_dir: Path, meta: dict, model: GPT) -> None:
                              f"vocab_size {model.config.vocab_size}; re-prepare the dataset")
 
 
+def choose_batch_size(cfg: TrainConfig, model: GPT, ckpt: dict | None, d: Dist, rt: Runtime) -> TrainConfig:
+    """batch_size=auto: the largest micro-batch that fits, among those that divide the step's sequences, and
+    the gradient_accumulation_steps that keep tokens_per_step. On CUDA real training steps are tried, from
+    the plan's estimate up or down (gptkit/plan.py's search_batch); on the CPU and MPS the plan's figure for
+    the free RAM is used. A resumed run keeps the batch it chose; under DDP every rank takes the smallest."""
+    if cfg.batch_size is not None:
+        return cfg
+    sequences = cfg.tokens_per_step // cfg.block_size
+    candidates = plan.valid_batches(sequences, d.world_size)
+    if not candidates or sequences % d.world_size:
+        raise TrainError(f"tokens_per_step ({cfg.tokens_per_step:,}) is {sequences} sequences of {cfg.block_size}, "
+                         f"which {d.world_size} processes cannot share equally; use a multiple of "
+                         f"{cfg.block_size * d.world_size}")
+    saved = (ckpt or {}).get("config", {}).get("batch_size")
+    setup = plan.Setup(rt.device_type, rt.dtype, cfg.block_size, cfg.optimizer, accum=2, world_size=d.world_size,
+                       checkpointing=cfg.activation_checkpointing)
+    if saved in candidates:
+        batch, how = saved, "the batch this run chose when it started"
+    elif rt.device_type == "cuda":
+        estimate = plan.largest_batch(model, setup, gpu_free_bytes(rt))
+        batch = plan.search_batch(candidates, estimate, lambda b: fits_on_gpu(model, cfg, rt, b))
+        how = f"the largest that ran a training step here; the plan estimated {estimate}"
+    else:
+        # the processes of a CPU job share the machine's RAM
+        fits = plan.largest_batch(model, setup, plan.cpu_device().capacity / d.world_size, limit=candidates[-1])
+        batch = max([b for b in candidates if b <= fits], default=None)
+        how = (f"the plan's largest for the free RAM is {fits}" if fits < candidates[-1] else
+               "by the plan, the free RAM holds all of a step's sequences at once")
+    if d.enabled:  # the ranks' GPUs may differ: all take the smallest choice (a candidate too)
+        smallest = torch.tensor([batch or 0], device=rt.device)
+        dist.all_reduce(smallest, op=dist.ReduceOp.MIN)
+        batch = int(smallest.item()) or None
+    if batch is None:
+        raise TrainError(f"batch_size=auto: not even one sequence of {cfg.block_size} tokens fits on {rt.device}; "
+                         f"use --activation_checkpointing=True, --lora_rank, or a smaller block_size or model "
+                         f"(python train.py ... --plan shows the memory)")
+    accum = sequences // batch
+    if d.master:
+        print(f"batch_size=auto: {batch} ({how}); gradient_accumulation_steps={accum} keeps "
+              f"{cfg.tokens_per_step:,} tokens per step")
+    return dataclasses.replace(cfg, batch_size=batch, gradient_accumulation_steps=accum)
+
+
+def gpu_free_bytes(rt: Runtime) -> int:
+    return torch.cuda.mem_get_info(rt.device)[0]
+
+
+def trial_step(model: GPT, optimizer, rt: Runtime, batch: int, block_size: int) -> None:
+    """A training step on random tokens (forward, backward, optimizer step), for batch_size=auto."""
+    x = torch.randint(model.config.vocab_size, (batch, block_size), device=rt.device)
+    with rt.autocast():
+        loss = model(x, x)[1]
+    loss.backward()
+    optimizer.step()
+
+
+def fits_on_gpu(model: GPT, cfg: TrainConfig, rt: Runtime, batch: int) -> bool:
+    """Whether a real training step at `batch` sequences fits: its optimizer steps at learning rate 0, so the
+    weights stay as they were; everything it allocated is released before the next try."""
+    optimizer = make_optimizer(model, cfg, rt.device_type)
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0
+    try:
+        trial_step(model, optimizer, rt, batch, cfg.block_size)
+        fits = True
+    except torch.OutOfMemoryError:  # (its traceback, which holds the step's tensors, is gone after this block)
+        fits = False
+    optimizer.zero_grad(set_to_none=True)
+    del optimizer
+    gc.collect()
+    if rt.device_type == "cuda":
+        torch.cuda.empty_cache()
+    return fits
+
+
 def write_run_info(cfg: TrainConfig, argv: list[str], d: Dist, rt: Runtime) -> None:
     out = Path(cfg.out_dir)
     if cfg.init_from != "resume":
@@ -277,7 +356,7 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
               data_dir: Path, meta: dict) -> tuple[Run, int, float]:
     """The model, optimizer, data and wrappers of a new or resumed run; returns it with its step and best
     val loss."""
-    if cfg.gradient_accumulation_steps % d.world_size:
+    if cfg.batch_size is not None and cfg.gradient_accumulation_steps % d.world_size:  # (auto: chosen below)
         raise TrainError(f"gradient_accumulation_steps ({cfg.gradient_accumulation_steps}) must be divisible by "
                          f"the number of processes ({d.world_size})")
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
@@ -288,6 +367,7 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
         lora.cast_frozen_base(model, torch.bfloat16)  # the blocks' frozen weights: half their memory
     model.activation_checkpointing = cfg.activation_checkpointing
     model.to(rt.device)
+    cfg = choose_batch_size(cfg, model, ckpt, d, rt)
     block = cfg.block_size  # the training sequences (a LoRA run's model may have more positions: its base's)
     run = Run(
         cfg=cfg, argv=argv, d=d, rt=rt, meta=meta, raw_model=model, model=model,
@@ -361,7 +441,7 @@ def make_metrics(run: Run) -> Metrics:
     if cfg.wandb_log and d.master:
         wandb_run = start_wandb(cfg.wandb_project, cfg.wandb_run_name or Path(cfg.out_dir).name,
                                 config_to_dict(cfg))
-    fpt = flops_per_token(run.raw_model)
+    fpt = plan.flops_per_token(run.raw_model, cfg.block_size)  # the run's sequences, not the model's context
     if d.master:
         trainable = f" ({lora.trainable_parameters(run.raw_model) / 1e6:.3f}M trainable: LoRA)" if run.lora else ""
         print(f"model: {run.raw_model.num_params() / 1e6:.2f}M parameters{trainable} | {d.world_size} process(es) on "
@@ -555,6 +635,8 @@ def train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Run
         try:
             with StopFlag() as stop:
                 summary = train_loop(run, step, best_val, metrics, stop)
+        except torch.OutOfMemoryError:
+            raise TrainError(oom_message(run)) from None
         finally:
             metrics.close()
     if summary["stopped"]:  # by a signal (on this rank or another): exit as the signal would have
@@ -562,11 +644,42 @@ def train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Run
     return summary
 
 
+def oom_message(run: Run) -> str:
+    """The one-line error for running out of GPU memory mid-run, with the largest micro-batch that the plan
+    says fits this GPU and the accumulation that keeps the tokens per step."""
+    cfg, rt, d = run.cfg, run.rt, run.d
+    if rt.device_type != "cuda":
+        return f"out of memory at micro-batch {cfg.batch_size} x {cfg.block_size}; lower --batch_size"
+    total = torch.cuda.get_device_properties(rt.device).total_memory
+    setup = plan.Setup("cuda", rt.dtype, cfg.block_size, cfg.optimizer, accum=2, world_size=d.world_size,
+                       compile=resolve_compile(cfg.compile, rt.device)[0], checkpointing=cfg.activation_checkpointing)
+    fits = plan.largest_batch(run.raw_model, setup, plan.Device("", "cuda", total, None, "").capacity)
+    sequences = cfg.batch_size * cfg.gradient_accumulation_steps
+    batch = max([b for b in plan.valid_batches(sequences, d.world_size) if b <= fits], default=0)
+    advice = (f"use --batch_size={batch} --gradient_accumulation_steps={sequences // batch} (the same tokens per "
+              f"step)" if batch else "use --activation_checkpointing=True, --lora_rank or a smaller model")
+    return (f"out of GPU memory at micro-batch {cfg.batch_size} x {cfg.block_size}; the plan puts the largest that "
+            f"fits this GPU ({plan.format_bytes(total)}) at {fits}: {advice}, or --batch_size=auto "
+            f"--tokens_per_step={sequences * cfg.block_size}")
+
+
+def plan_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str]) -> dict:
+    """--plan: print the run's memory, FLOPs, time and cost per device (gptkit/plan.py) and return them;
+    nothing is trained, written or loaded but configs (and a resumed checkpoint's config)."""
+    world_size = cfg.plan_gpus or int(os.environ.get("WORLD_SIZE", 1))
+    report = plan.make_plan(cfg, ckpt, world_size)
+    title = " ".join(["train.py", *(a for a in argv if a.split("=")[0] != "--plan")])
+    print(plan.format_plan(report, title))
+    return report
+
+
 @cli.entry_point(oom_hint="lower --batch_size and raise --gradient_accumulation_steps to keep the same tokens "
                           "per step")
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
     cfg, ckpt = resolve_config(argv)
+    if cfg.plan:
+        return plan_run(cfg, ckpt, argv)
     with distributed(cfg.device, cfg.dtype, cfg.backend) as (d, rt):
         return train(cfg, ckpt, argv, d, rt)
 

@@ -83,10 +83,13 @@ class TrainConfig(ModelSettings):
     data_mode: str = setting(
         "random", "'random' windows (nanoGPT style) or 'epoch' passes without replacement", ("random", "epoch")
     )
-    batch_size: int = setting(12, "sequences per micro-batch, per process")
+    batch_size: int | None = setting(12, "sequences per micro-batch, per process; auto: the largest that fits "
+                                         "(sets gradient_accumulation_steps to keep tokens_per_step)")
     gradient_accumulation_steps: int = setting(
         40, "micro-batches per optimizer step, over ALL processes (divided by the DDP world size)"
     )
+    tokens_per_step: int = setting(0, "tokens per optimizer step over all processes, which batch_size=auto keeps "
+                                      "(0 = batch_size x block_size x gradient_accumulation_steps)")
     seed: int = setting(1337, "seed for initialisation, dropout and the data order")
     # AdamW
     learning_rate: float = setting(6e-4, "peak learning rate, reached after warmup")
@@ -126,11 +129,20 @@ class TrainConfig(ModelSettings):
         ("auto", "float32", "bfloat16", "float16"),
     )
     compile: bool | None = setting(None, "torch.compile the model: True, False, or auto (None: on for CUDA)")
+    # know before you run (README.md "Plan a run"): python train.py CONFIG --plan
+    plan: bool = setting(False, "print the run's memory, FLOPs, time and cost per device, then exit (builds nothing big)")
+    plan_gpus: int = setting(0, "--plan: DDP processes (GPUs) to plan for; 0 = torchrun's WORLD_SIZE, else 1")
+    device_memory_gb: float = setting(0.0, "--plan: also size the run for a GPU with this much memory (GiB)")
+    usd_per_gpu_hour: float = setting(0.0, "--plan: price of one GPU hour, for the run's cost (0 = no cost)")
 
     def validate(self) -> None:
         for name in ("eval_interval", "eval_iters", "log_interval", "batch_size", "gradient_accumulation_steps"):
-            if getattr(self, name) <= 0:
+            if getattr(self, name) is not None and getattr(self, name) <= 0:  # batch_size None: auto
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        self.validate_tokens_per_step()
+        for name in ("plan_gpus", "device_memory_gb", "usd_per_gpu_hour"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0 (0 = unset), got {getattr(self, name)}")
         for name in ("max_iters", "warmup_iters", "lr_decay_iters", "weight_decay", "grad_clip", "min_lr"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -154,6 +166,25 @@ class TrainConfig(ModelSettings):
         if self.lora_rank:
             lora_settings(self)  # names a bad lora_targets, lora_alpha or lora_dropout
         self.model_config(vocab_size=1)  # the model's shape is checked by GPTConfig, its one validator
+
+    def validate_tokens_per_step(self) -> None:
+        """batch_size=auto keeps tokens_per_step, which must be whole sequences; with a set batch_size,
+        tokens_per_step (when given) must be what the batch and the accumulation make."""
+        tokens = self.tokens_per_step
+        if tokens < 0:
+            raise ConfigError(f"tokens_per_step must be >= 0 (0 = unset), got {tokens}")
+        if self.batch_size is None:
+            if not tokens:
+                raise ConfigError("batch_size=auto keeps the tokens per optimizer step: set --tokens_per_step too "
+                                  "(e.g. batch_size x block_size x gradient_accumulation_steps of the config, "
+                                  "32 x 1024 x 16 = 524288 for configs/gpt2_124m.py)")
+            if tokens % self.block_size:
+                raise ConfigError(f"tokens_per_step ({tokens}) must be a multiple of block_size ({self.block_size}): "
+                                  f"a step is made of whole sequences")
+        elif tokens and tokens != self.batch_size * self.block_size * self.gradient_accumulation_steps:
+            raise ConfigError(f"tokens_per_step ({tokens}) differs from batch_size x block_size x "
+                              f"gradient_accumulation_steps ({self.batch_size} x {self.block_size} x "
+                              f"{self.gradient_accumulation_steps}); set --batch_size=auto, or leave tokens_per_step 0")
 
     def model_config(self, vocab_size: int, vocab_multiple: int = 1) -> GPTConfig:
         """The GPTConfig of a model trained from scratch with these settings."""
@@ -382,7 +413,9 @@ def convert(key: str, tp, value: Any, from_text: bool) -> Any:
     """Convert a value for field `key` of type `tp`; `from_text` values come from the command line."""
     optional = _base_type(tp) is not tp
     base = _base_type(tp)
-    if optional and (value is None or (from_text and str(value).lower() in ("none", "auto", "null"))):
+    # None means auto: written auto (or none, null) on the command line, "auto" (or None) in a file
+    auto_words = ("none", "auto", "null") if from_text else ("auto",)
+    if optional and (value is None or (isinstance(value, str) or from_text) and str(value).lower() in auto_words):
         return None
     expected = base.__name__ + (" or auto" if optional else "")
     bad = ConfigError(f"{key} expects {expected}, got {value!r}")

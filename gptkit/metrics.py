@@ -9,6 +9,8 @@ metrics.jsonl has one JSON object per line: training lines (step, loss, lr, grad
 tokens_per_s, mfu, peak_mem_mb, epoch) and evaluation lines (step, val_loss, best_val_loss, and with
 hellaswag_interval set, hellaswag_acc and hellaswag_acc_norm). `python plot.py OUT_DIR` draws them. Every line
 also has elapsed_s: wall-clock seconds since the Metrics was made, evaluations included (time to a loss).
+MFU is the model's FLOPs per token (gptkit/plan.py's flops_per_token, the formula `train.py --plan` uses) times
+tokens/s, over the GPU's peak from PEAK_FLOPS below.
 """
 
 from __future__ import annotations
@@ -43,22 +45,6 @@ PEAK_FLOPS = (
 # not get the H200's figure. Such a name matches only an entry that names the variant, or none (A100 PCIe is
 # listed for that, with the A100's figures).
 VARIANTS = ("NVL", "PCIe")
-
-
-def flops_per_token(model) -> float:
-    """Training FLOPs per token (forward + backward), PaLM appendix B, counting the matmul weights only:
-    6 per trainable weight (forward 2, input gradient 2, weight gradient 2), 4 per frozen one (LoRA's base:
-    no weight gradient), plus the attention's 12 * L * C * T. The matmul weights are every 2-D parameter but
-    the embedding tables, which are lookups: the head's weight counts once, tied to wte or not; wpe never.
-    (Biases and norm gains are not matmul work: left out.)"""
-    c = model.config
-    lookups = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
-    head = model.lm_head.weight
-    flops = 0
-    for p in model.parameters():  # a shared (tied) parameter is listed once
-        if p.dim() == 2 and (id(p) not in lookups or p is head):
-            flops += (6 if p.requires_grad else 4) * p.numel()
-    return flops + 12 * c.n_layer * c.n_embd * c.block_size
 
 
 def peak_flops_for(name: str, dtype: torch.dtype = torch.bfloat16) -> float | None:

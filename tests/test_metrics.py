@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from gptkit import lora, metrics
-from gptkit.metrics import Metrics, flops_per_token, peak_flops, peak_flops_for
+from gptkit.metrics import Metrics, peak_flops, peak_flops_for
+from gptkit.plan import flops_per_token
 from model import GPT, GPTConfig
 
 

@@ -1,0 +1,862 @@
+"""Know before you run: a training run's FLOPs, memory, time and cost, worked out from its shape alone.
+
+    python train.py configs/gpt2_124m.py --plan          # the table; nothing big is built or loaded
+
+    fpt = flops_per_token(model, seq_len)                 # what the logs' MFU divides by, too
+    mem = memory(model, setup, batch_size)                # bytes: weights, gradients, optimizer, activations...
+    largest_batch(model, setup, capacity_bytes)           # the largest micro-batch whose peak fits
+
+The model given is usually on the meta device (shapes, dtypes and requires_grad, no storage): the counts
+(weights, gradients, optimizer states) are then exact, and the activations are the tensors autograd saves
+for the backward pass, enumerated op by op below for model.py's forward (checked against autograd's own
+saved tensors by tests/test_plan.py, and the peak against measurements by benchmarks/plan_memory.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+import torch
+
+from gptkit import lora
+from gptkit.checkpoint import load_checkpoint
+from gptkit.cli import UserError, one_line
+from gptkit.config import lora_settings
+from gptkit.hf_gpt2 import VOCAB_MULTIPLE, config_from_hf
+from gptkit.lora import LoRALinear, LoRASettings
+from gptkit.metrics import peak_flops_for
+from gptkit.optim import block_matrices
+from gptkit.shards import PREPARE_COMMANDS, dataset_dir, prepare_command, read_meta
+from model import GPT, GPTConfig, loss_chunk_rows
+
+GiB = 2**30
+FP32 = 4  # bytes: the weights, gradients and optimizer states of every run, the residual stream, the norms
+
+# ----------------------------------------------------------------------------- FLOPs
+
+
+def matmul_weights(model) -> tuple[int, int]:
+    """(trainable, frozen) weights that multiply activations: every 2-D parameter but the embedding tables,
+    which are lookups; the head's weight counts once, tied to wte or not; wpe never. Biases and norm gains
+    are not matmul work."""
+    lookups = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    head = model.lm_head.weight
+    trainable = frozen = 0
+    for p in model.parameters():  # a shared (tied) parameter is listed once
+        if p.dim() == 2 and (id(p) not in lookups or p is head):
+            if p.requires_grad:
+                trainable += p.numel()
+            else:
+                frozen += p.numel()
+    return trainable, frozen
+
+
+def attention_flops_per_token(model, seq_len: int | None = None) -> float:
+    """Forward + backward FLOPs of attention itself (no weights) per token: PaLM appendix B's 12 * L * C * T.
+    Per layer and token the forward multiplies the query by T keys and the weights by T values: 2 matmuls of
+    2 * C * T FLOPs; the backward costs twice the forward. T is the run's sequence length (block_size), which
+    for a LoRA run on a longer base is shorter than the model's own context."""
+    c = model.config
+    return 12 * c.n_layer * c.n_embd * (seq_len or c.block_size)
+
+
+def flops_per_token(model, seq_len: int | None = None) -> float:
+    """Training FLOPs per token (forward + backward), PaLM appendix B, counting the matmul weights only:
+    6 per trainable weight (forward 2, input gradient 2, weight gradient 2), 4 per frozen one (LoRA's base:
+    no weight gradient), plus the attention's 12 * L * C * T (attention_flops_per_token). The model FLOPs
+    that MFU counts: activation checkpointing's recomputation is not in it (recompute_flops_per_token)."""
+    trainable, frozen = matmul_weights(model)
+    return 6 * trainable + 4 * frozen + attention_flops_per_token(model, seq_len)
+
+
+def forward_flops_per_token(model, seq_len: int | None = None) -> float:
+    """One forward pass per token (evaluation): 2 per matmul weight and a third of the attention's FLOPs."""
+    return 2 * sum(matmul_weights(model)) + attention_flops_per_token(model, seq_len) / 3
+
+
+def recompute_flops_per_token(model, seq_len: int | None = None) -> float:
+    """What activation checkpointing adds: each block's forward again during the backward, 2 per matmul
+    weight of the blocks and the attention's forward third (the head and the loss are not recomputed)."""
+    block_weights = sum(p.numel() for block in model.transformer.h for p in block.parameters() if p.dim() == 2)
+    return 2 * block_weights + attention_flops_per_token(model, seq_len) / 3
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+@dataclass(frozen=True)
+class Setup:
+    """How one process runs a training step: what, besides the model and the micro-batch, decides memory."""
+
+    device_type: str  # cpu, cuda or mps
+    dtype: torch.dtype  # the compute dtype: float32 (no autocast), or bfloat16/float16 under autocast
+    seq_len: int  # tokens per sequence (block_size)
+    optimizer: str = "adamw"  # adamw, or muon (Muon for the blocks' matrices + AdamW for the rest)
+    accum: int = 1  # micro-batches per optimizer step, per process
+    world_size: int = 1  # DDP processes
+    compile: bool = False
+    checkpointing: bool = False  # activation checkpointing
+
+    @property
+    def autocast(self) -> bool:
+        return self.dtype != torch.float32
+
+
+@dataclass
+class Memory:
+    """One process' memory for a training step, in bytes. `peak` is what the device must hold: the weights and
+    optimizer states all the time, plus the largest of the step's phases (see `memory`)."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int  # what the blocks, embeddings and final norm save for the backward of one micro-batch
+    loss: int  # what the loss keeps for its backward (the sliced loss: its gradients, computed in the forward)
+    autocast_copies: int  # bf16/fp16 copies of the matmul weights that autocast makes and the backward keeps
+    working: int  # the largest transient on top of them: loss slices, a block's backward, the optimizer's
+    peak: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def weights_bytes(model) -> int:
+    """Exact: every parameter once (a tied head is wte), in its own dtype (a LoRA base on CUDA: bf16)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def gradients_bytes(model) -> int:
+    """Exact: one gradient per trainable parameter, in the parameter's dtype (fp32). Under DDP they live in
+    its all-reduce buckets (train.py's gradient_as_bucket_view): the same bytes, held for the whole run."""
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
+def optimizer_bytes(model, optimizer: str) -> int:
+    """Exact: the optimizer states of gptkit/optim.py. AdamW keeps exp_avg and exp_avg_sq (2 x the parameter,
+    fp32) and a 4-byte step counter per parameter; Muon one momentum buffer per matrix it updates (the 2-D
+    weights inside the blocks, optim.block_matrices), AdamW the rest."""
+    muon, adamw = _optimized(model, optimizer)
+    return sum(p.numel() * p.element_size() for p in muon) + sum(2 * p.numel() * p.element_size() + 4 for p in adamw)
+
+
+def _optimized(model, optimizer: str) -> tuple[list, list]:
+    """The trainable parameters Muon updates and those AdamW does, as gptkit/optim.py splits them."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if optimizer != "muon":
+        return [], trainable
+    muon = {id(p) for p in block_matrices(model)}
+    return [p for p in trainable if id(p) in muon], [p for p in trainable if id(p) not in muon]
+
+
+class _Saved:
+    """Bytes autograd keeps for the backward, per token (most tensors) and per micro-batch (the rest)."""
+
+    def __init__(self):
+        self.per_token = 0.0
+        self.per_batch = 0.0
+        self.recomputable = 0.0  # per token: pointwise results a compiled step recomputes instead of keeping
+
+    def __iadd__(self, other: _Saved) -> _Saved:
+        self.per_token += other.per_token
+        self.per_batch += other.per_batch
+        self.recomputable += other.recomputable
+        return self
+
+    def total(self, n_tokens: int, compiled: bool) -> int:
+        per_token = self.per_token - (self.recomputable if compiled else 0)
+        return int(per_token * n_tokens + self.per_batch)
+
+
+class _Walk:
+    """What model.py's forward saves for the backward, op by op, for one Setup. Each rule names the op and
+    what PyTorch's derivative of it keeps (torch/csrc/autograd/derivatives.yaml): a Linear keeps its input
+    when its weight trains, and its weight when its input needs a gradient; LayerNorm its input, mean and
+    rstd; RMSNorm its input and rstd; GELU its input; ReLU its output; dropout its mask; attention q, k, v,
+    its output and the log-sum-exp. A tensor kept by two ops is counted once. An op none of whose inputs
+    needs a gradient keeps nothing (LoRA's frozen base below its first adapter).
+
+    Under autocast (bf16/fp16) a matmul's fp32 input is cast, and the copy is kept, not the original; the
+    outputs of matmuls and of the attention are in the compute dtype already ("low" below). The norms run in
+    fp32 (autocast's fp32 op list), so the residual stream and the norms' inputs stay fp32, as in every run.
+    The fp32 weights are cast too: those copies are counted apart (`copies`).
+    """
+
+    def __init__(self, model, setup: Setup):
+        c = model.config
+        self.c, self.s = c, setup
+        self.C, self.H = c.n_embd, c.n_head
+        self.e = 2 if setup.autocast else FP32  # bytes of an element in the compute dtype
+        self.p = c.dropout
+        # Without dropout PyTorch's CPU attention runs its fused (flash) kernel; with it, the math path, which
+        # keeps the (T, T) attention probabilities. CUDA's flash kernel applies dropout itself.
+        self.math_attention = self.p > 0 and setup.device_type != "cuda"
+        self.copies = 0  # bytes of the weights' autocast copies that the backward keeps
+
+    def mask(self, low: bool) -> int:
+        """A dropout mask's bytes per element: CPU's native dropout keeps a mask of its input's dtype, CUDA's
+        a bool one."""
+        if self.s.device_type == "cuda":
+            return 1
+        return self.e if low else FP32
+
+    def weight_copy(self, weight, kept: bool) -> None:
+        """Autocast's cast of an fp32 weight, kept for the backward when a gradient flows through it."""
+        if self.s.autocast and weight.dtype == torch.float32 and kept:
+            self.copies += weight.numel() * self.e
+
+    def linear(self, layer, in_grad: bool, width: int, *, low: bool, kept: bool,
+               recomputable: bool = False) -> tuple[_Saved, bool]:
+        """A Linear (or LoRALinear) on an input of `width` features per token. low: the input is in the
+        compute dtype already (else autocast casts a copy); kept: another op keeps this very tensor already;
+        recomputable: it is a pointwise function of a kept tensor (a norm's or the activation's output)."""
+        s = _Saved()
+        own = 0 if (low and kept) else width * self.e  # the input as this layer keeps it
+        trains = layer.weight.requires_grad
+        if trains:
+            s.per_token += own
+            s.recomputable += own if recomputable else 0
+        self.weight_copy(layer.weight, trains or in_grad)
+        if isinstance(layer, LoRALinear):
+            rank, q = layer.lora_A.size(0), layer.lora_dropout.p
+            if q > 0:  # the dropped input is a new tensor, which A keeps (under autocast: its cast copy)
+                s.per_token += width * self.e + (width * self.mask(low) if in_grad else 0)
+            else:
+                s.per_token += own
+            s.per_token += rank * self.e  # A's output, kept by B
+            self.weight_copy(layer.lora_A, in_grad)
+            self.weight_copy(layer.lora_B, True)
+            trains = True
+        return s, in_grad or trains
+
+    def norm(self, module, in_grad: bool) -> tuple[_Saved, bool]:
+        """LayerNorm keeps its fp32 input, mean and rstd; RMSNorm (no weight here) its input and rstd."""
+        s = _Saved()
+        trains = any(p.requires_grad for p in module.parameters())
+        if in_grad or trains:
+            stats = 1 if isinstance(module, torch.nn.RMSNorm) else 2
+            s.per_token += self.C * FP32 + stats * FP32
+        return s, in_grad or trains
+
+    def attention(self, qkv_grad: bool) -> tuple[_Saved, bool]:
+        """From qkv (B, T, 3C) to the output (B, H, T, D); returns whether the output is a tensor it keeps."""
+        C, H, T, e, c = self.C, self.H, self.s.seq_len, self.e, self.c
+        s = _Saved()
+        if not qkv_grad:
+            return s, False
+        qkv_kept = False
+        if c.qk_norm:  # rms_norm keeps its input (views of qkv; fp32 copies under autocast) and rstd
+            if self.s.autocast:
+                s.per_token += 2 * C * FP32
+            else:
+                qkv_kept = True
+            s.per_token += 2 * H * FP32
+        if c.rope:  # rotate() keeps its layer's cos and sin tables (T, D/2)
+            s.per_batch += T * (C // H) * FP32
+        if self.math_attention:
+            # scaled q and k, a copy of v; the probabilities, the dropout mask and the dropped probabilities,
+            # all in fp32 (the CPU's math path computes bf16 attention in fp32)
+            s.per_token += 3 * C * FP32 + 3 * H * T * FP32
+            out_kept = False
+        else:
+            # flash: q, k (views of qkv unless QK-norm or RoPE made new ones), v (a view), output, log-sum-exp
+            qkv_kept = True
+            s.per_token += (2 * C * e if (c.rope or c.qk_norm) else 0) + C * e + H * FP32
+            out_kept = True
+        if qkv_kept:
+            s.per_token += 3 * C * e
+        return s, out_kept
+
+    def block(self, block, in_grad: bool) -> tuple[_Saved, bool]:
+        C, c = self.C, self.c
+        s, h_grad = self.norm(block.ln_1, in_grad)
+        part, qkv_grad = self.linear(block.attn.c_attn, h_grad, C, low=not self.s.autocast, kept=False,
+                                     recomputable=True)
+        s += part
+        part, out_kept = self.attention(qkv_grad)
+        s += part
+        # c_proj's input is the attention output moved to (B, T, C): the very tensor the attention keeps when
+        # its kernel wrote it in that layout (CUDA's flash always does, CPU's when q is a view of qkv), else
+        # a copy
+        same = self.s.device_type == "cuda" or not (c.rope or c.qk_norm)
+        part, proj_grad = self.linear(block.attn.c_proj, qkv_grad, C, low=True, kept=out_kept and same)
+        s += part
+        if self.p > 0 and proj_grad:
+            s.per_token += C * self.mask(True)  # resid_dropout
+        x_grad = in_grad or proj_grad
+        part, h_grad = self.norm(block.ln_2, x_grad)
+        s += part
+        part, fc_grad = self.linear(block.mlp.c_fc, h_grad, C, low=not self.s.autocast, kept=False,
+                                    recomputable=True)
+        s += part
+        if fc_grad:  # GELU keeps its input; ReLU² its relu's output (which square reads)
+            s.per_token += 4 * C * self.e
+        part, mlp_grad = self.linear(block.mlp.c_proj, fc_grad, 4 * C, low=True, kept=False, recomputable=True)
+        s += part
+        if self.p > 0 and mlp_grad:
+            s.per_token += C * self.mask(True)
+        return s, x_grad or mlp_grad
+
+
+def _embedding_saved(model, walk: _Walk) -> tuple[_Saved, bool]:
+    """wte and wpe keep their indices (int64) when they train; the embedding dropout its mask."""
+    s = _Saved()
+    t = model.transformer
+    wte_grad = t.wte.weight.requires_grad
+    wpe_grad = "wpe" in t and t.wpe.weight.requires_grad
+    s.per_token += 8 if wte_grad else 0
+    s.per_batch += walk.s.seq_len * 8 if wpe_grad else 0
+    grad = wte_grad or wpe_grad
+    if walk.p > 0 and grad:
+        s.per_token += walk.C * walk.mask(False)
+    return s, grad
+
+
+def loss_rows(model, setup: Setup) -> int:
+    """Rows of logits one slice of model.linear_cross_entropy computes at once on this device type."""
+    return loss_chunk_rows(model.config.padded_vocab_size, setup.device_type)
+
+
+def _loss(model, setup: Setup, n: int) -> tuple[int, int, int]:
+    """Bytes of model.loss_from_hidden on n tokens: (kept for the backward, transient at the largest in the
+    forward, transient in its backward besides the head's new gradient).
+
+    Sliced (n above one slice of rows): _ChunkedLinearCrossEntropy computes the gradients during the forward
+    and keeps grad_x (n, C) in the compute dtype and, when the head trains, grad_W (Vp, C) in fp32. While it
+    runs, a slice of rows x Vp fp32 logits is live a few times over (see `slices`), grad_x exists twice
+    during its final torch.cat, and under autocast the bf16 copies of x and of the head's weight; its
+    backward scales grad_x into a new fp32 tensor. Plain (the char models): F.linear, then F.cross_entropy,
+    which keeps its log-softmax (n, V) in fp32 (and, soft-capped, the tanh); its backward makes the
+    gradients of the log-softmax, of its input and of the logits."""
+    c = model.config
+    C, V, Vp = c.n_embd, c.vocab_size, c.padded_vocab_size
+    e = 2 if setup.autocast else FP32
+    head_trains = model.lm_head.weight.requires_grad
+    rows = loss_rows(model, setup)
+    cap = c.logit_softcap > 0
+    if n <= rows:
+        kept = n * V * FP32 + n * 8 + FP32  # log-softmax output, targets, the count of targets
+        kept += n * C * e if head_trains else 0  # F.linear's input (the cast copy under autocast)
+        kept += Vp * C * e if e != FP32 else 0  # autocast's copy of the head's weight
+        kept += n * Vp * FP32 if cap else 0  # tanh keeps its output
+        # the logits, their fp32 copy under autocast, the cap's fp32 temporaries
+        forward = n * Vp * e + (n * V * FP32 if e != FP32 else 0) + (2 * n * Vp * FP32 if cap else 0)
+        return kept, forward, 2 * n * V * FP32 + n * Vp * e
+    grad_w = Vp * C * FP32 if head_trains else 0
+    kept = n * C * e + grad_w + FP32  # grad_x, grad_W, the count of targets
+    slice_fp32 = rows * Vp * FP32
+    # In units of one fp32 slice, counted from the loop in model.py and checked against torch's allocator:
+    # fp32 3 (the previous slice's softmax, the new product and logsumexp's temporary), soft-capped 5 (the
+    # raw and capped logits, the tanh and its input); under (CPU) autocast 3 and 4.5.
+    slices = {(False, False): 3, (False, True): 5, (True, False): 3, (True, True): 4.5}[(e != FP32, cap)]
+    forward = int(slices * slice_fp32) + n * C * e  # + the grad_x pieces during the cat
+    if e != FP32:
+        forward += n * C * e + Vp * C * e  # the bf16 copies of x and of the head's weight
+    return kept, forward, n * C * FP32 * (2 if e != FP32 else 1)
+
+
+def _optimizer_working(model, setup: Setup) -> int:
+    """The optimizer step's largest temporaries. CPU AdamW (single-tensor: torch uses its fused and foreach
+    kernels on CUDA) computes sqrt(exp_avg_sq) / bias_correction, two tensors the size of the largest
+    parameter; fused CUDA AdamW none. Float32Muon's Newton-Schulz: about three copies of the largest matrix
+    it updates, plus its Gram matrices; torch's bf16 Muon on CUDA the same in bf16."""
+    muon, adamw = _optimized(model, setup.optimizer)
+    work = 0 if setup.device_type == "cuda" or not adamw else 2 * max(p.numel() * FP32 for p in adamw)
+    if muon:
+        largest = max(muon, key=lambda p: p.numel())
+        small = min(largest.shape)
+        e = 2 if setup.device_type == "cuda" else FP32
+        work = max(work, 3 * largest.numel() * e + 2 * small * small * e)
+    return work
+
+
+def memory(model, setup: Setup, batch_size: int) -> Memory:
+    """The memory of one process for a training step at `batch_size` sequences per micro-batch.
+
+    The weights and optimizer states are held throughout (exact counts). The rest peaks in one of the step's
+    phases, each of which this adds up and takes the largest of:
+      forward: the activations of the micro-batch, the loss's working memory at its end, and the gradients
+        when they are already there (accumulation over micro-batches, or DDP's buckets);
+      backward: at its start what the loss kept, the first gradients it makes (a copy of grad_x, and of
+        grad_W: the head's gradient) and a block's working memory (the gradients of its 4C-wide MLP
+        activations); at its end all gradients and, with a tied head, the embedding's gradient before it is
+        added to the head's;
+      optimizer: all gradients and the optimizer's temporaries.
+    Activation checkpointing keeps only each block's input (its full activations exist for one block at a
+    time, while it is recomputed in the backward). A compiled step (torch.compile, CUDA) keeps less: its
+    partitioner recomputes pointwise results (the norms' outputs, the MLP's activation) and the weight casts
+    in the backward instead of keeping them: an estimate, until measured on a GPU.
+    """
+    c, s = model.config, setup
+    n = batch_size * s.seq_len
+    walk = _Walk(model, s)
+    weights, grads = weights_bytes(model), gradients_bytes(model)
+    optim = optimizer_bytes(model, s.optimizer)
+
+    saved, grad = _embedding_saved(model, walk)
+    blocks = []
+    for block in model.transformer.h:
+        part, grad = walk.block(block, grad)
+        blocks.append(part.total(n, s.compile))
+    final, grad = walk.norm(model.transformer.ln_f, grad)
+    final_kept = final.total(n, s.compile)
+    if s.checkpointing:
+        # checkpoint(block, x) keeps x (fp32, the residual stream); the block inside is recomputed in the
+        # backward, its activations live while it runs
+        inputs = len(blocks) * n * c.n_embd * FP32
+        activations = saved.total(n, s.compile) + final_kept + inputs
+        recomputing = max(blocks, default=0)
+    else:
+        activations = saved.total(n, s.compile) + final_kept + sum(blocks)
+        recomputing = 0
+    loss_kept, loss_forward, loss_backward = _loss(model, s, n)
+    # autocast's weight copies; a compiled step recomputes the casts in its backward instead (an estimate)
+    copies = 0 if s.compile else walk.copies
+    head = model.lm_head.weight
+    head_grad = head.numel() * FP32 if head.requires_grad else 0
+    held = grads if (s.accum > 1 or s.world_size > 1) else 0  # gradients already there during the forward
+    new_head_grad = 0 if held else head_grad  # the loss' backward makes it (and keeps it)
+    # The last block's backward, once the loss and the final norm have let go of what they kept: its output's
+    # gradient (fp32), the gradient of the MLP's 4C-wide hidden tensor (in the compute dtype) and of c_proj's
+    # weight, while all its own activations are still there: checked against torch's allocator on the CPU.
+    block_matrix = max((p.numel() * FP32 for b in model.transformer.h for p in b.parameters()
+                        if p.dim() == 2 and p.requires_grad), default=0)
+    block_work = n * c.n_embd * (FP32 + 4 * walk.e) + block_matrix
+    phases = {
+        "forward": held + activations + copies + loss_kept + loss_forward,
+        "loss backward": held + activations + copies + loss_kept + loss_backward + new_head_grad,
+        "block backward": held + activations - final_kept + copies + recomputing + new_head_grad + block_work,
+        # the end of the backward: every gradient, and with a tied head the embedding's, before it is added
+        "backward end": grads + (head_grad if head is model.transformer.wte.weight else 0) + n * c.n_embd * FP32,
+        "optimizer": grads + _optimizer_working(model, s),
+    }
+    step_peak = max(phases.values())
+    working = step_peak - activations - copies - loss_kept - held
+    return Memory(weights=weights, gradients=grads, optimizer=optim, activations=activations, loss=loss_kept,
+                  autocast_copies=copies, working=max(0, working), peak=weights + optim + step_peak)
+
+
+def largest_batch(model, setup: Setup, capacity: float, limit: int = 1 << 16) -> int:
+    """The largest micro-batch (sequences) whose peak fits in `capacity` bytes; 0 when not even one does.
+    The peak grows with the batch, so a binary search (a plan for gpt2-xl takes milliseconds)."""
+    if memory(model, setup, 1).peak > capacity:
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and memory(model, setup, hi).peak <= capacity:
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if memory(model, setup, mid).peak <= capacity:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def valid_batches(sequences_per_step: int, world_size: int) -> list[int]:
+    """The micro-batch sizes that keep a step's sequences exactly: those dividing the sequences each process
+    takes per step (the accumulation then is a whole number)."""
+    per_process = sequences_per_step // world_size
+    return [b for b in range(1, per_process + 1) if per_process % b == 0]
+
+
+def search_batch(candidates: list[int], start: int, fits) -> int | None:
+    """The largest of the ascending `candidates` for which fits(b) holds (None if none does), assuming it
+    holds up to some size and fails beyond: a binary search whose first try is the candidate nearest
+    `start` from below (the plan's estimate). Each fits(b) is a real training step on a GPU: few tries."""
+    lo, hi = -1, len(candidates)  # candidates[lo] fits (lo = -1: none known to); candidates[hi] does not
+    i = max([k for k, b in enumerate(candidates) if b <= start], default=0)
+    while hi - lo > 1:
+        if fits(candidates[i]):
+            lo = i
+        else:
+            hi = i
+        i = (lo + hi) // 2
+    return candidates[lo] if lo >= 0 else None
+
+
+# ----------------------------------------------------------------------------- devices, time and cost
+
+# No GPU has run this code yet (BENCHMARKS.md): the time on a GPU is the run's FLOPs at an assumed share of the
+# datasheet's dense peak (gptkit/metrics.py's PEAK_FLOPS, the logs' MFU denominator). 40% is below this
+# project's own target for GPT-2 124M on an H100 (550,000 tokens/s, ~48% of 989 TFLOP/s, BENCHMARKS.md) and
+# what nanoGPT-style runs of that size are commonly reported to reach; small models (the char ones) reach
+# far less. Replace it with a measured MFU once bench.py has run on a GPU.
+ASSUMED_GPU_MFU = 0.40
+# The CPU has no MFU: the time uses the FLOP/s this code measured on the 2-core development VM, per core.
+# BENCHMARKS.md: configs/shakespeare_cpu.py trains at ~17,800 tokens/s of 5.16 MFLOP each (0.8M parameters,
+# T = 64): 9.2e10 FLOP/s on 2 cores. (bench.py's 10.7M baby model reached 1.6e11: bigger matmuls run better.)
+CPU_FLOPS_PER_CORE = 17_800 * 5.16e6 / 2
+# What a GPU's memory holds besides the run's tensors: the CUDA context and the cuBLAS/NCCL workspaces
+# (~1 GiB), and the caching allocator's fragmentation (5% assumed). On the CPU: the process' own memory
+# (Python, torch's libraries: ~0.5 GiB), and freed tensors that glibc's malloc keeps resident for reuse
+# (its mmap threshold grows as large blocks are freed): benchmarks/plan_memory.py measured the process' peak
+# at 1.1x to 2.2x its tensors' (the LoRA shape), so a CPU run is sized for half the RAM left.
+GPU_RESERVED, GPU_FRAGMENTATION, CPU_RESERVED, CPU_MALLOC_FACTOR = 1 * GiB, 0.05, GiB // 2, 2.0
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device the plan sizes the run for: its memory (bytes) and the FLOP/s the time assumes."""
+
+    name: str
+    kind: str  # cpu or cuda
+    memory: float
+    flops: float | None  # None: not known (a --device_memory_gb device)
+    flops_note: str
+
+    @property
+    def capacity(self) -> float:
+        """The bytes the run's tensors may take."""
+        if self.kind != "cuda":
+            return (self.memory - CPU_RESERVED) / CPU_MALLOC_FACTOR
+        return (self.memory - GPU_RESERVED) * (1 - GPU_FRAGMENTATION)
+
+
+def ram() -> tuple[int, int]:
+    """(total, available) bytes of this machine's memory."""
+    try:
+        info = dict(line.split(":", 1) for line in open("/proc/meminfo"))
+        return int(info["MemTotal"].split()[0]) * 1024, int(info["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):  # not Linux
+        import os
+
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return total, total
+
+
+def cpu_device() -> Device:
+    import os
+
+    cores = os.cpu_count() or 1
+    _, available = ram()
+    return Device(f"this CPU ({cores} cores, RAM available)", "cpu", available, CPU_FLOPS_PER_CORE * cores,
+                  "measured on a 2-core VM, per core")
+
+
+def gpu(name: str, memory_gib: float, table_name: str, dtype: torch.dtype) -> Device:
+    peak = peak_flops_for(table_name, dtype)
+    return Device(name, "cuda", memory_gib * GiB, peak * ASSUMED_GPU_MFU, f"{ASSUMED_GPU_MFU:.0%} MFU assumed")
+
+
+def named_gpus(dtype: torch.dtype, memory_gb: float = 0) -> list[Device]:
+    """The GPUs of the plan's table (their memory as the vendors state it, in GiB), and a --device_memory_gb one."""
+    devices = [gpu("24 GB GPU (RTX 4090)", 24, "RTX 4090", dtype), gpu("A100 40GB", 40, "A100", dtype),
+               gpu("A100 80GB", 80, "A100", dtype), gpu("H100 80GB", 79.6, "H100", dtype)]
+    if memory_gb:
+        devices.insert(0, Device(f"your GPU ({memory_gb:g} GB)", "cuda", memory_gb * GiB, None, "n/a"))
+    return devices
+
+
+def run_flops(model, cfg, tokens_per_step: int, checkpointing: bool, done: int = 0) -> tuple[float, float]:
+    """(training, evaluation) FLOPs of the run's steps after `done` (a resumed run's): flops_per_token for
+    every token of every step, plus the recomputed forward with activation checkpointing; a forward over
+    eval_iters micro-batches every eval_interval steps and at the end (HellaSwag not counted)."""
+    T = cfg.block_size
+    per_token = flops_per_token(model, T) + (recompute_flops_per_token(model, T) if checkpointing else 0)
+    steps = 0 if cfg.eval_only else max(0, cfg.max_iters - done)
+    evals = 1 if cfg.eval_only else steps // cfg.eval_interval + 1 + (1 if steps % cfg.eval_interval else 0)
+    eval_tokens = evals * cfg.eval_iters * (cfg.batch_size or 1) * T
+    return per_token * tokens_per_step * steps, forward_flops_per_token(model, T) * eval_tokens
+
+
+def format_bytes(n: float) -> str:
+    return f"{n / GiB:,.2f} GiB" if n >= GiB / 4 else f"{n / 2**20:,.1f} MiB"
+
+
+def format_seconds(s: float) -> str:
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 2 * 3600:
+        return f"{s / 60:.0f} min"
+    if s < 3 * 86400:
+        return f"{s / 3600:.1f} h"
+    if s < 365 * 86400:
+        return f"{s / 86400:.1f} days"
+    return f"{s / (365 * 86400):.1f} years"
+
+
+# ----------------------------------------------------------------------------- the run's model, without weights
+
+# OpenAI's GPT-2 sizes (n_layer, n_head, n_embd), all with a 1,024-token context and 50,257 tokens: a plan
+# knows a GPT-2 name's shape without downloading its weights.
+GPT2_SHAPES = {"gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024), "gpt2-large": (36, 20, 1280),
+               "gpt2-xl": (48, 25, 1600)}
+GPT2_VOCAB = 50257
+# The vocabularies of the datasets that have a prepare script (shards.PREPARE_COMMANDS): a plan works before
+# they are prepared. Tiny Shakespeare has 65 distinct characters; the others are prepared with GPT-2's BPE.
+KNOWN_DATASETS = {"shakespeare_char": ("char", 65), "shakespeare": ("gpt2", GPT2_VOCAB),
+                  "openwebtext": ("gpt2", GPT2_VOCAB), "fineweb": ("gpt2", GPT2_VOCAB),
+                  "fineweb_edu": ("gpt2", GPT2_VOCAB)}
+
+
+class PlanError(UserError):
+    """A run the plan cannot size; the message says why and what to do."""
+
+
+def dataset_vocabulary(cfg) -> tuple[int, str, str] | None:
+    """(vocab_size, tokenizer kind, where that comes from) of the run's dataset: its meta.json, or for a known
+    dataset that is not prepared yet what preparing it gives; None when neither is known."""
+    path = dataset_dir(cfg.dataset, cfg.data_root)
+    if (path / "meta.json").is_file():
+        meta = read_meta(path)
+        return int(meta["vocab_size"]), meta["tokenizer"]["kind"], f"as in {path}/meta.json"
+    if path.name in KNOWN_DATASETS:
+        kind, vocab = KNOWN_DATASETS[path.name]
+        how = "its 65 characters" if kind == "char" else "GPT-2's BPE"
+        return vocab, kind, f"assumed: {path} is not prepared; {PREPARE_COMMANDS[path.name]} uses {how}"
+    return None
+
+
+def base_config(init_from: str, dropout: float) -> GPTConfig:
+    """The shape of the model a fine-tuning run starts from, as checkpoint.load_base_model would load it, read
+    without its weights: a GPT-2 name (known shapes), a Hugging Face folder (its config.json) or a checkpoint
+    of this project (memory-mapped: only its config is read)."""
+    path = Path(init_from)
+    ours = path.is_file() or (path.is_dir() and any((path / n).is_file() for n in ("best.pt", "last.pt")))
+    if init_from in GPT2_SHAPES:
+        n_layer, n_head, n_embd = GPT2_SHAPES[init_from]
+        return GPTConfig(block_size=1024, vocab_size=GPT2_VOCAB, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+                         dropout=dropout, bias=True, vocab_multiple=VOCAB_MULTIPLE)
+    if ours:
+        ckpt = load_checkpoint(path)
+        return GPTConfig.from_dict({**ckpt["model_config"], "dropout": dropout})
+    hf = path / "config.json"
+    if not hf.is_file():
+        raise PlanError(f"unknown pretrained model {init_from!r}: use one of {', '.join(GPT2_SHAPES)}, a local "
+                        f"Hugging Face GPT-2 folder (config.json + model.safetensors) or a checkpoint of this project")
+    try:
+        spec = json.loads(hf.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PlanError(f"cannot read {hf}: {one_line(e)}") from None
+    if not isinstance(spec, dict):
+        raise PlanError(f"{hf} does not hold a JSON object; is it a Hugging Face config file?")
+    return replace(config_from_hf(spec, str(path)), vocab_multiple=VOCAB_MULTIPLE, dropout=dropout)
+
+
+def plan_model(cfg, ckpt: dict | None, vocab: tuple[int, str, str] | None) -> tuple[GPT, str]:
+    """The model train.py's build_model and attach_lora would make for this config, on the meta device
+    (shapes only, nothing allocated), and a line saying where its shape and vocabulary come from."""
+    with torch.device("meta"):
+        if ckpt is not None:
+            model = GPT(GPTConfig.from_dict({**ckpt["model_config"], "dropout": cfg.dropout}))
+            if ckpt.get("lora"):
+                lora.apply(model, LoRASettings(**ckpt["lora"]["settings"]))
+            return model, f"resumed from {cfg.out_dir}/last.pt (step {ckpt.get('step')})"
+        if cfg.init_from == "scratch":
+            if vocab is None:
+                path = dataset_dir(cfg.dataset, cfg.data_root)
+                raise PlanError(f"dataset {cfg.dataset!r} is not prepared ({path}/meta.json is missing), so its "
+                                f"vocabulary is unknown; prepare it first ({prepare_command(cfg.dataset, cfg.data_root)})")
+            size, kind, where = vocab
+            model = GPT(cfg.model_config(size, vocab_multiple=64 if kind != "char" else 1))
+            return _with_lora(cfg, model), f"from scratch ({where})"
+        base = base_config(cfg.init_from, cfg.dropout)
+        if cfg.block_size > base.block_size:
+            raise PlanError(f"block_size {cfg.block_size} exceeds {cfg.init_from}'s context of {base.block_size}; "
+                            f"use --block_size={base.block_size} or less")
+        model = GPT(base)
+        if cfg.block_size < base.block_size and not cfg.lora_rank:
+            model.crop_block_size(cfg.block_size)
+        return _with_lora(cfg, model), f"fine-tuning {cfg.init_from} (its shape; no weights are read)"
+
+
+def _with_lora(cfg, model: GPT) -> GPT:
+    settings = lora_settings(cfg)
+    if settings is None:
+        return model
+    if cfg.init_from == "scratch":
+        raise PlanError("LoRA adapts a trained model: set --init_from to a GPT-2 name, a Hugging Face GPT-2 folder "
+                        "or a checkpoint of this project, or set --lora_rank=0")
+    return lora.apply(model, settings)
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+@dataclass
+class Column:
+    """One way of running the config: on the CPU (float32) or on CUDA GPUs (bf16, compiled), as train.py's
+    auto settings would choose there, with the devices of that kind the plan sizes it for."""
+
+    label: str
+    setup: Setup
+    model: GPT
+    batch_size: int  # the micro-batch of the breakdown: the configured one, or what batch_size=auto picks
+    batch_note: str
+    memory: Memory
+    devices: list[Device]
+
+
+def _kinds(cfg) -> list[str]:
+    if cfg.device == "auto":
+        return ["cpu", "cuda"]
+    try:
+        return [torch.device(cfg.device).type]
+    except RuntimeError:
+        raise PlanError(f"device {cfg.device!r} is not a device; use auto, cpu, cuda, cuda:N or mps") from None
+
+
+def _dtype(cfg, kind: str) -> torch.dtype:
+    """runtime.resolve_dtype's choice, for a GPU of the named kinds (all compute bf16 natively)."""
+    if cfg.dtype == "auto":
+        return torch.bfloat16 if kind == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.dtype]
+
+
+def auto_batch(model, setup: Setup, capacity: float, sequences_per_step: int) -> int:
+    """batch_size=auto from the plan: the largest micro-batch that fits `capacity` and divides the sequences
+    each process takes per step (so that gradient_accumulation_steps keeps the tokens per step exactly)."""
+    fits = largest_batch(model, replace(setup, accum=2), capacity)
+    choices = [b for b in valid_batches(sequences_per_step, setup.world_size) if b <= fits]
+    if not choices:
+        raise PlanError(f"not even one sequence of {setup.seq_len} tokens fits in {format_bytes(capacity)} "
+                        f"(the plan's peak for it: {format_bytes(memory(model, setup, 1).peak)}); use a smaller "
+                        f"block_size or model, --lora_rank, or --activation_checkpointing=True")
+    return choices[-1]
+
+
+def sequences_per_step(cfg, world_size: int) -> int:
+    """Sequences per optimizer step over all processes: tokens_per_step / block_size with batch_size=auto,
+    else batch_size x gradient_accumulation_steps (which counts micro-batches over all processes)."""
+    if cfg.batch_size is None:
+        return cfg.tokens_per_step // cfg.block_size
+    return cfg.batch_size * cfg.gradient_accumulation_steps
+
+
+def _column(cfg, ckpt, vocab, kind: str, world_size: int) -> tuple[Column, str]:
+    model, where = plan_model(cfg, ckpt, vocab)
+    dtype = _dtype(cfg, kind)
+    if cfg.lora_rank and kind == "cuda" and dtype == torch.bfloat16:
+        lora.cast_frozen_base(model, torch.bfloat16)  # as train.py's setup_run does on a GPU
+    compiled = cfg.compile if cfg.compile is not None else kind == "cuda"
+    if kind == "cuda":
+        devices = named_gpus(dtype, cfg.device_memory_gb)
+    elif kind == "cpu":
+        devices = [cpu_device()]
+    else:
+        devices = [Device("this machine's memory (MPS)", kind, ram()[1], None, "n/a")]
+    sequences = sequences_per_step(cfg, world_size)
+    setup = Setup(kind, dtype, cfg.block_size, cfg.optimizer, world_size=world_size, compile=compiled,
+                  checkpointing=cfg.activation_checkpointing)
+    if cfg.batch_size is None:
+        main = devices[0] if kind != "cuda" or cfg.device_memory_gb else devices[-1]
+        batch = auto_batch(model, setup, main.capacity, sequences)
+        note = f"batch_size=auto on {main.name}"
+    else:
+        batch, note = cfg.batch_size, "configured"
+    setup = replace(setup, accum=max(1, sequences // (batch * world_size)))
+    label = f"{kind}: {str(dtype).removeprefix('torch.')}" + (", compiled" if compiled else "")
+    return Column(label, setup, model, batch, note, memory(model, setup, batch), devices), where
+
+
+def make_plan(cfg, ckpt: dict | None = None, world_size: int = 1) -> dict:
+    """Everything the plan prints, as plain values: the model's counts, the FLOPs, one memory breakdown per
+    device kind and one row per device."""
+    if world_size < 1 or (cfg.batch_size is not None and cfg.gradient_accumulation_steps % world_size):
+        raise PlanError(f"gradient_accumulation_steps ({cfg.gradient_accumulation_steps}) must be divisible by the "
+                        f"number of processes ({world_size})")
+    vocab = dataset_vocabulary(cfg) if ckpt is None else None
+    columns, where = [], ""
+    for kind in _kinds(cfg):
+        column, where = _column(cfg, ckpt, vocab, kind, world_size)
+        columns.append(column)
+    model = columns[0].model
+    T = cfg.block_size
+    tokens = sequences_per_step(cfg, world_size) * T
+    trainable, frozen = matmul_weights(model)
+    plan = {
+        "model": where, "n_layer": model.config.n_layer, "n_head": model.config.n_head,
+        "n_embd": model.config.n_embd, "block_size": T, "vocab_size": model.config.vocab_size,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "world_size": world_size, "tokens_per_step": tokens, "max_iters": cfg.max_iters,
+        "steps_done": int(ckpt["step"]) if ckpt is not None else 0,
+        "flops_per_token": flops_per_token(model, T), "matmul_weights": trainable + frozen, "columns": [],
+    }
+    for column in columns:
+        train, evaluation = run_flops(column.model, replace(cfg, batch_size=column.batch_size), tokens,
+                                      cfg.activation_checkpointing, done=plan["steps_done"])
+        rows = []
+        for device in column.devices:
+            rows.append(_device_row(column, device, train + evaluation, world_size, cfg.usd_per_gpu_hour))
+        plan["columns"].append({"label": column.label, "batch_size": column.batch_size, "batch_note": column.batch_note,
+                                "accum": column.setup.accum, "loss_rows": loss_rows(column.model, column.setup),
+                                "memory": column.memory.as_dict(), "train_flops": train, "eval_flops": evaluation,
+                                "devices": rows})
+    return plan
+
+
+def _device_row(column: Column, device: Device, flops: float, world_size: int, usd_per_gpu_hour: float) -> dict:
+    capacity = device.capacity
+    largest = largest_batch(column.model, replace(column.setup, accum=2), capacity)
+    parallel = world_size if device.kind == "cuda" else 1  # DDP processes on one CPU share its cores
+    seconds = flops / (device.flops * parallel) if device.flops else None
+    cost = seconds / 3600 * parallel * usd_per_gpu_hour if seconds and device.kind == "cuda" and usd_per_gpu_hour else None
+    return {"name": device.name, "memory": device.memory, "capacity": capacity,
+            "fits": column.memory.peak <= capacity, "largest_batch": largest, "seconds": seconds,
+            "flops_note": device.flops_note, "usd": cost}
+
+
+def format_plan(plan: dict, title: str) -> str:
+    """The plan as the short table `train.py CONFIG --plan` prints."""
+    n, cols, T = plan["parameters"], plan["columns"], plan["block_size"]
+    trainable = "all trainable" if plan["trainable"] == n else f"{plan['trainable'] / 1e6:,.2f}M trainable (LoRA)"
+    first = cols[0]
+    lines = [
+        f"plan: {title}",
+        f"  model            {plan['n_layer']} layers x {plan['n_embd']} wide, {plan['n_head']} heads, "
+        f"vocabulary {plan['vocab_size']:,}",
+        f"                   {plan['model']}",
+        f"  parameters       {n / 1e6:,.2f}M, {trainable}",
+        f"  tokens per step  {plan['tokens_per_step']:,} = {plan['tokens_per_step'] // T:,} sequences of {T:,} "
+        f"tokens, over {plan['world_size']} process{'es' if plan['world_size'] > 1 else ''}",
+        f"  training FLOPs   {plan['flops_per_token']:.3g} per token (the logs' MFU counts the same); "
+        f"{first['train_flops']:.3g} for {plan['max_iters'] - plan['steps_done']:,} steps"
+        + (f" (of {plan['max_iters']:,})" if plan["steps_done"] else "") + f", {first['eval_flops']:.2g} more to evaluate",
+        "",
+    ]
+    width, col = 34, 28
+    per = "memory per GPU" if plan["world_size"] > 1 else "memory per process"
+    lines.append(f"{per:<{width}}" + "".join(f"{c['label']:>{col}}" for c in cols))
+    size = lambda key: [format_bytes(c["memory"][key]) if c["memory"][key] else "-" for c in cols]  # noqa: E731
+    rows = [
+        ("  micro-batch", [f"{c['batch_size']} x {T}, {c['accum']} per step" for c in cols]),
+        ("  weights", size("weights")),
+        ("  gradients", size("gradients")),
+        ("  optimizer states", size("optimizer")),
+        ("  activations (one micro-batch)", size("activations")),
+        ("  autocast's weight copies", size("autocast_copies")),
+        ("  loss, kept for the backward", size("loss")),
+        ("  working memory at the peak", size("working")),
+        ("  peak", size("peak")),
+    ]
+    lines += [f"{name:<{width}}" + "".join(f"{v:>{col}}" for v in values) for name, values in rows]
+    autos = [f"{c['label']}: {c['batch_note']}" for c in cols if c["batch_note"] != "configured"]
+    if autos:
+        lines.append(f"  (batch_size=auto picks the micro-batch: {'; '.join(autos)})")
+    for c in cols:
+        costs = any(r["usd"] for r in c["devices"])
+        lines += ["", f"{'devices, ' + c['label']:<{width}}{'memory':>10}{'batch ' + str(c['batch_size']):>10}"
+                      f"{'largest':>9}{'time':>12}" + (f"{'cost':>10}" if costs else "")]
+        for r in c["devices"]:
+            time = format_seconds(r["seconds"]) if r["seconds"] is not None else "n/a"
+            usd = "" if r["usd"] is None else f"${r['usd']:,.0f}" if r["usd"] >= 10 else f"${r['usd']:.2f}"
+            lines.append(f"  {r['name']:<{width - 2}}{format_bytes(r['memory']):>10}"
+                         f"{'fits' if r['fits'] else 'too big':>10}{r['largest_batch']:>9}{time:>12}"
+                         + (f"{usd:>10}" if costs else ""))
+    lines += ["", *NOTES]
+    return "\n".join(lines)
+
+
+NOTES = (
+    "notes: the peak is one training step's tensors (exact counts; activations as autograd keeps them). \"largest\"",
+    "  is the largest micro-batch that fits, leaving 1 GiB + 5% of a GPU to the CUDA context and fragmentation",
+    "  (on the CPU: 0.5 GiB to the process, then half the RAM left, for the freed memory glibc keeps resident).",
+    "  A compiled step's activations are an estimate until measured on a GPU.",
+    f"  Time: GPUs at {ASSUMED_GPU_MFU:.0%} of their datasheet peak, an assumption (no GPU has run this code yet);",
+    f"  the CPU at {CPU_FLOPS_PER_CORE:.2g} FLOP/s per core, measured on the 2-core development VM (BENCHMARKS.md).",
+    "  Evaluations are included, HellaSwag is not.",
+)
