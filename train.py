@@ -163,7 +163,8 @@ def check_out_dir(cfg: TrainConfig) -> None:
         )
 
 
-def build_model(cfg: TrainConfig, meta: dict, ckpt: dict | None) -> GPT:
+def build_model(cfg: TrainConfig, meta: dict, ckpt: dict | None) -> tuple[GPT, int]:
+    """The run's model, and how many token ids a fine-tune added to its base's vocabulary (special tokens)."""
     vocab = int(meta["vocab_size"])
     if ckpt is not None:
         saved_tok = ckpt.get("tokenizer", {})
@@ -172,14 +173,14 @@ def build_model(cfg: TrainConfig, meta: dict, ckpt: dict | None) -> GPT:
         if diffs:
             raise TrainError(f"cannot resume on dataset {cfg.dataset!r}: its vocabulary differs: {'; '.join(diffs)}")
         if ckpt.get("lora"):  # its base, from where the run found it, with the saved adapters
-            return lora_model(ckpt, cfg.dropout)
+            return lora_model(ckpt, cfg.dropout), 0
         # The shape is the checkpoint's; dropout may be changed when continuing a run.
         model = GPT(GPTConfig.from_dict({**ckpt["model_config"], "dropout": cfg.dropout}))
         model.load_state_dict(ckpt["model"])
-        return model
+        return model, 0
     if cfg.init_from == "scratch":
         # Round the embedding up to a multiple of 64 for a BPE vocabulary (50257 -> 50304): faster matmuls.
-        return GPT(cfg.model_config(vocab, vocab_multiple=64 if meta["tokenizer"]["kind"] != "char" else 1))
+        return GPT(cfg.model_config(vocab, vocab_multiple=64 if meta["tokenizer"]["kind"] != "char" else 1)), 0
     # Fine-tuning: a GPT-2 name, a Hugging Face folder, or a checkpoint of this project.
     model, tokenizer = load_base_model(cfg.init_from, dropout=cfg.dropout)
     if cfg.block_size > model.config.block_size:
@@ -191,17 +192,33 @@ def build_model(cfg: TrainConfig, meta: dict, ckpt: dict | None) -> GPT:
     # training sequences, and the merged model still has the base's context.
     if cfg.block_size < model.config.block_size and not cfg.lora_rank:
         model.crop_block_size(cfg.block_size)
-    if meta["tokenizer"] != tokenizer or vocab > model.config.vocab_size:
+    added = 0
+    if meta["tokenizer"] != tokenizer and added_special_tokens(tokenizer, meta):
+        # The base's tokenizer plus special tokens (a chat dataset's): the model learns them from here on.
+        added = vocab - model.config.vocab_size
+        model.grow_vocab(vocab)
+    elif meta["tokenizer"] != tokenizer or vocab > model.config.vocab_size:
         hint = ("prepare it with --tokenizer gpt2 (e.g. python prepare/shakespeare.py)" if tokenizer == GPT2_BPE
                 else "prepare it with the same tokenizer")
         raise TrainError(f"dataset {cfg.dataset!r} is not tokenized with the tokenizer {cfg.init_from} was "
                          f"trained with ({tokenizer}); {hint}")
-    return model
+    return model, added
 
 
-def attach_lora(cfg: TrainConfig, model: GPT, ckpt: dict | None) -> dict | None:
+def added_special_tokens(base_spec: dict | None, meta: dict) -> bool:
+    """Whether the dataset's tokenizer is the base model's with special tokens added after its last id (what
+    prepare/chat.py makes of a base's tokenizer), the only change of vocabulary a fine-tune can take."""
+    if base_spec is None:
+        return False
+    base, data = Tokenizer.from_meta(base_spec), Tokenizer.from_meta(meta)
+    return data.vocab_size > base.vocab_size and base.with_special(data.special) == data
+
+
+def attach_lora(cfg: TrainConfig, model: GPT, ckpt: dict | None, added_tokens: int = 0) -> dict | None:
     """With lora_rank > 0, freeze the model and give it adapters; returns what the checkpoints record about
-    them (settings, and the base's name and fingerprint). A resumed LoRA run has its adapters already."""
+    them (settings, and the base's name and fingerprint). A resumed LoRA run has its adapters already.
+    With added_tokens (new special tokens: their embedding rows start at the mean and must be learnt), the
+    token embedding (and an untied head) is trained as a whole too, and saved with the adapters."""
     settings = lora_settings(cfg)
     if ckpt is not None:
         saved = ckpt.get("lora")
@@ -217,8 +234,10 @@ def attach_lora(cfg: TrainConfig, model: GPT, ckpt: dict | None) -> dict | None:
     # A local base is recorded by its absolute path: the checkpoint must find it from anywhere.
     where = cfg.init_from if cfg.init_from in GPT2_NAMES else str(Path(cfg.init_from).resolve())
     info = {"settings": settings.to_dict(), "base": {"init_from": where, "fingerprint": lora.fingerprint(
-        model.state_dict())}}
+        model.state_dict())}, "train_embeddings": bool(added_tokens)}
     lora.apply(model, settings)
+    if added_tokens:
+        lora.unfreeze_embeddings(model)
     return info
 
 
@@ -360,9 +379,9 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
         raise TrainError(f"gradient_accumulation_steps ({cfg.gradient_accumulation_steps}) must be divisible by "
                          f"the number of processes ({d.world_size})")
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-    model = build_model(cfg, meta, ckpt)
+    model, added_tokens = build_model(cfg, meta, ckpt)
     check_vocab(data_dir, meta, model)
-    lora_info = attach_lora(cfg, model, ckpt)
+    lora_info = attach_lora(cfg, model, ckpt, added_tokens)
     if lora_info and rt.device_type == "cuda" and rt.dtype == torch.bfloat16:
         lora.cast_frozen_base(model, torch.bfloat16)  # the blocks' frozen weights: half their memory
     model.activation_checkpointing = cfg.activation_checkpointing
@@ -453,9 +472,14 @@ def make_metrics(run: Run) -> Metrics:
                 print(f"note: no GPU here, so this runs on the CPU, but this config is sized for a GPU "
                       f"({total:.1e} training FLOPs): expect hours; the ETA follows the first logged steps. "
                       f"For a run sized for a CPU: python train.py configs/shakespeare_cpu.py", flush=True)
+    chat = run.meta.get("chat") or {}
+    answers_only = bool(run.meta["splits"]["train"].get("masks")) and chat.get("train_on") != "all"
+    if answers_only and d.master:
+        print("loss: over the answer tokens only (a chat dataset: the assistant's replies and their <|end|> are the "
+              "targets; the rest is context)")
     return Metrics(cfg.out_dir, master=d.master, tokens_per_step=run.tokens_per_step, flops_per_token=fpt,
                    peak_flops=peak_flops(rt.device, rt.dtype), world_size=d.world_size,
-                   max_iters=cfg.max_iters, device=rt.device, wandb_run=wandb_run)
+                   max_iters=cfg.max_iters, device=rt.device, wandb_run=wandb_run, answers_only=answers_only)
 
 
 # ----------------------------------------------------------------------------- one step, evaluation

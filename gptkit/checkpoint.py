@@ -126,10 +126,11 @@ def load_base_model(init_from: str, dropout: float = 0.0) -> tuple[GPT, dict | N
     return model, meta.get("tokenizer")
 
 
-def lora_base(ref: dict, block_size: int, dropout: float = 0.0) -> GPT:
+def lora_base(ref: dict, block_size: int, dropout: float = 0.0, vocab_size: int | None = None) -> GPT:
     """The base model a LoRA checkpoint names, with the checkpoint's block_size (the base's own; runs written
-    before LoRA kept its base whole cropped it); refused unless it is the very model the adapters were
-    trained on."""
+    before LoRA kept its base whole cropped it) and vocab_size (a run that added special tokens grew the base's
+    vocabulary, deterministically, before the fingerprint was taken); refused unless it is the very model the
+    adapters were trained on."""
     try:
         base, _ = load_base_model(ref["init_from"], dropout)
     except UserError as e:
@@ -137,6 +138,8 @@ def lora_base(ref: dict, block_size: int, dropout: float = 0.0) -> GPT:
                               f"make it available where the run found it") from None
     if base.config.block_size > block_size:
         base.crop_block_size(block_size)
+    if vocab_size is not None and vocab_size > base.config.vocab_size:
+        base.grow_vocab(vocab_size)
     found = lora.fingerprint(base.state_dict())
     # Checkpoints written before GPT-2 weights were loaded with a padded vocabulary fingerprinted them without
     # the padding rows: the same weights, so they are accepted too.
@@ -156,8 +159,11 @@ def _without_vocab_padding(model: GPT) -> dict[str, torch.Tensor]:
 def lora_model(ckpt: dict, dropout: float = 0.0) -> GPT:
     """A LoRA checkpoint's base with its adapters on (unmerged, trainable adapters, frozen base)."""
     info = ckpt["lora"]
-    model = lora_base(info["base"], ckpt["model_config"]["block_size"], dropout)
+    config = ckpt["model_config"]
+    model = lora_base(info["base"], config["block_size"], dropout, config["vocab_size"])
     lora.apply(model, lora.LoRASettings(**info["settings"]))
+    if info.get("train_embeddings"):
+        lora.unfreeze_embeddings(model)
     lora.load_adapters(model, ckpt["model"])
     return model
 

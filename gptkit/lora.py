@@ -1,7 +1,7 @@
 """LoRA: fine-tune a big model by training small low-rank updates of some of its Linear layers.
 
     lora.apply(model, LoRASettings(rank=8, alpha=16, targets="attn.c_attn,attn.c_proj"))  # freezes the base
-    lora.adapter_state_dict(model)      # only the adapters: what a LoRA checkpoint stores
+    lora.adapter_state_dict(model)      # only the adapters (and unfrozen tables): what a LoRA checkpoint stores
     lora.merge(model)                   # fold the updates into the weights: an ordinary GPT again
     lora.cast_frozen_base(model, torch.bfloat16)   # the blocks' frozen Linear weights in bf16 (train.py, CUDA)
 
@@ -114,9 +114,18 @@ def apply(model: nn.Module, settings: LoRASettings) -> nn.Module:
     return model
 
 
+def unfreeze_embeddings(model: nn.Module) -> None:
+    """Train the token embedding (and an untied head) too: a fine-tune that adds tokens (a chat model's special
+    tokens) must learn their rows, which no adapter can stand in for. adapter_state_dict then saves them."""
+    model.transformer.wte.weight.requires_grad_(True)
+    model.lm_head.weight.requires_grad_(True)  # (the same tensor when tied)
+
+
 def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The adapters' tensors only, under the model's own key names (…attn.c_attn.lora_A, …)."""
-    return {k: v for k, v in model.state_dict().items() if k.endswith((".lora_A", ".lora_B"))}
+    """What a LoRA run trains, under the model's own key names: the adapters (…attn.c_attn.lora_A, …) and any
+    table unfreeze_embeddings made trainable."""
+    trained = {name for name, p in model.named_parameters() if p.requires_grad}
+    return {k: v for k, v in model.state_dict().items() if k.endswith((".lora_A", ".lora_B")) or k in trained}
 
 
 def load_adapters(model: nn.Module, adapters: dict[str, torch.Tensor]) -> None:

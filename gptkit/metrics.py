@@ -95,8 +95,12 @@ class Metrics:
 
     def __init__(self, out_dir: str | Path, *, master: bool, tokens_per_step: int, flops_per_token: float,
                  peak_flops: float | None, world_size: int, max_iters: int, device: torch.device,
-                 wandb_run=None):
+                 wandb_run=None, answers_only: bool = False):
         self.path = Path(out_dir) / "metrics.jsonl"
+        # A chat dataset's loss is over the assistant's replies only: the log lines say so ("answer loss"), and
+        # metrics.jsonl's entries carry "loss_on": "answers".
+        self.label = "answer loss" if answers_only else "loss"
+        self.tag = {"loss_on": "answers"} if answers_only else {}
         self.master, self.wandb_run, self.device = master, wandb_run, device
         self.tokens_per_step, self.max_iters = tokens_per_step, max_iters
         self.flops_per_step = flops_per_token * tokens_per_step
@@ -127,15 +131,16 @@ class Metrics:
                  extra: dict[str, float] | None = None) -> None:
         """`extra`: more scores of this evaluation (e.g. hellaswag_acc_norm), recorded and printed beside it."""
         extra = extra or {}
-        self.record({"step": step, "val_loss": val_loss, "best_val_loss": best_val_loss, **extra})
+        self.record({"step": step, "val_loss": val_loss, "best_val_loss": best_val_loss, **self.tag, **extra})
         if self.master:
             more = "".join(f" | {key} {value:.4f}" for key, value in extra.items())
-            print(f"step {step}: val loss {val_loss:.4f}" + (" (best so far)" if improved else "") + more, flush=True)
+            print(f"step {step}: val {self.label} {val_loss:.4f}" + (" (best so far)" if improved else "") + more,
+                  flush=True)
 
     def log_step(self, step: int, loss: float, lr: float, grad_norm: float, epoch: float) -> None:
         """Record and print one training step's numbers (`loss`, `grad_norm` already read from the device)."""
         rates = self._rates()
-        entry = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, **rates,
+        entry = {"step": step, "loss": loss, **self.tag, "lr": lr, "grad_norm": grad_norm, **rates,
                  "peak_mem_mb": peak_memory_mb(self.device), "epoch": epoch}
         self.record(entry)
         if not self.master:
@@ -147,7 +152,7 @@ class Metrics:
             median = statistics.median(self.recent_step_times)
             speed = (f"{rates['ms_per_step']:.1f} ms/step | {rates['tokens_per_s']:,.0f} tok/s | MFU {mfu} | "
                      f"ETA {format_duration(median * (self.max_iters - step))}")
-        print(f"step {step}/{self.max_iters} | loss {loss:.4f} | lr {lr:.2e} | grad {grad_norm:.3f} | {speed} | "
+        print(f"step {step}/{self.max_iters} | {self.label} {loss:.4f} | lr {lr:.2e} | grad {grad_norm:.3f} | {speed} | "
               f"mem {entry['peak_mem_mb']:,.0f} MB", flush=True)
 
     def _rates(self) -> dict:

@@ -267,7 +267,7 @@ def test_the_plans_model_is_the_model_train_builds(char_dataset, tiny_gpt2_folde
             if not cfg.lora_rank:
                 real.crop_block_size(cfg.block_size)
         else:
-            real = train.build_model(cfg, meta, ckpt)
+            real, _ = train.build_model(cfg, meta, ckpt)
         train.attach_lora(cfg, real, ckpt)
         planned, _ = plan.plan_model(cfg, ckpt, plan.dataset_vocabulary(cfg))
         assert shapes(planned) == shapes(real), argv
@@ -348,7 +348,7 @@ def test_auto_on_cpu_picks_from_the_plan_keeps_tokens_per_step_and_resume_keeps_
     cfg, _ = train.resolve_config(args)
     from gptkit.shards import read_meta
 
-    model = train.build_model(cfg, read_meta(char_dataset), None)
+    model, _ = train.build_model(cfg, read_meta(char_dataset), None)
     setup = plan.Setup("cpu", torch.float32, 32, accum=2)
     room = (plan.memory(model, setup, 5).peak + plan.memory(model, setup, 6).peak) / 2
     monkeypatch.setattr(plan, "cpu_device", lambda: SimpleNamespace(capacity=room))
