@@ -28,7 +28,7 @@ from gptkit import checkpoint, cli
 from gptkit.chat import ChatError, ChatTokens, fit_history, prompt_ids
 from gptkit.config import ConfigError, load_config, setting
 from gptkit.generate import SamplingOptions, TextStream
-from gptkit.runtime import setup_runtime
+from gptkit.runtime import QUANTIZE, QUANTIZE_HELP, THREADS_HELP, setup_inference
 from gptkit.serving.engine import Engine, Finished, Request
 
 
@@ -51,6 +51,8 @@ class ChatConfig:
         "weights' precision: auto (bf16 on CUDA, fp16 where bf16 is unsupported; fp32 elsewhere), float32, bfloat16, float16",
         ("auto", "float32", "bfloat16", "float16"),
     )
+    quantize: str = setting("none", QUANTIZE_HELP, QUANTIZE)
+    threads: int = setting(0, THREADS_HELP)
 
     def validate(self) -> None:
         if self.ckpt and self.init_from:
@@ -168,14 +170,15 @@ def converse(chat: Chat, stdin: TextIO, interactive: bool) -> None:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     cfg = load_config(ChatConfig, argv, allow_files=False, prog="chat.py")
-    rt = setup_runtime(cfg.device, cfg.dtype)
+    inference = setup_inference(cfg.device, cfg.dtype, cfg.quantize, cfg.threads)
     model, tokenizer, what = checkpoint.load_model(cfg.ckpt, cfg.init_from)
     ChatTokens.of(tokenizer)  # not a chat model: one line, before the weights move
-    model.to(device=rt.device, dtype=rt.dtype)
+    params = model.num_params()  # before place(): packed weights are buffers, not parameters
+    inference.place(model)
     interactive = sys.stdin.isatty()
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="replace")
-    print(f"chat.py: {what}, {model.num_params() / 1e6:.2f}M parameters; {rt.device} {rt.dtype_name}"
+    print(f"chat.py: {what}, {params / 1e6:.2f}M parameters; {inference.describe()}"
           + ("; /reset, /system TEXT, /quit; Ctrl-C stops a reply" if interactive else ""), file=sys.stderr,
           flush=True)
     engine = Engine(model, max_batch=1, max_queue=0).start()

@@ -463,9 +463,9 @@ class GPT(nn.Module):
         loss, linear_cross_entropy, applies the same cap). The cap is computed in float32, so capped logits
         are float32 whatever the matmul's precision. fp32=True: computed in float32 over the real vocabulary
         only, (..., V) (see `head`)."""
-        if fp32:
+        if fp32 and isinstance(self.lm_head, nn.Linear):
             logits = linear_fp32(x, self.lm_head.weight[: self.config.vocab_size])  # rows 0..V-1: a view
-        else:
+        else:  # (also an inference-only head of another kind, e.g. gptkit/cpu_decode.py's: float32 logits)
             logits = self.lm_head(x)
         cap = self.config.logit_softcap
         return cap * torch.tanh(logits.float() / cap) if cap else logits  # fp32, as the loss caps

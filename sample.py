@@ -33,7 +33,7 @@ from gptkit.generate import (
     compile_decode_step,
     generate_stream,
 )
-from gptkit.runtime import setup_runtime
+from gptkit.runtime import QUANTIZE, QUANTIZE_HELP, THREADS_HELP, setup_inference
 from gptkit.shards import DataError
 from gptkit.tokenizer import Tokenizer
 from model import GPT
@@ -62,6 +62,8 @@ class SampleConfig:
         "weights' precision: auto (bf16 on CUDA, fp16 where bf16 is unsupported; fp32 elsewhere), float32, bfloat16, float16",
         ("auto", "float32", "bfloat16", "float16"),
     )
+    quantize: str = setting("none", QUANTIZE_HELP, QUANTIZE)
+    threads: int = setting(0, THREADS_HELP)
     compile: bool | None = setting(
         None, "compile the one-token decode step: True, False or auto (None: on a GPU when max_new_tokens repays compiling)"
     )
@@ -227,18 +229,20 @@ def run(cfg: SampleConfig, out: TextIO | None = None, err: TextIO | None = None)
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
     prompt_text = read_prompt(cfg)
-    rt = setup_runtime(cfg.device, cfg.dtype)
+    inference = setup_inference(cfg.device, cfg.dtype, cfg.quantize, cfg.threads)
+    rt = inference.rt
     model, tokenizer, what = load_model(cfg)
     ids = prompt_ids(prompt_text, tokenizer)  # before moving weights: a bad prompt should fail fast
-    # Cast the weights themselves (not autocast): one-token decoding is bound by reading the weights, so bf16
-    # weights halve the bytes per token. The KV cache follows the weights' dtype.
-    model.to(device=rt.device, dtype=rt.dtype)
+    params = model.num_params()  # before place(): packed weights are buffers, not parameters
+    # The weights themselves are cast (bf16 on CUDA halves the bytes each token reads) or packed for the
+    # CPU (--quantize); the KV cache follows the weights' dtype.
+    inference.place(model)
     # Compiling the step takes long (tens of seconds on a GPU): only when asked, or when the decode is long
     # enough to repay it (generate.compile_decision). The line below says which, before the wait.
     use_compile, why = compile_decision(rt.device, cfg.compile, cfg.max_new_tokens)
     print(
-        f"sample.py: {what}, {model.num_params() / 1e6:.2f}M parameters, {tokenizer.kind} tokenizer; "
-        f"{rt.device} {rt.dtype_name}; {why}",
+        f"sample.py: {what}, {params / 1e6:.2f}M parameters, {tokenizer.kind} tokenizer; "
+        f"{inference.describe()}; {why}",
         file=err,
         flush=True,
     )

@@ -29,7 +29,7 @@ from pathlib import Path
 from gptkit import checkpoint, cli
 from gptkit.chat import ChatError, ChatTokens
 from gptkit.config import ConfigError, load_config, setting
-from gptkit.runtime import setup_runtime
+from gptkit.runtime import QUANTIZE, QUANTIZE_HELP, THREADS_HELP, setup_inference
 from gptkit.serving.engine import Engine
 
 
@@ -61,6 +61,8 @@ class ServeConfig:
         "bfloat16, float16",
         ("auto", "float32", "bfloat16", "float16"),
     )
+    quantize: str = setting("none", QUANTIZE_HELP, QUANTIZE)
+    threads: int = setting(0, THREADS_HELP)
     access_log: bool = setting(False, "log every request on stderr")
 
     def validate(self) -> None:
@@ -150,16 +152,17 @@ def run(cfg: ServeConfig, sock: socket.socket) -> None:
     """Load the model, serve it on `sock` until a signal, finish the replies in flight."""
     from gptkit.serving.routes import create_app  # here, after check_packages: it needs Starlette
 
-    rt = setup_runtime(cfg.device, cfg.dtype)
+    inference = setup_inference(cfg.device, cfg.dtype, cfg.quantize, cfg.threads)
     model, tokenizer, what = checkpoint.load_model(cfg.ckpt, cfg.init_from)
-    model.to(device=rt.device, dtype=rt.dtype)  # the weights themselves, as sample.py: decoding reads them
+    params = model.num_params()  # before place(): packed weights are buffers, not parameters
+    inference.place(model)  # the weights themselves, as sample.py: decoding reads them
     engine = Engine(model, max_batch=cfg.max_batch, max_queue=cfg.max_queue)
     app = create_app(engine, tokenizer, cfg.served_name())
     chat = "chat model" if _is_chat(tokenizer) else "text model (no chat tokens: /v1/completions only)"
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    print(f"serve.py: {what}, {model.num_params() / 1e6:.2f}M parameters, {tokenizer.kind} tokenizer, "
-          f"{chat}; {rt.device} {rt.dtype_name}; max_batch {cfg.max_batch}, max_queue {cfg.max_queue}",
+    print(f"serve.py: {what}, {params / 1e6:.2f}M parameters, {tokenizer.kind} tokenizer, "
+          f"{chat}; {inference.describe()}; max_batch {cfg.max_batch}, max_queue {cfg.max_queue}",
           file=sys.stderr)
     if host not in ("127.0.0.1", "::1", "localhost"):
         print(f"serve.py: listening on {host}: reachable from other machines, with no authentication",

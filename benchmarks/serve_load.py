@@ -3,12 +3,14 @@ against serve.py on this machine; prints total generated tokens/s and the time t
 
     python benchmarks/serve_load.py                                   # starts serve.py on the baby model
     python benchmarks/serve_load.py --clients 1,4,16 --requests 4 --seconds 60 --max_tokens 128
+    python benchmarks/serve_load.py --model gpt2 --serve_args="--quantize=int8"   # GPT-2 small's shape
     python benchmarks/serve_load.py --url http://127.0.0.1:8000       # a server already running here
 
-Without --url it writes a random-weights checkpoint of configs/shakespeare.py's shape (6 layers, 6 heads, 384
-wide, context 256, the 65 characters of tiny Shakespeare: speed does not depend on the weights) into a
-temporary folder, starts `serve.py --port 0` on it (127.0.0.1, --max_batch 16 by default), and stops it at the
-end. A --url must be http://127.0.0.1:PORT: this load generator is for one's own machine, never somebody
+Without --url it writes a random-weights checkpoint (speed does not depend on the weights) into a temporary
+folder, starts `serve.py --port 0` on it (127.0.0.1, --max_batch 16 by default, and --serve_args), and stops
+it at the end. --model baby: configs/shakespeare.py's shape (6 layers, 6 heads, 384 wide, context 256, the 65
+characters of tiny Shakespeare); --model gpt2: GPT-2 small's (124M, GPT-2's BPE, whose files tiktoken must
+find: TIKTOKEN_CACHE_DIR offline). A --url must be http://127.0.0.1:PORT: this load generator is for one's own machine, never somebody
 else's. Each level runs `clients` clients, each sending up to --requests streamed completions one after
 another (a new one only within --seconds of the level's start; one in flight finishes), with a prompt of
 ~60 characters, temperature 1 and a seed of its own. The clients run in this process on one event loop, so
@@ -24,6 +26,7 @@ import argparse
 import asyncio
 import importlib.util
 import os
+import shlex
 import signal
 import statistics
 import subprocess
@@ -51,8 +54,8 @@ class LoadError(cli.UserError):
 # ----------------------------------------------------------------------------- the server
 
 
-def write_baby_checkpoint(folder: Path) -> Path:
-    """Random weights in configs/shakespeare.py's shape, saved as train.py saves a checkpoint."""
+def write_checkpoint(folder: Path, name: str) -> Path:
+    """Random weights in the shape of `name` (baby or gpt2), saved as train.py saves a checkpoint."""
     folder.mkdir(parents=True, exist_ok=True)
     import torch
 
@@ -60,10 +63,14 @@ def write_baby_checkpoint(folder: Path) -> Path:
     from gptkit.tokenizer import Tokenizer
     from model import GPT, GPTConfig
 
-    shape = read_config_file(str(REPO / "configs" / "shakespeare.py"))
-    tokenizer = Tokenizer({"kind": "char", "chars": list(SHAKESPEARE_CHARS)})
-    cfg = GPTConfig(vocab_size=tokenizer.vocab_size, dropout=0.0,
-                    **{k: shape[k] for k in ("block_size", "n_layer", "n_head", "n_embd", "bias")})
+    if name == "gpt2":  # GPT-2 small as train.py builds it on GPT-2's BPE
+        tokenizer = Tokenizer({"kind": "tiktoken", "name": "gpt2"})
+        cfg = GPTConfig(vocab_size=tokenizer.vocab_size, vocab_multiple=64, dropout=0.0)
+    else:
+        shape = read_config_file(str(REPO / "configs" / "shakespeare.py"))
+        tokenizer = Tokenizer({"kind": "char", "chars": list(SHAKESPEARE_CHARS)})
+        cfg = GPTConfig(vocab_size=tokenizer.vocab_size, dropout=0.0,
+                        **{k: shape[k] for k in ("block_size", "n_layer", "n_head", "n_embd", "bias")})
     torch.manual_seed(0)
     model = GPT(cfg)
     meta = {"format_version": 1, "tokenizer": tokenizer.to_meta(), "vocab_size": tokenizer.vocab_size,
@@ -77,11 +84,11 @@ def write_baby_checkpoint(folder: Path) -> Path:
 class LocalServer:
     """serve.py in a subprocess on a free 127.0.0.1 port; its stderr goes to a file beside the checkpoint."""
 
-    def __init__(self, ckpt: Path, max_batch: int, timeout: float = 120):
+    def __init__(self, ckpt: Path, max_batch: int, extra: list[str], timeout: float = 180):
         self.log = ckpt / "serve.log"
         with open(self.log, "w") as log:
             command = [sys.executable, str(REPO / "serve.py"), f"--ckpt={ckpt}", "--port=0",
-                       f"--max_batch={max_batch}"]
+                       f"--max_batch={max_batch}", *extra]
             self.proc = subprocess.Popen(command, cwd=REPO, stderr=log)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -181,6 +188,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seconds", type=float, default=60, help="no new request after this long in a level")
     p.add_argument("--max_tokens", type=int, default=128, help="tokens per reply")
     p.add_argument("--max_batch", type=int, default=16, help="the started server's --max_batch")
+    p.add_argument("--model", choices=("baby", "gpt2"), default="baby", help="the started server's model shape")
+    p.add_argument("--serve_args", default="", help="more options for the started serve.py, e.g. "
+                   "\"--quantize=int8 --threads=2\"")
     args = p.parse_args(argv)
     try:
         levels = [int(c) for c in args.clients.split(",")]
@@ -194,9 +204,12 @@ def main(argv: list[str] | None = None) -> None:
     server = None
     scratch = tempfile.TemporaryDirectory(prefix="serve_load-")
     if args.url:
+        if args.serve_args or args.model != "baby":
+            raise LoadError("--serve_args and --model are for the server this benchmark starts, not for --url")
         url = check_url(args.url)
     else:
-        server = LocalServer(write_baby_checkpoint(Path(scratch.name) / "baby-shakespeare"), args.max_batch)
+        ckpt = write_checkpoint(Path(scratch.name) / f"{args.model}-random", args.model)
+        server = LocalServer(ckpt, args.max_batch, shlex.split(args.serve_args))
         url = server.url
     try:
         model = served_model(url)

@@ -131,6 +131,86 @@ def setup_runtime(device: str = "auto", dtype: str = "auto") -> Runtime:
     return Runtime(device=dev, dtype=resolve_dtype(dtype, dev))
 
 
+# ----------------------------------------------------------------------------- decoding: sample, chat, serve
+
+# The decoding scripts' --quantize: "none" runs the model as loaded; the others are gptkit/cpu_decode.py's
+# weight formats for the Linear layers (CPU only).
+QUANTIZE = ("none", "float32", "float16", "int8")
+QUANTIZE_HELP = ("CPU only: the Linear layers' weights for decoding: none (the model as loaded), float32 (the "
+                 "same weights, faster kernels), float16 (half the bytes) or int8 (8 bits and a scale per 32)")
+THREADS_HELP = "CPU threads; 0 = auto: OMP_NUM_THREADS if it is set, else the cores other processes leave free"
+
+
+@dataclass
+class Inference:
+    """How a decoding script runs its model: the runtime, the weights' format (QUANTIZE) and, on the CPU, a
+    few words on the thread count chosen (setup_inference)."""
+
+    rt: Runtime
+    quantize: str = "none"
+    threads: str = ""
+    kernels: str = ""  # set by place: which code computes the packed products
+
+    def place(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Move the model to the runtime's device and dtype (the weights themselves, not autocast: decoding
+        one token reads every weight, so their size is its speed) and, with --quantize, swap its Linear
+        layers for gptkit/cpu_decode.py's packed ones. Compiles the kernels now (~30 s the first time), not
+        at the first token. Count the model's parameters before: packed weights are no parameters."""
+        model.to(device=self.rt.device, dtype=self.rt.dtype)
+        if self.quantize != "none":
+            from gptkit import cpu_decode
+
+            cpu_decode.pack_for_cpu(model, self.quantize)
+            cpu_decode.kernels()
+            self.kernels = cpu_decode.kernels_status()
+        return model
+
+    def describe(self) -> str:
+        """For the script's status line, e.g. 'cpu float32, int8 weights (AVX2 kernels), 2 threads (...)'."""
+        parts = [f"{self.rt.device} {self.rt.dtype_name}"]
+        if self.quantize != "none":
+            parts.append(f"{self.quantize} weights" + (f" ({self.kernels})" if self.kernels else ""))
+        if self.threads:
+            parts.append(self.threads)
+        return ", ".join(parts)
+
+
+def setup_inference(device: str = "auto", dtype: str = "auto", quantize: str = "none",
+                    threads: int = 0) -> Inference:
+    """setup_runtime for the scripts that decode (sample.py, chat.py, serve.py), before the model is loaded:
+    refuses a --quantize this runtime cannot use (a one-line DeviceError) and sets the CPU's thread count,
+    --threads, or OMP_NUM_THREADS when set (torch reads it at start), else cpu_decode.choose_threads()."""
+    rt = setup_runtime(device, dtype)
+    if quantize not in QUANTIZE:
+        raise DeviceError(f"quantize {quantize!r} unknown; use {', '.join(QUANTIZE)}")
+    if quantize != "none" and rt.device_type != "cpu":
+        raise DeviceError(f"--quantize={quantize} is for decoding on the CPU; on {rt.device_type} choose the "
+                          f"weights' precision with --dtype (e.g. bfloat16), or use --device=cpu")
+    if quantize != "none" and rt.dtype != torch.float32:
+        raise DeviceError(f"--quantize={quantize} computes in float32 from {quantize} weights; it does not "
+                          f"combine with --dtype={rt.dtype_name} (leave --dtype at auto)")
+    if threads < 0:
+        raise DeviceError(f"threads must be >= 0 (0 = auto), got {threads}")
+    note = ""
+    if threads:
+        torch.set_num_threads(threads)
+        note = f"{_threads(threads)} (--threads)"
+    elif rt.device_type == "cpu" and os.environ.get("OMP_NUM_THREADS"):
+        note = f"{_threads(torch.get_num_threads())} (OMP_NUM_THREADS)"
+    elif rt.device_type == "cpu":
+        from gptkit.cpu_decode import choose_threads
+
+        n, why = choose_threads()
+        torch.set_num_threads(n)
+        note = f"{_threads(n)} ({why}; --threads to choose)"
+    return Inference(rt, quantize, note)
+
+
+def _threads(n: int) -> str:
+    """'1 thread', '2 threads'."""
+    return f"{n} thread{'s' * (n != 1)}"
+
+
 # ----------------------------------------------------------------------------- torchrun jobs
 
 

@@ -1,0 +1,464 @@
+"""Decoding on the CPU, side by side in one run (issue 27): gptkit as loaded and with its Linear layers packed
+(gptkit/cpu_decode.py: float32, float16, int8), transformers, and llama.cpp (f32, f16, q8_0) on the same
+random-weight models, batch 1. Prints markdown tables.
+
+    python benchmarks/cpu_decode.py                          # GPT-2 small's shape and the baby model, ~5 min
+    python benchmarks/cpu_decode.py --models baby --new_tokens 128
+    python benchmarks/cpu_decode.py --profile                # + where a decode step's time goes, by op
+    python benchmarks/cpu_decode.py --threads 1
+
+The models: GPT-2 small's shape (124M, 12 x 768, block 1024, GPT-2's BPE vocabulary) and the baby model of
+configs/shakespeare.py (6 x 384, block 256, its 65 characters), random weights (speed does not depend on
+them), exported by the project's own code: a Hugging Face folder for transformers (export.export_hf) and GGUF
+files for llama.cpp (gptkit/gguf.py). llama.cpp runs through llama-cpp-python, an optional extra
+(`pip install llama-cpp-python`, which builds llama.cpp from source): without it, or without transformers,
+their rows say why they are missing.
+
+Each engine: a 16-token prompt, then new_tokens greedy tokens (fewer when prompt and tokens would not fit the
+model's context: the baby model's 256), decode tok/s over the tokens after the first; prefill tok/s over a
+512-token prompt (the baby model: 256). Medians of --repeats runs, after a short warm-up. gptkit decodes
+through gptkit.generate.generate_stream, what sample.py runs. Every engine uses the same thread count:
+--threads, else gptkit.cpu_decode.choose_threads() (the cores other processes leave free, at the start).
+
+Agreement: teacher-forced, over new_tokens positions of one random token sequence: the share of positions
+where the engine's next-token argmax is gptkit fp32's. gptkit's packed formats are stepped one token at a
+time (their decode kernels, int8's quantized activations included); transformers and llama.cpp take the
+sequence as one batch.
+
+--profile: torch.profiler over 20 decode steps of GPT-2 small's shape, for the model as loaded and for each
+packed format: each op's share of the step (self CPU time).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import inspect
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a file from anywhere: the scripts and gptkit are in the checkout
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from gptkit import cli, cpu_decode  # noqa: E402
+from gptkit.config import read_config_file  # noqa: E402
+from gptkit.generate import SamplingOptions, decode_one_token, generate_stream, prefill  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+
+SHAKESPEARE_CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # its 65 characters
+PROMPT = 16  # tokens of the decode runs' prompt
+PREFILL = 512  # tokens of the prefill runs' prompt (at most the model's block_size)
+GREEDY = SamplingOptions(temperature=0)
+FORMATS = cpu_decode.FORMATS  # gptkit's packed formats
+LLAMA_TYPES = ("f32", "f16", "q8_0")  # llama.cpp's, in the same order: the same bytes per weight, about
+SAME_BYTES = dict(zip(FORMATS, LLAMA_TYPES))
+
+
+class BenchError(cli.UserError):
+    """A bad option."""
+
+
+@dataclass
+class Row:
+    """One engine and weight format: its speeds (tok/s) and agreement, or why it did not run."""
+
+    engine: str
+    weights: str
+    prefill: float | None = None
+    decode: float | None = None
+    agreement: float | None = None
+    note: str = ""
+
+
+@dataclass
+class Shape:
+    """A model to measure: its config, its tokenizer (a checkpoint's tokenizer entry) and its tokens."""
+
+    name: str
+    config: GPTConfig
+    tokenizer: dict
+    new_tokens: int = 0
+    forced: list[int] = field(default_factory=list)  # the teacher-forced sequence: PROMPT + new_tokens tokens
+    long_prompt: list[int] = field(default_factory=list)  # the prefill runs' prompt
+    rows: list[Row] = field(default_factory=list)
+
+    @property
+    def prompt(self) -> list[int]:
+        """The decode runs' prompt."""
+        return self.forced[:PROMPT]
+
+
+# ----------------------------------------------------------------------------- the models
+
+
+def shapes(names: list[str], new_tokens: int) -> list[Shape]:
+    """The models asked for, each with the new tokens that fit its context after the prompt."""
+    out = []
+    for name in names:
+        if name == "gpt2":
+            # GPT-2 small as train.py builds it on GPT-2's BPE (the vocabulary padded to 64 rows).
+            shape = Shape("GPT-2 small's shape (124M)", GPTConfig(vocab_multiple=64, dropout=0.0),
+                          {"kind": "tiktoken", "name": "gpt2"})
+        elif name == "baby":
+            s = read_config_file(str(REPO / "configs" / "shakespeare.py"))
+            config = GPTConfig(vocab_size=len(SHAKESPEARE_CHARS), dropout=0.0,
+                               **{k: s[k] for k in ("block_size", "n_layer", "n_head", "n_embd", "bias")})
+            shape = Shape("the baby model (configs/shakespeare.py, 10.7M)", config,
+                          {"kind": "char", "chars": list(SHAKESPEARE_CHARS)})
+        else:
+            raise BenchError(f"unknown model {name!r}; use gpt2, baby or both (gpt2,baby)")
+        shape.new_tokens = min(new_tokens, shape.config.block_size - PROMPT)
+        shape.forced = token_ids(shape.config, PROMPT + shape.new_tokens, seed=1)
+        shape.long_prompt = token_ids(shape.config, min(PREFILL, shape.config.block_size), seed=2)
+        out.append(shape)
+    return out
+
+
+def random_model(config: GPTConfig) -> GPT:
+    """The model with random weights (seed 0): speed does not depend on them."""
+    torch.manual_seed(0)
+    return GPT(config).eval()
+
+
+def token_ids(config: GPTConfig, n: int, seed: int) -> list[int]:
+    """n random token ids of the vocabulary: prompts and the teacher-forced sequence."""
+    return torch.randint(config.vocab_size, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def median_time(run: Callable[[], float], repeats: int) -> float:
+    """The median of `repeats` calls of run, which returns the seconds it measured."""
+    return statistics.median(run() for _ in range(repeats))
+
+
+# ----------------------------------------------------------------------------- gptkit
+
+
+def gptkit_prefill(model: GPT, ids: list[int]) -> float:
+    """Seconds for one forward over the prompt that fills the KV cache, as generate_stream starts."""
+    model.setup_kv_cache(1)
+    x = torch.tensor([ids])
+    start = time.perf_counter()
+    with torch.no_grad():
+        prefill(model, x, torch.arange(len(ids)))
+    return time.perf_counter() - start
+
+
+def gptkit_decode(model: GPT, prompt: list[int], n: int) -> tuple[float, list[int]]:
+    """Seconds for the n - 1 tokens after the first of a greedy decode through generate_stream (sample.py's
+    loop), and the tokens."""
+    tokens, start = [], 0.0
+    for nxt in generate_stream(model, torch.tensor([prompt]), n, GREEDY):
+        tokens.append(int(nxt[0]))  # one host read per token, as sample.py's streaming does
+        if len(tokens) == 1:
+            start = time.perf_counter()  # after the prompt's forward and the first token
+    return time.perf_counter() - start, tokens
+
+
+def gptkit_teacher_forced(model: GPT, ids: list[int], n: int) -> list[int]:
+    """The argmax after each of the last n positions of ids, fed one token at a time through the cache (the
+    decode path: the packed kernels and their quantized activations)."""
+    model.setup_kv_cache(1)
+    out = []
+    with torch.no_grad():
+        first = len(ids) - n
+        logits = prefill(model, torch.tensor([ids[:first]]), torch.arange(first))
+        out.append(int(logits.argmax()))
+        for t in range(first, len(ids) - 1):
+            logits = decode_one_token(model, torch.tensor([[ids[t]]]), torch.tensor([t]), length=t + 1)
+            out.append(int(logits.argmax()))
+    return out
+
+
+def measure_gptkit(shape: Shape, model: GPT, weights: str, repeats: int) -> Row:
+    """The prefill and decode rates of `model`."""
+    n, prompt, long_prompt = shape.new_tokens, shape.prompt, shape.long_prompt
+    gptkit_decode(model, prompt, 8)  # warm-up: the first calls allocate
+    prefill_s = median_time(lambda: gptkit_prefill(model, long_prompt), repeats)
+    decode_s = median_time(lambda: gptkit_decode(model, prompt, n)[0], repeats)
+    return Row("gptkit", weights, len(long_prompt) / prefill_s, (n - 1) / decode_s)
+
+
+def agreement(a: list[int], b: list[int]) -> float:
+    """The share of positions where two engines' argmaxes are the same."""
+    return sum(x == y for x, y in zip(a, b)) / len(b)
+
+
+# ----------------------------------------------------------------------------- transformers
+
+
+def measure_transformers(shape: Shape, folder: Path, repeats: int, reference: list[int]) -> Row:
+    """The same rates and agreement for transformers' GPT2LMHeadModel on the exported folder, fp32."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()  # no progress bars nor notices in the benchmark's output
+    transformers.logging.disable_progress_bar()
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    # The KV cache goes in and out as `cache` in transformers 5, as `past_key_values` before.
+    cache_key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    n, prompt, long_prompt, forced = shape.new_tokens, shape.prompt, shape.long_prompt, shape.forced
+
+    @torch.no_grad()
+    def prefill_s() -> float:
+        start = time.perf_counter()
+        model(torch.tensor([long_prompt]), use_cache=True)
+        return time.perf_counter() - start
+
+    @torch.no_grad()
+    def decode_s(n: int = n) -> float:
+        out = model(torch.tensor([prompt]), use_cache=True)
+        start = 0.0
+        for i in range(n):
+            nxt = out.logits[:, -1].argmax(dim=-1, keepdim=True)
+            int(nxt)
+            if i == 0:
+                start = time.perf_counter()
+            if i < n - 1:
+                out = model(nxt, use_cache=True, **{cache_key: getattr(out, cache_key)})
+        return time.perf_counter() - start
+
+    decode_s(8)
+    row = Row("transformers", "fp32", len(long_prompt) / median_time(prefill_s, repeats),
+              (n - 1) / median_time(decode_s, repeats))
+    with torch.no_grad():
+        logits = model(torch.tensor([forced[:-1]])).logits[0, -n:]
+    row.agreement = agreement(logits.argmax(dim=-1).tolist(), reference)
+    return row
+
+
+# ----------------------------------------------------------------------------- llama.cpp
+
+
+def measure_llama(shape: Shape, path: Path, gguf_type: str, threads: int, repeats: int,
+                  reference: list[int]) -> Row:
+    """The same rates and agreement for llama.cpp (llama-cpp-python) on the exported GGUF file."""
+    import llama_cpp
+
+    c, n = shape.config, shape.new_tokens
+    prompt, long_prompt, forced = shape.prompt, shape.long_prompt, shape.forced
+    batch = min(PREFILL, c.block_size)
+    common = dict(model_path=str(path), n_ctx=c.block_size, n_batch=batch, n_ubatch=batch, n_threads=threads,
+                  n_threads_batch=threads, verbose=False)
+    llm = llama_cpp.Llama(**common)  # the last position's logits only, as a decoder needs
+    vocab = llm.n_vocab()
+
+    def last_argmax() -> int:
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(vocab,))
+        return int(logits.argmax())
+
+    def prefill_s() -> float:
+        llm.reset()
+        start = time.perf_counter()
+        llm.eval(long_prompt)
+        return time.perf_counter() - start
+
+    def decode_s(n: int = n) -> float:
+        llm.reset()
+        llm.eval(prompt)
+        start = 0.0
+        for i in range(n):
+            token = last_argmax()
+            if i == 0:
+                start = time.perf_counter()
+            if i < n - 1:
+                llm.eval([token])
+        return time.perf_counter() - start
+
+    decode_s(8)
+    row = Row("llama.cpp", gguf_type, len(long_prompt) / median_time(prefill_s, repeats),
+              (n - 1) / median_time(decode_s, repeats))
+    llm.close()
+    every = llama_cpp.Llama(**common, logits_all=True)  # every position's logits: the teacher-forced argmaxes
+    every.eval(forced[:-1])
+    row.agreement = agreement(np.asarray(every.scores[len(forced) - 1 - n : len(forced) - 1]).argmax(axis=1)
+                              .tolist(), reference)
+    every.close()
+    return row
+
+
+def missing(module: str, why: str) -> str | None:
+    """`why`, when `module` is not installed."""
+    return None if importlib.util.find_spec(module) is not None else why
+
+
+# ----------------------------------------------------------------------------- one model
+
+
+def measure(shape: Shape, threads: int, repeats: int, folder: Path, log) -> None:
+    """Every engine on one model; appends its rows to shape.rows."""
+    from export import export_hf
+    from gptkit.gguf import export_gguf
+
+    c, n, forced = shape.config, shape.new_tokens, shape.forced
+    folder.mkdir(parents=True)
+    model = random_model(c)
+    log(f"{shape.name}: gptkit fp32")
+    shape.rows.append(measure_gptkit(shape, model, "fp32 (as loaded)", repeats))
+    with torch.no_grad():  # the reference: fp32's argmax after each of the last n positions, one forward
+        reference = model(torch.tensor([forced[:-1]]))[0][0, -n:].argmax(dim=-1).tolist()
+    for fmt in FORMATS:
+        log(f"{shape.name}: gptkit packed {fmt}")
+        packed = cpu_decode.pack_for_cpu(copy.deepcopy(model), fmt)
+        row = measure_gptkit(shape, packed, f"packed {fmt}", repeats)
+        row.agreement = agreement(gptkit_teacher_forced(packed, forced, n), reference)
+        shape.rows.append(row)
+        del packed
+
+    why = missing("transformers", "transformers is not installed (pip install transformers)")
+    if why is None:
+        log(f"{shape.name}: transformers fp32")
+        export_hf(model, folder / "hf", shape.tokenizer)
+        shape.rows.append(measure_transformers(shape, folder / "hf", repeats, reference))
+    else:
+        shape.rows.append(Row("transformers", "fp32", note=why))
+
+    why = missing("llama_cpp", "llama-cpp-python is not installed (pip install llama-cpp-python: it builds "
+                               "llama.cpp from source, ~10-20 minutes)")
+    for gguf_type in LLAMA_TYPES:
+        if why is not None:
+            shape.rows.append(Row("llama.cpp", gguf_type, note=why))
+            continue
+        log(f"{shape.name}: llama.cpp {gguf_type}")
+        path = folder / f"model-{gguf_type}.gguf"
+        export_gguf(model, path, shape.tokenizer, dtype=gguf_type)
+        shape.rows.append(measure_llama(shape, path, gguf_type, threads, repeats, reference))
+        path.unlink()
+
+
+# ----------------------------------------------------------------------------- the profile
+
+
+def profile_steps(model: GPT, steps: int = 20) -> tuple[float, dict[str, float]]:
+    """Milliseconds per decode step without the profiler, and each op's self CPU milliseconds per step under
+    it, over `steps` steps of generate_stream (sample.py's loop) after a 16-token prompt and a few warm-up
+    steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    prompt = torch.arange(PROMPT)[None] % model.config.vocab_size
+    stream = generate_stream(model, prompt, 6 + 2 * steps, GREEDY)
+    for _ in range(6):  # the prompt's forward and its first token, then warm-up steps
+        next(stream)
+    start = time.perf_counter()
+    for _ in range(steps):
+        next(stream)
+    wall = (time.perf_counter() - start) / steps * 1e3
+    with profile(activities=[ProfilerActivity.CPU]) as prof:  # its own overhead: some us per op
+        for _ in range(steps):
+            next(stream)
+    stream.close()
+    ops = {e.key: e.self_cpu_time_total / 1e3 / steps for e in prof.key_averages()}
+    return wall, ops
+
+
+def profile_table(config: GPTConfig) -> str:
+    """The profile of the model as loaded and of each packed format, as a markdown table."""
+    model = random_model(config)
+    columns = {"as loaded (fp32)": profile_steps(model)}
+    for fmt in FORMATS:
+        columns[f"packed {fmt}"] = profile_steps(cpu_decode.pack_for_cpu(copy.deepcopy(model), fmt))
+    # Shares of the time spent in ops (self CPU time, so nested ops are not counted twice).
+    shares = {name: {op: ms / sum(ops.values()) for op, ms in ops.items()} for name, (_, ops) in columns.items()}
+    top = sorted({op for s in shares.values() for op, share in s.items() if share >= 0.02},
+                 key=lambda op: -max(s.get(op, 0.0) for s in shares.values()))
+    lines = ["| op | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    for op in top:
+        lines.append(f"| `{op}` | " + " | ".join(f"{100 * s.get(op, 0.0):.0f}%" for s in shares.values()) + " |")
+    other = [1 - sum(s.get(op, 0.0) for op in top) for s in shares.values()]
+    lines.append("| other ops | " + " | ".join(f"{100 * o:.0f}%" for o in other) + " |")
+    lines.append("| **ms per step** (not profiled) | " + " | ".join(f"{wall:.1f}" for wall, _ in columns.values())
+                 + " |")
+    lines.append("| ms in ops (profiled: the shares' total) | "
+                 + " | ".join(f"{sum(ops.values()):.1f}" for _, ops in columns.values()) + " |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- the tables
+
+
+def fmt_rate(x: float | None) -> str:
+    """A rate as the tables show it: 3 significant figures or so, '-' when not measured."""
+    return "-" if x is None else f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
+
+
+def table(shape: Shape) -> str:
+    """The model's rows as a markdown table; gptkit's rows get their ratio to llama.cpp's of the same bytes
+    per weight."""
+    llama = {r.weights: r.decode for r in shape.rows if r.engine == "llama.cpp" and r.decode}
+    prefill_tokens = min(PREFILL, shape.config.block_size)
+    lines = [f"**{shape.name}**: batch 1, a {PROMPT}-token prompt, {shape.new_tokens} greedy tokens",
+             "",
+             f"| engine, weights | prefill {prefill_tokens} tok/s | decode tok/s | decode vs llama.cpp "
+             f"(same bytes) | argmax agreement with gptkit fp32 |",
+             "|---|---|---|---|---|"]
+    for r in shape.rows:
+        ratio = ""
+        if r.engine == "gptkit" and r.decode:
+            same = "f32" if "fp32" in r.weights else SAME_BYTES[r.weights.split()[-1]]
+            if same in llama:
+                ratio = f"{r.decode / llama[same]:.2f}x {same}"
+        agree = "" if r.agreement is None else f"{r.agreement:.3f}"
+        if r.note:
+            lines.append(f"| {r.engine}, {r.weights} | - | - | | {r.note} |")
+        else:
+            lines.append(f"| {r.engine}, {r.weights} | {fmt_rate(r.prefill)} | {fmt_rate(r.decode)} | {ratio} | "
+                         f"{agree} |")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None):
+    parser = cli.ArgumentParser(prog="benchmarks/cpu_decode.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="gpt2,baby", help="gpt2, baby or both (default: gpt2,baby)")
+    parser.add_argument("--new_tokens", type=int, default=256, help="greedy tokens per decode (default 256)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per measurement; the median is shown")
+    parser.add_argument("--threads", type=int, default=0, help="threads for every engine; 0 = choose_threads()")
+    parser.add_argument("--profile", action="store_true", help="also profile 20 decode steps of GPT-2 small's "
+                        "shape, as loaded and packed")
+    args = parser.parse_args(argv)
+    if args.new_tokens < 2 or args.repeats < 1 or args.threads < 0:
+        parser.error("--new_tokens must be >= 2, --repeats >= 1 and --threads >= 0")
+    return args
+
+
+@cli.entry_point()
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    models = shapes([m.strip() for m in args.models.split(",") if m.strip()], args.new_tokens)
+    shared_bpe = REPO.parent / "shared" / "data" / "tiktoken_cache"  # this workplace's offline GPT-2 BPE files
+    if shared_bpe.is_dir():
+        os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(shared_bpe))
+    if args.threads:
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+        threads, why = args.threads, f"--threads; load average {load:.1f} at the start"
+    else:
+        threads, why = cpu_decode.choose_threads()
+    torch.set_num_threads(threads)
+    cpu_decode.kernels()  # compiled (or loaded from the cache) before anything is timed
+    began = time.perf_counter()
+
+    def log(message: str) -> None:
+        print(f"[{time.perf_counter() - began:5.0f} s] {message}", file=sys.stderr, flush=True)
+
+    print(f"torch {torch.__version__}, {threads} thread(s) for every engine ({why}); gptkit's packed products: "
+          f"{cpu_decode.kernels_status()}; medians of {args.repeats}\n")
+    with tempfile.TemporaryDirectory(prefix="cpu_decode_") as tmp:
+        for i, shape in enumerate(models):
+            measure(shape, threads, args.repeats, Path(tmp) / str(i), log)
+            print(table(shape) + "\n", flush=True)
+    if args.profile:
+        log("profile")
+        print("**Where a decode step's time goes** (GPT-2 small's shape, torch.profiler over 20 steps: each op's "
+              "share of the time spent in ops, by self CPU time)\n")
+        print(profile_table(shapes(["gpt2"], args.new_tokens)[0].config) + "\n")
+    log("done")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,280 @@
+"""Decoding on the CPU at the memory-bandwidth limit: the model's Linear layers (and its head) swapped for
+packed ones whose small-batch products are a few lines of AVX2, from float32, float16 or int8 weights.
+
+    pack_for_cpu(model, "float32")     # in place: every block Linear and the head; the same weights, read faster
+    pack_for_cpu(model, "int8")        # about a quarter of the bytes per token: --quantize int8 in sample/chat/serve
+    threads, why = choose_threads()    # the cores other processes leave free, and a few words saying so
+
+Why kernels of our own. Decoding one token reads every weight once (GPT-2 small: 500 MB in float32), so its
+speed is the memory bandwidth its matrix-vector products draw. torch's float32 product of one row streams
+about 14 GB/s on the 2-core server of BENCHMARKS.md ("CPU inference (issue 27)"), with one thread or two; these
+kernels, written for exactly this shape (a few rows of activations against a weight matrix, the weight's rows
+split over torch's threads, four independent accumulators per row) draw 19-26 GB/s in float32 (1.5-1.8x
+torch's, measured on all of GPT-2 small's products), and read half or about a quarter of the bytes in float16
+and int8. Batches above SMALL_BATCH rows (a prompt's prefill) are matrix products, where torch's are fast:
+they go to torch, the reduced formats' weights widened on the fly.
+
+Formats: float32 (the weights as they are), float16 (weights rounded to fp16; products and sums in fp32), int8
+(llama.cpp's q8_0 layout: a scale per 32 weights of a row; the activations are quantized the same way for
+integer dot products, as llama.cpp does). The kernels are compiled once with the machine's C++ compiler
+(torch.utils.cpp_extension, ~30 s, cached under ~/.cache/torch_extensions). Where they cannot run (a CPU
+without AVX2, no compiler) every product goes to torch instead, with the same weights: correct, slower, and
+`kernels_status()` says why.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+FORMATS = ("float32", "float16", "int8")
+SMALL_BATCH = 16  # rows of activations up to which a product is the kernel's: decoding, serve.py's batch
+BLOCK = 32  # int8: weights (and activations) per scale, as llama.cpp's q8_0
+
+_SOURCE = r"""
+#include <torch/extension.h>
+#include <immintrin.h>
+
+static inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi); lo = _mm_hadd_ps(lo, lo); lo = _mm_hadd_ps(lo, lo);
+  return _mm_cvtss_f32(lo);
+}
+
+// The dot product of one weight row and one activation row, K a multiple of 32: four accumulators, so four
+// independent chains of fused multiply-adds keep the loads in flight (one chain waits on its own latency).
+static inline float dot_f32(const float* w, const float* x, int64_t K) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t k = 0; k < K; k += 32) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
+    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 16), _mm256_loadu_ps(x + k + 16), a2);
+    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 24), _mm256_loadu_ps(x + k + 24), a3);
+  }
+  return hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+}
+
+static inline __m256 load_f16(const at::Half* p) {  // 8 halves -> 8 floats (F16C)
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+static inline float dot_f16(const at::Half* w, const float* x, int64_t K) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t k = 0; k < K; k += 32) {
+    a0 = _mm256_fmadd_ps(load_f16(w + k), _mm256_loadu_ps(x + k), a0);
+    a1 = _mm256_fmadd_ps(load_f16(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
+    a2 = _mm256_fmadd_ps(load_f16(w + k + 16), _mm256_loadu_ps(x + k + 16), a2);
+    a3 = _mm256_fmadd_ps(load_f16(w + k + 24), _mm256_loadu_ps(x + k + 24), a3);
+  }
+  return hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+}
+
+// 32 int8 weights times 32 int8 activations: 8 partial sums (maddubs needs one unsigned operand: the signs
+// of a are moved onto b), as floats.
+static inline __m256 dot32_i8(const int8_t* a, const int8_t* b) {
+  __m256i va = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
+  __m256i vb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
+  __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(va, va), _mm256_sign_epi8(vb, va));
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
+static inline float dot_q8(const int8_t* w, const float* ws, const int8_t* x, const float* xs, int64_t B) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+  int64_t b = 0;
+  for (; b + 1 < B; b += 2) {
+    a0 = _mm256_fmadd_ps(dot32_i8(w + 32 * b, x + 32 * b), _mm256_set1_ps(ws[b] * xs[b]), a0);
+    a1 = _mm256_fmadd_ps(dot32_i8(w + 32 * b + 32, x + 32 * b + 32), _mm256_set1_ps(ws[b + 1] * xs[b + 1]), a1);
+  }
+  if (b < B) a0 = _mm256_fmadd_ps(dot32_i8(w + 32 * b, x + 32 * b), _mm256_set1_ps(ws[b] * xs[b]), a0);
+  return hsum(_mm256_add_ps(a0, a1));
+}
+
+// y (M, N) = x (M, K) @ w (N, K)^T + bias: the rows of w are split over torch's threads; each weight row is
+// read once from memory and, while it sits in the L1 cache, used for all M rows of x.
+template <typename Dot>
+static torch::Tensor rows_times(torch::Tensor x, int64_t N, const c10::optional<torch::Tensor>& bias, Dot dot) {
+  int64_t M = x.size(0);
+  auto y = torch::empty({M, N}, x.options());
+  float* Y = y.data_ptr<float>();
+  const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  at::parallel_for(0, N, 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t n = lo; n < hi; n++)
+      for (int64_t m = 0; m < M; m++) Y[m * N + n] = dot(n, m) + (b ? b[n] : 0.f);
+  });
+  return y;
+}
+
+torch::Tensor linear_f32(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
+  const float* X = x.data_ptr<float>(); const float* W = w.data_ptr<float>(); int64_t K = x.size(1);
+  return rows_times(x, w.size(0), bias, [&](int64_t n, int64_t m) { return dot_f32(W + n * K, X + m * K, K); });
+}
+
+torch::Tensor linear_f16(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
+  const float* X = x.data_ptr<float>(); const at::Half* W = w.data_ptr<at::Half>(); int64_t K = x.size(1);
+  return rows_times(x, w.size(0), bias, [&](int64_t n, int64_t m) { return dot_f16(W + n * K, X + m * K, K); });
+}
+
+// w (N, K) int8 with scales ws (N, K / 32); x is quantized here the same way, a scale per 32 values.
+torch::Tensor linear_q8(torch::Tensor x, torch::Tensor w, torch::Tensor ws, c10::optional<torch::Tensor> bias) {
+  int64_t M = x.size(0), K = x.size(1), B = K / 32;
+  auto xq = torch::empty({M, K}, x.options().dtype(torch::kInt8));
+  auto xs = torch::empty({M, B}, x.options());
+  const float* X = x.data_ptr<float>(); int8_t* XQ = xq.data_ptr<int8_t>(); float* XS = xs.data_ptr<float>();
+  for (int64_t i = 0; i < M * B; i++) {
+    const float* v = X + 32 * i; float amax = 0.f;
+    for (int j = 0; j < 32; j++) amax = std::max(amax, std::fabs(v[j]));
+    float scale = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+    XS[i] = scale;
+    for (int j = 0; j < 32; j++) XQ[32 * i + j] = static_cast<int8_t>(std::nearbyint(v[j] * inv));
+  }
+  const int8_t* W = w.data_ptr<int8_t>(); const float* WS = ws.data_ptr<float>();
+  return rows_times(x, w.size(0), bias, [&](int64_t n, int64_t m) {
+    return dot_q8(W + n * K, WS + n * B, XQ + m * K, XS + m * B, B);
+  });
+}
+
+// As torch operators (torch.ops.gptkit.*), so that torch.compile can call them from a compiled decode step.
+TORCH_LIBRARY(gptkit, m) {
+  m.def("linear_f32(Tensor x, Tensor w, Tensor? bias) -> Tensor");
+  m.def("linear_f16(Tensor x, Tensor w, Tensor? bias) -> Tensor");
+  m.def("linear_q8(Tensor x, Tensor w, Tensor ws, Tensor? bias) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(gptkit, CPU, m) {
+  m.impl("linear_f32", &linear_f32);
+  m.impl("linear_f16", &linear_f16);
+  m.impl("linear_q8", &linear_q8);
+}
+"""
+
+_kernels = None  # torch.ops.gptkit once the kernels are loaded
+_status = "not loaded yet"
+
+
+def kernels():
+    """The kernels as torch operators (torch.ops.gptkit), compiled on first use; None where they cannot run
+    (kernels_status says why). Only the first call tries: a failed compile is not retried every token."""
+    global _kernels, _status
+    if _kernels is not None or _status != "not loaded yet":
+        return _kernels
+    capability = torch.backends.cpu.get_cpu_capability()  # what torch found: AVX2 implies FMA (and F16C)
+    if platform.machine().lower() not in ("x86_64", "amd64") or capability not in ("AVX2", "AVX512"):
+        _status = f"no AVX2 on this CPU ({platform.machine()}, {capability}): torch's products"
+        return None
+    try:
+        from torch.utils.cpp_extension import load_inline
+
+        load_inline("gptkit_cpu_decode_v1", cpp_sources=_SOURCE, is_python_module=False,
+                    extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c"], verbose=False)
+        _register_fakes()
+        _kernels = torch.ops.gptkit
+        _status = "AVX2 kernels"
+    except Exception as e:  # no compiler, no ninja, ...: correct results from torch, only slower
+        first = str(e).splitlines()[0][:120] if str(e) else ""
+        _status = f"the AVX2 kernels could not be compiled ({type(e).__name__}: {first}); torch's products"
+    return _kernels
+
+
+def kernels_status() -> str:
+    """A few words on what computes the packed products: 'AVX2 kernels', or torch's and why."""
+    return _status
+
+
+def _register_fakes() -> None:
+    """The operators' output shapes, (M, N) float32, for torch.compile's tracing (a compiled decode step)."""
+    for name in ("linear_f32", "linear_f16"):
+        torch.library.register_fake(f"gptkit::{name}")(lambda x, w, bias: x.new_empty(x.size(0), w.size(0)))
+    torch.library.register_fake("gptkit::linear_q8")(lambda x, w, ws, bias: x.new_empty(x.size(0), w.size(0)))
+
+
+# ----------------------------------------------------------------------------- packed layers
+
+
+def quantize_q8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w (N, K), K a multiple of BLOCK -> int8 (N, K) and float32 scales (N, K / BLOCK): each run of 32
+    weights of a row as round(w / scale), scale = its largest magnitude / 127 (llama.cpp's q8_0, whose
+    scales are fp16; float32 ones cost 1/32 of a byte more per weight and round nothing)."""
+    blocks = w.float().reshape(w.size(0), -1, BLOCK)
+    scale = blocks.abs().amax(dim=-1) / 127
+    q = torch.round(blocks / scale.clamp_min(1e-30)[..., None]).to(torch.int8)  # an all-zero run: zeros
+    return q.reshape(w.shape).contiguous(), scale.contiguous()
+
+
+class PackedLinear(nn.Module):
+    """An nn.Linear for inference on the CPU, its weight kept as `fmt` (float32, float16 or int8): products of
+    up to SMALL_BATCH rows go to the kernels, larger ones (and every one where the kernels cannot run, or
+    in_features is not a multiple of 32) to torch. Outputs are float32 whatever the input's dtype."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, fmt: str):
+        super().__init__()
+        if fmt not in FORMATS:
+            raise ValueError(f"unknown weight format {fmt!r}; use one of {', '.join(FORMATS)}")
+        self.fmt, self.out_features, self.in_features = fmt, weight.size(0), weight.size(1)
+        weight = weight.detach().float().contiguous()  # float32 weights: the same storage, not a copy
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
+        self.register_buffer("scale", None)
+        if fmt == "int8":
+            weight, self.scale = quantize_q8(weight)
+        elif fmt == "float16":
+            weight = weight.to(torch.float16)
+        self.register_buffer("weight", weight)
+        self.fast = self.in_features % BLOCK == 0  # the kernels take 32 values at a time
+
+    def dense_weight(self) -> torch.Tensor:
+        """The weight as float32 (N, K): what the format stores, widened."""
+        if self.fmt == "int8":
+            blocks = self.weight.float().reshape(self.out_features, -1, BLOCK) * self.scale[..., None]
+            return blocks.reshape(self.out_features, self.in_features)
+        return self.weight.float()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).float().contiguous()
+        k = kernels() if self.fast and flat.size(0) <= SMALL_BATCH else None
+        if k is None:
+            y = F.linear(flat, self.dense_weight(), self.bias)
+        elif self.fmt == "float32":
+            y = k.linear_f32(flat, self.weight, self.bias)
+        elif self.fmt == "float16":
+            y = k.linear_f16(flat, self.weight, self.bias)
+        else:
+            y = k.linear_q8(flat, self.weight, self.scale, self.bias)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, fmt={self.fmt}"
+
+
+@torch.no_grad()
+def pack_for_cpu(model: nn.Module, fmt: str = "float32") -> nn.Module:
+    """Swap every Linear of the blocks, and the head, for a PackedLinear in `fmt` (in place; returns the
+    model). The head keeps the real vocabulary's rows only (the padding rows are never logits); a tied head
+    is packed from wte's rows, which the embedding keeps as they are. For inference only: the packed model
+    can no longer be trained, nor saved as a checkpoint of ours. Call it after moving the model to float32
+    on the CPU (model.to would cast the packed weights)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown weight format {fmt!r}; use one of {', '.join(FORMATS)}")
+    for block in model.transformer.h:
+        for parent in (block.attn, block.mlp):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, nn.Linear):
+                    setattr(parent, name, PackedLinear(child.weight, child.bias, fmt))
+    model.lm_head = PackedLinear(model.lm_head.weight[: model.config.vocab_size], None, fmt)
+    return model
+
+
+def choose_threads() -> tuple[int, str]:
+    """The number of torch threads for decoding on the CPU, and a few words saying why: the cores this
+    process may run on less those busy with other processes (the 1-minute load average, rounded), at least
+    one. Decoding waits for its slowest thread at every product, so a thread that has to share a core with
+    another process slows every step (2 threads on 2 busy cores: llama.cpp 10-30x slower, gptkit 2x, as
+    issue 27 measured)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):  # not on this platform (Windows)
+        load = 0.0
+    free = max(1, min(cores, round(cores - load)))
+    return free, f"auto: {cores} core{'s' * (cores != 1)}, load average {load:.1f}"

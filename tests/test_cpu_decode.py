@@ -1,0 +1,365 @@
+"""gptkit/cpu_decode.py: the packed Linear layers against F.linear (bounds derived from each format), a tiny
+GPT packed and not (logits, greedy tokens through generate, the serving engine and a compiled step), the
+fallback where the kernels cannot run, the thread choice, and --quantize / --threads in sample.py, chat.py and
+serve.py.
+
+The kernels are compiled once per machine (~30 s, then cached under ~/.cache/torch_extensions): only the
+session fixture `kernels` waits for that; the tests that need them skip, saying why, where they cannot run.
+"""
+
+import copy
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import confident_model, counting_sequences
+
+import chat
+import sample
+import serve
+from gptkit import cpu_decode, runtime
+from gptkit.chat import ChatTokens, prompt_ids
+from gptkit.checkpoint import save_checkpoint
+from gptkit.cpu_decode import BLOCK, PackedLinear, pack_for_cpu
+from gptkit.generate import SamplingOptions, decode_one_token, decode_step, generate, prefill
+from gptkit.serving.engine import Engine, Finished, Request
+from gptkit.tokenizer import CHAT_SPECIALS, Tokenizer
+from model import GPT, GPTConfig
+
+REPO = Path(__file__).resolve().parents[1]
+U32 = 2.0**-24  # float32's unit roundoff: a rounded value is within U32 * |value| of the exact one
+U16 = 2.0**-11  # float16's, for normal values
+F16_TINY = 2.0**-25  # float16's absolute rounding error below its normal range (subnormals)
+GREEDY = SamplingOptions(temperature=0)
+# 62 characters and the chat tokens: 67 ids, the vocabulary of conftest's tiny model (n_embd 32: the kernels'
+# 32-value blocks).
+CHARS = sorted(set("\n !',.?012abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"))
+TOKENIZER = Tokenizer({"kind": "char", "chars": CHARS}).with_special(CHAT_SPECIALS)
+PROMPT = TOKENIZER.decode([10, 13, 16, 19])  # ids counting in steps of 3: what the trained model continues
+
+
+@pytest.fixture(scope="session")
+def kernels():
+    k = cpu_decode.kernels()
+    if k is None:
+        pytest.skip(f"the kernels cannot run here: {cpu_decode.kernels_status()}")
+    return k
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One thread (on tiny matrices more only add synchronisation: 2x slower on a busy machine), and the
+    count the test started with back afterwards (the scripts set it too)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """A tiny GPT (conftest's tiny_config, for the whole module) trained to count in steps of 3: its greedy
+    tokens have logit margins of several units, far above what the reduced formats change, so every format
+    must give the same tokens."""
+    config = GPTConfig(block_size=32, vocab_size=67, n_layer=2, n_head=2, n_embd=32, dropout=0.0, bias=True)
+    assert TOKENIZER.vocab_size == config.vocab_size
+    return confident_model(config, "cpu")
+
+
+@pytest.fixture(scope="module")
+def ckpt(trained, tmp_path_factory):
+    """The trained model saved as train.py saves one, with the chat tokenizer (so chat.py takes it too)."""
+    folder = tmp_path_factory.mktemp("cpu_decode") / "out"
+    meta = {"tokenizer": TOKENIZER.to_meta(), "vocab_size": TOKENIZER.vocab_size, "eot_id": TOKENIZER.eot_id,
+            "splits": {}}
+    save_checkpoint({"format": 1, "model_config": trained.config.to_dict(), "model": trained.state_dict(),
+                     "tokenizer": meta, "step": 1, "config": {}}, folder / "best.pt")
+    return folder
+
+
+def packed(model, fmt):
+    return pack_for_cpu(copy.deepcopy(model), fmt)
+
+
+def cut(ids: list[int], stop_ids) -> list[int]:
+    """ids before the first stop token."""
+    return ids[: next((i for i, t in enumerate(ids) if t in stop_ids), len(ids))]
+
+
+# ----------------------------------------------------------------------------- one product
+
+
+def operands(M: int, N: int = 80, K: int = 96, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(M, K, generator=g), torch.randn(N, K, generator=g) * 0.05, torch.randn(N, generator=g)
+
+
+def fp32_slack(x, w, b):
+    """Two float32 evaluations of x @ w.T + b in different orders differ by at most twice the rounding of
+    one: (K + 1) * U32 * (|x| @ |w|.T + |b|) each (first order)."""
+    return 2 * (x.size(1) + 1) * U32 * (x.abs() @ w.abs().T + b.abs())
+
+
+@pytest.mark.parametrize("threads", [1, 2])  # 2: the weight's rows split over threads
+@pytest.mark.parametrize("M", [1, 3, 16, 40])  # 40 > SMALL_BATCH: torch's product
+def test_float32_equals_f_linear(kernels, M, threads):
+    torch.set_num_threads(threads)
+    x, w, b = operands(M)
+    got = PackedLinear(w, b, "float32")(x)
+    assert ((got - F.linear(x, w, b)).abs() <= fp32_slack(x, w, b)).all()
+
+
+@pytest.mark.parametrize("M", [1, 5, 16])
+def test_float16_is_the_product_of_the_rounded_weights(kernels, M):
+    x, w, b = operands(M)
+    got = PackedLinear(w, b, "float16")(x)
+    # Each weight moves by at most U16 of itself (F16_TINY below fp16's normal range); the rest is fp32's.
+    bound = U16 * (x.abs() @ w.abs().T) + F16_TINY * x.abs().sum(1, keepdim=True) + fp32_slack(x, w, b)
+    assert ((got - F.linear(x, w, b)).abs() <= bound).all()
+    assert ((got - F.linear(x, w.half().float(), b)).abs() <= fp32_slack(x, w, b)).all()
+
+
+def q8_bound(x, w):
+    """|x^ w^ - x w| summed over each 32-value block, where the kernel's x^ and w^ are x and w rounded to
+    multiples of their block's scale (largest magnitude / 127): |x| sw / 2 + |w| sx / 2 + sx sw / 4 per
+    product."""
+    M, N = x.size(0), w.size(0)
+    xb, wb = x.reshape(M, -1, BLOCK), w.reshape(N, -1, BLOCK)
+    sx, sw = xb.abs().amax(-1) / 127, wb.abs().amax(-1) / 127  # (M, B), (N, B)
+    return (xb.abs().sum(-1) @ sw.T + sx @ wb.abs().sum(-1).T) / 2 + BLOCK / 4 * (sx @ sw.T)
+
+
+@pytest.mark.parametrize("M", [1, 7, 16])
+def test_int8_is_within_the_rounding_of_its_blocks(kernels, M):
+    x, w, b = operands(M)
+    layer = PackedLinear(w, b, "int8")
+    assert layer.weight.dtype == torch.int8 and layer.scale.shape == (80, 96 // BLOCK)
+    error = (layer(x) - F.linear(x, w, b)).abs()
+    bound = q8_bound(x, w) + fp32_slack(x, w, b)
+    assert (error <= bound).all()
+    assert error.max() > 1e-4  # the activations are quantized too (this is not the fp32 product)
+
+
+def test_int8_round_trip_of_the_weights():
+    w = torch.randn(8, 64) * 0.1
+    w[0, :BLOCK] = 0  # a block of zeros: scale 0, no division by it
+    layer = PackedLinear(w, None, "int8")
+    scale = w.reshape(8, -1, BLOCK).abs().amax(-1, keepdim=True) / 127
+    assert ((layer.dense_weight() - w).reshape(8, -1, BLOCK).abs() <= scale / 2 + 1e-7).all()
+    assert layer.dense_weight()[0, :BLOCK].eq(0).all()
+
+
+# ----------------------------------------------------------------------------- a whole model
+
+
+def stepwise_logits(model, ids: list[int]) -> torch.Tensor:
+    """Teacher-forced logits after each of ids[1:]: one token at a time through the KV cache, the decode
+    path (the kernels, int8's quantized activations); (len(ids), V)."""
+    model.setup_kv_cache(1)
+    with torch.no_grad():
+        rows = [prefill(model, torch.tensor([ids[:1]]), torch.arange(1))]
+        for t in range(1, len(ids)):
+            rows.append(decode_one_token(model, torch.tensor([[ids[t]]]), torch.tensor([t]), length=t + 1))
+    return torch.cat(rows)
+
+
+def test_int8_logits_stay_close_to_float32_and_pick_the_same_tokens(kernels, trained):
+    ids = counting_sequences(1, 32, 67, "cpu")[0].tolist()
+    reference = stepwise_logits(trained, ids)
+    spread = reference.max() - reference.min()  # ~12 here; the argmax leads by > 4 at every position
+    # The bounds, as a share of the logits' spread: int8 rounds every weight and every activation by up to
+    # 1/254 of its 32-value block's largest (0.4% each); through two blocks and the head that stays under 1%
+    # (measured 0.5%). float16 rounds weights by 2**-11 (0.05%): under 0.1% (measured 0.013%). float32:
+    # the same products summed in another order.
+    for fmt, bound in (("float32", 1e-5 * spread), ("float16", 1e-3 * spread), ("int8", 1e-2 * spread)):
+        got = stepwise_logits(packed(trained, fmt), ids)
+        assert (got - reference).abs().max() < bound, fmt
+        assert torch.equal(got.argmax(-1), reference.argmax(-1)), fmt  # teacher-forced agreement: 100%
+
+
+def test_every_format_generates_float32s_greedy_tokens(kernels, trained):
+    prompt = counting_sequences(2, 5, 67, "cpu")
+    n = 2 * trained.config.block_size + 5  # past block_size: the window moves, its prefill reruns
+    reference = generate(trained, prompt, n, GREEDY)
+    for fmt in cpu_decode.FORMATS:
+        assert torch.equal(generate(packed(trained, fmt), prompt, n, GREEDY), reference), fmt
+
+
+def engine_replies(model, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """The engine's greedy replies to `prompts`, submitted together (one batch of len(prompts) rows)."""
+    engine = Engine(model, max_batch=len(prompts))
+    events = [queue.SimpleQueue() for _ in prompts]
+    for ids, box in zip(prompts, events):
+        engine.submit(Request(ids, max_tokens, emit=box.put))
+    engine.start()
+    replies = []
+    for box in events:
+        tokens = []
+        while not isinstance(event := box.get(timeout=30), Finished):
+            tokens.append(event.id)
+        replies.append(tokens)
+    engine.stop()
+    return replies
+
+
+def test_the_serving_engine_decodes_a_packed_model(kernels, trained):
+    """Rows at their own positions, prompts longer than SMALL_BATCH (torch's product for the prefill) and
+    shorter: every format answers what generate answers with the float32 model."""
+    starts = counting_sequences(4, 20, 67, "cpu").tolist()
+    prompts = [starts[0], starts[1][:3], starts[2][:9], starts[3][:1]]
+    expected = [generate(trained, torch.tensor([p]), 10, GREEDY)[0, len(p):].tolist() for p in prompts]
+    for fmt in cpu_decode.FORMATS:
+        assert engine_replies(packed(trained, fmt), prompts, 10) == expected, fmt
+
+
+def test_a_compiled_decode_step_calls_the_kernels_without_recompiling(kernels, trained):
+    """The kernels are torch operators with fake shapes, so torch.compile traces the packed step whole
+    (fullgraph). The eager backend traces like inductor without its slow code generation (inductor on the
+    CPU was checked by hand: the same tokens, BENCHMARKS.md)."""
+    import torch._dynamo
+
+    prompt = counting_sequences(1, 4, 67, "cpu")
+    model = packed(trained, "int8")
+    reference = generate(model, prompt, 20, GREEDY)
+    torch._dynamo.reset()
+    compiled = torch.compile(decode_step, backend="eager", fullgraph=True, dynamic=False)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        assert torch.equal(generate(model, prompt, 20, GREEDY, step_fn=compiled), reference)
+    torch._dynamo.reset()
+
+
+def test_without_the_kernels_torch_computes_the_same_model(kernels, trained, monkeypatch):
+    """Where the kernels cannot run (no AVX2, no compiler), PackedLinear multiplies with torch: the same
+    weights, so the same logits (int8: up to its activations' rounding, which only the kernel does) and the
+    same greedy tokens."""
+    ids = counting_sequences(1, 24, 67, "cpu")[0].tolist()
+    models = {fmt: packed(trained, fmt) for fmt in cpu_decode.FORMATS}
+    with_kernels = {fmt: stepwise_logits(m, ids) for fmt, m in models.items()}
+    tokens = {fmt: generate(m, torch.tensor([ids[:4]]), 30, GREEDY) for fmt, m in models.items()}
+    monkeypatch.setattr(cpu_decode, "kernels", lambda: None)
+    spread = with_kernels["float32"].max() - with_kernels["float32"].min()
+    for fmt, model in models.items():
+        bound = (1e-2 if fmt == "int8" else 1e-5) * spread  # as in the test above
+        assert (stepwise_logits(model, ids) - with_kernels[fmt]).abs().max() < bound, fmt
+        assert torch.equal(generate(model, torch.tensor([ids[:4]]), 30, GREEDY), tokens[fmt]), fmt
+
+
+def test_the_packed_model_keeps_its_embedding_and_packs_the_real_vocabulary():
+    cfg = GPTConfig(block_size=16, vocab_size=50, vocab_multiple=64, n_layer=1, n_head=2, n_embd=32)
+    model = pack_for_cpu(GPT(cfg).eval(), "float32")
+    assert isinstance(model.lm_head, PackedLinear) and model.lm_head.out_features == 50
+    assert model.transformer.wte.weight.shape == (64, 32)
+    # float32 packs without a copy: the tied head reads wte's own rows
+    assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr()
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears == [] and len([m for m in model.modules() if isinstance(m, PackedLinear)]) == 5
+
+
+# ----------------------------------------------------------------------------- threads and the default dtype
+
+
+@pytest.mark.parametrize("load, expected", [(0.0, 2), (0.6, 1), (1.4, 1), (7.0, 1)])
+def test_choose_threads_leaves_the_busy_cores(monkeypatch, load, expected):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, 0.0, 0.0))
+    threads, why = cpu_decode.choose_threads()
+    assert threads == expected and why == f"auto: 2 cores, load average {load:.1f}"
+
+
+def test_the_cpu_default_dtype_is_float32():
+    # bf16 weights decode 2x slower than fp32 on a CPU (issue 27): auto never picks a 16-bit type there.
+    assert runtime.resolve_dtype("auto", torch.device("cpu")) == torch.float32
+
+
+# ----------------------------------------------------------------------------- the scripts
+
+
+def sample_text(capsys, ckpt, *args) -> tuple[str, str]:
+    sample.main(["--device=cpu", f"--ckpt={ckpt}", f"--prompt={PROMPT}", "--temperature=0", "--max_new_tokens=40",
+                 "--stream=False", *args])
+    captured = capsys.readouterr()
+    return captured.out, captured.err
+
+
+def test_sample_py_quantize_and_threads(kernels, ckpt, capsys):
+    reference, err = sample_text(capsys, ckpt)
+    assert "weights" not in err and "thread" in err  # --quantize=none: the model as loaded
+    for fmt in cpu_decode.FORMATS:
+        out, err = sample_text(capsys, ckpt, f"--quantize={fmt}", "--threads=2")
+        assert out == reference, fmt
+        assert f"cpu float32, {fmt} weights (AVX2 kernels), 2 threads (--threads)" in err
+    assert torch.get_num_threads() == 2
+
+
+def test_chat_py_quantize(kernels, trained, ckpt):
+    done = subprocess.run([sys.executable, "chat.py", f"--ckpt={ckpt}", "--temperature=0", "--max_new_tokens=12",
+                           "--device=cpu", "--quantize=int8"], input="hi there\n", capture_output=True, text=True,
+                          cwd=REPO, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    assert "int8 weights (AVX2 kernels), 1 thread (OMP_NUM_THREADS)" in done.stderr
+    ids = prompt_ids([{"role": "user", "content": "hi there"}], TOKENIZER)
+    reply = cut(engine_replies(packed(trained, "int8"), [ids], 12)[0], ChatTokens.of(TOKENIZER).stop_ids)
+    assert done.stdout.split("\n\n")[0] == TOKENIZER.decode(reply)
+
+
+def test_serve_py_quantize(kernels, trained, ckpt):
+    pytest.importorskip("starlette", reason="serving needs it: pip install -e \".[serve]\"")
+    pytest.importorskip("uvicorn", reason="serving needs it: pip install -e \".[serve]\"")
+    command = [sys.executable, "serve.py", f"--ckpt={ckpt}", "--port=0", "--device=cpu", "--quantize=float16",
+               "--threads=1"]
+    proc = subprocess.Popen(command, cwd=REPO, stderr=subprocess.PIPE, text=True)
+    lines: queue.SimpleQueue = queue.SimpleQueue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()
+    try:
+        seen, deadline = [], time.monotonic() + 60
+        while not any(line.startswith("serve.py: serving") for line in seen):
+            assert time.monotonic() < deadline and proc.poll() is None, "".join(seen)
+            try:
+                seen.append(lines.get(timeout=1))
+            except queue.Empty:
+                pass
+        assert any("float16 weights (AVX2 kernels), 1 thread (--threads)" in line for line in seen), seen
+        url = seen[-1].split("http://")[1].split()[0]
+        body = json.dumps({"model": "out", "prompt": PROMPT, "max_tokens": 10, "temperature": 0}).encode()
+        request = urllib.request.Request(f"http://{url}/completions", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            text = json.loads(response.read())["choices"][0]["text"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    reply = engine_replies(packed(trained, "float16"), [TOKENIZER.encode(PROMPT)], 10)[0]
+    assert text == TOKENIZER.decode(cut(reply, {TOKENIZER.eot_id}))
+
+
+def one_line_error(main, *args) -> str:
+    with pytest.raises(SystemExit) as e:
+        main(list(args))
+    message = e.value.code
+    assert isinstance(message, str) and message.startswith("error: ") and "\n" not in message, message
+    return message
+
+
+@pytest.mark.parametrize("main", [sample.main, chat.main, serve.main])
+def test_a_bad_quantize_value_names_the_flag_and_its_choices(main, ckpt):
+    message = one_line_error(main, f"--ckpt={ckpt}", "--device=cpu", "--quantize=int4")
+    assert message == "error: quantize must be one of none, float32, float16, int8; got 'int4'"
+
+
+def test_quantize_is_refused_off_the_cpu_and_with_a_16_bit_dtype(ckpt, monkeypatch):
+    message = one_line_error(sample.main, f"--ckpt={ckpt}", "--device=cpu", "--quantize=int8", "--dtype=bfloat16")
+    assert "--quantize=int8" in message and "--dtype" in message
+    assert "threads must be >= 0" in one_line_error(sample.main, f"--ckpt={ckpt}", "--device=cpu", "--threads=-2")
+    gpu = runtime.Runtime(torch.device("cuda", 0), torch.bfloat16)  # what setup_runtime gives on a GPU
+    monkeypatch.setattr(runtime, "setup_runtime", lambda device, dtype: gpu)
+    for main in (sample.main, chat.main):
+        message = one_line_error(main, f"--ckpt={ckpt}", "--quantize=float16")
+        assert "--quantize=float16 is for decoding on the CPU; on cuda" in message
