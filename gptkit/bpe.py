@@ -112,7 +112,7 @@ def train(texts: Iterable[str], vocab_size: int, special: Sequence[str], name: s
     n_merges = merges_for(vocab_size, len(special))
     # rustbpe (Rust, the trainer of Karpathy's nanochat) rather than Hugging Face tokenizers' BpeTrainer: it
     # trains exactly this kind of BPE (a GPT-4-style split regex, byte-level, ranks in tiktoken's form) and
-    # was ~2.8x faster on the same 20 MB of text (5.0 vs 1.8 MB/s here, 2 cores; benchmarks/tokenizer.py).
+    # was ~1.8x faster on the same 90 MB of text (12.1 vs 6.8 MB/s, 2 cores; BENCHMARKS.md, "Tokenizers").
     # It consumes the iterator in batches, counting the split pieces in parallel while the next batch is read.
     import rustbpe
 

@@ -9,10 +9,11 @@ Why kernels of our own. Decoding one token reads every weight once (GPT-2 small:
 speed is the memory bandwidth its matrix-vector products draw. torch's float32 product of one row streams
 about 14 GB/s on the 2-core server of BENCHMARKS.md ("CPU inference (issue 27)"), with one thread or two; these
 kernels, written for exactly this shape (a few rows of activations against a weight matrix, the weight's rows
-split over torch's threads, four independent accumulators per row) draw 19-26 GB/s in float32 (1.5-1.8x
-torch's, measured on all of GPT-2 small's products), and read half or about a quarter of the bytes in float16
-and int8. Batches above SMALL_BATCH rows (a prompt's prefill) are matrix products, where torch's are fast:
-they go to torch, the reduced formats' weights widened on the fly.
+split over torch's threads, four independent accumulators per row) draw ~28 GB/s in float32 (2x torch's,
+over all of GPT-2 small's products in a decode step), and read half or about a quarter of the bytes in
+float16 and int8; with a batch of rows (serve.py's), four rows share each load of a weight. Batches above
+SMALL_BATCH rows (a prompt's prefill), and float32 ones above FLOAT32_KERNEL_ROWS, are matrix products, where
+torch's are faster: they go to torch, the reduced formats' weights widened on the fly.
 
 Formats: float32 (the weights as they are), float16 (weights rounded to fp16; products and sums in fp32), int8
 (llama.cpp's q8_0 layout: a scale per 32 weights of a row; the activations are quantized the same way for
@@ -26,6 +27,8 @@ from __future__ import annotations
 
 import os
 import platform
+import time
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -33,6 +36,10 @@ import torch.nn.functional as F
 
 FORMATS = ("float32", "float16", "int8")
 SMALL_BATCH = 16  # rows of activations up to which a product is the kernel's: decoding, serve.py's batch
+# ... except for float32 weights, which torch's matrix product reads as they are: from 5 rows on it is
+# faster than the kernel (GPT-2 small's 3072 x 768, 2 threads: 547 against 711 us at 8 rows, 490 against
+# 345 us at 4). The reduced formats would first have to be widened, which costs more than that.
+FLOAT32_KERNEL_ROWS = 4
 BLOCK = 32  # int8: weights (and activations) per scale, as llama.cpp's q8_0
 
 _SOURCE = r"""
@@ -93,29 +100,89 @@ static inline float dot_q8(const int8_t* w, const float* ws, const int8_t* x, co
   return hsum(_mm256_add_ps(a0, a1));
 }
 
+// The same dot products for four rows of activations (x, x + K, x + 2K, x + 3K) at once: each weight vector
+// is loaded (and, for float16, widened; for int8, its signs taken) once for the four rows, and the four
+// accumulators are four independent chains. With a batch of rows this is what keeps the products from being
+// bound by the instructions rather than by memory.
+static inline void dot4_f32(const float* w, const float* x, int64_t K, float* out) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t k = 0; k < K; k += 8) {
+    __m256 wv = _mm256_loadu_ps(w + k);
+    a0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + k), a0);
+    a1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + K + k), a1);
+    a2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 2 * K + k), a2);
+    a3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 3 * K + k), a3);
+  }
+  out[0] = hsum(a0); out[1] = hsum(a1); out[2] = hsum(a2); out[3] = hsum(a3);
+}
+
+static inline void dot4_f16(const at::Half* w, const float* x, int64_t K, float* out) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t k = 0; k < K; k += 8) {
+    __m256 wv = load_f16(w + k);
+    a0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + k), a0);
+    a1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + K + k), a1);
+    a2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 2 * K + k), a2);
+    a3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 3 * K + k), a3);
+  }
+  out[0] = hsum(a0); out[1] = hsum(a1); out[2] = hsum(a2); out[3] = hsum(a3);
+}
+
+static inline void dot4_q8(const int8_t* w, const float* ws, const int8_t* x, const float* xs, int64_t B,
+                           float* out) {
+  const int64_t K = 32 * B;
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < B; b++) {
+    __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * b));
+    __m256i wabs = _mm256_sign_epi8(wv, wv);
+    for (int r = 0; r < 4; r++) {
+      __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + r * K + 32 * b));
+      __m256i pairs = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xv, wv));
+      __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+      acc[r] = _mm256_fmadd_ps(sums, _mm256_set1_ps(ws[b] * xs[r * B + b]), acc[r]);
+    }
+  }
+  for (int r = 0; r < 4; r++) out[r] = hsum(acc[r]);
+}
+
 // y (M, N) = x (M, K) @ w (N, K)^T + bias: the rows of w are split over torch's threads; each weight row is
-// read once from memory and, while it sits in the L1 cache, used for all M rows of x.
-template <typename Dot>
-static torch::Tensor rows_times(torch::Tensor x, int64_t N, const c10::optional<torch::Tensor>& bias, Dot dot) {
+// read once from memory and, while it sits in the L1 cache, used for all M rows of x, four at a time (four(n,
+// m, out): rows m..m+3) and the rest one by one (one(n, m)).
+template <typename One, typename Four>
+static torch::Tensor rows_times(torch::Tensor x, int64_t N, const c10::optional<torch::Tensor>& bias, One one,
+                                Four four) {
   int64_t M = x.size(0);
   auto y = torch::empty({M, N}, x.options());
   float* Y = y.data_ptr<float>();
   const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   at::parallel_for(0, N, 16, [&](int64_t lo, int64_t hi) {
-    for (int64_t n = lo; n < hi; n++)
-      for (int64_t m = 0; m < M; m++) Y[m * N + n] = dot(n, m) + (b ? b[n] : 0.f);
+    float out[4];
+    for (int64_t n = lo; n < hi; n++) {
+      const float bn = b ? b[n] : 0.f;
+      int64_t m = 0;
+      for (; m + 4 <= M; m += 4) {
+        four(n, m, out);
+        for (int i = 0; i < 4; i++) Y[(m + i) * N + n] = out[i] + bn;
+      }
+      for (; m < M; m++) Y[m * N + n] = one(n, m) + bn;
+    }
   });
   return y;
 }
 
 torch::Tensor linear_f32(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
   const float* X = x.data_ptr<float>(); const float* W = w.data_ptr<float>(); int64_t K = x.size(1);
-  return rows_times(x, w.size(0), bias, [&](int64_t n, int64_t m) { return dot_f32(W + n * K, X + m * K, K); });
+  return rows_times(x, w.size(0), bias,
+                    [&](int64_t n, int64_t m) { return dot_f32(W + n * K, X + m * K, K); },
+                    [&](int64_t n, int64_t m, float* out) { dot4_f32(W + n * K, X + m * K, K, out); });
 }
 
 torch::Tensor linear_f16(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
   const float* X = x.data_ptr<float>(); const at::Half* W = w.data_ptr<at::Half>(); int64_t K = x.size(1);
-  return rows_times(x, w.size(0), bias, [&](int64_t n, int64_t m) { return dot_f16(W + n * K, X + m * K, K); });
+  return rows_times(x, w.size(0), bias,
+                    [&](int64_t n, int64_t m) { return dot_f16(W + n * K, X + m * K, K); },
+                    [&](int64_t n, int64_t m, float* out) { dot4_f16(W + n * K, X + m * K, K, out); });
 }
 
 // w (N, K) int8 with scales ws (N, K / 32); x is quantized here the same way, a scale per 32 values.
@@ -132,9 +199,11 @@ torch::Tensor linear_q8(torch::Tensor x, torch::Tensor w, torch::Tensor ws, c10:
     for (int j = 0; j < 32; j++) XQ[32 * i + j] = static_cast<int8_t>(std::nearbyint(v[j] * inv));
   }
   const int8_t* W = w.data_ptr<int8_t>(); const float* WS = ws.data_ptr<float>();
-  return rows_times(x, w.size(0), bias, [&](int64_t n, int64_t m) {
-    return dot_q8(W + n * K, WS + n * B, XQ + m * K, XS + m * B, B);
-  });
+  return rows_times(x, w.size(0), bias,
+                    [&](int64_t n, int64_t m) { return dot_q8(W + n * K, WS + n * B, XQ + m * K, XS + m * B, B); },
+                    [&](int64_t n, int64_t m, float* out) {
+                      dot4_q8(W + n * K, WS + n * B, XQ + m * K, XS + m * B, B, out);
+                    });
 }
 
 // As torch operators (torch.ops.gptkit.*), so that torch.compile can call them from a compiled decode step.
@@ -167,7 +236,7 @@ def kernels():
     try:
         from torch.utils.cpp_extension import load_inline
 
-        load_inline("gptkit_cpu_decode_v1", cpp_sources=_SOURCE, is_python_module=False,
+        load_inline("gptkit_cpu_decode_v2", cpp_sources=_SOURCE, is_python_module=False,
                     extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c"], verbose=False)
         _register_fakes()
         _kernels = torch.ops.gptkit
@@ -205,8 +274,8 @@ def quantize_q8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 class PackedLinear(nn.Module):
     """An nn.Linear for inference on the CPU, its weight kept as `fmt` (float32, float16 or int8): products of
-    up to SMALL_BATCH rows go to the kernels, larger ones (and every one where the kernels cannot run, or
-    in_features is not a multiple of 32) to torch. Outputs are float32 whatever the input's dtype."""
+    up to SMALL_BATCH rows (FLOAT32_KERNEL_ROWS in float32) go to the kernels, larger ones (and every one
+    where the kernels cannot run, or in_features is not a multiple of 32) to torch. Outputs are float32 whatever the input's dtype."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, fmt: str):
         super().__init__()
@@ -232,7 +301,8 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).float().contiguous()
-        k = kernels() if self.fast and flat.size(0) <= SMALL_BATCH else None
+        rows = FLOAT32_KERNEL_ROWS if self.fmt == "float32" else SMALL_BATCH
+        k = kernels() if self.fast and flat.size(0) <= rows else None
         if k is None:
             y = F.linear(flat, self.dense_weight(), self.bias)
         elif self.fmt == "float32":
@@ -265,16 +335,47 @@ def pack_for_cpu(model: nn.Module, fmt: str = "float32") -> nn.Module:
     return model
 
 
-def choose_threads() -> tuple[int, str]:
+def choose_threads(seconds: float = 0.25) -> tuple[int, str]:
     """The number of torch threads for decoding on the CPU, and a few words saying why: the cores this
-    process may run on less those busy with other processes (the 1-minute load average, rounded), at least
-    one. Decoding waits for its slowest thread at every product, so a thread that has to share a core with
-    another process slows every step (2 threads on 2 busy cores: llama.cpp 10-30x slower, gptkit 2x, as
-    issue 27 measured)."""
+    process may run on less those that other processes keep busy, at least one. Decoding waits for its
+    slowest thread at every product, so a thread that has to share a core with another process slows every
+    step (2 threads on 2 busy cores: llama.cpp 10-30x slower, gptkit 2x, as issue 27 measured).
+
+    "Busy" is measured now, over `seconds`, from /proc/stat (Linux): the load average is a minute-long
+    moving average, which right after another job ends still counts its cores as taken. Elsewhere the
+    1-minute load average stands in."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    busy = busy_cores(seconds)
+    if busy is not None:
+        why = f"auto: {cores} core{'s' * (cores != 1)}, {busy:.1f} busy with other processes"
+    else:
+        try:
+            busy = os.getloadavg()[0]
+        except (OSError, AttributeError):  # not on this platform (Windows)
+            busy = 0.0
+        why = f"auto: {cores} core{'s' * (cores != 1)}, load average {busy:.1f}"
+    return max(1, min(cores, round(cores - busy))), why
+
+
+def _cpu_times() -> tuple[int, int, int] | None:
+    """(busy, total, cpus) from /proc/stat's first line (all CPUs, in clock ticks: busy is all but idle and
+    iowait), or None where there is no /proc/stat."""
     try:
-        load = os.getloadavg()[0]
-    except (OSError, AttributeError):  # not on this platform (Windows)
-        load = 0.0
-    free = max(1, min(cores, round(cores - load)))
-    return free, f"auto: {cores} core{'s' * (cores != 1)}, load average {load:.1f}"
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return None
+    ticks = [int(x) for x in lines[0].split()[1:9]]  # user nice system idle iowait irq softirq steal
+    cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks), cpus
+
+
+def busy_cores(seconds: float = 0.25) -> float | None:
+    """How many of the machine's cores are busy over the next `seconds` (this process waits meanwhile, so
+    they are other processes'), or None where /proc/stat cannot tell."""
+    before = _cpu_times()
+    if before is None:
+        return None
+    time.sleep(seconds)
+    after = _cpu_times()
+    total = after[1] - before[1]
+    return 0.0 if total <= 0 else (after[0] - before[0]) / total * after[2]

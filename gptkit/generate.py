@@ -177,12 +177,15 @@ def decode_one_token(model: GPT, token: torch.Tensor, pos: torch.Tensor, *, rows
 
 
 def decode_step(
-    model: GPT, token: torch.Tensor, pos: torch.Tensor, options: SamplingOptions, noise: torch.Tensor | None
+    model: GPT, token: torch.Tensor, pos: torch.Tensor, options: SamplingOptions, noise: torch.Tensor | None,
+    length: int | None = None,
 ) -> torch.Tensor:
     """The whole one-token step: tokens (B, 1) at position pos (1,) -> the next tokens (B,), chosen by
     `options` with `noise` (B, V) from exponential_noise (None when greedy). This is the function to compile:
-    its shapes never change from one token to the next (see compile_decode_step)."""
-    return next_token(decode_one_token(model, token, pos), options, noise)
+    without `length` its shapes never change from one token to the next (see compile_decode_step). With
+    `length` (> pos) attention reads only the cache's first `length` slots: what an eager step does, since
+    reading the empty rest of the cache costs memory traffic and buys nothing outside a static graph."""
+    return next_token(decode_one_token(model, token, pos, length=length), options, noise)
 
 
 # ----------------------------------------------------------------------------- compiling the step
@@ -276,7 +279,6 @@ def generate_stream(
     start = max(0, T0 - block)
     if use_cache and model.kv_cache_batch_size != B:
         model.setup_kv_cache(B)
-    step = step_fn if step_fn is not None else decode_step
     refill = True  # the cache must be (re)built from the whole window
     # The position of the next cached step lives on the device and is advanced in place: building it from a
     # Python int every token would be a host-to-device copy that waits for the GPU.
@@ -300,15 +302,17 @@ def generate_stream(
             logits = model.head(model.hidden_states(buf[:, start:length])[:, -1], fp32=True)
             nxt = next_token(logits, opts, noise)
         elif refill:  # one batched forward over the window fills the cache
-            logits = prefill(model, buf[:, start:length], torch.arange(length - start, device=idx.device))
+            logits = prefill(model, buf[:, start:length], torch.arange(length - start, device=idx.device),
+                             length=length - start)
             nxt = next_token(logits, opts, noise)
             step_pos.fill_(length - start)
             refill = False
-        else:  # one new token at position step_pos
-            nxt = step(model, last, step_pos, opts, noise)
-            if step_fn is not None:
-                # A compiled step's output may live in CUDA-graph memory that its next replay overwrites.
-                nxt = nxt.clone()
+        elif step_fn is not None:  # one new token at position step_pos, through a compiled (static) step
+            # A compiled step's output may live in CUDA-graph memory that its next replay overwrites.
+            nxt = step_fn(model, last, step_pos, opts, noise).clone()
+            step_pos += 1
+        else:  # the same eagerly, attention reading only the filled slots: 0..step_pos = length - start - 1
+            nxt = decode_step(model, last, step_pos, opts, noise, length=length - start)
             step_pos += 1
         if stop is not None:
             # A finished sequence keeps emitting the stop token, so the batch stays rectangular.

@@ -110,7 +110,7 @@ def fp32_slack(x, w, b):
 
 
 @pytest.mark.parametrize("threads", [1, 2])  # 2: the weight's rows split over threads
-@pytest.mark.parametrize("M", [1, 3, 16, 40])  # 40 > SMALL_BATCH: torch's product
+@pytest.mark.parametrize("M", [1, 3, 4, 16, 40])  # 4: four rows at a time; 16 and 40: torch's product
 def test_float32_equals_f_linear(kernels, M, threads):
     torch.set_num_threads(threads)
     x, w, b = operands(M)
@@ -118,7 +118,7 @@ def test_float32_equals_f_linear(kernels, M, threads):
     assert ((got - F.linear(x, w, b)).abs() <= fp32_slack(x, w, b)).all()
 
 
-@pytest.mark.parametrize("M", [1, 5, 16])
+@pytest.mark.parametrize("M", [1, 5, 16])  # 5: four rows at a time and one; 16: four times four
 def test_float16_is_the_product_of_the_rounded_weights(kernels, M):
     x, w, b = operands(M)
     got = PackedLinear(w, b, "float16")(x)
@@ -267,12 +267,31 @@ def test_the_packed_model_keeps_its_embedding_and_packs_the_real_vocabulary():
 # ----------------------------------------------------------------------------- threads and the default dtype
 
 
-@pytest.mark.parametrize("load, expected", [(0.0, 2), (0.6, 1), (1.4, 1), (7.0, 1)])
-def test_choose_threads_leaves_the_busy_cores(monkeypatch, load, expected):
+@pytest.mark.parametrize("busy, expected", [(0.0, 2), (0.6, 1), (1.4, 1), (7.0, 1)])
+def test_choose_threads_leaves_the_busy_cores(monkeypatch, busy, expected):
+    # /proc/stat's ticks over the wait: `busy` cores of 2 busy for all 100 ticks of the interval.
+    samples = iter([(1000, 5000, 2), (1000 + round(50 * busy), 5100, 2)])
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(cpu_decode, "_cpu_times", lambda: next(samples))
+    threads, why = cpu_decode.choose_threads(seconds=0)
+    assert threads == expected and why == f"auto: 2 cores, {busy:.1f} busy with other processes"
+
+
+@pytest.mark.parametrize("load, expected", [(0.0, 2), (1.4, 1)])
+def test_without_proc_stat_the_load_average_stands_in(monkeypatch, load, expected):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(cpu_decode, "_cpu_times", lambda: None)
     monkeypatch.setattr(os, "getloadavg", lambda: (load, 0.0, 0.0))
-    threads, why = cpu_decode.choose_threads()
+    threads, why = cpu_decode.choose_threads(seconds=0)
     assert threads == expected and why == f"auto: 2 cores, load average {load:.1f}"
+
+
+def test_busy_cores_reads_this_machine(monkeypatch):
+    # The real /proc/stat (Linux): a figure between 0 and the machine's CPUs.
+    if not Path("/proc/stat").exists():
+        pytest.skip("no /proc/stat on this platform")
+    busy = cpu_decode.busy_cores(0.05)
+    assert busy is not None and 0.0 <= busy <= os.cpu_count() + 1e-9
 
 
 def test_the_cpu_default_dtype_is_float32():

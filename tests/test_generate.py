@@ -49,6 +49,31 @@ def test_greedy_with_cache_equals_without(tiny_model, tiny_config):
     assert a.shape == (3, 25) and torch.equal(a, b) and torch.equal(a[:, :5], prompt)
 
 
+def test_eager_steps_read_only_the_filled_cache_slots(tiny_model, tiny_config, monkeypatch):
+    # Issue 27: an eager step attends over the slots written so far, not the whole static cache (on a CPU
+    # reading the empty rest is memory traffic for nothing); past block_size the window moves and the cache
+    # is refilled, so the slots read restart from the kept window.
+    seen = []
+    real = GPT._cache_slice
+
+    def spy(self, B, pos, rows, length):
+        cache = real(self, B, pos, rows, length)
+        seen.append((pos.tolist(), cache.length))
+        return cache
+
+    monkeypatch.setattr(GPT, "_cache_slice", spy)
+    prompt = torch.randint(0, tiny_config.vocab_size, (1, 5), generator=torch.Generator().manual_seed(6))
+    n = tiny_config.block_size + 8
+    out = generate(tiny_model, prompt, n, SamplingOptions(temperature=0, window_shift=4))
+    assert seen[0] == (list(range(5)), 5)  # the prompt's forward
+    for positions, length in seen[1:]:
+        assert length == positions[-1] + 1  # every slot before and at the newest token, nothing beyond
+    assert any(len(p) > 1 for p, _ in seen[1:])  # the window moved and was refilled at least once
+    monkeypatch.undo()
+    assert torch.equal(out, generate(tiny_model, prompt, n, SamplingOptions(temperature=0, window_shift=4),
+                                     use_cache=False))
+
+
 @pytest.mark.parametrize("shift", [None, 1, 5])
 def test_generation_past_block_size(tiny_model, tiny_config, shift):
     torch.manual_seed(5)
