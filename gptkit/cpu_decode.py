@@ -275,7 +275,8 @@ def quantize_q8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class PackedLinear(nn.Module):
     """An nn.Linear for inference on the CPU, its weight kept as `fmt` (float32, float16 or int8): products of
     up to SMALL_BATCH rows (FLOAT32_KERNEL_ROWS in float32) go to the kernels, larger ones (and every one
-    where the kernels cannot run, or in_features is not a multiple of 32) to torch. Outputs are float32 whatever the input's dtype."""
+    where the kernels cannot run, or in_features is not a multiple of 32) to torch. Outputs are float32
+    whatever the input's dtype."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, fmt: str):
         super().__init__()
