@@ -10,8 +10,8 @@ Without --url it writes a random-weights checkpoint (speed does not depend on th
 folder, starts `serve.py --port 0` on it (127.0.0.1, --max_batch 16 by default, and --serve_args), and stops
 it at the end. --model baby: configs/shakespeare.py's shape (6 layers, 6 heads, 384 wide, context 256, the 65
 characters of tiny Shakespeare); --model gpt2: GPT-2 small's (124M, GPT-2's BPE, whose files tiktoken must
-find: TIKTOKEN_CACHE_DIR offline). A --url must be http://127.0.0.1:PORT: this load generator is for one's own machine, never somebody
-else's. Each level runs `clients` clients, each sending up to --requests streamed completions one after
+find: TIKTOKEN_CACHE_DIR offline). A --url must be http://127.0.0.1:PORT: this load generator is for one's own
+machine, never somebody else's. Each level runs `clients` clients, each sending up to --requests streamed completions one after
 another (a new one only within --seconds of the level's start; one in flight finishes), with a prompt of
 ~60 characters, temperature 1 and a seed of its own. The clients run in this process on one event loop, so
 on a small machine they share its cores with the server, as the issue's target asks.

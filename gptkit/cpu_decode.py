@@ -52,41 +52,37 @@ static inline float hsum(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
-// The dot product of one weight row and one activation row, K a multiple of 32: four accumulators, so four
-// independent chains of fused multiply-adds keep the loads in flight (one chain waits on its own latency).
-static inline float dot_f32(const float* w, const float* x, int64_t K) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  for (int64_t k = 0; k < K; k += 32) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
-    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 16), _mm256_loadu_ps(x + k + 16), a2);
-    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 24), _mm256_loadu_ps(x + k + 24), a3);
-  }
-  return hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-}
-
-static inline __m256 load_f16(const at::Half* p) {  // 8 halves -> 8 floats (F16C)
+// 8 weights as floats: float32 loaded as they are, float16 widened (F16C). The products below are written
+// once, for either weight type.
+static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+static inline __m256 load8(const at::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-static inline float dot_f16(const at::Half* w, const float* x, int64_t K) {
+// The dot product of one weight row and one activation row, K a multiple of 32: four accumulators, so four
+// independent chains of fused multiply-adds keep the loads in flight (one chain waits on its own latency).
+template <typename T>
+static inline float dot(const T* w, const float* x, int64_t K) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   for (int64_t k = 0; k < K; k += 32) {
-    a0 = _mm256_fmadd_ps(load_f16(w + k), _mm256_loadu_ps(x + k), a0);
-    a1 = _mm256_fmadd_ps(load_f16(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
-    a2 = _mm256_fmadd_ps(load_f16(w + k + 16), _mm256_loadu_ps(x + k + 16), a2);
-    a3 = _mm256_fmadd_ps(load_f16(w + k + 24), _mm256_loadu_ps(x + k + 24), a3);
+    a0 = _mm256_fmadd_ps(load8(w + k), _mm256_loadu_ps(x + k), a0);
+    a1 = _mm256_fmadd_ps(load8(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
+    a2 = _mm256_fmadd_ps(load8(w + k + 16), _mm256_loadu_ps(x + k + 16), a2);
+    a3 = _mm256_fmadd_ps(load8(w + k + 24), _mm256_loadu_ps(x + k + 24), a3);
   }
   return hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 }
 
-// 32 int8 weights times 32 int8 activations: 8 partial sums (maddubs needs one unsigned operand: the signs
-// of a are moved onto b), as floats.
+// 32 int8 weights wv times 32 int8 activations xv: 8 partial sums, as floats. maddubs needs one unsigned
+// operand: the weights' magnitudes wabs (= |wv|, which a caller may reuse), their signs moved onto xv.
+static inline __m256 q8_sums(__m256i wabs, __m256i wv, __m256i xv) {
+  __m256i pairs = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xv, wv));
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
 static inline __m256 dot32_i8(const int8_t* a, const int8_t* b) {
   __m256i va = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
-  __m256i vb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
-  __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(va, va), _mm256_sign_epi8(vb, va));
-  return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+  return q8_sums(_mm256_sign_epi8(va, va), va, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)));
 }
 
 static inline float dot_q8(const int8_t* w, const float* ws, const int8_t* x, const float* xs, int64_t B) {
@@ -104,22 +100,11 @@ static inline float dot_q8(const int8_t* w, const float* ws, const int8_t* x, co
 // is loaded (and, for float16, widened; for int8, its signs taken) once for the four rows, and the four
 // accumulators are four independent chains. With a batch of rows this is what keeps the products from being
 // bound by the instructions rather than by memory.
-static inline void dot4_f32(const float* w, const float* x, int64_t K, float* out) {
+template <typename T>
+static inline void dot4(const T* w, const float* x, int64_t K, float* out) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   for (int64_t k = 0; k < K; k += 8) {
-    __m256 wv = _mm256_loadu_ps(w + k);
-    a0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + k), a0);
-    a1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + K + k), a1);
-    a2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 2 * K + k), a2);
-    a3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 3 * K + k), a3);
-  }
-  out[0] = hsum(a0); out[1] = hsum(a1); out[2] = hsum(a2); out[3] = hsum(a3);
-}
-
-static inline void dot4_f16(const at::Half* w, const float* x, int64_t K, float* out) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  for (int64_t k = 0; k < K; k += 8) {
-    __m256 wv = load_f16(w + k);
+    __m256 wv = load8(w + k);
     a0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + k), a0);
     a1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + K + k), a1);
     a2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 2 * K + k), a2);
@@ -132,15 +117,12 @@ static inline void dot4_q8(const int8_t* w, const float* ws, const int8_t* x, co
                            float* out) {
   const int64_t K = 32 * B;
   __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t b = 0; b < B; b++) {
     __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * b));
     __m256i wabs = _mm256_sign_epi8(wv, wv);
     for (int r = 0; r < 4; r++) {
       __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + r * K + 32 * b));
-      __m256i pairs = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xv, wv));
-      __m256 sums = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
-      acc[r] = _mm256_fmadd_ps(sums, _mm256_set1_ps(ws[b] * xs[r * B + b]), acc[r]);
+      acc[r] = _mm256_fmadd_ps(q8_sums(wabs, wv, xv), _mm256_set1_ps(ws[b] * xs[r * B + b]), acc[r]);
     }
   }
   for (int r = 0; r < 4; r++) out[r] = hsum(acc[r]);
@@ -171,18 +153,21 @@ static torch::Tensor rows_times(torch::Tensor x, int64_t N, const c10::optional<
   return y;
 }
 
-torch::Tensor linear_f32(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
-  const float* X = x.data_ptr<float>(); const float* W = w.data_ptr<float>(); int64_t K = x.size(1);
+// float32 or float16 weights (T), float32 activations.
+template <typename T>
+torch::Tensor linear_wide(torch::Tensor x, torch::Tensor w, const c10::optional<torch::Tensor>& bias) {
+  const float* X = x.data_ptr<float>(); const T* W = w.data_ptr<T>(); int64_t K = x.size(1);
   return rows_times(x, w.size(0), bias,
-                    [&](int64_t n, int64_t m) { return dot_f32(W + n * K, X + m * K, K); },
-                    [&](int64_t n, int64_t m, float* out) { dot4_f32(W + n * K, X + m * K, K, out); });
+                    [&](int64_t n, int64_t m) { return dot(W + n * K, X + m * K, K); },
+                    [&](int64_t n, int64_t m, float* out) { dot4(W + n * K, X + m * K, K, out); });
+}
+
+torch::Tensor linear_f32(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
+  return linear_wide<float>(x, w, bias);
 }
 
 torch::Tensor linear_f16(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
-  const float* X = x.data_ptr<float>(); const at::Half* W = w.data_ptr<at::Half>(); int64_t K = x.size(1);
-  return rows_times(x, w.size(0), bias,
-                    [&](int64_t n, int64_t m) { return dot_f16(W + n * K, X + m * K, K); },
-                    [&](int64_t n, int64_t m, float* out) { dot4_f16(W + n * K, X + m * K, K, out); });
+  return linear_wide<at::Half>(x, w, bias);
 }
 
 // w (N, K) int8 with scales ws (N, K / 32); x is quantized here the same way, a scale per 32 values.
@@ -236,7 +221,7 @@ def kernels():
     try:
         from torch.utils.cpp_extension import load_inline
 
-        load_inline("gptkit_cpu_decode_v2", cpp_sources=_SOURCE, is_python_module=False,
+        load_inline("gptkit_cpu_decode_v3", cpp_sources=_SOURCE, is_python_module=False,
                     extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c"], verbose=False)
         _register_fakes()
         _kernels = torch.ops.gptkit
@@ -363,11 +348,11 @@ def _cpu_times() -> tuple[int, int, int] | None:
     iowait), or None where there is no /proc/stat."""
     try:
         lines = Path("/proc/stat").read_text().splitlines()
-    except OSError:
+        ticks = [int(x) for x in lines[0].split()[1:9]]  # user nice system idle iowait irq softirq steal
+        cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
+        return sum(ticks) - ticks[3] - ticks[4], sum(ticks), cpus
+    except (OSError, ValueError, IndexError):  # none here, or not the layout Linux writes: the load average then
         return None
-    ticks = [int(x) for x in lines[0].split()[1:9]]  # user nice system idle iowait irq softirq steal
-    cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
-    return sum(ticks) - ticks[3] - ticks[4], sum(ticks), cpus
 
 
 def busy_cores(seconds: float = 0.25) -> float | None:
@@ -378,5 +363,7 @@ def busy_cores(seconds: float = 0.25) -> float | None:
         return None
     time.sleep(seconds)
     after = _cpu_times()
+    if after is None:
+        return None
     total = after[1] - before[1]
     return 0.0 if total <= 0 else (after[0] - before[0]) / total * after[2]

@@ -1,5 +1,6 @@
 """Shared test fixtures: a tiny GPT, the offline tiktoken cache and the shared Shakespeare text."""
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -30,6 +31,20 @@ GPT2_BPE_PROBLEM = _gpt2_bpe_problem()
 needs_gpt2_bpe = pytest.mark.skipif(
     GPT2_BPE_PROBLEM is not None, reason=f"the GPT-2 BPE files are not available: {GPT2_BPE_PROBLEM}"
 )
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """torch's thread count set to n inside the block, the count before it back afterwards. Tests of tiny models
+    use one: on tiny matmuls a second thread only adds synchronisation (2-8x slower on a busy machine)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.fixture
@@ -117,15 +132,11 @@ def confident_model(cfg, device, steps: int = 100):
     torch.manual_seed(0)
     model = GPT(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matmuls: a second thread only adds synchronisation (8x slower on a busy machine)
-    try:
+    with torch_threads(1):
         for _ in range(steps):
             seq = counting_sequences(32, cfg.block_size + 1, cfg.vocab_size, device)
             loss = model(seq[:, :-1], seq[:, 1:])[1]
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-    finally:
-        torch.set_num_threads(threads)
     return model.eval()

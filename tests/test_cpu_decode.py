@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import confident_model, counting_sequences
+from conftest import confident_model, counting_sequences, torch_threads
 
 import chat
 import sample
@@ -59,10 +59,8 @@ def kernels():
 def one_thread():
     """One thread (on tiny matrices more only add synchronisation: 2x slower on a busy machine), and the
     count the test started with back afterwards (the scripts set it too)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_char_dataset, write_dataset
+from conftest import make_char_dataset, torch_threads, write_dataset
 
 import eval as eval_script
 import train
@@ -40,10 +40,8 @@ WORDS = ("the man woman dog runs slowly into a kitchen and then picks up the bal
 @pytest.fixture(autouse=True)
 def one_thread():
     """These models are tiny: one thread is as fast, and much faster on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import confident_model
+from conftest import confident_model, torch_threads
 
 openai = pytest.importorskip("openai", reason="the tests' client: pip install -e \".[dev]\"")
 httpx = pytest.importorskip("httpx")
@@ -118,10 +118,8 @@ class Server:
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
     """The references decode in this process: one thread, for the reason given in Server."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 def trained_chat_model() -> tuple[GPT, Tokenizer]:
