@@ -440,8 +440,11 @@ class GPT(nn.Module):
             raise RuntimeError("forward(pos=...) needs a KV cache: call model.setup_kv_cache(...) first")
         n_rows, max_len = cache.k.size(0), cache.k.size(2)
         rows = rows if rows is not None else slice(0, n_rows)
-        if len(range(*rows.indices(n_rows))) != B:
-            raise ValueError(f"{B} sequences do not fit the cache rows {rows} of a cache with {n_rows} rows")
+        # Plain arithmetic on the slice's ends: Dynamo (torch 2.11) cannot trace slice.indices.
+        start, stop = (rows.start or 0), (n_rows if rows.stop is None else rows.stop)
+        if rows.step not in (None, 1) or not 0 <= start <= stop <= n_rows or stop - start != B:
+            raise ValueError(f"{B} sequences do not fit the cache rows {rows} of a cache with {n_rows} rows "
+                             f"(rows must be a contiguous slice of B rows inside the cache)")
         length = max_len if length is None else length
         if not 0 < length <= max_len:
             raise ValueError(f"length must be in 1..{max_len} (the cache's slots), got {length}")

@@ -361,10 +361,23 @@ class TF32Log(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_float32_head_runs_without_tf32_and_restores_the_setting(monkeypatch):
+@pytest.fixture
+def tf32_on():
+    """TF32 on, as setup_runtime leaves it on CUDA, and the setting restored after the test. (Not
+    monkeypatch.setattr: torch serves allow_tf32 through __getattr__/__setattr__, no attribute of the object,
+    and pytest 9.2's teardown fails to put such an attribute back.)"""
+    matmul = torch.backends.cuda.matmul
+    before = matmul.allow_tf32
+    matmul.allow_tf32 = True
+    try:
+        yield
+    finally:
+        matmul.allow_tf32 = before
+
+
+def test_float32_head_runs_without_tf32_and_restores_the_setting(tf32_on):
     """setup_runtime turns TF32 on for CUDA; the float32 head (evaluation's and sampling's logits) switches it
     off for its own matmul, and back on after; the training head keeps it."""
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)  # as setup_runtime leaves it on CUDA
     model = make().eval()
     h = torch.randn(3, 32)
     with torch.no_grad(), TF32Log() as fp32_head:
