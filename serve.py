@@ -10,6 +10,9 @@ streamed or not; GET /health says how busy it is. gptkit/serving/routes.py has t
 errors), gptkit/serving/engine.py decodes the requests together: a request joins the running batch between
 two decode steps and leaves it when done, so clients do not wait for each other.
 
+On a GPU the decode step is compiled at start (--compile, auto: where torch.compile can run): one static step
+over all --max_batch rows, replayed as a CUDA graph every token; the first start takes tens of seconds.
+
 A full queue (--max_batch rows decoding, --max_queue waiting) answers 429 at once. SIGTERM or Ctrl-C stops
 accepting connections, finishes the replies in flight, and exits with code 0 (a second Ctrl-C: at once).
 Needs the optional packages of `pip install -e ".[serve]"` (Starlette and uvicorn).
@@ -63,6 +66,9 @@ class ServeConfig:
     )
     quantize: str = setting("none", QUANTIZE_HELP, QUANTIZE)
     threads: int = setting(0, THREADS_HELP)
+    compile: bool | None = setting(
+        None, "compile the decode step, one static graph over all --max_batch rows: True, False or auto (None: on "
+              "a GPU where torch.compile can run; compiled at start, before serving)")
     access_log: bool = setting(False, "log every request on stderr")
 
     def validate(self) -> None:
@@ -156,14 +162,18 @@ def run(cfg: ServeConfig, sock: socket.socket) -> None:
     model, tokenizer, what = checkpoint.load_model(cfg.ckpt, cfg.init_from)
     params = model.num_params()  # before place(): packed weights are buffers, not parameters
     inference.place(model)  # the weights themselves, as sample.py: decoding reads them
-    engine = Engine(model, max_batch=cfg.max_batch, max_queue=cfg.max_queue)
+    engine = Engine(model, max_batch=cfg.max_batch, max_queue=cfg.max_queue, compile=cfg.compile)
     app = create_app(engine, tokenizer, cfg.served_name())
     chat = "chat model" if _is_chat(tokenizer) else "text model (no chat tokens: /v1/completions only)"
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
+    if engine.compiled:  # tens of seconds on a GPU: say so before the wait
+        print(f"serve.py: compiling the decode step over all {cfg.max_batch} rows...", file=sys.stderr,
+              flush=True)
+    engine.start()
     print(f"serve.py: {what}, {params / 1e6:.2f}M parameters, {tokenizer.kind} tokenizer, "
-          f"{chat}; {inference.describe()}; max_batch {cfg.max_batch}, max_queue {cfg.max_queue}",
-          file=sys.stderr)
+          f"{chat}; {inference.describe()}; max_batch {cfg.max_batch}, max_queue {cfg.max_queue}; "
+          f"{engine.decode_mode}", file=sys.stderr)
     if host not in ("127.0.0.1", "::1", "localhost"):
         print(f"serve.py: listening on {host}: reachable from other machines, with no authentication",
               file=sys.stderr)
@@ -176,7 +186,6 @@ def run(cfg: ServeConfig, sock: socket.socket) -> None:
         print(f"serve.py: {name}: no new requests; finishing the {active + waiting} in flight",
               file=sys.stderr, flush=True)
 
-    engine.start()
     try:
         serve(app, sock, cfg, on_stop)
     finally:

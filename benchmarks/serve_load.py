@@ -1,20 +1,24 @@
-"""Serving throughput under load: 1, 4 and 16 concurrent streaming clients (the official `openai` client)
-against serve.py on this machine; prints total generated tokens/s and the time to first token (median, p99).
+"""Serving throughput under load: 1, 4, 16 (and 64) concurrent streaming clients (the official `openai`
+client) against serve.py on this machine; prints total generated tokens/s and the time to first token (median,
+p99), for each --compile setting of the server.
 
     python benchmarks/serve_load.py                                   # starts serve.py on the baby model
     python benchmarks/serve_load.py --clients 1,4,16 --requests 4 --seconds 60 --max_tokens 128
     python benchmarks/serve_load.py --model gpt2 --serve_args="--quantize=int8"   # GPT-2 small's shape
+    python benchmarks/serve_load.py --compile False,True --clients 1,4,16,64 --max_batch 64  # on a GPU
     python benchmarks/serve_load.py --url http://127.0.0.1:8000       # a server already running here
 
 Without --url it writes a random-weights checkpoint (speed does not depend on the weights) into a temporary
 folder, starts `serve.py --port 0` on it (127.0.0.1, --max_batch 16 by default, and --serve_args), and stops
-it at the end. --model baby: configs/shakespeare.py's shape (6 layers, 6 heads, 384 wide, context 256, the 65
-characters of tiny Shakespeare); --model gpt2: GPT-2 small's (124M, GPT-2's BPE, whose files tiktoken must
-find: TIKTOKEN_CACHE_DIR offline). A --url must be http://127.0.0.1:PORT: this load generator is for one's own
-machine, never somebody else's. Each level runs `clients` clients, each sending up to --requests streamed completions one after
-another (a new one only within --seconds of the level's start; one in flight finishes), with a prompt of
-~60 characters, temperature 1 and a seed of its own. The clients run in this process on one event loop, so
-on a small machine they share its cores with the server, as the issue's target asks.
+it at the end; with --compile False,True it does so twice, one server for each setting, one after the other
+(serve.py's --compile: auto, True or False; the compiled step is compiled before the server says it is ready,
+so compiling is not in the figures). --model baby: configs/shakespeare.py's shape (6 layers, 6 heads, 384
+wide, context 256, the 65 characters of tiny Shakespeare); --model gpt2: GPT-2 small's (124M, GPT-2's BPE,
+whose files tiktoken must find: TIKTOKEN_CACHE_DIR offline). A --url must be http://127.0.0.1:PORT: this load
+generator is for one's own machine, never somebody else's. Each level runs `clients` clients, each sending up
+to --requests streamed completions one after another (a new one only within --seconds of the level's start;
+one in flight finishes), with a prompt of ~60 characters, temperature 1 and a seed of its own. The clients
+run in this process on one event loop, so on a small machine they share its cores with the server.
 
 A level's tokens/s is all the completion tokens it received over its wall time (first request sent to last
 reply done); time to first token is from sending a request to its first piece of text, queueing included.
@@ -82,10 +86,12 @@ def write_checkpoint(folder: Path, name: str) -> Path:
 
 
 class LocalServer:
-    """serve.py in a subprocess on a free 127.0.0.1 port; its stderr goes to a file beside the checkpoint."""
+    """serve.py in a subprocess on a free 127.0.0.1 port; its stderr goes to a file beside the checkpoint,
+    printed here when it is ready and, what came after (errors, TORCH_LOGS), when it stops."""
 
-    def __init__(self, ckpt: Path, max_batch: int, extra: list[str], timeout: float = 180):
+    def __init__(self, ckpt: Path, max_batch: int, extra: list[str], timeout: float = 300):
         self.log = ckpt / "serve.log"
+        self.shown = 0  # characters of the log already printed
         with open(self.log, "w") as log:
             command = [sys.executable, str(REPO / "serve.py"), f"--ckpt={ckpt}", "--port=0",
                        f"--max_batch={max_batch}", *extra]
@@ -98,6 +104,7 @@ class LocalServer:
                 self.url = line.split("http://")[1].split()[0].removesuffix("/v1")
                 self.url = "http://" + self.url
                 print(text.strip(), file=sys.stderr)
+                self.shown = len(text)
                 return
             if self.proc.poll() is not None:
                 raise LoadError(f"serve.py exited: {text.strip().splitlines()[-1] if text.strip() else '?'}")
@@ -113,6 +120,9 @@ class LocalServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        rest = self.log.read_text()[self.shown :].strip()
+        if rest:
+            print(rest, file=sys.stderr)
 
 
 def check_url(url: str) -> str:
@@ -179,6 +189,32 @@ def served_model(url: str) -> str:
         return client.models.list().data[0].id
 
 
+def measure(url: str, levels: list[int], args: argparse.Namespace) -> tuple[str, list[tuple]]:
+    """The served model's id and one row per level: (clients, requests, tokens, seconds, tokens/s, TTFT
+    median, TTFT p99)."""
+    model = served_model(url)
+    asyncio.run(run_level(url, model, 1, 1, args.seconds, 8))  # warm-up: a first request's one-off costs
+    rows = []
+    for clients in levels:
+        results, wall = asyncio.run(run_level(url, model, clients, args.requests, args.seconds, args.max_tokens))
+        tokens = sum(r.tokens for r in results)
+        firsts = [r.first_token_s for r in results if r.first_token_s is not None]
+        rows.append((clients, len(results), tokens, wall, tokens / wall,
+                     statistics.median(firsts) if firsts else float("nan"),
+                     percentile(firsts, 99) if firsts else float("nan")))
+        print(f"  {clients} clients: {len(results)} requests, {tokens} tokens in {wall:.1f} s",
+              file=sys.stderr, flush=True)
+    return model, rows
+
+
+def compile_settings(text: str) -> list[str]:
+    """--compile's comma-separated serve.py settings, checked before any server starts."""
+    settings = [c.strip() for c in text.split(",")]
+    if not all(c.lower() in ("auto", "true", "false") for c in settings):
+        raise LoadError(f"--compile {text!r}: comma-separated auto, True or False, e.g. False,True")
+    return settings
+
+
 @cli.entry_point()
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -189,6 +225,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max_tokens", type=int, default=128, help="tokens per reply")
     p.add_argument("--max_batch", type=int, default=16, help="the started server's --max_batch")
     p.add_argument("--model", choices=("baby", "gpt2"), default="baby", help="the started server's model shape")
+    p.add_argument("--compile", default="auto", help="the started server's --compile, or several to compare, "
+                   "one server each: e.g. False,True")
     p.add_argument("--serve_args", default="", help="more options for the started serve.py, e.g. "
                    "\"--quantize=int8 --threads=2\"")
     args = p.parse_args(argv)
@@ -198,44 +236,51 @@ def main(argv: list[str] | None = None) -> None:
         raise LoadError(f"--clients {args.clients!r}: comma-separated integers, e.g. 1,4,16") from None
     if min(levels) < 1 or args.requests < 1 or args.seconds <= 0 or args.max_tokens < 1:
         raise LoadError("--clients, --requests, --seconds and --max_tokens must be positive")
+    settings = compile_settings(args.compile)
     if importlib.util.find_spec("openai") is None:
         raise LoadError("the load generator's clients need the openai package: pip install -e \".[dev]\"")
 
-    server = None
-    scratch = tempfile.TemporaryDirectory(prefix="serve_load-")
-    if args.url:
-        if args.serve_args or args.model != "baby":
-            raise LoadError("--serve_args and --model are for the server this benchmark starts, not for --url")
-        url = check_url(args.url)
-    else:
-        ckpt = write_checkpoint(Path(scratch.name) / f"{args.model}-random", args.model)
-        server = LocalServer(ckpt, args.max_batch, shlex.split(args.serve_args))
-        url = server.url
+    table = []  # (compile setting, model, rows)
     try:
-        model = served_model(url)
-        asyncio.run(run_level(url, model, 1, 1, args.seconds, 8))  # warm-up: a first request's one-off costs
-        rows = []
-        for clients in levels:
-            results, wall = asyncio.run(run_level(url, model, clients, args.requests, args.seconds,
-                                                  args.max_tokens))
-            tokens = sum(r.tokens for r in results)
-            firsts = [r.first_token_s for r in results if r.first_token_s is not None]
-            rows.append((clients, len(results), tokens, wall, tokens / wall,
-                         statistics.median(firsts) if firsts else float("nan"),
-                         percentile(firsts, 99) if firsts else float("nan")))
-            print(f"  {clients} clients: {len(results)} requests, {tokens} tokens in {wall:.1f} s",
-                  file=sys.stderr, flush=True)
-    finally:
-        if server is not None:
-            server.stop()
-        scratch.cleanup()
-    base = rows[0][4]
-    print(f"serve_load: {model} at {url}, {args.max_tokens} tokens per reply, cpu count {os.cpu_count()}")
-    print("| clients | requests | tokens | seconds | tokens/s | vs first row | TTFT median | TTFT p99 |")
-    print("|--:|--:|--:|--:|--:|--:|--:|--:|")
-    for clients, n, tokens, wall, rate, median, p99 in rows:
-        print(f"| {clients} | {n} | {tokens} | {wall:.1f} | {rate:.0f} | {rate / base:.2f}x | "
-              f"{median * 1000:.0f} ms | {p99 * 1000:.0f} ms |")
+        run_settings(table, settings, levels, args)
+    finally:  # what was measured, even if a later server failed
+        if table:
+            print_table(table, args.max_tokens)
+
+
+def run_settings(table: list[tuple], settings: list[str], levels: list[int], args: argparse.Namespace) -> None:
+    """Measure every level at --url, or on a started server for each compile setting; append to `table`."""
+    with tempfile.TemporaryDirectory(prefix="serve_load-") as scratch:
+        if args.url:
+            if args.serve_args or args.model != "baby" or args.compile != "auto":
+                raise LoadError("--serve_args, --model and --compile are for the server this benchmark starts, "
+                                "not for --url")
+            url = check_url(args.url)
+            table.append(("?", *measure(url, levels, args)))
+        else:
+            ckpt = write_checkpoint(Path(scratch) / f"{args.model}-random", args.model)
+            for setting in settings:
+                server = LocalServer(ckpt, args.max_batch, [f"--compile={setting}", *shlex.split(args.serve_args)])
+                try:
+                    table.append((setting, *measure(server.url, levels, args)))
+                finally:
+                    server.stop()
+
+
+def print_table(table: list[tuple], max_tokens: int) -> None:
+    """One row per (compile setting, level), with its tokens/s against the setting's first level and against
+    the first setting's at the same level (1.00x when there is one setting)."""
+    model = table[0][1]
+    print(f"serve_load: {model}, {max_tokens} tokens per reply, cpu count {os.cpu_count()}")
+    first = {row[0]: row[4] for row in table[0][2]}  # clients -> the first setting's tokens/s
+    print("| compile | clients | requests | tokens | seconds | tokens/s | vs first level | vs first compile "
+          "setting | TTFT median | TTFT p99 |")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for setting, _, rows in table:
+        base = rows[0][4]
+        for clients, n, tokens, wall, rate, median, p99 in rows:
+            print(f"| {setting} | {clients} | {n} | {tokens} | {wall:.1f} | {rate:.0f} | {rate / base:.2f}x | "
+                  f"{rate / first[clients]:.2f}x | {median * 1000:.0f} ms | {p99 * 1000:.0f} ms |")
 
 
 if __name__ == "__main__":

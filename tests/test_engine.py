@@ -1,5 +1,6 @@
 """The continuous-batching engine (gptkit/serving/engine.py): replies equal generate's, requests decoded
-together equal the same requests decoded one at a time, and the rules for stopping, cancelling and queueing."""
+together equal the same requests decoded one at a time, the compiled step's replies equal the eager step's,
+and the rules for stopping, cancelling and queueing."""
 
 import queue
 import threading
@@ -9,6 +10,7 @@ import torch
 from conftest import confident_model, counting_sequences
 
 from gptkit.generate import SamplingOptions, generate
+from gptkit.serving import engine as engine_module
 from gptkit.serving.engine import Engine, EngineStopped, Finished, QueueFull, Request, Token
 from model import GPTConfig
 
@@ -149,3 +151,82 @@ def test_bad_requests_are_refused_before_they_are_queued(model):
     with pytest.raises(ValueError, match="outside the vocabulary"):
         engine.submit(Request([VOCAB], 1, emit=None))
     assert engine.load == (0, 0)
+
+
+# ----------------------------------------------------------------------------- the compiled step
+
+
+def counting_compiler(graphs: list) -> callable:
+    """torch.compile as the engine's default (fullgraph, static shapes) but with the aot_eager backend: Dynamo's
+    graph and AOT autograd's functionalised in-place cache writes, as inductor gets them, without inductor's
+    ~20 s of C++ code generation here (inductor gives the same tokens on this test, measured). Every graph
+    compiled is appended to `graphs`: a recompile would show."""
+    aot_eager = torch._dynamo.lookup_backend("aot_eager")
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return aot_eager(gm, example_inputs)
+
+    return lambda fn: torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)
+
+
+def staggered(engine: Engine) -> list[list]:
+    """Seven requests, greedy and seeded draws mixed, one joining every other step: more than the engine's
+    rows, so some wait, rows are handed on as requests finish (the last row moving into the hole), and one
+    is cancelled half-way. Stepped on this thread, so the same steps every time: each request's events."""
+    mixed = [SamplingOptions(temperature=0), SamplingOptions(temperature=0.7, top_k=5),
+             SamplingOptions(temperature=1.0, top_p=0.9)]
+    events = [[] for _ in range(7)]
+    requests = [Request(p, 4 + 3 * i, emit=events[i].append, sampling=mixed[i % 3], seed=50 + i)
+                for i, p in enumerate(prompts(7, seed=2))]
+    for step in range(200):
+        if step % 2 == 0 and step // 2 < len(requests):
+            engine.submit(requests[step // 2])
+        if step == 9:
+            requests[2].cancel()
+        engine.step()
+        if all(e and isinstance(e[-1], Finished) for e in events):
+            return events
+    raise AssertionError("the requests did not finish")
+
+
+def test_the_compiled_step_replies_exactly_as_the_eager_step(model):
+    eager = staggered(Engine(model, max_batch=3, compile=False))
+    graphs = []
+    engine = Engine(model, max_batch=3, compile=True, compiler=counting_compiler(graphs))
+    assert staggered(engine) == eager
+    assert len(graphs) == 1  # one static graph for every step, whoever is in the batch
+    ends = [e[-1] for e in eager]
+    assert ends[2].reason == "cancelled" and [x.reason for x in ends[:2] + ends[3:]] == ["length"] * 6
+
+
+def test_start_compiles_the_step_before_serving(model):
+    graphs = []
+    engine = Engine(model, max_batch=2, compile=True, compiler=counting_compiler(graphs)).start()
+    assert engine.decode_mode.startswith("decode step compiled in") and len(graphs) == 1
+    prompt = prompts(1)[0]
+    tokens, done = run(engine, Request(prompt, 12, emit=None))
+    engine.stop()
+    expected = generate(model, torch.tensor([prompt]), 12, SamplingOptions(temperature=0))[0, len(prompt):]
+    assert tokens == expected.tolist() and done == Finished("length", 12) and len(graphs) == 1
+
+
+def test_a_step_that_cannot_compile_is_eager_under_auto_and_an_error_when_asked(model, monkeypatch):
+    def cannot(fn):
+        def step(*args):
+            raise RuntimeError("no compiler here\nsecond line")
+        return step
+
+    with pytest.raises(RuntimeError, match="no compiler here"):
+        Engine(model, max_batch=2, compile=True, compiler=cannot).start()
+    # auto where torch.compile could run (a GPU): it falls back to the eager step and says why
+    monkeypatch.setattr(engine_module, "resolve_compile", lambda flag, device: (True, "compile on"))
+    engine = Engine(model, max_batch=2, compile=None, compiler=cannot).start()
+    assert not engine.compiled
+    assert engine.decode_mode == ("decode step eager: compiling it failed (RuntimeError: no compiler here; "
+                                  "compile=True raises it)")
+    prompt = prompts(1)[0]
+    tokens, _ = run(engine, Request(prompt, 5, emit=None))
+    engine.stop()
+    expected = generate(model, torch.tensor([prompt]), 5, SamplingOptions(temperature=0))[0, len(prompt):]
+    assert tokens == expected.tolist()

@@ -20,6 +20,18 @@ A request's reply does not depend on who else is being served: its rows of the c
 come from its own generator (seeded from `seed`), and each row's attention sees only its own slots. Only the
 rounding of the batched matmuls differs from decoding it alone.
 
+The decode step, eager or compiled (`compile`: auto = compiled on CUDA where torch.compile can run):
+    eager      rows 0..A-1 only, attending over the slots filled so far: its shapes change every step;
+    compiled   one static step over all max_batch rows of the cache and all its block_size slots (the mask
+               hides what a row has not written), compiled once with fullgraph=True and static shapes, on
+               CUDA as one CUDA graph that replays every step (mode="reduce-overhead"). The active rows
+               feed their tokens at their own positions; each free row is fed token 0 at position 0 of its
+               own row, a slot that the prefill of that row's next request overwrites before anything reads
+               it (a retired row is copied away before the step, and copy_cache_row copies filled slots
+               only). Only the active rows' logits are sampled.
+It is compiled on the engine's thread (CUDA graphs belong to the thread that records them) when the engine
+starts, before the server says it is ready: no request waits for the compiler.
+
 The engine knows nothing of HTTP nor of text (gptkit/serving/routes.py has both): prompts and replies are
 token ids.
 """
@@ -28,6 +40,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,7 +48,8 @@ from dataclasses import dataclass, field
 import torch
 
 from gptkit.generate import SamplingOptions, decode_one_token, logits_to_probs, prefill, sample_token
-from model import GPT
+from gptkit.runtime import resolve_compile
+from model import GPT, no_tf32
 
 # ----------------------------------------------------------------------------- what the engine says
 
@@ -109,14 +123,37 @@ class _Row:
     finish: str | None = None
 
 
+# ----------------------------------------------------------------------------- the compiled step
+
+
+def decode_all_rows(model: GPT, tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """The static decode step: one token for every row of the KV cache, tokens (R, 1) each at its row's own
+    position pos (R, 1), attending over all block_size slots (masked past each position) -> float32 logits
+    (R, V). Its shapes never change from one step to the next: it compiles to one graph."""
+    return decode_one_token(model, tokens, pos)
+
+
+def default_compiler(device: torch.device) -> Callable[[Callable], Callable]:
+    """How Engine compiles decode_all_rows: fullgraph, static shapes, and on CUDA mode="reduce-overhead" (the
+    step recorded once as a CUDA graph, then one launch per step instead of hundreds of small kernels)."""
+    mode = "reduce-overhead" if device.type == "cuda" else None
+    return lambda fn: torch.compile(fn, mode=mode, fullgraph=True, dynamic=False)
+
+
 # ----------------------------------------------------------------------------- the engine
 
 
 class Engine:
     """Decodes the submitted requests together: at most max_batch at a time (the KV cache's rows), at most
-    max_queue more waiting for a row (submit raises QueueFull beyond: max_batch + max_queue in all)."""
+    max_queue more waiting for a row (submit raises QueueFull beyond: max_batch + max_queue in all).
 
-    def __init__(self, model: GPT, *, max_batch: int = 16, max_queue: int = 64):
+    compile: the static compiled decode step (see the module docstring): True, False or None (auto: on CUDA
+    where torch.compile can run; runtime.resolve_compile). Under auto a step that fails to compile at start
+    falls back to the eager one (decode_mode says why); under True start() raises. compiler: what compiles
+    decode_all_rows (default: default_compiler's torch.compile; tests pass a cheaper backend)."""
+
+    def __init__(self, model: GPT, *, max_batch: int = 16, max_queue: int = 64, compile: bool | None = None,
+                 compiler: Callable[[Callable], Callable] | None = None):
         if max_batch < 1 or max_queue < 0:
             raise ValueError(f"max_batch must be >= 1 and max_queue >= 0, got {max_batch}, {max_queue}")
         self.model = model.eval()
@@ -130,6 +167,13 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._seeds = torch.Generator().manual_seed(torch.seed())  # the streams of requests without a seed
         model.setup_kv_cache(max_batch)
+        # The compiled step (made on first use, on the engine's thread) and its inputs: tokens, positions.
+        self.compiled, why = resolve_compile(compile, self.device)
+        self.decode_mode = "decode step compiled on first use" if self.compiled else f"decode step eager ({why})"
+        self._compile_asked = bool(compile)
+        self._compiler = compiler or default_compiler(self.device)
+        self._step_fn: Callable | None = None
+        self._inputs = torch.zeros(2, max_batch, 1, dtype=torch.long, device=self.device)  # (2, R, 1)
 
     # ---- the outside: submit, start, stop
 
@@ -160,9 +204,15 @@ class Engine:
         return request
 
     def start(self) -> Engine:
-        """Run the decode loop in a daemon thread (until stop)."""
-        self._thread = threading.Thread(target=self._run, name="gptkit-engine", daemon=True)
+        """Run the decode loop in a daemon thread (until stop). A compiled step is compiled there first, and
+        start returns once it is ready (or, under compile=True, raises what compiling it raised)."""
+        ready, failed = threading.Event(), []
+        self._thread = threading.Thread(target=self._run, args=(ready, failed), name="gptkit-engine",
+                                        daemon=True)
         self._thread.start()
+        ready.wait()
+        if failed:
+            raise failed[0]
         return self
 
     def stop(self, timeout: float | None = None) -> None:
@@ -179,7 +229,16 @@ class Engine:
         with self._cond:
             return len(self.active), len(self.waiting)
 
-    def _run(self) -> None:
+    def _run(self, ready: threading.Event, failed: list[Exception]) -> None:
+        try:
+            if self.device.type == "cuda":  # the current device is per thread: this one's is the model's
+                torch.cuda.set_device(self.device)
+            self._warm_up()
+        except Exception as e:  # compile=True and it cannot compile (or no such device): start() raises it
+            failed.append(e)
+            return
+        finally:
+            ready.set()
         with torch.inference_mode():
             while True:
                 with self._cond:
@@ -193,8 +252,32 @@ class Engine:
                     traceback.print_exc()
                     self._fail_all()
 
+    @torch.inference_mode()
+    def _warm_up(self) -> None:
+        """Compile the static step and run it until it replays (CUDA graph trees: a warm-up run, the recording,
+        a replay), before any request is served: every row is free, so the step writes only their slot 0.
+        Under auto a failure falls back to the eager step."""
+        if not self.compiled or self.active:  # (rows already decoding: it compiles on the first step instead)
+            return
+        began = time.perf_counter()
+        try:
+            for _ in range(3):
+                self._forward_static([])
+        except Exception as e:
+            if self._compile_asked:
+                raise
+            self.compiled, self._step_fn = False, None
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            self.decode_mode = (f"decode step eager: compiling it failed ({type(e).__name__}: {first}; "
+                                f"compile=True raises it)")
+            return
+        where = "one CUDA graph" if self.device.type == "cuda" else "one graph"
+        self.decode_mode = (f"decode step compiled in {time.perf_counter() - began:.1f} s ({where} over all "
+                            f"{self.max_batch} rows)")
+
     # ---- one iteration
 
+    @torch.inference_mode()
     def step(self) -> None:
         """Admit waiting requests into free rows, decode one token for every active row, retire the finished."""
         self._admit()
@@ -229,15 +312,35 @@ class Engine:
             rows = self.active
             if not rows:
                 return
-        tokens = torch.tensor([[r.last] for r in rows], dtype=torch.long, device=self.device)  # (A, 1)
-        pos = torch.tensor([[r.length] for r in rows], dtype=torch.long, device=self.device)  # (A, 1)
-        # Rows 0..A-1, each at its own position, reading the slots filled so far (the longest row's).
-        logits = decode_one_token(self.model, tokens, pos, rows=slice(0, len(rows)),
-                                  length=max(r.length for r in rows) + 1)  # (A, V)
+        logits = self._forward_static(rows) if self.compiled else self._forward_eager(rows)  # (A, V)
         for r in rows:
             r.length += 1
         for r, token in zip(rows, self._sample(logits, rows)):
             self._deliver(r, token)
+
+    def _forward_eager(self, rows: list[_Row]) -> torch.Tensor:
+        """Rows 0..A-1, each at its own position, reading the slots filled so far (the longest row's) -> the
+        logits (A, V) of their next tokens."""
+        tokens = torch.tensor([[r.last] for r in rows], dtype=torch.long, device=self.device)  # (A, 1)
+        pos = torch.tensor([[r.length] for r in rows], dtype=torch.long, device=self.device)  # (A, 1)
+        return decode_one_token(self.model, tokens, pos, rows=slice(0, len(rows)),
+                                length=max(r.length for r in rows) + 1)
+
+    def _forward_static(self, rows: list[_Row]) -> torch.Tensor:
+        """The compiled step over all max_batch rows -> the logits (A, V) of the active rows 0..A-1. The free
+        rows are fed token 0 at position 0 (the module docstring says why that is harmless)."""
+        free = self.max_batch - len(rows)
+        host = torch.tensor([[r.last for r in rows] + [0] * free, [r.length for r in rows] + [0] * free])
+        self._inputs.copy_(host[..., None])  # one copy to the device: tokens and positions, (2, R, 1)
+        if self._step_fn is None:
+            self._step_fn = self._compiler(decode_all_rows)
+        if self.device.type == "cuda":  # a new step: the CUDA graph may overwrite the last step's outputs
+            torch.compiler.cudagraph_mark_step_begin()
+        # Inductor's matmuls follow the TF32 flag in force at the call (see generate.compile_decode_step).
+        with no_tf32():
+            logits = self._step_fn(self.model, self._inputs[0], self._inputs[1])  # (R, V)
+        # A CUDA graph's outputs live in memory its next replay rewrites: keep a copy of what is used.
+        return logits[: len(rows)].clone()
 
     def _deliver(self, row: _Row, token: int) -> None:
         request = row.request
