@@ -1,42 +1,83 @@
-"""Benchmark: training throughput and decoding speed, printed as a table.
+"""Benchmark: training throughput and decoding speed, printed as a table, each row as soon as it is measured.
 
     python bench.py                                   # CPU: small defaults, under a minute
     python bench.py --device=cuda --models=baby,gpt2  # one GPU: the figures in BENCHMARKS.md
+    python bench.py --device=cuda --models=gpt2nobias --skip_decode --batch_size=12,16,32 --sdpa=default,flash,cudnn
 
-Training times the step as train.py runs it (set_lr, train.forward_backward, train.check_step's host sync,
+Training times the step as train.py runs it (set_lr, train.forward_backward, train.StepGuard's NaN/stop check,
 then the AdamW or Muon + AdamW update, with autocast, torch.compile and fused AdamW where train.py would use
 them) on random tokens or a prepared dataset (then with the loader's prefetch). It also times the optimizer
 step alone (after that sync): the "optimizer" column is its share of the step. --loss_chunk=plain,2**25,2**28
 gives one training row per size of the loss' slices (model.LOSS_CHUNK_ELEMENTS), "plain" being one
 F.cross_entropy on all the logits: the "loss by" column says which ran.
+
+Training variants, so that one run measures them side by side (A/B) before a default changes. Each option
+takes a comma list, and the run times every combination, one row each (a plain product, in the order of the
+options below); the table's "variant" column says how the step ran (eager or compiled, and every choice
+that is not the default), the JSON rows carry every value:
+  --batch_size=12,16,32          the micro-batch
+  --loss_chunk=...               the loss' slice size (above)
+  --sdpa=default,flash,cudnn,efficient,math   the attention kernel, torch.nn.attention.sdpa_kernel around the
+                                 whole timed loop (compilation included: inductor picks the kernel when it
+                                 traces). A backend that cannot run the model's attention here (tried first on
+                                 one sequence, forward and backward) gives a row marked skipped, with the reason.
+  --compile_mode=default,max-autotune-no-cudagraphs,reduce-overhead,max-autotune   torch.compile's mode for
+                                 the model. reduce-overhead replays the forward and the backward as CUDA graphs.
+  --compile_optimizer=False,True  optimizer.step through torch.compile. AdamW then runs its foreach code, which
+                                 inductor fuses into a few kernels (compiling the fused CUDA kernel would only
+                                 call it). Not under float16's GradScaler (a skipped row). The learning rate is
+                                 a Python float that dynamo specialises on: a real run, whose rate changes every
+                                 step, would need it as a tensor; here every step has the same rate.
+Not a variant: one CUDA graph of the whole step (forward, backward and optimizer). set_lr writes a new Python
+float into every group each step, which a captured graph would freeze (AdamW would need tensor learning rates
+and capturable=True), and the NaN/stop check sits between the backward and the update; reduce-overhead graphs
+the forward and backward only. The bias: a model name with "nobias" appended (gpt2nobias) is the same shape
+without biases, as nanoGPT's bench.py (bias=False) times it.
+
 Decoding times gptkit/generate.py's loop with and without the KV cache (with the compiled one-token step of
-generate.compile_decode_step when compile is on), and its prefill of a prompt. Warm-up and compilation are
-excluded; each figure is the median of several repeats, timed with CUDA events on a GPU.
+generate.compile_decode_step when compile is on), at batch sizes --decode_batch, and its prefill of a prompt
+(--prefill_tokens, 1,000 by default: ms per prefill). Warm-up and compilation are excluded (a compiled row
+says its compile time, compile_s); each figure is the median of several repeats, timed with CUDA events on a
+GPU, and a row stops repeating once its timed runs pass --row_budget_s. On CUDA the default decode (200 new
+tokens) ends within a minute eagerly; compiling adds its compile time per batch size.
 
-Every model, and every decode batch size, is compiled afresh (torch._dynamo.reset(), dynamic=False): in one
-process Dynamo would otherwise treat the second model's sizes as dynamic and time a symbolic-shape graph.
+Every model, every variant and every decode batch size is compiled afresh (torch._dynamo.reset(),
+dynamic=False): in one process Dynamo would otherwise treat the second model's sizes as dynamic and time a
+symbolic-shape graph. --keep_going: a row that fails (out of memory, a compiler error) is printed and saved
+as failed, with the error (its traceback on stderr), and the run goes on with the next.
 
---json=FILE writes the rows, one dict each, so results can be kept (benchmarks/) and compared: kind (train,
-decode, prefill), model, batch_size, seq_len (train: the context T; decode: new tokens per run; prefill:
-prompt tokens), tokens_per_s, ms (train: per step; decode: per token; prefill: per prompt), mfu, peak_mem_mb
-(CUDA: the allocator's peak; CPU: the process's peak resident memory during the row), device, device_name,
-dtype, torch, compile (and compile_s, the compile time of a compiled decode step), plus a few per kind
-(train: optimizer, optimizer_ms, optimizer_share, loss_slice_rows: rows per slice of the loss, None if plain).
+--json=FILE writes the rows, one dict each, so results can be kept (benchmarks/) and compared; it is
+rewritten after every row, so a run cut short keeps what it measured: kind (train, decode, prefill), model,
+batch_size, seq_len (train: the context T; decode: new tokens per run; prefill: prompt tokens), tokens_per_s,
+ms (train: per step; decode: per token; prefill: per prompt), mfu, peak_mem_mb (CUDA: the allocator's peak;
+CPU: the process's peak resident memory during the row), device, device_name, dtype, torch, compile (and
+compile_s, the compile time of a compiled decode step), status (ok, skipped or failed; the measurements None
+unless ok) and reason, plus a few per kind (train: optimizer, optimizer_ms, optimizer_share,
+loss_slice_rows: rows per slice of the loss, None if plain, flops_per_token, and the variant's sdpa,
+compile_mode, compile_optimizer).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import gc
+import itertools
 import json
+import os
 import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable
+import traceback
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gptkit import cli
 from gptkit.config import TrainConfig
@@ -47,7 +88,7 @@ from gptkit.plan import flops_per_token
 from gptkit.runtime import Dist, Runtime, resolve_compile, setup_runtime
 from gptkit.shards import read_meta, require_dataset
 from model import GPT, LOSS_CHUNK_ELEMENTS, GPTConfig, loss_chunk_rows
-from train import check_step, forward_backward
+from train import StepGuard, forward_backward
 
 # Model sizes by name: (n_layer, n_head, n_embd, block_size, vocab_size, vocab_multiple)
 MODELS = {
@@ -58,16 +99,34 @@ MODELS = {
     # one thin layer under GPT-2's vocabulary: the head and the loss are nearly all of the work and memory
     "widevocab": (1, 2, 128, 1024, 50257, 64),
 }
+# A model name with this appended is the same shape without biases (gpt2nobias: nanoGPT bench.py's bias=False).
+NO_BIAS = "nobias"
 # A loss slice larger than any batch: --loss_chunk=plain, one F.cross_entropy on all the logits.
 PLAIN_LOSS = 2**62
+# --sdpa: the attention kernel (torch.nn.attention.SDPBackend's member), "default" letting torch choose.
+SDPA_BACKENDS = {"default": None, "flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION",
+                 "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
+# --compile_mode: torch.compile's modes ("default" is mode=None).
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
+
+
+def base_model(name: str) -> str:
+    """The MODELS entry a name stands for: gpt2nobias -> gpt2."""
+    return name.removesuffix(NO_BIAS) if name.endswith(NO_BIAS) and name != NO_BIAS else name
+
+
+def model_names() -> list[str]:
+    """Every name --models takes: MODELS' and, for those with biases, the same name + "nobias"."""
+    return [*MODELS, *(name + NO_BIAS for name in MODELS if name not in ("baby", "modern"))]
 
 
 def build(name: str, rt: Runtime) -> GPT:
-    n_layer, n_head, n_embd, block, vocab, multiple = MODELS[name]
+    base = base_model(name)
+    n_layer, n_head, n_embd, block, vocab, multiple = MODELS[base]
     torch.manual_seed(0)
     cfg = GPTConfig(block_size=block, vocab_size=vocab, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
-                    dropout=0.0, bias=name not in ("baby", "modern"), vocab_multiple=multiple,
-                    arch="modern" if name == "modern" else "gpt2")
+                    dropout=0.0, bias=base not in ("baby", "modern") and base == name, vocab_multiple=multiple,
+                    arch="modern" if base == "modern" else "gpt2")
     return GPT(cfg).to(rt.device)
 
 
@@ -96,8 +155,9 @@ def peak_memory_mb(rt: Runtime) -> float | None:
     return None
 
 
-def timed(fn: Callable[[], None], rt: Runtime, warmup: int, repeats: int) -> list[float]:
-    """Seconds per call of fn, after `warmup` untimed calls; CUDA events on a GPU, else a host clock."""
+def timed(fn: Callable[[], None], rt: Runtime, warmup: int, repeats: int, budget_s: float = 0) -> list[float]:
+    """Seconds per call of fn, after `warmup` untimed calls; CUDA events on a GPU, else a host clock. With
+    budget_s, no new call once the timed ones add up to that many seconds (at least one is timed)."""
     for _ in range(warmup):
         fn()
     rt.synchronize()
@@ -115,6 +175,8 @@ def timed(fn: Callable[[], None], rt: Runtime, warmup: int, repeats: int) -> lis
             fn()
             rt.synchronize()
             times.append(time.perf_counter() - t0)
+        if budget_s and sum(times) >= budget_s:
+            break
     return times
 
 
@@ -122,10 +184,36 @@ def device_name(rt: Runtime) -> str:
     return torch.cuda.get_device_name(rt.device) if rt.device_type == "cuda" else platform.processor() or platform.machine()
 
 
-def make_row(kind: str, name: str, rt: Runtime, **fields) -> dict:
-    """One result: what was measured, then where and how (device, dtype, torch), so rows stand on their own."""
+def make_row(kind: str, name: str, rt: Runtime, status: str = "ok", reason: str | None = None, **fields) -> dict:
+    """One result: what was measured, then where and how (device, dtype, torch), so rows stand on their own.
+    status: ok, or skipped / failed with the reason (then the measurements are None)."""
     return {"kind": kind, "model": name, **fields, "device": str(rt.device), "device_name": device_name(rt),
-            "dtype": rt.dtype_name, "torch": str(torch.__version__)}
+            "dtype": rt.dtype_name, "torch": str(torch.__version__), "status": status, "reason": reason}
+
+
+# The measured fields of a training row: None in a skipped or failed one.
+TRAIN_MEASURES = ("params_M", "tokens_per_s", "ms", "mfu", "peak_mem_mb", "optimizer", "optimizer_ms",
+                  "optimizer_share", "loss_slice_rows", "flops_per_token")
+# ... and of a decode or prefill row.
+DECODE_MEASURES = ("tokens_per_s", "ms", "mfu", "peak_mem_mb", "compile_s")
+
+
+def unmeasured_row(kind: str, name: str, rt: Runtime, status: str, reason: str, **fields) -> dict:
+    """A row that says why it has no figures: skipped (the variant cannot run here) or failed."""
+    measures = TRAIN_MEASURES if kind == "train" else DECODE_MEASURES
+    return make_row(kind, name, rt, status, reason, **fields, **dict.fromkeys(m for m in measures if m not in fields))
+
+
+def failed_row(error: Exception, kind: str, name: str, rt: Runtime, **fields) -> dict:
+    """--keep_going: the row of a measurement that raised `error`; its traceback goes to stderr, and the memory
+    it held is released for the next row."""
+    traceback.print_exc()
+    reason = f"{type(error).__name__}: {cli.one_line(error)}"[:400]
+    traceback.clear_frames(error.__traceback__)  # the failed row's tensors, held by its frames' locals
+    gc.collect()
+    if rt.device_type == "cuda":
+        torch.cuda.empty_cache()
+    return unmeasured_row(kind, name, rt, "failed", reason, **fields)
 
 
 class Span:
@@ -188,67 +276,147 @@ def loss_slices(elements: int | None, device_type: str):
         LOSS_CHUNK_ELEMENTS.update(saved)
 
 
-def bench_train(name: str, rt: Runtime, args, loss_chunk: int | None = None) -> dict:
-    """One training step as train.py runs it (set_lr, forward_backward, check_step's host sync, the optimizer
-    step), timed over args.repeats steps; also the optimizer step's own time. loss_chunk: the loss' slice
-    size in logit elements (see loss_slices)."""
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One training row's choices (the module docstring's variants): the micro-batch, the loss' slice size in
+    logit elements (see loss_slices), the attention kernel, torch.compile's mode for the model (when it is
+    compiled) and whether the optimizer step is compiled."""
+
+    batch_size: int
+    loss_chunk: int | None = None
+    sdpa: str = "default"
+    compile_mode: str = "default"
+    compile_optimizer: bool = False
+
+    def fields(self) -> dict:
+        """What a row records of it (the loss' slicing is recorded as loss_slice_rows)."""
+        return {"batch_size": self.batch_size, "sdpa": self.sdpa, "compile_mode": self.compile_mode,
+                "compile_optimizer": self.compile_optimizer}
+
+
+def default_batch(name: str, rt: Runtime) -> int:
+    """--batch_size=0: 4 on the CPU; on a GPU 64 for baby, 16 for the others."""
+    return 4 if rt.device_type == "cpu" else {"gpt2": 16, "baby": 64}.get(base_model(name), 16)
+
+
+def train_variants(name: str, rt: Runtime, args) -> list[Variant]:
+    """Every combination of the variant options, in their order: a plain product."""
+    batches = [b or default_batch(name, rt) for b in args.batch_size]
+    return [Variant(*combo) for combo in itertools.product(
+        batches, args.loss_chunk, args.sdpa, args.compile_mode, args.compile_optimizer)]
+
+
+def sdpa_backend(name: str) -> contextlib.AbstractContextManager:
+    """--sdpa's context: torch.nn.attention.sdpa_kernel limited to that backend ("default": torch's choice)."""
+    if SDPA_BACKENDS[name] is None:
+        return contextlib.nullcontext()
+    return sdpa_kernel(getattr(SDPBackend, SDPA_BACKENDS[name]))
+
+
+def sdpa_problem(name: str, cfg: GPTConfig, rt: Runtime) -> str | None:
+    """Why --sdpa=name cannot run this model's training attention here, or None when it can: tried on one
+    sequence's causal attention at the model's shapes, in the step's precision, forward and backward. The
+    reason is torch's own (its warnings say why a kernel was not used; on a CPU only the error says it)."""
+    if SDPA_BACKENDS[name] is None:
+        return None
+    q = torch.randn(1, cfg.n_head, cfg.block_size, cfg.n_embd // cfg.n_head, device=rt.device, dtype=rt.dtype,
+                    requires_grad=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with sdpa_backend(name):
+                F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+            return None
+        except RuntimeError as e:
+            why = [cli.one_line(w.message) for w in caught] or [cli.one_line(e)]
+    return f"--sdpa={name} cannot run this model's attention on {rt.device} ({rt.dtype_name}): {'; '.join(why)}"[:400]
+
+
+def compile_optimizer_step(optimizer) -> None:
+    """--compile_optimizer=True: the optimizer's step replaced, on this object, by the same step through
+    torch.compile, so that whatever calls optimizer.step() (the GradScaler, train.StepGuard) runs it. A fused
+    AdamW first switches to its foreach code, which inductor fuses into a few kernels; it then cannot skip
+    a step on the device, so train.StepGuard reads its flags before the update, as on the CPU, and the row
+    times that too."""
+    adamw = getattr(optimizer, "adamw", optimizer)  # MuonAdamW's AdamW, or the AdamW itself
+    if isinstance(adamw, torch.optim.AdamW) and adamw.defaults.get("fused"):
+        for settings in (adamw.defaults, *adamw.param_groups):
+            settings.update(fused=False, foreach=True)
+    eager_step = optimizer.step
+    compiled = torch.compile(lambda: eager_step())
+    optimizer.step = lambda closure=None: compiled()
+
+
+def bench_train(name: str, rt: Runtime, args, variant: Variant) -> dict:
+    """One training step as train.py runs it (set_lr, forward_backward, StepGuard's NaN/stop check, the optimizer
+    step) with the variant's choices, timed over args.repeats steps; also the optimizer step's own time. A
+    variant that cannot run here gives a skipped row that says why."""
+    v = variant
     model = build(name, rt)
     cfg = model.config
-    batch = args.batch_size or (4 if rt.device_type == "cpu" else {"gpt2": 16, "baby": 64}.get(name, 16))
     use_compile, _ = resolve_compile(args.compile, rt.device)
+    slice_rows = loss_chunk_rows(cfg.padded_vocab_size, rt.device_type, v.loss_chunk)
+    fields = dict(**v.fields(), accum=args.accum, seq_len=cfg.block_size, compile=use_compile,
+                  loss_slice_rows=slice_rows if v.batch_size * cfg.block_size > slice_rows else None)  # None: plain
+    problem = sdpa_problem(v.sdpa, cfg, rt)
+    if v.compile_optimizer and rt.needs_grad_scaler:
+        problem = "--compile_optimizer=True is not measured under float16's GradScaler (use bfloat16 or float32)"
+    if problem:
+        return unmeasured_row("train", name, rt, "skipped", problem, **fields)
+    batch = v.batch_size
     train_cfg = TrainConfig(weight_decay=0.1, learning_rate=6e-4,
                             optimizer="muon" if cfg.arch == "modern" else "adamw")  # Muon + AdamW for modern
     optimizer = make_optimizer(model, train_cfg, rt.device_type)
+    torch._dynamo.reset()  # this row's own static graphs, not dynamic ones from the last row's sizes
+    if v.compile_optimizer:
+        compile_optimizer_step(optimizer)
     scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.needs_grad_scaler)
-    if use_compile:
-        torch._dynamo.reset()  # this model's own static graph, not a dynamic one from the last model's sizes
-        step_model = torch.compile(model, dynamic=False)
-    else:
-        step_model = model
+    mode = None if v.compile_mode == "default" else v.compile_mode
+    step_model = torch.compile(model, dynamic=False, mode=mode) if use_compile else model
     next_batch, prefetch = train_batches(args, cfg, batch, rt)
     optimizer_spans: list[Span] = []
+    guard = StepGuard(optimizer, rt, Dist())
 
     def step():
         set_lr(optimizer, 0, train_cfg)
         loss, grad_norm = forward_backward(step_model, optimizer, scaler, next_batch, args.accum, rt, 1.0,
                                            prefetch=prefetch)
-        # train.py's one host sync per step: the GPU's queue drains here, before the optimizer's kernels are
-        # launched. (The flags are not acted on: random tokens give finite losses.)
-        check_step(loss, grad_norm, False, rt, Dist())
+        # train.py's NaN/stop flags: on a GPU read a step late, the update masked on the device; elsewhere
+        # read at once. (The verdict is not acted on: random tokens give finite losses.)
+        guard.check(0, loss, grad_norm, False)
         span = Span(rt)
-        scaler.step(optimizer)
-        scaler.update()
+        guard.optimizer_step(optimizer, scaler)
         optimizer.zero_grad(set_to_none=True)
         span.stop()
         optimizer_spans.append(span)
 
     reset_peak_memory(rt)
-    with loss_slices(loss_chunk, rt.device_type):  # read when the loss runs (or is traced, when compiling)
+    # both read when the step runs (or is traced, when compiling)
+    with loss_slices(v.loss_chunk, rt.device_type), sdpa_backend(v.sdpa):
         times = timed(step, rt, args.warmup, args.repeats)
     sec = statistics.median(times)
     opt_sec = statistics.median(s.seconds() for s in optimizer_spans[args.warmup:])
     tokens = batch * cfg.block_size * args.accum
     tok_s = tokens / sec
     peak = peak_flops(rt.device, rt.dtype)
-    slice_rows = loss_chunk_rows(cfg.padded_vocab_size, rt.device_type, loss_chunk)
+    fpt = flops_per_token(model)
     return make_row(
-        "train", name, rt, params_M=round(model.num_params() / 1e6, 2), batch_size=batch, accum=args.accum,
-        seq_len=cfg.block_size, tokens_per_s=tok_s, ms=sec * 1000,
-        mfu=flops_per_token(model) * tok_s / peak if peak else None, peak_mem_mb=peak_memory_mb(rt),
-        compile=use_compile, optimizer=train_cfg.optimizer, optimizer_ms=opt_sec * 1000,
-        optimizer_share=opt_sec / sec,
-        loss_slice_rows=slice_rows if batch * cfg.block_size > slice_rows else None,  # None: the plain path
+        "train", name, rt, params_M=round(model.num_params() / 1e6, 2), **fields, tokens_per_s=tok_s,
+        ms=sec * 1000, mfu=fpt * tok_s / peak if peak else None, peak_mem_mb=peak_memory_mb(rt),
+        optimizer=train_cfg.optimizer, optimizer_ms=opt_sec * 1000, optimizer_share=opt_sec / sec,
+        flops_per_token=fpt,
     )
 
 
-def bench_decode(name: str, rt: Runtime, args) -> list[dict]:
-    """Decoding tokens/s at batch 1 and 8, with and without the KV cache, and the prefill time."""
+def bench_decode(name: str, rt: Runtime, args) -> Iterator[dict]:
+    """Decoding tokens/s at each --decode_batch size, with and without the KV cache, then the prefill time: the
+    rows one at a time, as each is measured. With --keep_going a batch size (or the prefill) that fails gives
+    a failed row and the next goes on."""
     model = build(name, rt).eval()
     if rt.device_type == "cuda" and rt.dtype != torch.float32:
         model.to(rt.dtype)  # decoding is memory-bound: bf16 weights halve the bytes read per token
     use_compile, _ = resolve_compile(args.compile, rt.device)
-    cfg = model.config
-    new = args.decode_tokens or (100 if rt.device_type == "cpu" else 500)
+    new = args.decode_tokens or (100 if rt.device_type == "cpu" else 200)
     if args.compare_windows:
         step_fn = None
         if use_compile:
@@ -257,50 +425,69 @@ def bench_decode(name: str, rt: Runtime, args) -> list[dict]:
         print(f"{name}: {new} new tokens, batch 1\n" + compare_table(
             decode_benchmark(model, new, repeats=args.decode_repeats, step_fn=step_fn,
                              nocache=not args.skip_nocache)), flush=True)
-        return []
-    rows = []
-    for batch in (1, 8):
-        step_fn, compile_s = None, None
-        if use_compile:  # a fresh static graph for this batch size (a recompile would be counted, not timed)
-            torch._dynamo.reset()
-            step_fn = compile_decode_step(rt.device)
-            t0 = time.perf_counter()  # the first steps compile the step: timed apart, as compile_s
-            time_decode(model, 4, batch_size=batch, prompt_tokens=16, step_fn=step_fn, repeats=1, warmup_tokens=0)
-            compile_s = time.perf_counter() - t0
-        for use_cache in (True, False):
-            if not use_cache and args.skip_nocache:
-                continue
-            # Without the cache: nanoGPT's decoder, a full forward over the last block_size tokens per token.
-            # With it: one-token steps; past block_size the window moves by block_size // 4 (gptkit/generate.py).
-            options = SamplingOptions(window_shift=None if use_cache else 1)
-            reset_peak_memory(rt)
-            sec = statistics.median(time_decode(
-                model, new, options, batch_size=batch, prompt_tokens=16, use_cache=use_cache,
-                step_fn=step_fn if use_cache else None, repeats=args.decode_repeats))
-            compiled = use_compile and use_cache
-            rows.append(make_row(
-                "decode", name, rt, batch_size=batch, seq_len=new, prompt_tokens=16, kv_cache=use_cache,
-                tokens_per_s=batch * new / sec, ms=sec / new * 1000, mfu=None, peak_mem_mb=peak_memory_mb(rt),
-                compile=compiled, compile_s=compile_s if compiled else None,
-            ))
-    # prefill: the whole prompt in one forward that also fills the cache
-    n_prompt = min(args.prefill_tokens, cfg.block_size)
-    prompt = torch.randint(0, cfg.vocab_size, (1, n_prompt), device=rt.device)
+        return
+    for batch in args.decode_batch:
+        try:
+            yield from decode_rows(model, name, rt, args, batch, new, use_compile)
+        except Exception as e:
+            if not recoverable(e, args):
+                raise
+            yield failed_row(e, "decode", name, rt, batch_size=batch, seq_len=new, compile=use_compile)
+    n_prompt = min(args.prefill_tokens, model.config.block_size)
+    try:
+        yield prefill_row(model, name, rt, args, n_prompt)
+    except Exception as e:
+        if not recoverable(e, args):
+            raise
+        yield failed_row(e, "prefill", name, rt, batch_size=1, seq_len=n_prompt, compile=False)
+
+
+def decode_rows(model: GPT, name: str, rt: Runtime, args, batch: int, new: int, use_compile: bool) -> Iterator[dict]:
+    """The decode rows of one batch size: with the KV cache (through the compiled step when compiling, whose
+    compile time is the row's compile_s) and, unless --skip_nocache, without it."""
+    step_fn, compile_s = None, None
+    if use_compile:  # a fresh static graph for this batch size (a recompile would be counted, not timed)
+        torch._dynamo.reset()
+        step_fn = compile_decode_step(rt.device)
+        t0 = time.perf_counter()  # the first steps compile the step: timed apart, as compile_s
+        time_decode(model, 4, batch_size=batch, prompt_tokens=16, step_fn=step_fn, repeats=1, warmup_tokens=0)
+        compile_s = time.perf_counter() - t0
+    for use_cache in (True, False):
+        if not use_cache and args.skip_nocache:
+            continue
+        # Without the cache: nanoGPT's decoder, a full forward over the last block_size tokens per token.
+        # With it: one-token steps; past block_size the window moves by block_size // 4 (gptkit/generate.py).
+        options = SamplingOptions(window_shift=None if use_cache else 1)
+        reset_peak_memory(rt)
+        sec = statistics.median(time_decode(
+            model, new, options, batch_size=batch, prompt_tokens=16, use_cache=use_cache,
+            step_fn=step_fn if use_cache else None, repeats=args.decode_repeats, budget_s=args.row_budget_s))
+        compiled = use_compile and use_cache
+        yield make_row(
+            "decode", name, rt, batch_size=batch, seq_len=new, prompt_tokens=16, kv_cache=use_cache,
+            tokens_per_s=batch * new / sec, ms=sec / new * 1000, mfu=None, peak_mem_mb=peak_memory_mb(rt),
+            compile=compiled, compile_s=compile_s if compiled else None,
+        )
+
+
+def prefill_row(model: GPT, name: str, rt: Runtime, args, n_prompt: int) -> dict:
+    """The prefill of an n_prompt-token prompt: the whole prompt in one (eager) forward that also fills the
+    cache, what generate does before the first token; ms per prefill."""
+    prompt = torch.randint(0, model.config.vocab_size, (1, n_prompt), device=rt.device)
     model.setup_kv_cache(1)
     pos = torch.arange(n_prompt, device=rt.device)
 
     @torch.no_grad()
     def fill():
-        prefill(model, prompt, pos)  # what generate does before the first token
+        prefill(model, prompt, pos)
 
     reset_peak_memory(rt)
-    sec = statistics.median(timed(fill, rt, 2, args.decode_repeats * 3))
+    sec = statistics.median(timed(fill, rt, 2, args.decode_repeats * 3, args.row_budget_s))
     model.clear_kv_cache()
-    rows.append(make_row(
+    return make_row(
         "prefill", name, rt, batch_size=1, seq_len=n_prompt, tokens_per_s=n_prompt / sec, ms=sec * 1000, mfu=None,
         peak_mem_mb=peak_memory_mb(rt), compile=False,
-    ))
-    return rows
+    )
 
 
 def time_decode(
@@ -315,8 +502,10 @@ def time_decode(
     repeats: int = 3,
     warmup_tokens: int = 8,
     seed: int = 0,
+    budget_s: float = 0,
 ) -> list[float]:
-    """Wall-clock seconds of `repeats` runs, each generating max_new_tokens tokens for batch_size random prompts.
+    """Wall-clock seconds of `repeats` runs, each generating max_new_tokens tokens for batch_size random prompts
+    (with budget_s, no new run once the runs add up to that many seconds; at least one runs).
 
     options: how to sample (None: temperature 1, the default window). It must have no stop token, so that
     every run decodes exactly max_new_tokens tokens. A short warm-up run first takes one-off costs
@@ -344,6 +533,8 @@ def time_decode(
         t0 = time.perf_counter()
         decode(max_new_tokens)
         times.append(time.perf_counter() - t0)
+        if budget_s and sum(times) >= budget_s:
+            break
     return times
 
 
@@ -405,38 +596,83 @@ def compare_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def format_table(rows: list[dict]) -> str:
-    def mem(r):
-        return f"{r['peak_mem_mb']:,.0f} MB" if r.get("peak_mem_mb") else "n/a"
+def table_header(kind: str) -> str:
+    """The header line of a kind's section of the table."""
+    if kind == "train":
+        return (f"{'train':<12}{'params':>9}{'T':>6}{'batch':>9}{'loss by':>11}{'ms/step':>10}{'tokens/s':>12}"
+                f"{'MFU':>7}{'optimizer':>16}{'peak mem':>11}  variant")
+    if kind == "decode":
+        return (f"{'decode':<12}{'batch':>6}{'KV cache':>10}{'compiled':>10}{'new tokens':>12}{'tokens/s':>12}"
+                f"{'ms/token':>10}{'peak mem':>11}")
+    return f"{'prefill':<12}{'prompt tokens':>14}{'ms':>10}{'tokens/s':>12}"
 
-    lines = []
-    train_rows = [r for r in rows if r["kind"] == "train"]
-    if train_rows:
-        lines.append(f"{'train':<10}{'params':>9}{'T':>6}{'batch':>9}{'loss by':>11}{'ms/step':>10}"
-                     f"{'tokens/s':>12}{'MFU':>7}{'optimizer':>16}{'peak mem':>11}")
-        for r in train_rows:
-            mfu = f"{r['mfu'] * 100:.1f}%" if r["mfu"] else "n/a"
-            batch = f"{r['batch_size']}x{r['accum']}"
-            loss_by = f"{r['loss_slice_rows']} rows" if r["loss_slice_rows"] else "plain"
-            opt = f"{r['optimizer']} {r['optimizer_share'] * 100:.0f}%"  # its share of the step time
-            lines.append(f"{r['model']:<10}{r['params_M']:>8.2f}M{r['seq_len']:>6}{batch:>9}{loss_by:>11}"
-                         f"{r['ms']:>10.1f}{r['tokens_per_s']:>12,.0f}{mfu:>7}{opt:>16}{mem(r):>11}")
-    dec = [r for r in rows if r["kind"] == "decode"]
-    if dec:
-        lines.append("")
-        lines.append(f"{'decode':<10}{'batch':>6}{'KV cache':>10}{'compiled':>10}{'new tokens':>12}{'tokens/s':>12}"
-                     f"{'ms/token':>10}{'peak mem':>11}")
-        for r in dec:
-            compiled = f"{r['compile_s']:.0f} s" if r["compile"] else "no"  # with the compile time
-            lines.append(f"{r['model']:<10}{r['batch_size']:>6}{'yes' if r['kv_cache'] else 'no':>10}{compiled:>10}"
-                         f"{r['seq_len']:>12}{r['tokens_per_s']:>12,.1f}{r['ms']:>10.2f}{mem(r):>11}")
-    pre = [r for r in rows if r["kind"] == "prefill"]
-    if pre:
-        lines.append("")
-        lines.append(f"{'prefill':<10}{'prompt tokens':>14}{'ms':>10}")
-        for r in pre:
-            lines.append(f"{r['model']:<10}{r['seq_len']:>14}{r['ms']:>10.2f}")
-    return "\n".join(lines)
+
+def variant_text(r: dict) -> str:
+    """How a training row's step ran: eager or compiled (and the mode), and the other variants' non-defaults."""
+    parts = ["eager" if not r["compile"] else
+             "compiled" if r["compile_mode"] == "default" else f"compiled {r['compile_mode']}"]
+    if r["sdpa"] != "default":
+        parts.append(f"sdpa {r['sdpa']}")
+    if r["compile_optimizer"]:
+        parts.append("optimizer compiled")
+    return ", ".join(parts)
+
+
+def table_line(r: dict) -> str:
+    """One row of the table; a skipped or failed one says why."""
+    mem = f"{r['peak_mem_mb']:,.0f} MB" if r.get("peak_mem_mb") else "n/a"
+    if r["status"] != "ok":
+        what = [f"batch {r['batch_size']}"] if r["batch_size"] is not None else []
+        what += [variant_text(r), r["status"]] if r["kind"] == "train" else [r["status"]]
+        return f"{r['model']:<12}{', '.join(what)}: {r['reason']}"
+    if r["kind"] == "train":
+        mfu = f"{r['mfu'] * 100:.1f}%" if r["mfu"] else "n/a"
+        batch = f"{r['batch_size']}x{r['accum']}"
+        loss_by = f"{r['loss_slice_rows']} rows" if r["loss_slice_rows"] else "plain"
+        opt = f"{r['optimizer']} {r['optimizer_share'] * 100:.0f}%"  # its share of the step time
+        return (f"{r['model']:<12}{r['params_M']:>8.2f}M{r['seq_len']:>6}{batch:>9}{loss_by:>11}{r['ms']:>10.1f}"
+                f"{r['tokens_per_s']:>12,.0f}{mfu:>7}{opt:>16}{mem:>11}  {variant_text(r)}")
+    if r["kind"] == "decode":
+        compiled = f"{r['compile_s']:.0f} s" if r["compile"] else "no"  # with the compile time
+        return (f"{r['model']:<12}{r['batch_size']:>6}{'yes' if r['kv_cache'] else 'no':>10}{compiled:>10}"
+                f"{r['seq_len']:>12}{r['tokens_per_s']:>12,.1f}{r['ms']:>10.2f}{mem:>11}")
+    return f"{r['model']:<12}{r['seq_len']:>14}{r['ms']:>10.2f}{r['tokens_per_s']:>12,.0f}"
+
+
+def format_table(rows: list[dict]) -> str:
+    """The rows as one table: a section per kind (train, decode, prefill), each under its header."""
+    sections = []
+    for kind in ("train", "decode", "prefill"):
+        lines = [table_line(r) for r in rows if r["kind"] == kind]
+        if lines:
+            sections.append("\n".join([table_header(kind), *lines]))
+    return "\n\n".join(sections)
+
+
+class RowPrinter:
+    """Takes the rows as they are measured: prints each at once (flushed), under its kind's header, and with
+    --json rewrites the file after each, so a run cut short (a crash, a timeout) keeps what it measured."""
+
+    def __init__(self, json_path: str | None, argv: list[str]):
+        self.json_path, self.argv = json_path, argv
+        self.rows: list[dict] = []
+        self.kind: str | None = None
+
+    def __call__(self, row: dict) -> None:
+        self.rows.append(row)
+        if row["kind"] != self.kind:
+            print(("\n" if self.kind else "") + table_header(row["kind"]))
+            self.kind = row["kind"]
+        print(table_line(row), flush=True)
+        if self.json_path:
+            self.write()
+
+    def write(self) -> None:
+        """The JSON file, replaced whole (written beside it first): never a half-written file."""
+        partial = Path(f"{self.json_path}.partial")
+        partial.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "argv": self.argv, "rows": self.rows},
+                                      indent=2))
+        os.replace(partial, self.json_path)
 
 
 def parse_loss_chunk(value: str) -> int | None:
@@ -455,16 +691,45 @@ def parse_loss_chunk(value: str) -> int | None:
     return elements
 
 
+def parse_list(option: str, text: str, choices: tuple[str, ...]) -> list[str]:
+    """A comma list of an option's choices, or a one-line UsageError naming the option."""
+    values = [value.strip() for value in text.split(",")]
+    bad = [value for value in values if value not in choices]
+    if bad:
+        raise cli.UsageError(f"--{option}: {', '.join(map(repr, bad))} is not one of {', '.join(choices)}")
+    return values
+
+
+def parse_counts(option: str, text: str, low: int) -> list[int]:
+    """A comma list of whole numbers >= low, or a one-line UsageError naming the option."""
+    try:
+        values = [int(value) for value in text.split(",")]
+    except ValueError:
+        raise cli.UsageError(f"--{option}: {text!r} is not a comma-separated list of whole numbers") from None
+    bad = [value for value in values if value < low]
+    if bad:
+        raise cli.UsageError(f"--{option} must be >= {low}, got {bad[0]}")
+    return values
+
+
 def parse_args(argv: list[str] | None):
     p = cli.ArgumentParser(prog="bench.py", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default=None,
-                   help=f"comma-separated sizes from {', '.join(MODELS)} (default: baby on CPU, baby,gpt2 on a GPU)")
+    p.add_argument("--models", default=None, help=f"comma-separated sizes from {', '.join(model_names())} "
+                                                   f"(default: baby on CPU, baby,gpt2 on a GPU)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA), float32, bfloat16 or float16")
     p.add_argument("--compile", default="auto", choices=("auto", "True", "False"),
                    help="torch.compile the training step and the decode step (auto: on for CUDA)")
-    p.add_argument("--batch_size", type=int, default=0, help="training micro-batch (0: 4 on CPU; 64 baby / 16 gpt2)")
+    p.add_argument("--batch_size", default="0",
+                   help="training micro-batches, comma-separated, a row each (0: 4 on CPU; 64 baby / 16 gpt2)")
+    p.add_argument("--sdpa", default="default", help=f"attention kernels for training, comma-separated, a row "
+                                                     f"each: {', '.join(SDPA_BACKENDS)} (default: torch's choice)")
+    p.add_argument("--compile_mode", default="default",
+                   help=f"torch.compile modes for the training step, comma-separated, a row each: "
+                        f"{', '.join(COMPILE_MODES)}")
+    p.add_argument("--compile_optimizer", default="False",
+                   help="compile the optimizer step too: False, True or False,True (a row each)")
     p.add_argument("--accum", type=int, default=1, help="gradient-accumulation micro-batches per step")
     p.add_argument("--warmup", type=int, default=None, help="untimed training steps first (default 1 CPU, 5 GPU)")
     p.add_argument("--repeats", type=int, default=None, help="timed training steps (median; default 3 CPU, 20 GPU)")
@@ -473,61 +738,110 @@ def parse_args(argv: list[str] | None):
                    help="one training row per loss slice size, comma-separated: plain (one F.cross_entropy "
                         "on all the logits), default (the device's), or logit elements per slice, e.g. "
                         "plain,2**25,2**28")
-    p.add_argument("--decode_tokens", type=int, default=0, help="new tokens per decode run (0: 100 CPU, 500 GPU)")
+    p.add_argument("--decode_batch", default="1,8", help="decode batch sizes, comma-separated (a row each)")
+    p.add_argument("--decode_tokens", type=int, default=0, help="new tokens per decode run (0: 100 CPU, 200 GPU)")
     p.add_argument("--decode_repeats", type=int, default=3, help="timed decode runs per row (median)")
     p.add_argument("--prefill_tokens", type=int, default=1000, help="prompt length for the prefill timing")
+    p.add_argument("--row_budget_s", type=float, default=10.0,
+                   help="decode and prefill: no new timed run once a row's add up to this many seconds "
+                        "(at least one; 0: --decode_repeats always)")
     p.add_argument("--skip_train", action="store_true", help="only decoding")
     p.add_argument("--skip_decode", action="store_true", help="only training")
     p.add_argument("--skip_nocache", action="store_true", help="skip the (slow) decoding without KV cache")
     p.add_argument("--compare_windows", action="store_true",
                    help="decode table instead: no cache vs KV cache, each with window_shift 1 and block_size//4")
-    p.add_argument("--json", default=None, help="also write the rows to this JSON file (e.g. benchmarks/NAME.json)")
+    p.add_argument("--keep_going", action="store_true",
+                   help="a row that fails (out of memory, a compiler error) is reported as failed, with the "
+                        "error, and the run goes on")
+    p.add_argument("--json", default=None, help="also write the rows to this JSON file (e.g. benchmarks/NAME.json), "
+                                                "rewritten after every row")
     args = p.parse_args(argv)
     args.compile = {"auto": None, "True": True, "False": False}[args.compile]
     args.loss_chunk = [parse_loss_chunk(value) for value in args.loss_chunk.split(",")]
+    args.batch_size = parse_counts("batch_size", args.batch_size, 0)
+    args.decode_batch = parse_counts("decode_batch", args.decode_batch, 1)
+    args.sdpa = parse_list("sdpa", args.sdpa, tuple(SDPA_BACKENDS))
+    args.compile_mode = parse_list("compile_mode", args.compile_mode, COMPILE_MODES)
+    args.compile_optimizer = [v == "True" for v in parse_list("compile_optimizer", args.compile_optimizer,
+                                                               ("False", "True"))]
     # Out-of-range counts would otherwise fail deep inside (a median of no timings, empty batches) with a
     # traceback. None means "not given": main picks the device's default.
-    for name, low in (("batch_size", 0), ("accum", 1), ("warmup", 0), ("repeats", 1), ("decode_tokens", 0),
-                      ("decode_repeats", 1), ("prefill_tokens", 1)):
+    for name, low in (("accum", 1), ("warmup", 0), ("repeats", 1), ("decode_tokens", 0), ("decode_repeats", 1),
+                      ("prefill_tokens", 1), ("row_budget_s", 0)):
         value = getattr(args, name)
         if value is not None and value < low:
             raise cli.UsageError(f"--{name} must be >= {low}, got {value}")
     return args
 
 
-@cli.entry_point(oom_hint="use a smaller --batch_size or --models")
+def check_models(models: list[str], args) -> None:
+    """Unknown names, and with --data a vocabulary smaller than the dataset's: a one-line UsageError."""
+    unknown = [m for m in models if m not in model_names()]
+    if unknown:
+        raise cli.UsageError(f"unknown model size(s) {', '.join(unknown)}; choose from {', '.join(model_names())}")
+    if args.data:
+        data_vocab = read_meta(require_dataset(args.data))["vocab_size"]  # or a DataError
+        # Token ids past the model's vocabulary would index outside its embedding (a crash mid-benchmark).
+        too_small = [f"{m} ({MODELS[base_model(m)][4]})" for m in models if MODELS[base_model(m)][4] < data_vocab]
+        if too_small:
+            fix = "pick --models=gpt2 or" if data_vocab <= MODELS["gpt2"][4] else "pick"
+            raise cli.UsageError(f"--data={args.data} has vocab_size {data_vocab}, more than the vocabulary of "
+                                 f"model {', '.join(too_small)}; {fix} a dataset with a matching vocabulary")
+
+
+def recoverable(error: Exception, args) -> bool:
+    """Whether a row's error becomes a failed row (--keep_going) rather than the end of the run: never a
+    UserError (a bad dataset, say), which is the run's one-line exit."""
+    return args.keep_going and not isinstance(error, cli.UserError)
+
+
+def decode_rows_of(name: str, rt: Runtime, args) -> Iterator[dict]:
+    """bench_decode's rows; with --keep_going a failure outside its rows (building the model) is a failed row."""
+    try:
+        yield from bench_decode(name, rt, args)
+    except Exception as e:
+        if not recoverable(e, args):
+            raise
+        yield failed_row(e, "decode", name, rt, batch_size=None, seq_len=None,
+                         compile=resolve_compile(args.compile, rt.device)[0])
+
+
+def train_rows(name: str, rt: Runtime, args) -> Iterator[dict]:
+    """The training rows of one model, a variant at a time."""
+    for variant in train_variants(name, rt, args):
+        try:
+            yield bench_train(name, rt, args, variant)
+        except Exception as e:
+            if not recoverable(e, args):
+                raise
+            yield failed_row(e, "train", name, rt, **variant.fields(), accum=args.accum,
+                             seq_len=MODELS[base_model(name)][3], compile=resolve_compile(args.compile, rt.device)[0])
+
+
+@cli.entry_point(oom_hint="use a smaller --batch_size or --models, or --keep_going")
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     rt = setup_runtime(args.device, args.dtype)  # a DeviceError (a UserError) is the one-line exit
     on_gpu = rt.device_type == "cuda"
     models = (args.models or ("baby,gpt2" if on_gpu else "baby")).split(",")
-    unknown = [m for m in models if m not in MODELS]
-    if unknown:
-        raise cli.UsageError(f"unknown model size(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}")
-    if args.data:
-        data_vocab = read_meta(require_dataset(args.data))["vocab_size"]  # or a DataError
-        # Token ids past the model's vocabulary would index outside its embedding (a crash mid-benchmark).
-        too_small = [f"{m} ({MODELS[m][4]})" for m in models if MODELS[m][4] < data_vocab]
-        if too_small:
-            fix = "pick --models=gpt2 or" if data_vocab <= MODELS["gpt2"][4] else "pick"
-            raise cli.UsageError(f"--data={args.data} has vocab_size {data_vocab}, more than the vocabulary of "
-                                 f"model {', '.join(too_small)}; {fix} a dataset with a matching vocabulary")
+    check_models(models, args)
+    use_compile, why = resolve_compile(args.compile, rt.device)
+    if not use_compile and args.compile_mode != ["default"]:
+        raise cli.UsageError(f"--compile_mode={','.join(args.compile_mode)} needs the model compiled, and here "
+                             f"{why}; add --compile=True")
     args.warmup = args.warmup if args.warmup is not None else (5 if on_gpu else 1)
     args.repeats = args.repeats if args.repeats is not None else (20 if on_gpu else 3)
     print(f"device {rt.device} ({device_name(rt)}) | {rt.dtype_name} | torch {torch.__version__} | "
           f"{time.strftime('%Y-%m-%d')}", flush=True)
-    rows: list[dict] = []
+    emit = RowPrinter(args.json, argv if argv is not None else sys.argv[1:])
     for name in models:  # a DataError (--data: e.g. a split too short for the block_size) is a one-line exit
-        if not args.skip_train:
-            rows.extend(bench_train(name, rt, args, chunk) for chunk in args.loss_chunk)
-        if not args.skip_decode:
-            rows.extend(bench_decode(name, rt, args))
-    print(format_table(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"date": time.strftime("%Y-%m-%d"), "argv": argv if argv is not None else sys.argv[1:],
-                       "rows": rows}, f, indent=2)
-    return rows
+        rows = itertools.chain(train_rows(name, rt, args) if not args.skip_train else (),
+                               decode_rows_of(name, rt, args) if not args.skip_decode else ())
+        for row in rows:
+            emit(row)
+    if args.json and not emit.rows:
+        emit.write()  # (--compare_windows: no rows, an empty list)
+    return emit.rows
 
 
 if __name__ == "__main__":

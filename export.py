@@ -3,11 +3,14 @@ its tokenizer (GPT-2's BPE, a trained BPE or characters, with its special tokens
 
     python export.py --ckpt out-shakespeare/ --to hf-shakespeare/
     python export.py --ckpt out-shakespeare/ --format gguf --out shakespeare.gguf --dtype q8_0
+    python export.py --ckpt out/ --format pt --out model.pt      # a sharded (FSDP) checkpoint as one file
 
 The folder loads with `transformers.AutoModelForCausalLM.from_pretrained` and `AutoTokenizer.from_pretrained`.
 The mapping between HF's layout and ours lives in gptkit/hf_gpt2.py, the tokenizer files in gptkit/hf_tokenizer.py.
 With --format gguf the model and its tokenizer go into one GGUF file instead, for llama.cpp, ollama and LM
-Studio (gptkit/gguf.py writes it).
+Studio (gptkit/gguf.py writes it). With --format pt the checkpoint becomes one file of this project's own
+format, the weights and everything but the optimizer state: what a run under FSDP saves as a folder of shards
+(out_dir/last/), as one file for copying or sharing (every script here also reads the folder as it is).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import NamedTuple
 import torch
 
 from gptkit import chat, cli
-from gptkit.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint
+from gptkit.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint, save_checkpoint
 from gptkit.gguf import GGUF_DTYPES, export_gguf
 from gptkit.hf_gpt2 import HFGPT2Error, hf_config, ours_to_hf
 from gptkit.hf_tokenizer import GPTKIT_FILE, hf_tokenizer_files
@@ -209,10 +212,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--ckpt", required=True, help="a checkpoint file, or an out_dir (best.pt, else last.pt)"
     )
-    parser.add_argument("--format", choices=("hf", "gguf"), default="hf",
-                        help="hf: a Hugging Face GPT-2 folder (--to DIR); gguf: a llama.cpp file (--out FILE)")
+    parser.add_argument("--format", choices=("hf", "gguf", "pt"), default="hf",
+                        help="hf: a Hugging Face GPT-2 folder (--to DIR); gguf: a llama.cpp file (--out FILE); pt: "
+                        "this project's one-file checkpoint, e.g. of a sharded one (--out FILE)")
     parser.add_argument("--to", metavar="DIR", help="the folder to write (--format hf)")
-    parser.add_argument("--out", metavar="FILE", help="the GGUF file to write (--format gguf)")
+    parser.add_argument("--out", metavar="FILE", help="the file to write (--format gguf or pt)")
     parser.add_argument("--dtype", choices=GGUF_DTYPES,
                         help="the GGUF file's weights (default f32): f16 is half the size, q8_0 (8-bit) about a "
                         "quarter, each faster to decode in llama.cpp")
@@ -226,11 +230,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "--to DIR")
     else:
         if args.out is None:
-            parser.error("--format gguf needs --out FILE, e.g. --out model.gguf")
+            parser.error(f"--format {args.format} needs --out FILE, e.g. --out model.{args.format}")
         if args.to is not None:
-            parser.error("--to is for --format hf; the GGUF export writes one file: --out FILE")
+            parser.error(f"--to is for --format hf; --format {args.format} writes one file: --out FILE")
+        if args.format == "pt" and args.dtype is not None:
+            parser.error("--dtype is for --format gguf; --format pt keeps the checkpoint's weights as they are")
         args.dtype = args.dtype or "f32"
     return args
+
+
+def export_pt(ckpt: dict, out: Path, overwrite: bool = False) -> None:
+    """A loaded checkpoint (load_checkpoint's dict: a file's, or a sharded folder's with its weights whole) as
+    one file of the same format, without the optimizer state: what sample, eval, chat, serve and export read."""
+    if out.exists() and not overwrite:
+        raise ExportError(f"{out} exists; choose another --out, or pass --overwrite")
+    state = {k: v for k, v in ckpt.items() if k not in ("optimizer", "sharded")}
+    try:
+        save_checkpoint(state, out)
+    except OSError as e:  # e.g. no permission, a full disk, a parent that is a file
+        raise ExportError(f"cannot write {out}: {cli.describe_os_error(e)}") from None
 
 
 def _size(n_bytes: int) -> str:
@@ -258,6 +276,11 @@ def main(argv: list[str] | None = None) -> None:
     what = (f"the step-{ckpt.get('step', '?')} model ({c.n_layer} layers, {c.n_head} heads, n_embd {c.n_embd}, "
             f"vocab {c.vocab_size}, context {c.block_size})")
 
+    if args.format == "pt":
+        export_pt(ckpt, Path(args.out), args.overwrite)
+        print(f"exported {what} to {args.out} ({_size(Path(args.out).stat().st_size)}): a one-file checkpoint "
+              f"(weights, no optimizer state); python sample.py --ckpt {args.out}")
+        return
     if args.format == "gguf":
         try:
             tokenizer = Tokenizer.from_meta(meta) if meta else None

@@ -4,6 +4,7 @@
     python train.py configs/shakespeare.py --init_from=resume   # continue exactly where out_dir stopped
     python train.py configs/gpt2_124m.py --plan                 # memory, time and cost per device; trains nothing
     torchrun --standalone --nproc_per_node=8 train.py configs/gpt2_124m.py
+    torchrun --standalone --nproc_per_node=8 train.py configs/gpt2_124m.py --parallel=fsdp  # sharded (auto: if needed)
     torchrun --nnodes=2 --node_rank=0 --master_addr=10.0.0.1 --master_port=29500 --nproc_per_node=8 train.py ...
 
 Following one batch: `gptkit/loader.py` reads a window of tokens from the memory-mapped shards (x, y = the window and
@@ -27,18 +28,22 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from gptkit import cli, hellaswag, lora, plan
+from gptkit import cli, hellaswag, lora, parallel, plan
 from gptkit.checkpoint import (
     GPT2_BPE,
     RESUME_KEYS,
     build_checkpoint,
     load_base_model,
     load_checkpoint,
+    load_sharded_optimizer,
+    load_whole_optimizer,
     lora_model,
+    remove_checkpoint,
     save_checkpoint,
+    save_sharded,
+    saved_checkpoint,
 )
 from gptkit.cli import UserError
 from gptkit.config import TrainConfig, build_config, config_to_dict, lora_settings, parse_args, print_config
@@ -46,7 +51,7 @@ from gptkit.files import OutDirBusyError, OutDirLock
 from gptkit.hf_gpt2 import GPT2_NAMES
 from gptkit.loader import BatchLoader, ValBatches
 from gptkit.metrics import Metrics, peak_flops, start_wandb
-from gptkit.optim import describe, load_optimizer_state, make_optimizer, set_lr
+from gptkit.optim import can_mask, describe, load_optimizer_state, make_optimizer, set_lr, step_unless
 from gptkit.prepare.tiny_shakespeare import DATASETS as SHAKESPEARE_DATASETS
 from gptkit.prepare.tiny_shakespeare import prepare_shakespeare
 from gptkit.runtime import (
@@ -86,12 +91,14 @@ def resolve_config(argv: list[str]) -> tuple[TrainConfig, dict | None]:
     if values.get("init_from") != "resume":
         return build_config(TrainConfig, values), None
     out_dir = Path(values.get("out_dir", TrainConfig.out_dir))
-    if not (out_dir / "last.pt").is_file():
+    last = saved_checkpoint(out_dir, "last")  # last.pt, or a sharded last/ (a run under FSDP)
+    if last is None:
         raise TrainError(f"nothing to resume: {out_dir}/last.pt does not exist; start with --init_from=scratch")
     # Not memory-mapped: the optimizer state would otherwise keep pointing into the file that the next save
     # replaces. (A --plan reads only the config: memory-mapped, nothing else is read.)
-    ckpt = load_checkpoint(out_dir / "last.pt", mmap=bool(values.get("plan")))
-    missing = [k for k in RESUME_KEYS if k not in ckpt]
+    ckpt = load_checkpoint(last, mmap=bool(values.get("plan")))
+    # (a sharded checkpoint's optimizer state is read into the run later: restore_state)
+    missing = [k for k in RESUME_KEYS if k not in ckpt and not (k == "optimizer" and ckpt.get("sharded"))]
     if missing:
         raise TrainError(f"{out_dir}/last.pt cannot be resumed: it has no {', '.join(missing)} (a weights-only "
                          f"checkpoint?); start a new run, or fine-tune from it")
@@ -155,7 +162,8 @@ def check_out_dir(cfg: TrainConfig) -> None:
     """Never let a new run silently replace the checkpoints of an earlier one."""
     if cfg.init_from == "resume" or cfg.overwrite:
         return
-    existing = [n for n in ("last.pt", "best.pt") if (Path(cfg.out_dir) / n).exists()]
+    existing = [p.name + "/" * p.is_dir() for p in (saved_checkpoint(cfg.out_dir, n) for n in ("last", "best"))
+                if p is not None]
     if existing:
         raise TrainError(
             f"{cfg.out_dir}/ already holds {' and '.join(existing)}; continue it with --init_from=resume, "
@@ -252,11 +260,13 @@ def check_vocab(data_dir: Path, meta: dict, model: GPT) -> None:
                              f"vocab_size {model.config.vocab_size}; re-prepare the dataset")
 
 
-def choose_batch_size(cfg: TrainConfig, model: GPT, ckpt: dict | None, d: Dist, rt: Runtime) -> TrainConfig:
+def choose_batch_size(cfg: TrainConfig, model: GPT, ckpt: dict | None, d: Dist, rt: Runtime,
+                      sharing: str = "single") -> TrainConfig:
     """batch_size=auto: the largest micro-batch that fits, among those that divide the step's sequences, and
     the gradient_accumulation_steps that keep tokens_per_step. On CUDA real training steps are tried, from
-    the plan's estimate up or down (gptkit/plan.py's search_batch); on the CPU and MPS the plan's figure for
-    the free RAM is used. A resumed run keeps the batch it chose; under DDP every rank takes the smallest."""
+    the plan's estimate up or down (gptkit/plan.py's search_batch); on the CPU and MPS, and under FSDP (whose
+    steps need the sharded model), the plan's figure for the free memory is used. A resumed run keeps the
+    batch it chose; under DDP or FSDP every rank takes the smallest. sharing: parallel.decide's choice."""
     if cfg.batch_size is not None:
         return cfg
     sequences = cfg.tokens_per_step // cfg.block_size
@@ -267,9 +277,13 @@ def choose_batch_size(cfg: TrainConfig, model: GPT, ckpt: dict | None, d: Dist, 
                          f"{cfg.block_size * d.world_size}")
     saved = (ckpt or {}).get("config", {}).get("batch_size")
     setup = plan.Setup(rt.device_type, rt.dtype, cfg.block_size, cfg.optimizer, accum=2, world_size=d.world_size,
-                       checkpointing=cfg.activation_checkpointing)
+                       checkpointing=cfg.activation_checkpointing, parallel="fsdp" if sharing == "fsdp" else "ddp")
     if saved in candidates:
         batch, how = saved, "the batch this run chose when it started"
+    elif rt.device_type == "cuda" and sharing == "fsdp":
+        fits = plan.largest_batch(model, setup, gpu_free_bytes(rt), limit=candidates[-1])
+        batch = max([b for b in candidates if b <= fits], default=None)
+        how = f"under FSDP, the plan's largest for this GPU's free memory is {fits}"
     elif rt.device_type == "cuda":
         estimate = plan.largest_batch(model, setup, gpu_free_bytes(rt))
         batch = plan.search_batch(candidates, estimate, lambda b: fits_on_gpu(model, cfg, rt, b))
@@ -332,8 +346,10 @@ def write_run_info(cfg: TrainConfig, argv: list[str], d: Dist, rt: Runtime) -> N
     if cfg.init_from != "resume":
         # A new run starts new logs; with --overwrite=True the old run's checkpoints go now, so that a stale
         # best.pt can never be mistaken for this run's.
-        for name in ("metrics.jsonl", "runs.jsonl", "best.pt", "last.pt"):
+        for name in ("metrics.jsonl", "runs.jsonl"):
             (out / name).unlink(missing_ok=True)
+        for name in ("best", "last"):
+            remove_checkpoint(out, name)  # name.pt, or a sharded name/
     (out / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2) + "\n")
     info = {"argv": ["train.py", *argv], "config": config_to_dict(cfg), "versions": library_versions(),
             "code": code_version(Path(__file__).resolve().parent),
@@ -349,7 +365,7 @@ def write_run_info(cfg: TrainConfig, argv: list[str], d: Dist, rt: Runtime) -> N
 @dataclass
 class Run:
     """Everything the loop works with. `model` is what runs the steps (maybe DDP- and compile-wrapped);
-    `raw_model` is the plain GPT whose state_dict is saved."""
+    `raw_model` is the plain GPT whose state_dict is saved (under FSDP the same module as `model`, sharded)."""
 
     cfg: TrainConfig
     argv: list[str]
@@ -386,10 +402,14 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
         lora.cast_frozen_base(model, torch.bfloat16)  # the blocks' frozen weights: half their memory
     model.activation_checkpointing = cfg.activation_checkpointing
     model.to(rt.device)
-    cfg = choose_batch_size(cfg, model, ckpt, d, rt)
+    use_compile, why = resolve_compile(cfg.compile, rt.device)
+    # Under torchrun DDP or FSDP (gptkit/parallel.py), decided before the batch size (FSDP holds less per process)
+    sharing, parallel_line = parallel.decide(model, cfg, d, rt, use_compile)
+    cfg = choose_batch_size(cfg, model, ckpt, d, rt, sharing)
+    wrapped = parallel.wrap(model, sharing, rt, use_compile)  # FSDP shards in place: the optimizer comes after
     block = cfg.block_size  # the training sequences (a LoRA run's model may have more positions: its base's)
     run = Run(
-        cfg=cfg, argv=argv, d=d, rt=rt, meta=meta, raw_model=model, model=model,
+        cfg=cfg, argv=argv, d=d, rt=rt, meta=meta, raw_model=model, model=wrapped,
         optimizer=make_optimizer(model, cfg, rt.device_type),
         scaler=torch.amp.GradScaler(rt.device_type, enabled=rt.needs_grad_scaler),
         loader=BatchLoader(data_dir, "train", batch_size=cfg.batch_size, block_size=block, seed=cfg.seed,
@@ -404,25 +424,22 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
         print("config:")
         print_config(cfg)
         write_run_info(cfg, argv, d, rt)
-    use_compile, why = resolve_compile(cfg.compile, rt.device)
-    if d.master:
         print(why)
+        if parallel_line:
+            print(parallel_line)
         print(describe(run.optimizer))
-    if d.enabled:
-        # The model has no buffers, so DDP's forward syncs nothing: evaluation, where ranks may run different
-        # numbers of batches, involves no collective until evaluate's own all_reduce. Gradients as views into
-        # the all-reduce buckets save a copy of every gradient.
-        run.model = DDP(run.model, device_ids=[rt.device.index] if rt.device_type == "cuda" else None,
-                        gradient_as_bucket_view=True)
-    if use_compile:
-        # Compiling the DDP-wrapped model lets DDP's graph splitting overlap the all-reduce with the backward.
-        run.model = torch.compile(run.model)
     return run, step, best_val
 
 
 def restore_state(run: Run, ckpt: dict) -> tuple[int, float]:
-    """Continue a run exactly: optimizer, loss scaler, data position and every rank's dropout stream."""
-    load_optimizer_state(run.optimizer, ckpt["optimizer"])
+    """Continue a run exactly: optimizer, loss scaler, data position and every rank's dropout stream. A sharded
+    checkpoint's optimizer state is resharded to this run's processes, whatever their number and wrapper."""
+    if ckpt.get("sharded"):
+        load_sharded_optimizer(ckpt["sharded"], run.raw_model, run.optimizer)
+    elif parallel.is_sharded(run.model):
+        load_whole_optimizer(run.raw_model, run.optimizer, ckpt["optimizer"])
+    else:
+        load_optimizer_state(run.optimizer, ckpt["optimizer"])
     if run.scaler.is_enabled() and ckpt["scaler"]:  # a bf16/fp32 run saved an empty (disabled) scaler
         run.scaler.load_state_dict(ckpt["scaler"])
     run.loader.load_state_dict(ckpt["loader"])
@@ -438,7 +455,8 @@ def restore_state(run: Run, ckpt: dict) -> tuple[int, float]:
 
 
 def save(run: Run, name: str, step: int, best_val: float) -> None:
-    """Every rank calls this at the same steps: each contributes its RNG state; rank 0 writes."""
+    """Every rank calls this at the same steps: each contributes its RNG state; rank 0 writes, or under FSDP
+    every rank writes its shards of a sharded checkpoint, the folder `name` without .pt (rank 0 the rest)."""
     rt, d = run.rt, run.d
     rng = {"torch": torch.get_rng_state(),
            "cuda": torch.cuda.get_rng_state(rt.device) if rt.device_type == "cuda" else None}
@@ -446,11 +464,17 @@ def save(run: Run, name: str, step: int, best_val: float) -> None:
     if d.enabled:
         rngs = [None] * d.world_size
         dist.all_gather_object(rngs, rng)
+    sharded = parallel.is_sharded(run.model)
+    state = None
     if d.master:
         state = build_checkpoint(model=run.raw_model, optimizer=run.optimizer, scaler=run.scaler,
                                  loader=run.loader, meta=run.meta, config=config_to_dict(run.cfg), argv=run.argv,
                                  step=step, best_val_loss=best_val, rng=rngs, versions=library_versions(),
-                                 lora_info=run.lora)
+                                 lora_info=run.lora, sharded=sharded)
+    if sharded:
+        save_sharded(Path(run.cfg.out_dir) / Path(name).stem, state, run.raw_model, run.optimizer,
+                     adapters_only=bool(run.lora))
+    elif d.master:
         save_checkpoint(state, Path(run.cfg.out_dir) / name)
 
 
@@ -490,31 +514,31 @@ def forward_backward(model, optimizer, scaler, next_batch, accum: int, rt: Runti
     """The gradient half of a training step: `accum` micro-batches of forward + backward, then unscale and
     clip. Returns the mean loss and the gradient norm as device tensors (reading them would sync the host).
     `prefetch` (the loader's) reads the next batch while the GPU runs the forward just queued; after the last
-    micro-batch that is the next step's first, read before the step's host sync instead of after it."""
+    micro-batch that is the next step's first, read while the device still runs this step."""
     loss_sum = torch.zeros((), device=rt.device)
     for micro in range(accum):
         x, y = next_batch()
-        # Under DDP gradients are all-reduced only on the last micro-batch; the others accumulate locally.
-        no_sync = getattr(model, "no_sync", None)  # DDP's (also reachable through a compiled DDP model)
-        sync = no_sync is None or micro == accum - 1
-        with (contextlib.nullcontext() if sync else no_sync()), rt.autocast():
-            # With targets the model returns no logits (None): the loss is computed without ever holding them.
-            loss = model(x, y)[1] / accum
-        if prefetch is not None:
-            prefetch()
-        scaler.scale(loss).backward()
+        # Under DDP gradients are all-reduced on the last micro-batch only (the others accumulate locally); under
+        # FSDP every micro-batch's are reduce-scattered, so none is ever held whole (gptkit/parallel.py's no_sync).
+        with parallel.no_sync(model) if micro < accum - 1 else contextlib.nullcontext():
+            with rt.autocast():
+                # With targets the model returns no logits (None): the loss is computed without ever holding them.
+                loss = model(x, y)[1] / accum
+            if prefetch is not None:
+                prefetch()
+            scaler.scale(loss).backward()
         loss_sum += loss.detach()
     scaler.unscale_(optimizer)
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))
+    grad_norm = parallel.clip_grad_norm_(params, grad_clip if grad_clip > 0 else float("inf"))  # (FSDP: sharded)
     return loss_sum, grad_norm
 
 
-def check_step(loss: torch.Tensor, grad_norm: torch.Tensor, stop_requested: bool, rt: Runtime,
-               d: Dist) -> tuple[bool, bool]:
-    """(a NaN/inf anywhere, a stop signal on any rank): one small reduction decides for all ranks, and reading
-    it is the step's one host synchronisation, needed to stop *before* the optimizer step. With fp16 an inf
-    gradient is routine (the GradScaler skips that step and lowers its scale)."""
+def step_flags(loss: torch.Tensor, grad_norm: torch.Tensor, stop_requested: bool, rt: Runtime,
+               d: Dist) -> torch.Tensor:
+    """The step's flags on the device, (2,) float32: [a NaN/inf anywhere, a stop signal on any rank], one small
+    reduction deciding for all ranks. Nothing is read to the host here. With fp16 an inf gradient is routine
+    (the GradScaler skips that step and lowers its scale): only a non-finite loss is an error there."""
     bad = ~torch.isfinite(loss)
     if not rt.needs_grad_scaler:
         bad = bad | ~torch.isfinite(grad_norm)
@@ -523,8 +547,84 @@ def check_step(loss: torch.Tensor, grad_norm: torch.Tensor, stop_requested: bool
     flags[1].fill_(float(stop_requested))  # a scalar fill: no host-to-device copy
     if d.enabled:
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    is_bad, stop_now = flags.tolist()
-    return bool(is_bad), bool(stop_now)
+    return flags
+
+
+@dataclass
+class Verdict:
+    """What a step's flags say, once read: `bad_step` the step whose loss or gradients were not finite (its
+    update was not applied), with its loss and gradient norm on this rank; `stop` a stop signal on any rank."""
+
+    bad_step: int | None = None
+    loss: float = 0.0
+    grad_norm: float = 0.0
+    stop: bool = False
+
+
+class StepGuard:
+    """The guarantees of every step, a NaN/inf step is never applied and a stop signal on any rank stops every
+    rank at the same step boundary, with no host synchronisation in the step on a GPU.
+
+    On CUDA (where the optimizer can skip its update on the device: fused AdamW, Muon; optim.can_mask) the
+    step is applied unless its flag is set (`optim.step_unless`), and the flags are copied to pinned host
+    memory without blocking and read one step later, after the next step's forward and backward are queued:
+    the GPU never idles waiting for the host, as nanoGPT's loop. A bad step stops the run one step later (that
+    step not applied either), a stop signal one step later, at the same step on every rank.
+    Elsewhere the flags are read at once, before the optimizer step: on the CPU nothing runs ahead of the host,
+    so reading costs nothing; with fp16 the GradScaler reads its own flags anyway."""
+
+    def __init__(self, optimizer, rt: Runtime, d: Dist):
+        self.rt, self.d = rt, d
+        self.deferred = rt.device_type in DEFERRED_DEVICE_TYPES and not rt.needs_grad_scaler and can_mask(optimizer)
+        self.pending: tuple[int, torch.Tensor, torch.Tensor, torch.cuda.Event | None] | None = None
+
+    def check(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, stop_requested: bool) -> Verdict:
+        """Called after the step's backward, before its optimizer step: what is known so far (this step's
+        flags, or when deferred the previous step's)."""
+        self.flags = step_flags(loss, grad_norm, stop_requested, self.rt, self.d)
+        values = torch.cat([self.flags, loss.detach().float().reshape(1), grad_norm.detach().float().reshape(1)])
+        if not self.deferred:
+            self.pending = (step, values, None, None)
+            return self.settle()
+        verdict = self.settle()  # the previous step's: finished, or nearly (this step is queued behind it)
+        host = torch.empty(4, pin_memory=self.rt.device_type == "cuda")
+        host.copy_(values, non_blocking=True)
+        event = torch.cuda.Event() if self.rt.device_type == "cuda" else None
+        if event is not None:
+            event.record()
+        self.pending = (step, host, values, event)
+        return verdict
+
+    def optimizer_step(self, optimizer, scaler: torch.amp.GradScaler) -> None:
+        """The optimizer step: skipped on the device when deferred and this step's flag is set."""
+        if self.deferred:
+            step_unless(optimizer, self.flags[0])
+        else:
+            scaler.step(optimizer)
+            scaler.update()
+
+    def settle(self) -> Verdict:
+        """The flags of the last checked step, read now (waiting for that step if needed); a Verdict of nothing
+        when none is pending."""
+        if self.pending is None:
+            return Verdict()
+        step, host, _, event = self.pending
+        self.pending = None
+        if event is not None:
+            event.synchronize()
+        bad, stop, loss, grad_norm = host.tolist()
+        return Verdict(bad_step=step if bad else None, loss=loss, grad_norm=grad_norm, stop=bool(stop))
+
+
+# Where the flags are read a step late (the step masked on the device instead): where the host would wait.
+DEFERRED_DEVICE_TYPES = ("cuda",)
+
+
+def non_finite_error(v: Verdict) -> TrainError:
+    return TrainError(
+        f"non-finite loss or gradient norm at step {v.bad_step} (loss {v.loss:.4g}, grad norm {v.grad_norm:.4g}); "
+        f"its update was not applied and checkpoints were left as they were. Try a lower --learning_rate, "
+        f"--grad_clip=1.0, or --dtype=bfloat16/float32")
 
 
 def mean_over_ranks(value: torch.Tensor, d: Dist) -> float:
@@ -539,18 +639,20 @@ def mean_over_ranks(value: torch.Tensor, d: Dist) -> float:
 def evaluate(model, batches: ValBatches, rt: Runtime, d: Dist, stop: StopFlag | None = None) -> float | None:
     """Mean loss over the fixed validation batches, each rank taking its share; None when a stop signal cut
     it short on any rank (a preempted job has seconds, not the minutes an evaluation may take). A progress
-    bar shows on a terminal when an evaluation takes more than a few seconds."""
+    bar shows on a terminal when an evaluation takes more than a few seconds. Under FSDP the model holds its
+    whole weights meanwhile (parallel.gathered): its forwards gather nothing, so the ranks' counts may differ."""
     model.eval()
     total = torch.zeros(3, device=rt.device, dtype=torch.float64)  # [sum of batch losses, batches, cut short]
     quiet = not (d.master and sys.stdout.isatty())
-    for x, y in tqdm(batches, desc="evaluating", unit="batch", leave=False, delay=3, disable=quiet):
-        if stop is not None and stop.requested:
-            total[2] = 1
-            break
-        with rt.autocast():
-            loss = model(x, y)[1]  # no logits with targets: the loss is computed a slice at a time
-        total[0] += loss.double()
-        total[1] += 1
+    with parallel.gathered(model):
+        for x, y in tqdm(batches, desc="evaluating", unit="batch", leave=False, delay=3, disable=quiet):
+            if stop is not None and stop.requested:
+                total[2] = 1
+                break
+            with rt.autocast():
+                loss = model(x, y)[1]  # no logits with targets: the loss is computed a slice at a time
+            total[0] += loss.double()
+            total[1] += 1
     if d.enabled:
         dist.all_reduce(total)  # evaluation's one collective: ranks agree on the loss and on a cut
     model.train()
@@ -572,12 +674,14 @@ def load_hellaswag(cfg: TrainConfig, meta: dict, d: Dist) -> list[hellaswag.Enco
 
 def hellaswag_scores(run: Run, step: int) -> dict[str, float]:
     """HellaSwag accuracies for this evaluation's log line when they are due at `step`, else nothing. The
-    plain model is scored (not its DDP or compiled wrapper); each rank scores its share of the items."""
+    plain model is scored (not its DDP or compiled wrapper; under FSDP with its whole weights gathered); each
+    rank scores its share of the items."""
     cfg = run.cfg
     if run.hellaswag is None or not (step % cfg.hellaswag_interval == 0 or step >= cfg.max_iters or cfg.eval_only):
         return {}
     quiet = not (run.d.master and sys.stdout.isatty())
-    scores = hellaswag.score(run.raw_model, run.hellaswag, run.rt, run.d, progress=not quiet)
+    with parallel.gathered(run.model):
+        scores = hellaswag.score(run.raw_model, run.hellaswag, run.rt, run.d, progress=not quiet)
     return {"hellaswag_acc": scores["acc"], "hellaswag_acc_norm": scores["acc_norm"]}
 
 
@@ -595,9 +699,17 @@ def stop_run(run: Run, step: int, best_val: float, start_step: int) -> None:
 def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, stop: StopFlag) -> dict:
     cfg, rt, d = run.cfg, run.rt, run.d
     start_step, val_loss, stopped = step, None, False
+    guard = StepGuard(run.optimizer, rt, d)
     while True:
         # ---- evaluate and checkpoint
         if step % cfg.eval_interval == 0 or step >= cfg.max_iters or cfg.eval_only:
+            verdict = guard.settle()  # the last step's flags, before anything is evaluated or saved
+            if verdict.bad_step is not None:
+                raise non_finite_error(verdict)
+            if verdict.stop:
+                stop_run(run, step, best_val, start_step)
+                stopped = True
+                break
             val_loss = evaluate(run.model, run.val, rt, d, stop)
             if val_loss is None:  # a signal during the evaluation: the resumed run evaluates this step again
                 stop_run(run, step, best_val, start_step)
@@ -621,26 +733,22 @@ def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, stop: Sto
         lr = set_lr(run.optimizer, step, cfg)
         loss, grad_norm = forward_backward(run.model, run.optimizer, run.scaler, run.loader.next_batch,
                                            run.accum, rt, cfg.grad_clip, prefetch=run.loader.prefetch)
-        # ---- NaN/inf or a stop signal on any rank
-        is_bad, stop_now = check_step(loss, grad_norm, stop.requested, rt, d)
-        if is_bad:
-            raise TrainError(
-                f"non-finite loss or gradient norm at step {step} (loss {loss.item():.4g}, grad norm "
-                f"{grad_norm.item():.4g}); stopped before the optimizer step, checkpoints left as they were. "
-                f"Try a lower --learning_rate, --grad_clip=1.0, or --dtype=bfloat16/float32")
-        # ---- the optimizer step
-        run.scaler.step(run.optimizer)
-        run.scaler.update()
+        # ---- NaN/inf or a stop signal on any rank (this step's flags, or on a GPU the previous step's)
+        verdict = guard.check(step, loss, grad_norm, stop.requested)
+        if verdict.bad_step is not None:
+            raise non_finite_error(verdict)
+        # ---- the optimizer step (on a GPU skipped on the device if this step's flag is set)
+        guard.optimizer_step(run.optimizer, run.scaler)
         run.optimizer.zero_grad(set_to_none=True)
         step += 1
         metrics.step_done()
         if step == start_step + 1:
             metrics.start_timing()  # the first step compiles and warms up: it is left out of the rates
 
-        # ---- log (the loss is read every log_interval steps only: a second host sync)
+        # ---- log (the loss is read every log_interval steps only: on a GPU the loop's one host sync)
         if step % cfg.log_interval == 0 or step == cfg.max_iters:
             metrics.log_step(step, mean_over_ranks(loss, d), lr, grad_norm.item(), run.loader.epoch)
-        if stop_now:  # a signal on any rank: every rank leaves after this same step
+        if verdict.stop:  # a signal on any rank: every rank leaves after this same step
             stop_run(run, step, best_val, start_step)
             stopped = True
             break
@@ -676,7 +784,8 @@ def oom_message(run: Run) -> str:
         return f"out of memory at micro-batch {cfg.batch_size} x {cfg.block_size}; lower --batch_size"
     total = torch.cuda.get_device_properties(rt.device).total_memory
     setup = plan.Setup("cuda", rt.dtype, cfg.block_size, cfg.optimizer, accum=2, world_size=d.world_size,
-                       compile=resolve_compile(cfg.compile, rt.device)[0], checkpointing=cfg.activation_checkpointing)
+                       compile=resolve_compile(cfg.compile, rt.device)[0], checkpointing=cfg.activation_checkpointing,
+                       parallel="fsdp" if parallel.is_sharded(run.model) else "ddp")
     fits = plan.largest_batch(run.raw_model, setup, plan.Device("", "cuda", total, None, "").capacity)
     sequences = cfg.batch_size * cfg.gradient_accumulation_steps
     batch = max([b for b in plan.valid_batches(sequences, d.world_size) if b <= fits], default=0)

@@ -7,12 +7,21 @@ Keys written by train.py:
     format, model_config, model, tokenizer (the dataset's meta.json; for a trained BPE with its files inline,
     so the checkpoint needs no data/ folder), step, best_val_loss, config, argv, versions, and for resuming:
     optimizer, scaler, loader, rng.
+
+A run under FSDP writes a sharded checkpoint instead: a folder (out_dir/last/, out_dir/best/) of
+torch.distributed.checkpoint files, each process writing its own shards of the model and the optimizer state,
+plus record.pt with every other entry above (see "sharded checkpoints" below). The loaders here read either
+form: a reader never needs to know which one a run wrote.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import pickle
+import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -22,6 +31,7 @@ from gptkit.cli import UserError, one_line
 from gptkit.files import atomic_write
 from gptkit.hf_gpt2 import GPT2_NAMES, load_pretrained
 from gptkit.hf_tokenizer import GPTKIT_FILE
+from gptkit.optim import IMPLEMENTATION_KEYS
 from gptkit.shards import DataError
 from gptkit.tokenizer import Tokenizer, with_tokenizer_files
 from model import GPT, GPTConfig
@@ -37,43 +47,82 @@ class CheckpointError(UserError):
 
 
 def save_checkpoint(obj: dict, path: str | Path) -> None:
-    """Write atomically: a crash mid-save leaves the old file intact."""
+    """Write atomically: a crash mid-save leaves the old file intact. A sharded checkpoint of the same name
+    (out_dir/last/ for out_dir/last.pt: a run that went on without FSDP) is removed once the file is written."""
     with atomic_write(path) as tmp, open(tmp, "wb") as f:
         torch.save(obj, f)
+    path = Path(path)
+    if path.suffix == ".pt" and is_sharded_checkpoint(path.with_suffix("")):
+        _remove_folders(path.with_suffix(""))
+
+
+def remove_checkpoint(out_dir: str | Path, name: str) -> None:
+    """Remove a run's checkpoint `name` ("last", "best") in either form: name.pt, a sharded name/ and what a
+    killed save of it left (name.tmp/, name.old/)."""
+    (Path(out_dir) / f"{name}.pt").unlink(missing_ok=True)
+    _remove_folders(Path(out_dir) / name)
+
+
+def _remove_folders(folder: Path) -> None:
+    for path in (folder, folder.with_name(folder.name + TMP), folder.with_name(folder.name + OLD)):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def build_checkpoint(*, model, optimizer, scaler, loader, meta: dict, config: dict, argv: list[str], step: int,
-                     best_val_loss: float, rng: list[dict], versions: dict, lora_info: dict | None = None) -> dict:
+                     best_val_loss: float, rng: list[dict], versions: dict, lora_info: dict | None = None,
+                     sharded: bool = False) -> dict:
     """The checkpoint of a training run: a plain function of the run's state. `model` is the unwrapped
     model; `rng` holds every rank's RNG states (the dropout streams), in rank order. A LoRA run (lora_info:
     its settings and its base's name and fingerprint) stores only the adapters of the model. A trained
-    tokenizer's files travel inside (`with_tokenizer_files`): sampling, serving and exporting need no data/."""
-    weights = lora.adapter_state_dict(model) if lora_info else model.state_dict()
-    return {
-        "format": FORMAT_VERSION, "model_config": model.config.to_dict(), "model": weights, "lora": lora_info,
+    tokenizer's files travel inside (`with_tokenizer_files`): sampling, serving and exporting need no data/.
+    sharded: the record of a sharded checkpoint, without the model and optimizer (save_sharded writes them)."""
+    state = {
+        "format": FORMAT_VERSION, "model_config": model.config.to_dict(), "lora": lora_info,
         "tokenizer": with_tokenizer_files(meta), "step": step, "best_val_loss": best_val_loss, "config": config,
-        "argv": ["train.py", *argv], "versions": versions, "optimizer": optimizer.state_dict(),
-        "scaler": scaler.state_dict(), "loader": loader.state_dict(), "rng": rng,
+        "argv": ["train.py", *argv], "versions": versions, "scaler": scaler.state_dict(),
+        "loader": loader.state_dict(), "rng": rng,
     }
+    if not sharded:
+        state["model"] = lora.adapter_state_dict(model) if lora_info else model.state_dict()
+        state["optimizer"] = optimizer.state_dict()
+    return state
 
 
 def find_checkpoint(path: str | Path) -> Path:
-    """A checkpoint file as given, or in a folder best.pt if present, else last.pt."""
+    """A checkpoint file or sharded folder as given, or in a run's folder its best checkpoint if present, else
+    its last (saved_checkpoint: best.pt or best/, last.pt or last/)."""
     p = Path(path)
-    if p.is_file():
+    if p.is_file() or is_sharded_checkpoint(p):
         return p
     if p.is_dir():
-        for name in ("best.pt", "last.pt"):
-            if (p / name).is_file():
-                return p / name
-        raise CheckpointError(f"no checkpoint (best.pt or last.pt) in {p}/; {TRAIN_HINT}")
+        for name in ("best", "last"):
+            found = saved_checkpoint(p, name)
+            if found is not None:
+                return found
+        raise CheckpointError(f"no checkpoint (best.pt or last.pt, or a sharded best/ or last/) in {p}/; {TRAIN_HINT}")
     raise CheckpointError(f"checkpoint {p} does not exist; {TRAIN_HINT}")
+
+
+def saved_checkpoint(out_dir: str | Path, name: str) -> Path | None:
+    """A run's checkpoint `name` ("last" or "best"): the file name.pt, or the sharded folder name/ (or name.old/,
+    the previous one, when a save was killed between its two renames); the newer when there are both. None
+    when there is none."""
+    out_dir = Path(out_dir)
+    folder = out_dir / name
+    if not is_sharded_checkpoint(folder):
+        folder = out_dir / f"{name}{OLD}"
+    found = [p for p in (out_dir / f"{name}.pt", folder) if p.is_file() or is_sharded_checkpoint(p)]
+    return max(found, key=lambda p: (p / RECORD if p.is_dir() else p).stat().st_mtime_ns, default=None)
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = True) -> dict:
     """Load a checkpoint safely. Memory-mapped by default, so tensors that are never used (the optimizer's,
-    when sampling) are never read from disk."""
+    when sampling) are never read from disk. A sharded checkpoint (a folder) comes as the same dict, its
+    model's weights whole, without the optimizer state (load_sharded_optimizer restores that) and with
+    "sharded": the folder."""
     p = find_checkpoint(path)
+    if p.is_dir():
+        return _read_sharded(p, map_location)
     try:
         ckpt = torch.load(p, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
@@ -110,10 +159,11 @@ GPT2_BPE = {"kind": "tiktoken", "name": "gpt2"}
 
 def load_base_model(init_from: str, dropout: float = 0.0) -> tuple[GPT, dict | None]:
     """The model a fine-tuning run starts from, and the tokenizer it was trained with: a GPT-2 name or a local
-    Hugging Face GPT-2 folder (the GPT-2 BPE), or a checkpoint of this project (a .pt file, or a run's out_dir
-    holding best.pt or last.pt; its own tokenizer)."""
+    Hugging Face GPT-2 folder (the GPT-2 BPE), or a checkpoint of this project (a .pt file or a sharded folder,
+    or a run's out_dir holding best.pt or last.pt, or their sharded folders; its own tokenizer)."""
     path = Path(init_from)
-    ours = path.is_file() or (path.is_dir() and any((path / n).is_file() for n in ("best.pt", "last.pt")))
+    ours = path.is_file() or (path.is_dir() and (is_sharded_checkpoint(path) or any(
+        saved_checkpoint(path, n) is not None for n in ("best", "last"))))
     if init_from in GPT2_NAMES or not ours:
         return load_pretrained(init_from, dropout=dropout), GPT2_BPE  # a bad name or folder: an HFGPT2Error
     ckpt = load_checkpoint(path)
@@ -233,3 +283,162 @@ def _checkpoint_tokenizer(ckpt: dict, path: Path) -> Tokenizer:
         return Tokenizer.from_meta(meta)
     except DataError as e:
         raise CheckpointError(f"{path}: its tokenizer entry is unusable: {e}") from None
+
+
+# ----------------------------------------------------------------------------- sharded checkpoints (FSDP)
+
+# A sharded checkpoint is a folder: torch.distributed.checkpoint's files (.metadata, one __R_0.distcp per
+# process R) holding {"model": the model's state dict, "optimizer": the optimizer's (get_optimizer_state_dict:
+# keyed by parameter name)}, and RECORD, every other entry of build_checkpoint. DCP writes .metadata last, once
+# every process has written its part; the folder is written as NAME.tmp/ and renamed to NAME/ once complete.
+RECORD = "record.pt"
+TMP, OLD = ".tmp", ".old"  # the suffixes of a folder being written, and of the one it replaces
+
+
+def is_sharded_checkpoint(path: str | Path) -> bool:
+    """Whether `path` is a complete sharded checkpoint folder."""
+    p = Path(path)
+    return (p / RECORD).is_file() and (p / ".metadata").is_file()
+
+
+def _optimizers(optimizer) -> list[torch.optim.Optimizer]:
+    """The torch optimizers inside ours (optim.MuonAdamW holds two)."""
+    return [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else [optimizer.muon, optimizer.adamw]
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_sharded(folder: str | Path, record: dict | None, model: torch.nn.Module, optimizer, *,
+                 adapters_only: bool = False) -> None:
+    """Write a sharded checkpoint. Every process calls this at once, each writing its own shards of the model
+    (a LoRA run's adapters only, with adapters_only) and of the optimizer state, in parallel; the process
+    that passes `record` (rank 0; None on the others) writes it and renames the folder into place.
+
+    Atomic: the files go into FOLDER.tmp/; once complete, FOLDER/ is renamed to FOLDER.old/ and FOLDER.tmp/ to
+    FOLDER/, then FOLDER.old/ is removed. A save killed before the renames leaves FOLDER/ as it was (the next
+    save clears the partial FOLDER.tmp/); one killed between them leaves FOLDER.old/, which saved_checkpoint
+    falls back to."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    folder = Path(folder)
+    tmp, old = folder.with_name(folder.name + TMP), folder.with_name(folder.name + OLD)
+    if record is not None:
+        shutil.rmtree(tmp, ignore_errors=True)  # what a killed save left
+        tmp.mkdir(parents=True)
+    _barrier()  # no process writes into FOLDER.tmp/ before it is clean
+    weights = lora.adapter_state_dict(model) if adapters_only else model.state_dict()  # (this process' shards)
+    state = {"model": weights, "optimizer": get_optimizer_state_dict(model, _optimizers(optimizer))}
+    with _alone_quietly():  # (one process alone: no process group)
+        dcp.save(state, checkpoint_id=tmp)  # each process its part; .metadata last, once all have written
+    if record is None:
+        return
+    with open(tmp / RECORD, "wb") as f:
+        torch.save(record, f)
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync(tmp)
+    shutil.rmtree(old, ignore_errors=True)
+    if folder.exists():
+        os.replace(folder, old)
+    os.replace(tmp, folder)
+    _fsync(folder.parent)
+    shutil.rmtree(old, ignore_errors=True)
+    folder.with_name(folder.name + ".pt").unlink(missing_ok=True)  # the file of a run that went on under FSDP
+
+
+def _read_sharded(folder: Path, map_location: str | torch.device = "cpu") -> dict:
+    """A sharded checkpoint as load_checkpoint returns a file's: its record, the model's weights whole (read
+    from every process' shards, in this process alone: no process group is needed), and "sharded": the folder.
+    The optimizer state is not read (load_sharded_optimizer restores it into a run)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    try:
+        record = torch.load(folder / RECORD, map_location=map_location, weights_only=True)
+        metadata = dcp.FileSystemReader(str(folder)).read_metadata()
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
+        raise CheckpointError(f"cannot read sharded checkpoint {folder}/: {one_line(e)}") from None
+    weights = {}
+    for key, meta in metadata.state_dict_metadata.items():
+        if key.startswith("model.") and isinstance(meta, TensorStorageMetadata):
+            weights[key.removeprefix("model.")] = torch.empty(meta.size, dtype=meta.properties.dtype)
+    try:
+        with _alone_quietly():
+            dcp.load({"model": weights}, checkpoint_id=folder, no_dist=True)
+    except Exception as e:  # DCP wraps a missing or truncated shard file in its own exception types
+        raise CheckpointError(f"cannot read sharded checkpoint {folder}/: {one_line(e)}; a shard file may be "
+                              f"missing or truncated") from None
+    if not isinstance(record, dict) or "model_config" not in record:
+        raise CheckpointError(f"{folder}/ is not a checkpoint written by train.py (no model_config in {RECORD})")
+    return {**record, "model": {k: v.to(map_location) for k, v in weights.items()}, "sharded": str(folder)}
+
+
+@contextlib.contextmanager
+def _alone_quietly():
+    """Around a DCP load or save: without a process group it warns that it works in this one process, which is
+    what we ask of it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        yield
+
+
+def load_sharded_optimizer(folder: str | Path, model: torch.nn.Module, optimizer) -> None:
+    """Restore the optimizer state of a sharded checkpoint into a run's optimizer, whatever the run's number
+    of processes and wrapper: sharded (each process reads the parts of the saved shards its own shards cover:
+    torch.distributed.checkpoint reshards on load), or whole (one process, or DDP). Every process calls it.
+    The implementation settings of this machine (fused, foreach) are kept, as load_optimizer_state does."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    optimizers = _optimizers(optimizer)
+    state = {"optimizer": get_optimizer_state_dict(model, optimizers)}
+    with _alone_quietly():
+        dcp.load(state, checkpoint_id=Path(folder))  # (a collective under torchrun)
+    with _keeping_implementation(optimizers):
+        set_optimizer_state_dict(model, optimizers, state["optimizer"])
+
+
+def load_whole_optimizer(model: torch.nn.Module, optimizer, state: dict) -> None:
+    """Restore a single-file checkpoint's optimizer state (torch's own form, keyed by the position of each
+    parameter in its optimizer) into a sharded run: keyed by name instead, then cut into this process'
+    shards by set_optimizer_state_dict. Every process calls it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    optimizers = _optimizers(optimizer)
+    parts = [state] if len(optimizers) == 1 else [state["muon"], state["adamw"]]
+    names = {id(p): name for name, p in model.named_parameters()}
+    by_name = {"state": {}, "param_groups": []}
+    for o, saved in zip(optimizers, parts, strict=True):
+        for group, saved_group in zip(o.param_groups, saved["param_groups"], strict=True):
+            fqns = [names[id(p)] for p in group["params"]]
+            by_name["param_groups"].append({**saved_group, "params": fqns})
+            for index, fqn in zip(saved_group["params"], fqns, strict=True):
+                if index in saved["state"]:
+                    by_name["state"][fqn] = saved["state"][index]
+    with _keeping_implementation(optimizers):
+        set_optimizer_state_dict(model, optimizers, by_name, options=StateDictOptions(full_state_dict=True))
+
+
+@contextlib.contextmanager
+def _keeping_implementation(optimizers: list[torch.optim.Optimizer]):
+    """Around a load of optimizer state: each group keeps this machine's implementation settings (fused,
+    foreach, ...), not the saving machine's (as optim.load_optimizer_state does)."""
+    keep = [[{k: g[k] for k in IMPLEMENTATION_KEYS if k in g} for g in o.param_groups] for o in optimizers]
+    yield
+    for o, chosen in zip(optimizers, keep, strict=True):
+        for group, settings in zip(o.param_groups, chosen, strict=True):
+            group.update(settings)

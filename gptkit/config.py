@@ -121,7 +121,10 @@ class TrainConfig(ModelSettings):
     activation_checkpointing: bool = setting(False, "recompute each block in the backward pass: far less "
                                                     "activation memory for ~30% more compute")
     # system
-    backend: str = setting("auto", "DDP backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo", ("auto", "nccl", "gloo"))
+    parallel: str = setting("auto", "under torchrun: ddp (every process holds the whole model), fsdp (parameters, "
+                                    "gradients and optimizer states sharded over the processes) or auto (DDP when "
+                                    "a whole replica fits each device, else FSDP)", ("auto", "ddp", "fsdp"))
+    backend: str = setting("auto", "torchrun's backend (DDP, FSDP): auto (nccl on CUDA, gloo on CPU), nccl or gloo", ("auto", "nccl", "gloo"))
     device: str = setting("auto", "auto (cuda > mps > cpu), cpu, cuda, cuda:N or mps")
     dtype: str = setting(
         "auto",
@@ -131,7 +134,8 @@ class TrainConfig(ModelSettings):
     compile: bool | None = setting(None, "torch.compile the model: True, False, or auto (None: on for CUDA)")
     # know before you run (README.md "Plan a run"): python train.py CONFIG --plan
     plan: bool = setting(False, "print the run's memory, FLOPs, time and cost per device, then exit (builds nothing big)")
-    plan_gpus: int = setting(0, "--plan: DDP processes (GPUs) to plan for; 0 = torchrun's WORLD_SIZE, else 1")
+    plan_gpus: int = setting(0, "--plan: processes (GPUs) to plan for, per GPU under DDP and under FSDP; "
+                                "0 = torchrun's WORLD_SIZE, else 1")
     device_memory_gb: float = setting(0.0, "--plan: also size the run for a GPU with this much memory (GiB)")
     usd_per_gpu_hour: float = setting(0.0, "--plan: price of one GPU hour, for the run's cost (0 = no cost)")
 

@@ -11,6 +11,7 @@ object, MuonAdamW, that train.py, torch.amp.GradScaler and the checkpoint use li
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 
@@ -31,9 +32,15 @@ def make_adamw(params: list[torch.nn.Parameter], cfg: TrainConfig, device_type: 
     no_decay = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]  # the modern block may have no gains or biases at all
-    # The fused CUDA kernel updates all parameters in a few launches instead of several per tensor.
-    extra = {"fused": True} if device_type == "cuda" else {}
+    # The fused CUDA kernel updates all parameters in a few launches instead of several per tensor, and can
+    # skip its update on the device (step_unless).
+    extra = {"fused": True} if device_type in FUSED_DEVICE_TYPES else {}
     return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), **extra)
+
+
+# Where AdamW runs fused. (The CPU has a fused AdamW too, but its arithmetic differs from the loop's by
+# rounding, and the CPU gains nothing from skipping a step on the device: the for-loop implementation stays.)
+FUSED_DEVICE_TYPES = ("cuda",)
 
 
 # How an optimizer runs, not what it has learned: a checkpoint's values are those of the machine that saved it.
@@ -50,6 +57,31 @@ def load_optimizer_state(optimizer, state: dict) -> None:
         group.update(keep)
 
 
+def _parts(optimizer) -> list[torch.optim.Optimizer]:
+    return [optimizer.muon, optimizer.adamw] if isinstance(optimizer, MuonAdamW) else [optimizer]
+
+
+def can_mask(optimizer) -> bool:
+    """Whether step_unless can skip this optimizer's update on the device: fused AdamW, and Muon (ours)."""
+    return all(isinstance(o, Muon) or (isinstance(o, torch.optim.AdamW) and o.defaults.get("fused"))
+               for o in _parts(optimizer))
+
+
+def step_unless(optimizer, found_inf: torch.Tensor) -> None:
+    """optimizer.step(), which leaves every parameter and every state (moments, step counts, momentum) as it
+    was where found_inf, a float32 () tensor on the device, is nonzero: the decision stays on the device, so
+    the host never waits for it. The mechanism is torch.amp.GradScaler's (an optimizer attribute `found_inf`
+    that fused AdamW honours); our Muon honours it the same way. Only for can_mask(optimizer)."""
+    parts = _parts(optimizer)
+    for o in parts:
+        o.found_inf = found_inf
+    try:
+        optimizer.step()
+    finally:
+        for o in parts:
+            del o.found_inf
+
+
 # ----------------------------------------------------------------------------- Muon
 
 
@@ -60,9 +92,9 @@ def block_matrices(model: torch.nn.Module) -> list[torch.nn.Parameter]:
             if p.requires_grad and p.dim() == 2 and name.startswith("transformer.h.")]
 
 
-def muon_class(device_type: str) -> type[torch.optim.Muon]:
-    """torch.optim.Muon on CUDA (bf16 Newton-Schulz on tensor cores); Float32Muon everywhere else."""
-    return torch.optim.Muon if device_type == "cuda" else Float32Muon
+def newton_schulz_dtype(device_type: str) -> torch.dtype:
+    """bfloat16 on CUDA (tensor cores, as torch.optim.Muon); float32 elsewhere (see Muon)."""
+    return torch.bfloat16 if device_type == "cuda" else torch.float32
 
 
 def make_muon_adamw(model: torch.nn.Module, cfg: TrainConfig, device_type: str) -> MuonAdamW:
@@ -70,8 +102,8 @@ def make_muon_adamw(model: torch.nn.Module, cfg: TrainConfig, device_type: str) 
     ids = {id(p) for p in matrices}
     rest = [p for p in model.parameters() if p.requires_grad and id(p) not in ids]
     # "muon": True marks the group for set_lr, which gives it muon_lr's share of the schedule.
-    muon = muon_class(device_type)([{"params": matrices, "muon": True}], lr=cfg.muon_lr,
-                                   momentum=cfg.muon_momentum, weight_decay=cfg.muon_weight_decay, nesterov=True)
+    muon = Muon([{"params": matrices, "muon": True}], lr=cfg.muon_lr, momentum=cfg.muon_momentum,
+                weight_decay=cfg.muon_weight_decay, nesterov=True, ns_dtype=newton_schulz_dtype(device_type))
     return MuonAdamW(muon, make_adamw(rest, cfg, device_type))
 
 
@@ -114,15 +146,21 @@ class MuonAdamW:
         return (f"{type(self.muon).__name__} on {n_muon} block matrices + AdamW on {n_adamw} other tensors")
 
 
-class Float32Muon(torch.optim.Muon):
-    """torch.optim.Muon with its Newton-Schulz iteration in float32 instead of bfloat16; otherwise the same
-    update (momentum, Nesterov, learning-rate adjustment, decoupled weight decay) and the same state dict.
+class Muon(torch.optim.Muon):
+    """torch.optim.Muon's update (momentum, Nesterov, learning-rate adjustment, decoupled weight decay, the
+    quintic Newton-Schulz iteration) and state dict, with two things torch's lacks:
 
-    Why: torch's Muon (torch/optim/_muon.py, torch 2.13) runs the iteration in bfloat16, hard-coded
-    (`grad.bfloat16()`). That is right on a GPU, but a CPU without native bf16 arithmetic emulates it: on the
-    2-core development machine one training step of the 4-layer, 128-wide char model took 813 ms that way
-    and 88 ms in float32.
+    - the iteration's precision, ns_dtype: torch's runs it in bfloat16, hard-coded (`grad.bfloat16()` in
+      torch/optim/_muon.py). That is right on a GPU, but a CPU without native bf16 arithmetic emulates it: on
+      the 2-core development machine one training step of the 4-layer, 128-wide char model took 813 ms that
+      way and 88 ms in float32. make_muon_adamw picks bfloat16 on CUDA, float32 elsewhere.
+    - a step skipped on the device (optim.step_unless): where the attribute `found_inf` (a () tensor) is
+      nonzero, parameters and momentum keep their values, without the host reading the flag.
     """
+
+    def __init__(self, params, *, ns_dtype: torch.dtype = torch.float32, **kwargs):
+        super().__init__(params, **kwargs)
+        self.ns_dtype = ns_dtype
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -130,6 +168,8 @@ class Float32Muon(torch.optim.Muon):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        found_inf = getattr(self, "found_inf", None)
+        skip = None if found_inf is None else found_inf != 0  # () bool: this step is skipped
         for group in self.param_groups:
             lr, momentum = group["lr"], group["momentum"]
             for p in group["params"]:
@@ -139,19 +179,40 @@ class Float32Muon(torch.optim.Muon):
                 if "momentum_buffer" not in state:
                     state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
                 buf = state["momentum_buffer"]
-                buf.lerp_(p.grad, 1 - momentum)
-                update = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
-                update = orthogonalize(update, group["ns_coefficients"], group["ns_steps"], group["eps"])
-                p.mul_(1 - lr * group["weight_decay"])
-                p.add_(update, alpha=-lr * lr_ratio(p.shape, group["adjust_lr_fn"]))
+                moved = buf.lerp(p.grad, 1 - momentum)
+                update = p.grad.lerp(moved, momentum) if group["nesterov"] else moved
+                update = orthogonalize_whole(update, group["ns_coefficients"], group["ns_steps"], group["eps"],
+                                             self.ns_dtype)
+                scale = -lr * lr_ratio(p.shape, group["adjust_lr_fn"])
+                if skip is None:
+                    buf.copy_(moved)
+                    p.mul_(1 - lr * group["weight_decay"]).add_(update, alpha=scale)
+                else:  # torch.where, not a multiply by 0: a skipped step's values may be NaN
+                    buf.copy_(torch.where(skip, buf, moved))
+                    new = p.mul(1 - lr * group["weight_decay"]).add_(update, alpha=scale)
+                    p.copy_(torch.where(skip, p, new))
         return loss
 
 
-def orthogonalize(g: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float) -> torch.Tensor:
-    """G (m, n) -> about U V^T of its SVD, in float32: torch's Muon's quintic Newton-Schulz iteration (the same
-    coefficients, steps and normalisation), which moves every singular value to about 1 (0.5 to 1.5)."""
+def orthogonalize_whole(g: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,
+                        dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """orthogonalize, of the whole matrix also when g is this process' shard of it (a DTensor: a run under
+    FSDP): Newton-Schulz needs whole matrices, so the shards are gathered (DTensor.full_tensor), every process
+    orthogonalizes the matrix, and keeps its own shard of the result (cut locally: no communication back)."""
+    dtensor = sys.modules.get("torch.distributed.tensor")  # not imported: g cannot be a DTensor
+    if dtensor is None or not isinstance(g, dtensor.DTensor):
+        return orthogonalize(g, coefficients, steps, eps, dtype)
+    whole = orthogonalize(g.full_tensor(), coefficients, steps, eps, dtype)
+    return dtensor.distribute_tensor(whole, g.device_mesh, g.placements, src_data_rank=None)
+
+
+def orthogonalize(g: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,
+                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """G (m, n) -> about U V^T of its SVD, computed in `dtype`: torch's Muon's quintic Newton-Schulz iteration
+    (the same coefficients, steps and normalisation), which moves every singular value to about 1 (0.5 to
+    1.5)."""
     a, b, c = coefficients
-    x = g.float()
+    x = g.to(dtype)
     wide = x.size(0) <= x.size(1)
     x = x if wide else x.T  # iterate on the wide orientation: the Gram matrix is the smaller one
     x = x / x.norm().clamp(min=eps)  # spectral norm <= 1 (not in place: x may be the momentum buffer)
@@ -175,8 +236,7 @@ def lr_ratio(shape: torch.Size, adjust_lr_fn: str | None) -> float:
 def describe(optimizer) -> str:
     """One line for the run's log: which optimizers, on what, and for Muon which Newton-Schulz precision."""
     if isinstance(optimizer, MuonAdamW):
-        precision = "float32 (CPU/MPS)" if isinstance(optimizer.muon, Float32Muon) else "bfloat16 (torch.optim.Muon)"
-        return f"optimizer: {optimizer!r}; Newton-Schulz in {precision}"
+        return f"optimizer: {optimizer!r}; Newton-Schulz in {str(optimizer.muon.ns_dtype).removeprefix('torch.')}"
     return f"optimizer: {type(optimizer).__name__}"
 
 

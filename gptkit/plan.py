@@ -5,6 +5,7 @@
     fpt = flops_per_token(model, seq_len)                 # what the logs' MFU divides by, too
     mem = memory(model, setup, batch_size)                # bytes: weights, gradients, optimizer, activations...
     largest_batch(model, setup, capacity_bytes)           # the largest micro-batch whose peak fits
+    choose_parallel(model, setup, capacity_bytes)         # ("ddp" or "fsdp", why): what --parallel=auto runs
 
 The model given is usually on the meta device (shapes, dtypes and requires_grad, no storage): the counts
 (weights, gradients, optimizer states) are then exact, and the activations are the tensors autograd saves
@@ -95,13 +96,40 @@ class Setup:
     seq_len: int  # tokens per sequence (block_size)
     optimizer: str = "adamw"  # adamw, or muon (Muon for the blocks' matrices + AdamW for the rest)
     accum: int = 1  # micro-batches per optimizer step, per process
-    world_size: int = 1  # DDP processes
+    world_size: int = 1  # processes (devices) the step is spread over
     compile: bool = False
     checkpointing: bool = False  # activation checkpointing
+    # ddp: every process holds the whole model (with world_size 1: a plain run); fsdp: FSDP2 (fully_shard), every
+    # process holds 1/world_size of each parameter, gradient and optimizer state (see `memory`)
+    parallel: str = "ddp"
+    # fsdp, accum > 1: True (what gptkit/parallel.py does) reduce-scatters the gradients after every micro-batch,
+    # so no process ever holds them whole; False: the micro-batches before a step's last keep their gradients
+    # whole on each process, in fp32, and reduce-scatter them once per step (FSDP2's
+    # set_requires_gradient_sync(False): less communication, DDP's gradient memory)
+    reduce_every_micro_batch: bool = True
+
+    def __post_init__(self):
+        if self.parallel not in PARALLEL:
+            raise ValueError(f"Setup.parallel must be one of {', '.join(PARALLEL)}, not {self.parallel!r}")
 
     @property
     def autocast(self) -> bool:
         return self.dtype != torch.float32
+
+    @property
+    def shards(self) -> int:
+        """The pieces each parameter, gradient and optimizer state is cut into: world_size under FSDP, else 1."""
+        return self.world_size if self.parallel == "fsdp" else 1
+
+    @property
+    def fsdp_mixed_precision(self) -> bool:
+        """FSDP with the mixed-precision policy, on CUDA in bf16: bf16 parameters gathered for the compute, the
+        fp32 ones sharded (the master copy the optimizer updates), gradients reduced in fp32. Elsewhere FSDP
+        gathers the parameters in their own dtype and autocast casts them, as without FSDP."""
+        return self.parallel == "fsdp" and self.device_type == "cuda" and self.dtype == torch.bfloat16
+
+
+PARALLEL = ("ddp", "fsdp")
 
 
 @dataclass
@@ -115,6 +143,8 @@ class Memory:
     activations: int  # what the blocks, embeddings and final norm save for the backward of one micro-batch
     loss: int  # what the loss keeps for its backward (the sliced loss: its gradients, computed in the forward)
     autocast_copies: int  # bf16/fp16 copies of the matmul weights that autocast makes and the backward keeps
+    gathered: int  # FSDP: the unsharded (all-gathered) parameters live at once; 0 under DDP
+    accumulated: int  # FSDP, accum > 1: the whole fp32 gradients the micro-batches accumulate before the reduction
     working: int  # the largest transient on top of them: loss slices, a block's backward, the optimizer's
     peak: int
 
@@ -122,23 +152,36 @@ class Memory:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-def weights_bytes(model) -> int:
-    """Exact: every parameter once (a tied head is wte), in its own dtype (a LoRA base on CUDA: bf16)."""
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+def shard_numel(p, shards: int = 1) -> int:
+    """Elements of the largest piece of `p` one of `shards` processes holds. FSDP2 cuts every parameter along
+    its first dimension into `shards` pieces of ceil(rows / shards) rows (the last ones shorter or empty, the
+    first always full: the rank a plan sizes); 1: the whole parameter. A 0-d parameter counts as one row."""
+    rows = p.shape[0] if p.dim() else 1
+    return -(-rows // shards) * (p.numel() // rows if rows else 0)
 
 
-def gradients_bytes(model) -> int:
+def weights_bytes(model, shards: int = 1) -> int:
+    """Exact: every parameter once (a tied head is wte), in its own dtype (a LoRA base on CUDA: bf16); under
+    FSDP (shards = world size) one process' piece of each (shard_numel)."""
+    return sum(shard_numel(p, shards) * p.element_size() for p in model.parameters())
+
+
+def gradients_bytes(model, shards: int = 1) -> int:
     """Exact: one gradient per trainable parameter, in the parameter's dtype (fp32). Under DDP they live in
-    its all-reduce buckets (train.py's gradient_as_bucket_view): the same bytes, held for the whole run."""
-    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    its all-reduce buckets (train.py's gradient_as_bucket_view): the same bytes, held for the whole run. Under
+    FSDP (shards = world size) one process' piece of each, reduce-scattered in fp32 into the sharded parameter's
+    dtype."""
+    return sum(shard_numel(p, shards) * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
-def optimizer_bytes(model, optimizer: str) -> int:
+def optimizer_bytes(model, optimizer: str, shards: int = 1) -> int:
     """Exact: the optimizer states of gptkit/optim.py. AdamW keeps exp_avg and exp_avg_sq (2 x the parameter,
     fp32) and a 4-byte step counter per parameter; Muon one momentum buffer per matrix it updates (the 2-D
-    weights inside the blocks, optim.block_matrices), AdamW the rest."""
+    weights inside the blocks, optim.block_matrices), AdamW the rest. Under FSDP (shards = world size) the
+    states are the size of the process' piece of each parameter (the step counter stays whole)."""
     muon, adamw = _optimized(model, optimizer)
-    return sum(p.numel() * p.element_size() for p in muon) + sum(2 * p.numel() * p.element_size() + 4 for p in adamw)
+    return (sum(shard_numel(p, shards) * p.element_size() for p in muon)
+            + sum(2 * shard_numel(p, shards) * p.element_size() + 4 for p in adamw))
 
 
 def _optimized(model, optimizer: str) -> tuple[list, list]:
@@ -180,7 +223,8 @@ class _Walk:
     Under autocast (bf16/fp16) a matmul's fp32 input is cast, and the copy is kept, not the original; the
     outputs of matmuls and of the attention are in the compute dtype already ("low" below). The norms run in
     fp32 (autocast's fp32 op list), so the residual stream and the norms' inputs stay fp32, as in every run.
-    The fp32 weights are cast too: those copies are counted apart (`copies`).
+    The fp32 weights are cast too: those copies are counted apart (`copies`); not under FSDP's mixed-precision
+    policy, whose gathered weights are bf16 already (counted as `gathered` in `memory`).
     """
 
     def __init__(self, model, setup: Setup):
@@ -203,7 +247,7 @@ class _Walk:
 
     def weight_copy(self, weight, kept: bool) -> None:
         """Autocast's cast of an fp32 weight, kept for the backward when a gradient flows through it."""
-        if self.s.autocast and weight.dtype == torch.float32 and kept:
+        if self.s.autocast and weight.dtype == torch.float32 and kept and not self.s.fsdp_mixed_precision:
             self.copies += weight.numel() * self.e
 
     def linear(self, layer, in_grad: bool, width: int, *, low: bool, kept: bool,
@@ -333,12 +377,14 @@ def _loss(model, setup: Setup, n: int) -> tuple[int, int, int]:
     C, V, Vp = c.n_embd, c.vocab_size, c.padded_vocab_size
     e = 2 if setup.autocast else FP32
     head_trains = model.lm_head.weight.requires_grad
+    # the head's weight cast to the compute dtype: under FSDP's mixed precision it is gathered in bf16 already
+    head_copy = Vp * C * e if e != FP32 and not setup.fsdp_mixed_precision else 0
     rows = loss_rows(model, setup)
     cap = c.logit_softcap > 0
     if n <= rows:
         kept = n * V * FP32 + n * 8 + FP32  # log-softmax output, targets, the count of targets
         kept += n * C * e if head_trains else 0  # F.linear's input (the cast copy under autocast)
-        kept += Vp * C * e if e != FP32 else 0  # autocast's copy of the head's weight
+        kept += head_copy  # autocast's copy of the head's weight
         kept += n * Vp * FP32 if cap else 0  # tanh keeps its output
         # the logits, their fp32 copy under autocast, the cap's fp32 temporaries
         forward = n * Vp * e + (n * V * FP32 if e != FP32 else 0) + (2 * n * Vp * FP32 if cap else 0)
@@ -352,17 +398,19 @@ def _loss(model, setup: Setup, n: int) -> tuple[int, int, int]:
     slices = {(False, False): 3, (False, True): 5, (True, False): 3, (True, True): 4.5}[(e != FP32, cap)]
     forward = int(slices * slice_fp32) + n * C * e  # + the grad_x pieces during the cat
     if e != FP32:
-        forward += n * C * e + Vp * C * e  # the bf16 copies of x and of the head's weight
+        forward += n * C * e + head_copy  # the bf16 copies of x and of the head's weight
     return kept, forward, n * C * FP32 * (2 if e != FP32 else 1)
 
 
 def _optimizer_working(model, setup: Setup) -> int:
     """The optimizer step's largest temporaries. CPU AdamW (single-tensor: torch uses its fused and foreach
     kernels on CUDA) computes sqrt(exp_avg_sq) / bias_correction, two tensors the size of the largest
-    parameter; fused CUDA AdamW none. Float32Muon's Newton-Schulz: about three copies of the largest matrix
-    it updates, plus its Gram matrices; torch's bf16 Muon on CUDA the same in bf16."""
+    parameter (under FSDP: of the largest piece); fused CUDA AdamW none. Float32Muon's Newton-Schulz: about
+    three copies of the largest matrix it updates, plus its Gram matrices; torch's bf16 Muon on CUDA the same
+    in bf16 (whole matrices: it orthogonalizes a matrix, not a piece of one)."""
     muon, adamw = _optimized(model, setup.optimizer)
-    work = 0 if setup.device_type == "cuda" or not adamw else 2 * max(p.numel() * FP32 for p in adamw)
+    largest = max((shard_numel(p, setup.shards) for p in adamw), default=0)
+    work = 0 if setup.device_type == "cuda" else 2 * largest * FP32
     if muon:
         largest = max(muon, key=lambda p: p.numel())
         small = min(largest.shape)
@@ -387,12 +435,35 @@ def memory(model, setup: Setup, batch_size: int) -> Memory:
     time, while it is recomputed in the backward). A compiled step (torch.compile, CUDA) keeps less: its
     partitioner recomputes pointwise results (the norms' outputs, the MLP's activation) and the weight casts
     in the backward instead of keeping them: an estimate, until measured on a GPU.
+
+    Under DDP (setup.parallel "ddp", world_size > 1) the gradients live in its all-reduce buckets
+    (gradient_as_bucket_view), made once when the model is wrapped: they are there in every phase.
+
+    Under FSDP (setup.parallel "fsdp": FSDP2's fully_shard on each transformer block, then on the whole model,
+    the root unit holding the rest: see fsdp_units) the weights, gradients and optimizer states are one
+    process' pieces (shard_numel); the activations and the loss are the micro-batch's, as under DDP. On top:
+      gathered: the unsharded parameters of the units running, in the compute dtype under the mixed-precision
+        policy (Setup.fsdp_mixed_precision), else in their own: the root's, which FSDP2 keeps gathered from
+        its forward to the end of its backward, and two blocks' worth, the running one and the next (FSDP2
+        prefetches one unit ahead, in the forward and the backward). An assumption, an upper bound for the
+        blocks: the flat all-gather buffers, freed as each unit's parameters are copied out of them, are not
+        counted apart. It replaces autocast's copies of the weights, which the mixed-precision policy makes
+        unnecessary (bf16 weights to begin with);
+      unsharded gradients: a block's backward makes its gradients whole (in the gathered dtype) and copies
+        them into an fp32 buffer for the reduce-scatter, whose output is one piece of them (fp32): counted
+        together, for one block at a time; the root's (the head's, tied or not, from the loss on) live until
+        the end of the backward, when they are reduce-scattered in turn;
+      accumulated: with more than one micro-batch per step, those before the last keep their gradients
+        whole (FSDP2 with gradient sync off, as gptkit/parallel.py's no_sync runs them: in fp32, the reduce
+        dtype), a replica's gradients, there from the second micro-batch's forward to the reduce-scatter
+        after the last's backward; with Setup.reduce_every_micro_batch they are reduce-scattered each time
+        instead, and only the sharded ones are there.
     """
     c, s = model.config, setup
     n = batch_size * s.seq_len
     walk = _Walk(model, s)
-    weights, grads = weights_bytes(model), gradients_bytes(model)
-    optim = optimizer_bytes(model, s.optimizer)
+    weights, grads = weights_bytes(model, s.shards), gradients_bytes(model, s.shards)
+    optim = optimizer_bytes(model, s.optimizer, s.shards)
 
     saved, grad = _embedding_saved(model, walk)
     blocks = []
@@ -414,27 +485,80 @@ def memory(model, setup: Setup, batch_size: int) -> Memory:
     # autocast's weight copies; a compiled step recomputes the casts in its backward instead (an estimate)
     copies = 0 if s.compile else walk.copies
     head = model.lm_head.weight
-    head_grad = head.numel() * FP32 if head.requires_grad else 0
-    held = grads if (s.accum > 1 or s.world_size > 1) else 0  # gradients already there during the forward
-    new_head_grad = 0 if held else head_grad  # the loss' backward makes it (and keeps it)
+    tied = head is model.transformer.wte.weight
     # The last block's backward, once the loss and the final norm have let go of what they kept: its output's
-    # gradient (fp32), the gradient of the MLP's 4C-wide hidden tensor (in the compute dtype) and of c_proj's
-    # weight, while all its own activations are still there: checked against torch's allocator on the CPU.
-    block_matrix = max((p.numel() * FP32 for b in model.transformer.h for p in b.parameters()
-                        if p.dim() == 2 and p.requires_grad), default=0)
-    block_work = n * c.n_embd * (FP32 + 4 * walk.e) + block_matrix
-    phases = {
-        "forward": held + activations + copies + loss_kept + loss_forward,
-        "loss backward": held + activations + copies + loss_kept + loss_backward + new_head_grad,
-        "block backward": held + activations - final_kept + copies + recomputing + new_head_grad + block_work,
+    # gradient (fp32) and the gradient of the MLP's 4C-wide hidden tensor (in the compute dtype), while all its
+    # own activations are still there, plus weight gradients: under DDP c_proj's (checked against torch's
+    # allocator on the CPU), under FSDP all the block's, whole, with the reduce-scatter's buffers (its end).
+    block_work = n * c.n_embd * (FP32 + 4 * walk.e)
+    if s.parallel == "fsdp":
+        units = [_unsharded(unit, s) for unit in fsdp_units(model)]
+        root, block_units = units[-1], units[:-1]
+        gathered = root.params + 2 * max((b.params for b in block_units), default=0)
+        # gradients already there during the forward, from the second micro-batch on: whole or sharded
+        accumulated = sum(u.reduce for u in units) if s.accum > 1 and not s.reduce_every_micro_batch else 0
+        held = accumulated or (grads if s.accum > 1 else 0)
+        root_accumulated = root.reduce if accumulated else 0
+        new_head_grad = root.grads  # the root's whole gradients, from the loss' backward to the backward's end
+        block_work += max((b.grads + b.reduce + b.reduced for b in block_units), default=0)
+        # the end: the embedding's backward (with a tied head its own gradient, before it is added), then the
+        # root's gradients copied for their reduce-scatter
+        tied_grad = head.numel() * root.grad_size if tied and head.requires_grad else 0
+        ends = {"backward end": grads + root_accumulated + root.params + root.grads + tied_grad + n * c.n_embd * FP32,
+                "root's reduce-scatter": grads + root_accumulated + root.grads + root.reduce + root.reduced}
+    else:
+        gathered = accumulated = 0
+        head_grad = head.numel() * FP32 if head.requires_grad else 0
+        held = grads if (s.accum > 1 or s.world_size > 1) else 0  # gradients already there during the forward
+        new_head_grad = 0 if held else head_grad  # the loss' backward makes it (and keeps it)
+        block_work += max((p.numel() * FP32 for b in model.transformer.h for p in b.parameters()
+                           if p.dim() == 2 and p.requires_grad), default=0)  # c_proj's, the largest matrix
         # the end of the backward: every gradient, and with a tied head the embedding's, before it is added
-        "backward end": grads + (head_grad if head is model.transformer.wte.weight else 0) + n * c.n_embd * FP32,
+        ends = {"backward end": grads + (head_grad if tied else 0) + n * c.n_embd * FP32}
+    phases = {
+        "forward": held + gathered + activations + copies + loss_kept + loss_forward,
+        "loss backward": held + gathered + activations + copies + loss_kept + loss_backward + new_head_grad,
+        "block backward": (held + gathered + activations - final_kept + copies + recomputing + new_head_grad
+                           + block_work),
+        **ends,
         "optimizer": grads + _optimizer_working(model, s),
     }
     step_peak = max(phases.values())
-    working = step_peak - activations - copies - loss_kept - held
+    working = step_peak - activations - copies - loss_kept - held - gathered
     return Memory(weights=weights, gradients=grads, optimizer=optim, activations=activations, loss=loss_kept,
-                  autocast_copies=copies, working=max(0, working), peak=weights + optim + step_peak)
+                  autocast_copies=copies, gathered=gathered, accumulated=accumulated, working=max(0, working),
+                  peak=weights + optim + step_peak)
+
+
+def fsdp_units(model) -> list[list[torch.nn.Parameter]]:
+    """The parameters of FSDP2's units, as a run under FSDP wraps the model: fully_shard on each transformer
+    block (its LoRA adapters too), then on the whole model, whose root unit holds the rest: the embeddings
+    (wte, the head's weight when tied), wpe, the final norm and an untied head. The blocks first, the root
+    last. A shared parameter is listed once."""
+    in_blocks = [list(block.parameters()) for block in model.transformer.h]
+    seen = {id(p) for unit in in_blocks for p in unit}
+    return [*in_blocks, [p for p in model.parameters() if id(p) not in seen]]
+
+
+@dataclass(frozen=True)
+class _Unit:
+    params: int  # bytes of the unit's parameters, gathered whole
+    grads: int  # bytes of its whole gradients, as the backward makes them (the gathered dtype)
+    reduce: int  # bytes of the fp32 copy of them that the reduce-scatter takes
+    reduced: int  # bytes of what it gives back: one process' piece of them, in fp32
+    grad_size: int  # bytes of an element of those gradients
+
+
+def _unsharded(params: list, setup: Setup) -> _Unit:
+    """An FSDP unit's whole parameters and gradients on one process, each padded to world_size pieces."""
+    N = setup.world_size
+    size = lambda p: 2 if setup.fsdp_mixed_precision else p.element_size()  # noqa: E731
+    whole = [(shard_numel(p, N) * N, size(p), p.requires_grad) for p in params]
+    grad_size = max((e for _, e, trains in whole if trains), default=FP32)
+    return _Unit(params=sum(numel * e for numel, e, _ in whole),
+                 grads=sum(numel * e for numel, e, trains in whole if trains),
+                 reduce=sum(numel * FP32 for numel, _, trains in whole if trains),
+                 reduced=sum(shard_numel(p, N) * FP32 for p in params if p.requires_grad), grad_size=grad_size)
 
 
 def largest_batch(model, setup: Setup, capacity: float, limit: int = 1 << 16) -> int:
@@ -453,6 +577,40 @@ def largest_batch(model, setup: Setup, capacity: float, limit: int = 1 << 16) ->
         else:
             hi = mid
     return lo
+
+
+def choose_parallel(model, setup: Setup, capacity: float, batch_size: int | None = None) -> tuple[str, str]:
+    """What --parallel=auto runs: ("ddp", why) when a whole replica fits each device, else ("fsdp", why); `why`
+    is one line, with the figures.
+
+    model: the run's model; the meta device will do (only shapes, dtypes and requires_grad are read).
+    setup: the step as each process runs it; setup.world_size is the number of processes (devices), and
+      setup.parallel does not matter (both are tried).
+    capacity: the bytes one device gives the run's tensors (a GPU's: Device(...).capacity, its memory less the
+      CUDA context and fragmentation; or what torch.cuda.mem_get_info says is free).
+    batch_size: the micro-batch; None (batch_size=auto) sizes the run at 1 sequence, the least it can take.
+
+    A replica fits when the plan's peak under DDP (weights, gradients, optimizer states, activations, the
+    step's working memory: `memory`) is within capacity: DDP then, which gathers nothing and communicates
+    least. Otherwise FSDP; when even FSDP's peak is over capacity, "fsdp" still (the smaller of the two), and
+    the reason says that neither fits and what would help.
+    """
+    batch = batch_size or 1
+    ddp = memory(model, replace(setup, parallel="ddp"), batch).peak
+    at = f"at micro-batch {batch}" + (" (batch_size=auto's least)" if batch_size is None else "")
+    if ddp <= capacity:
+        return "ddp", (f"a whole replica fits each device: {format_bytes(ddp)} of {format_bytes(capacity)} {at}; "
+                       f"DDP gathers nothing and communicates least")
+    fsdp = memory(model, replace(setup, parallel="fsdp"), batch).peak
+    n = setup.world_size
+    over = f"FSDP over {n} device{'s' if n > 1 else ''}"
+    if fsdp <= capacity:
+        return "fsdp", (f"a whole replica needs {format_bytes(ddp)} per device {at}, more than its "
+                        f"{format_bytes(capacity)}; {over} needs {format_bytes(fsdp)}")
+    helps = ["more devices", *([] if setup.checkpointing else ["--activation_checkpointing=True"]),
+             "--lora_rank", "a smaller block_size or model"]
+    return "fsdp", (f"neither fits {format_bytes(capacity)} per device {at}: a whole replica needs "
+                    f"{format_bytes(ddp)}, {over} {format_bytes(fsdp)}; use {', '.join(helps[:-1])} or {helps[-1]}")
 
 
 def valid_batches(sequences_per_step: int, world_size: int) -> list[int]:
@@ -679,7 +837,9 @@ def _with_lora(cfg, model: GPT) -> GPT:
 @dataclass
 class Column:
     """One way of running the config: on the CPU (float32) or on CUDA GPUs (bf16, compiled), as train.py's
-    auto settings would choose there, with the devices of that kind the plan sizes it for."""
+    auto settings would choose there, with the devices of that kind the plan sizes it for. With more than one
+    process, under DDP (`setup`, `memory`) and under FSDP (`fsdp`), and what --parallel=auto picks on the main
+    device (`parallel`: its name, the choice and why)."""
 
     label: str
     setup: Setup
@@ -688,6 +848,8 @@ class Column:
     batch_note: str
     memory: Memory
     devices: list[Device]
+    fsdp: Memory | None = None
+    parallel: tuple[str, str, str] | None = None
 
 
 def _kinds(cfg) -> list[str]:
@@ -741,15 +903,24 @@ def _column(cfg, ckpt, vocab, kind: str, world_size: int) -> tuple[Column, str]:
     sequences = sequences_per_step(cfg, world_size)
     setup = Setup(kind, dtype, cfg.block_size, cfg.optimizer, world_size=world_size, compile=compiled,
                   checkpointing=cfg.activation_checkpointing)
-    if cfg.batch_size is None:
-        main = devices[0] if kind != "cuda" or cfg.device_memory_gb else devices[-1]
-        batch = auto_batch(model, setup, main.capacity, sequences)
-        note = f"batch_size=auto on {main.name}"
+    # the device batch_size=auto and --parallel=auto are sized for: --device_memory_gb's GPU, else the largest
+    main = devices[0] if kind != "cuda" or cfg.device_memory_gb else devices[-1]
+    sharded = world_size > 1  # more than one process: DDP and FSDP side by side
+    if cfg.batch_size is None:  # sized for the strategy the run takes: --parallel, or what auto picks
+        strategy = getattr(cfg, "parallel", "auto") if sharded else "ddp"
+        if strategy not in PARALLEL:
+            strategy = choose_parallel(model, setup, main.capacity)[0]
+        batch = auto_batch(model, replace(setup, parallel=strategy), main.capacity, sequences)
+        note = f"batch_size=auto on {main.name}" + (" under FSDP" if strategy == "fsdp" else "")
     else:
         batch, note = cfg.batch_size, "configured"
     setup = replace(setup, accum=max(1, sequences // (batch * world_size)))
     label = f"{kind}: {str(dtype).removeprefix('torch.')}" + (", compiled" if compiled else "")
-    return Column(label, setup, model, batch, note, memory(model, setup, batch), devices), where
+    column = Column(label, setup, model, batch, note, memory(model, setup, batch), devices)
+    if sharded:
+        column.fsdp = memory(model, replace(setup, parallel="fsdp"), batch)
+        column.parallel = (main.name, *choose_parallel(model, setup, main.capacity, cfg.batch_size))
+    return column, where
 
 
 def make_plan(cfg, ckpt: dict | None = None, world_size: int = 1) -> dict:
@@ -782,10 +953,14 @@ def make_plan(cfg, ckpt: dict | None = None, world_size: int = 1) -> dict:
         rows = []
         for device in column.devices:
             rows.append(_device_row(column, device, train + evaluation, world_size, cfg.usd_per_gpu_hour))
+        parallel = None
+        if column.parallel:
+            parallel = dict(zip(("device", "choice", "reason"), column.parallel))
         plan["columns"].append({"label": column.label, "batch_size": column.batch_size, "batch_note": column.batch_note,
                                 "accum": column.setup.accum, "loss_rows": loss_rows(column.model, column.setup),
                                 "memory": column.memory.as_dict(), "train_flops": train, "eval_flops": evaluation,
-                                "devices": rows})
+                                "fsdp_memory": column.fsdp.as_dict() if column.fsdp else None,
+                                "parallel": parallel, "devices": rows})
     return plan
 
 
@@ -795,9 +970,16 @@ def _device_row(column: Column, device: Device, flops: float, world_size: int, u
     parallel = world_size if device.kind == "cuda" else 1  # DDP processes on one CPU share its cores
     seconds = flops / (device.flops * parallel) if device.flops else None
     cost = seconds / 3600 * parallel * usd_per_gpu_hour if seconds and device.kind == "cuda" and usd_per_gpu_hour else None
-    return {"name": device.name, "memory": device.memory, "capacity": capacity,
-            "fits": column.memory.peak <= capacity, "largest_batch": largest, "seconds": seconds,
-            "flops_note": device.flops_note, "usd": cost}
+    row = {"name": device.name, "memory": device.memory, "capacity": capacity,
+           "fits": column.memory.peak <= capacity, "largest_batch": largest, "seconds": seconds,
+           "flops_note": device.flops_note, "usd": cost}
+    if column.fsdp:  # the same under FSDP, and what --parallel=auto would run on this device
+        batch = None if column.batch_note != "configured" else column.batch_size
+        row.update(fsdp_fits=column.fsdp.peak <= capacity,
+                   fsdp_largest_batch=largest_batch(column.model, replace(column.setup, accum=2, parallel="fsdp"),
+                                                    capacity),
+                   parallel=choose_parallel(column.model, column.setup, capacity, batch)[0])
+    return row
 
 
 def format_plan(plan: dict, title: str) -> str:
@@ -819,9 +1001,43 @@ def format_plan(plan: dict, title: str) -> str:
         "",
     ]
     width, col = 34, 28
-    per = "memory per GPU" if plan["world_size"] > 1 else "memory per process"
-    lines.append(f"{per:<{width}}" + "".join(f"{c['label']:>{col}}" for c in cols))
-    size = lambda key: [format_bytes(c["memory"][key]) if c["memory"][key] else "-" for c in cols]  # noqa: E731
+    n = plan["world_size"]
+    sharded = n > 1 and all(c["fsdp_memory"] for c in cols)
+    per = "memory per GPU, DDP" if sharded else "memory per GPU" if n > 1 else "memory per process"
+    lines += _memory_rows(per, cols, "memory", T, width, col)
+    autos = [f"{c['label']}: {c['batch_note']}" for c in cols if c["batch_note"] != "configured"]
+    if autos:
+        lines.append(f"  (batch_size=auto picks the micro-batch: {'; '.join(autos)})")
+    if sharded:
+        lines += ["", *_memory_rows(f"memory per GPU, FSDP over {n}", cols, "fsdp_memory", T, width, col)]
+        for c in cols:  # one line each: what --parallel=auto runs on the main device, and why
+            which = f"{c['label']}, on " if len(cols) > 1 else "on "
+            lines.append(f"  --parallel=auto, {which}{c['parallel']['device']}: {c['parallel']['choice']} "
+                         f"({c['parallel']['reason']})")
+    for c in cols:
+        costs = any(r["usd"] for r in c["devices"])
+        fits = f"{'batch ' + str(c['batch_size']):>10}{'largest':>9}"
+        if sharded:  # fits and largest under DDP, then under FSDP, then what --parallel=auto runs
+            fits = (f"{'DDP b' + str(c['batch_size']):>10}{'largest':>9}{'FSDP b' + str(c['batch_size']):>10}"
+                    f"{'largest':>9}{'auto':>6}")
+        lines += ["", f"{'devices, ' + c['label']:<{width}}{'memory':>10}{fits}{'time':>12}"
+                      + (f"{'cost':>10}" if costs else "")]
+        for r in c["devices"]:
+            time = format_seconds(r["seconds"]) if r["seconds"] is not None else "n/a"
+            usd = "" if r["usd"] is None else f"${r['usd']:,.0f}" if r["usd"] >= 10 else f"${r['usd']:.2f}"
+            fits = f"{'fits' if r['fits'] else 'too big':>10}{r['largest_batch']:>9}"
+            if sharded:
+                fits += f"{'fits' if r['fsdp_fits'] else 'too big':>10}{r['fsdp_largest_batch']:>9}{r['parallel']:>6}"
+            lines.append(f"  {r['name']:<{width - 2}}{format_bytes(r['memory']):>10}{fits}{time:>12}"
+                         + (f"{usd:>10}" if costs else ""))
+    lines += ["", *NOTES, *(FSDP_NOTES if sharded else ())]
+    return "\n".join(lines)
+
+
+def _memory_rows(title: str, cols: list[dict], key: str, T: int, width: int, col: int) -> list[str]:
+    """One memory breakdown (`key`: the columns' "memory", DDP's or one process', or "fsdp_memory")."""
+    lines = [f"{title:<{width}}" + "".join(f"{c['label']:>{col}}" for c in cols)]
+    size = lambda name: [format_bytes(c[key][name]) if c[key][name] else "-" for c in cols]  # noqa: E731
     rows = [
         ("  micro-batch", [f"{c['batch_size']} x {T}, {c['accum']} per step" for c in cols]),
         ("  weights", size("weights")),
@@ -829,26 +1045,13 @@ def format_plan(plan: dict, title: str) -> str:
         ("  optimizer states", size("optimizer")),
         ("  activations (one micro-batch)", size("activations")),
         ("  autocast's weight copies", size("autocast_copies")),
+        *([("  parameters gathered at once", size("gathered")),
+           ("  gradients accumulated whole", size("accumulated"))] if key == "fsdp_memory" else []),
         ("  loss, kept for the backward", size("loss")),
         ("  working memory at the peak", size("working")),
         ("  peak", size("peak")),
     ]
-    lines += [f"{name:<{width}}" + "".join(f"{v:>{col}}" for v in values) for name, values in rows]
-    autos = [f"{c['label']}: {c['batch_note']}" for c in cols if c["batch_note"] != "configured"]
-    if autos:
-        lines.append(f"  (batch_size=auto picks the micro-batch: {'; '.join(autos)})")
-    for c in cols:
-        costs = any(r["usd"] for r in c["devices"])
-        lines += ["", f"{'devices, ' + c['label']:<{width}}{'memory':>10}{'batch ' + str(c['batch_size']):>10}"
-                      f"{'largest':>9}{'time':>12}" + (f"{'cost':>10}" if costs else "")]
-        for r in c["devices"]:
-            time = format_seconds(r["seconds"]) if r["seconds"] is not None else "n/a"
-            usd = "" if r["usd"] is None else f"${r['usd']:,.0f}" if r["usd"] >= 10 else f"${r['usd']:.2f}"
-            lines.append(f"  {r['name']:<{width - 2}}{format_bytes(r['memory']):>10}"
-                         f"{'fits' if r['fits'] else 'too big':>10}{r['largest_batch']:>9}{time:>12}"
-                         + (f"{usd:>10}" if costs else ""))
-    lines += ["", *NOTES]
-    return "\n".join(lines)
+    return lines + [f"{name:<{width}}" + "".join(f"{v:>{col}}" for v in values) for name, values in rows]
 
 
 NOTES = (
@@ -859,4 +1062,11 @@ NOTES = (
     f"  Time: GPUs at {ASSUMED_GPU_MFU:.0%} of their datasheet peak, an assumption (no GPU has run this code yet);",
     f"  the CPU at {CPU_FLOPS_PER_CORE:.2g} FLOP/s per core, measured on the 2-core development VM (BENCHMARKS.md).",
     "  Evaluations are included, HellaSwag is not.",
+)
+FSDP_NOTES = (
+    "  FSDP: each GPU holds its 1/N of every weight, gradient and optimizer state, and gathers whole the root's",
+    "  parameters (embeddings, final norm, head) and two blocks' (the running one and the next, prefetched), in",
+    "  bf16 under the mixed-precision policy; with several micro-batches per step each GPU accumulates whole",
+    "  fp32 gradients until the step's last (gradient sync off), then reduce-scatters them. Communication time",
+    "  is not in the time.",
 )

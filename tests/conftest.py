@@ -7,9 +7,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
+# ../shared/data beside the checkout in this workplace (no network), or a copy of it inside the checkout
+# (shared/data: what travels to a machine with a GPU, where ../shared does not; .gitignore keeps it out of git)
+SHARED_DATA = next((p for p in (REPO.parent / "shared" / "data", REPO / "shared" / "data") if p.is_dir()),
+                   REPO.parent / "shared" / "data")
 
-# The real GPT-2 BPE files live in ../shared in this workplace (no network); tiktoken reads them from here.
+# The real GPT-2 BPE files live there; tiktoken reads them from there.
 if (SHARED_DATA / "tiktoken_cache").is_dir():
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED_DATA / "tiktoken_cache"))
 

@@ -99,12 +99,13 @@ def test_decode_window_comparison(tiny_model, tiny_config):
 
 
 def test_training_step_is_timed_as_train_py_runs_it(monkeypatch):
-    """train.py synchronises once per step (check_step reads the NaN/stop flags) before the optimizer step;
-    the benchmarked step must too, or its tokens/s can overstate a run's on a GPU."""
+    """train.py checks the NaN/stop flags every step (train.StepGuard: on a GPU without waiting, elsewhere
+    before the optimizer step); the benchmarked step must too, or its tokens/s would not be a run's."""
     import train
 
     calls = []
-    monkeypatch.setattr(bench, "check_step", lambda *a: calls.append(1) or train.check_step(*a))
+    real = train.StepGuard.check
+    monkeypatch.setattr(train.StepGuard, "check", lambda self, *a: calls.append(1) or real(self, *a))
     bench.main(["--models=tiny", "--device=cpu", "--warmup=1", "--repeats=2", "--skip_decode"])
     assert len(calls) == 3
 
@@ -138,3 +139,94 @@ def test_optimizer_share_for_muon(monkeypatch):
     monkeypatch.setattr(bench, "build", tiny_modern)
     (row,) = bench.main(["--models=tiny", "--device=cpu", "--warmup=1", "--repeats=2", "--skip_decode"])
     assert row["optimizer"] == "muon" and 0 < row["optimizer_share"] < 1
+
+
+def test_nobias_names_the_same_shape_without_biases():
+    """gpt2nobias is nanoGPT bench.py's model (bias=False): GPT-2's shape, no bias in any Linear or LayerNorm."""
+    from gptkit.runtime import setup_runtime
+
+    rt = setup_runtime("cpu")
+    with_bias, without = bench.build("tiny", rt), bench.build("tinynobias", rt)
+    assert without.config.bias is False and with_bias.config.bias is True
+    assert [m.config.n_embd for m in (with_bias, without)] == [64, 64]
+    assert not any(name.endswith(".bias") for name, _ in without.named_parameters())
+    assert "gpt2nobias" in bench.model_names() and "babynobias" not in bench.model_names()  # baby has none
+    expect_error(["--models=tinynobiasx"], "unknown model size", "gpt2nobias")
+
+
+def test_variants_give_one_row_per_combination(tmp_path, capsys):
+    """A comma list per variant option: one training row per combination, in product order, each carrying its
+    values; an attention kernel this device lacks is a skipped row with torch's reason, not a crash. The JSON
+    holds every row."""
+    out = tmp_path / "rows.json"
+    rows = bench.main(["--models=tiny", "--device=cpu", "--warmup=0", "--repeats=1", "--skip_decode",
+                       "--batch_size=2,3", "--sdpa=default,cudnn", f"--json={out}"])
+    assert [(r["batch_size"], r["sdpa"]) for r in rows] == [(2, "default"), (2, "cudnn"), (3, "default"), (3, "cudnn")]
+    assert all(r["compile_mode"] == "default" and r["compile_optimizer"] is False for r in rows)
+    ok, skipped = rows[0::2], rows[1::2]
+    assert all(r["status"] == "ok" and r["reason"] is None and r["ms"] > 0 and r["flops_per_token"] > 0 for r in ok)
+    for r in skipped:
+        assert r["status"] == "skipped" and "--sdpa=cudnn" in r["reason"] and r["ms"] is None
+        assert set(r) == set(ok[0]), "a skipped row has the same fields"
+    table = capsys.readouterr().out
+    assert "sdpa cudnn, skipped: --sdpa=cudnn cannot run" in table and "variant" in table
+    assert json.loads(out.read_text())["rows"] == json.loads(json.dumps(rows))
+
+
+def test_the_optimizer_step_can_be_compiled(monkeypatch):
+    """--compile_optimizer=True runs optimizer.step through torch.compile (here a backend that records the graphs
+    and runs them as they are: fast); the model itself stays eager on the CPU, so every graph is the step's."""
+    import torch
+
+    graphs = []
+
+    def recording(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, mode=None, **kw: real_compile(fn, **kw, backend=recording))
+    rows = bench.main(["--models=tiny", "--device=cpu", "--warmup=1", "--repeats=1", "--skip_decode",
+                       "--compile_optimizer=False,True"])
+    torch._dynamo.reset()
+    assert [r["compile_optimizer"] for r in rows] == [False, True] and [r["compile"] for r in rows] == [False] * 2
+    assert graphs and all(r["status"] == "ok" for r in rows)
+
+
+def test_variant_options_are_checked():
+    expect_error(["--models=tiny", "--sdpa=default,fast"], "--sdpa", "'fast'", "flash")
+    expect_error(["--models=tiny", "--compile_optimizer=maybe"], "--compile_optimizer")
+    expect_error(["--models=tiny", "--batch_size=4,x"], "--batch_size")
+    expect_error(["--models=tiny", "--decode_batch=0"], "--decode_batch must be >= 1")
+    # a compile mode with nothing compiled (compile is off on the CPU unless asked for) would time nothing new
+    expect_error(["--models=tiny", "--compile_mode=reduce-overhead"], "--compile_mode", "--compile=True")
+
+
+def test_keep_going_records_a_failed_row_and_goes_on(monkeypatch, tmp_path):
+    """--keep_going: a row that raises is a failed row with the error (the traceback on stderr), and the rows
+    after it are measured; without it the error ends the run, but the JSON keeps the rows measured before."""
+    real_build = bench.build
+
+    def build(name, rt):
+        if name == "tinynobias":
+            raise RuntimeError("boom\nsecond line")
+        return real_build(name, rt)
+
+    monkeypatch.setattr(bench, "build", build)
+    args = ["--models=tinynobias,tiny", "--device=cpu", "--warmup=0", "--repeats=1", "--decode_tokens=4",
+            "--decode_repeats=1", "--prefill_tokens=8", "--decode_batch=1", "--skip_nocache"]
+    rows = bench.main([*args, "--keep_going"])
+    assert [(r["kind"], r["model"], r["status"]) for r in rows] == [
+        ("train", "tinynobias", "failed"), ("decode", "tinynobias", "failed"), ("train", "tiny", "ok"),
+        ("decode", "tiny", "ok"), ("prefill", "tiny", "ok")]
+    assert rows[0]["reason"] == "RuntimeError: boom second line" and rows[0]["tokens_per_s"] is None
+    out = tmp_path / "partial.json"
+    with pytest.raises(RuntimeError, match="boom"):
+        bench.main(["--models=tiny,tinynobias", *args[1:], f"--json={out}"])
+    assert [r["model"] for r in json.loads(out.read_text())["rows"]] == ["tiny"] * 3
+
+
+def test_decode_rows_stop_repeating_at_their_time_budget(tiny_model):
+    """--row_budget_s: no new timed run once a row's runs add up to the budget (at least one runs)."""
+    assert len(bench.time_decode(tiny_model, 4, repeats=5, budget_s=1e-9)) == 1
+    assert len(bench.time_decode(tiny_model, 4, repeats=3)) == 3

@@ -16,7 +16,7 @@ import train
 from gptkit.checkpoint import load_checkpoint, save_checkpoint
 from gptkit.config import TrainConfig, load_config
 from gptkit.generate import SamplingOptions, generate
-from gptkit.optim import Float32Muon, MuonAdamW, get_lr, make_optimizer, muon_class, set_lr
+from gptkit.optim import Muon, MuonAdamW, get_lr, make_optimizer, newton_schulz_dtype, set_lr, step_unless
 from model import ARCH_PRESETS, GPT, GPTConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -173,7 +173,7 @@ def block_matrix_names(model):
 def test_muon_gets_exactly_the_block_matrices(arch):
     m = tiny(arch=arch)
     opt = make_optimizer(m, TrainConfig(optimizer="muon", weight_decay=0.1), "cpu")
-    assert isinstance(opt, MuonAdamW) and type(opt.muon) is Float32Muon
+    assert isinstance(opt, MuonAdamW) and type(opt.muon) is Muon and opt.muon.ns_dtype == torch.float32
     names = {id(p): n for n, p in m.named_parameters()}
     muon = {names[id(p)] for g in opt.muon.param_groups for p in g["params"]}
     adamw = [names[id(p)] for g in opt.adamw.param_groups for p in g["params"]]
@@ -183,7 +183,7 @@ def test_muon_gets_exactly_the_block_matrices(arch):
     assert decay["weight_decay"] == 0.1 and all(p.dim() == 2 for p in decay["params"])  # wte, lm_head (, wpe)
     assert all(g["weight_decay"] == 0.0 and all(p.dim() < 2 for p in g["params"]) for g in opt.adamw.param_groups[1:])
     assert opt.param_groups == opt.muon.param_groups + opt.adamw.param_groups
-    assert muon_class("cuda") is torch.optim.Muon and muon_class("cpu") is Float32Muon
+    assert newton_schulz_dtype("cuda") == torch.bfloat16 and newton_schulz_dtype("cpu") == torch.float32
 
 
 @pytest.mark.parametrize("nesterov, weight_decay, adjust", [(True, 0.0, None), (True, 0.1, "original"),
@@ -194,7 +194,7 @@ def test_float32_muon_is_torch_muon_within_bf16_rounding(nesterov, weight_decay,
     ours = [torch.nn.Parameter(torch.randn(s) * 0.02) for s in shapes]
     theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
     kw = dict(lr=0.02, momentum=0.9, nesterov=nesterov, weight_decay=weight_decay, adjust_lr_fn=adjust)
-    opt_ours, opt_theirs = Float32Muon(ours, **kw), torch.optim.Muon(theirs, **kw)
+    opt_ours, opt_theirs = Muon(ours, **kw), torch.optim.Muon(theirs, **kw)
     for _ in range(3):
         before = [p.detach().clone() for p in ours]
         for a, b in zip(ours, theirs):
@@ -213,6 +213,47 @@ def test_float32_muon_is_torch_muon_within_bf16_rounding(nesterov, weight_decay,
     assert s_ours["param_groups"] == s_theirs["param_groups"]  # interchangeable checkpoints
     for i in s_ours["state"]:
         assert torch.equal(s_ours["state"][i]["momentum_buffer"], s_theirs["state"][i]["momentum_buffer"])
+
+
+def test_bf16_muon_is_torch_muon_exactly():
+    """With ns_dtype=bfloat16 (what CUDA runs) our Muon is torch.optim.Muon, to the bit: the same arithmetic."""
+    torch.manual_seed(0)
+    ours = [torch.nn.Parameter(torch.randn(s) * 0.02) for s in [(96, 32), (32, 128)]]
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    kw = dict(lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.1)
+    opt_ours, opt_theirs = Muon(ours, ns_dtype=torch.bfloat16, **kw), torch.optim.Muon(theirs, **kw)
+    for _ in range(3):
+        for a, b in zip(ours, theirs):
+            a.grad = torch.randn_like(a)
+            b.grad = a.grad.clone()
+        opt_ours.step()
+        opt_theirs.step()
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+
+
+@pytest.mark.parametrize("ns_dtype", [torch.float32, torch.bfloat16])
+def test_muon_skips_a_flagged_step_on_the_device(ns_dtype):
+    """step_unless: a step flagged by found_inf (NaN gradients here) leaves weights and momentum untouched;
+    an unflagged one is the plain step, to the bit."""
+    torch.manual_seed(0)
+    a = [torch.nn.Parameter(torch.randn(64, 32) * 0.02)]
+    b = [torch.nn.Parameter(a[0].detach().clone())]
+    opt_a, opt_b = (Muon(p, lr=0.02, momentum=0.9, nesterov=True, weight_decay=0.1, ns_dtype=ns_dtype)
+                    for p in (a, b))
+    a[0].grad, b[0].grad = torch.randn(64, 32), None
+    b[0].grad = a[0].grad.clone()
+    opt_a.step()
+    opt_b.step()  # both have momentum now
+    w, m = a[0].detach().clone(), opt_a.state[a[0]]["momentum_buffer"].clone()
+    a[0].grad = torch.full((64, 32), float("nan"))
+    step_unless(opt_a, torch.ones(()))
+    assert torch.equal(a[0], w) and torch.equal(opt_a.state[a[0]]["momentum_buffer"], m)
+    g = torch.randn(64, 32)
+    a[0].grad, b[0].grad = g, g.clone()
+    step_unless(opt_a, torch.zeros(()))
+    opt_b.step()
+    assert torch.equal(a[0], b[0])
+    assert torch.equal(opt_a.state[a[0]]["momentum_buffer"], opt_b.state[b[0]]["momentum_buffer"])
 
 
 def test_muon_adamw_under_grad_scaler_and_in_a_state_dict():
@@ -286,7 +327,7 @@ def test_modern_recipe_learns_and_says_which_muon(char_dataset, tmp_path, capsys
                                    dropout=0.0))
     losses = train_losses(out)
     assert losses[30] < losses[1] - 0.5 and summary["best_val_loss"] < 2.7  # ln(21) = 3.04 at init
-    assert "Float32Muon on 8 block matrices + AdamW on 2 other tensors; Newton-Schulz in float32" in capsys.readouterr().out
+    assert "Muon on 8 block matrices + AdamW on 2 other tensors; Newton-Schulz in float32" in capsys.readouterr().out
     ckpt = load_checkpoint(out / "last.pt")
     assert ckpt["model_config"]["arch"] == "modern" and ckpt["model_config"]["rope"] is True
     assert set(ckpt["optimizer"]) == {"muon", "adamw"}

@@ -1,8 +1,10 @@
 """plan.py and train.py --plan / batch_size=auto: exact counts, activations equal to what autograd keeps, the
 peak against torch's allocator, the plan of every shipped config without full-size tensors, and the search
-for the largest micro-batch."""
+for the largest micro-batch; under DDP and FSDP."""
 
 import json
+import math
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -204,6 +206,7 @@ def test_plan_of_every_shipped_config_builds_nothing_big(config, tmp_path, capsy
     out = capsys.readouterr().out
     gpus = 'device = "cpu"' not in config.read_text()  # the CPU configs are planned for the CPU only
     assert "peak" in out and "this CPU" in out and ("H100 80GB" in out and "your GPU (24 GB)" in out) == gpus
+    assert "FSDP" not in out  # one process: nothing to shard
     assert not any(tmp_path.iterdir())  # nothing written, nothing prepared
     assert report["parameters"] > 0 and all(c["memory"]["peak"] > c["memory"]["weights"] for c in report["columns"])
 
@@ -372,10 +375,113 @@ def test_out_of_memory_names_the_plans_largest_micro_batch(monkeypatch):
     rt = Runtime(torch.device("cuda"), torch.bfloat16)
     monkeypatch.setattr(train.torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=2 * plan.GiB))
     monkeypatch.setattr(train, "resolve_compile", lambda flag, device: (True, ""))
-    message = train.oom_message(SimpleNamespace(cfg=cfg, rt=rt, d=Dist(), raw_model=model))
+    message = train.oom_message(SimpleNamespace(cfg=cfg, rt=rt, d=Dist(), raw_model=model, model=model))
     setup = plan.Setup("cuda", torch.bfloat16, 256, accum=2, compile=True)
     fits = plan.largest_batch(model, setup, plan.Device("", "cuda", 2 * plan.GiB, None, "").capacity)
     batch = max(b for b in plan.valid_batches(128, 1) if b <= fits)
     assert 0 < fits < 64 and "\n" not in message
     assert f"the plan puts the largest that fits this GPU (2.00 GiB) at {fits}" in message
     assert f"--batch_size={batch} --gradient_accumulation_steps={128 // batch}" in message
+
+
+# ----------------------------------------------------------------------------- FSDP
+
+
+def piece(p, n: int) -> int:
+    """Elements of the first (largest) of n pieces cut along dim 0, from the parameter's real shape."""
+    rows = p.shape[0]
+    return math.ceil(rows / n) * (p.numel() // rows)
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_fsdp_memory_is_the_hand_computed_sum(n):
+    """Each process' pieces of every weight, gradient and AdamW state (wte's 65 rows do not split evenly: the
+    pieces are rounded up), plus the root's parameters and two blocks' gathered in bf16 (the mixed-precision
+    policy), plus the micro-batch's activations, unchanged; with more micro-batches per step, plus the whole
+    fp32 gradients they accumulate (or, reduce-scattered every micro-batch, the sharded ones)."""
+    model = model_for(tiny(vocab=65))
+    setup = plan.Setup("cuda", torch.bfloat16, 32, world_size=n, parallel="fsdp")
+    mem = plan.memory(model, setup, 2)
+    params = list(model.parameters())
+    assert model.transformer.wte.weight.shape[0] == 65
+    weights = sum(piece(p, n) * 4 for p in params)
+    adamw = sum(2 * piece(p, n) * 4 + 4 for p in params)  # exp_avg, exp_avg_sq, the step
+    root = [p for name, p in model.named_parameters() if not name.startswith("transformer.h.")]  # wte (= head), wpe, ln_f
+    block = list(model.transformer.h[0].parameters())
+    gathered = sum(piece(p, n) * n * 2 for p in root) + 2 * sum(piece(p, n) * n * 2 for p in block)
+    assert (mem.weights, mem.gradients, mem.optimizer, mem.gathered) == (weights, weights, adamw, gathered)
+    ddp = plan.memory(model, replace(setup, world_size=1, parallel="ddp"), 2)
+    assert (mem.activations, mem.autocast_copies) == (ddp.activations, 0) and ddp.autocast_copies > 0
+    assert mem.accumulated == 0
+    assert mem.peak == mem.weights + mem.optimizer + mem.gathered + mem.activations + mem.loss + mem.working
+
+    accumulating = plan.memory(model, replace(setup, accum=2, reduce_every_micro_batch=False), 2)
+    assert accumulating.accumulated == sum(piece(p, n) * n * 4 for p in params)
+    assert accumulating.peak == (weights + adamw + gathered + accumulating.accumulated + mem.activations + mem.loss
+                                 + accumulating.working)
+    every = plan.memory(model, replace(setup, accum=2), 2)  # what train.py does (gptkit/parallel.py's no_sync)
+    assert every.accumulated == 0
+    assert every.peak == weights + adamw + gathered + weights + mem.activations + mem.loss + every.working
+
+
+@pytest.mark.parametrize("optimizer, rank", [("adamw", 0), ("muon", 0), ("adamw", 4)])
+def test_fsdp_on_one_device_holds_ddps_states(optimizer, rank):
+    model = model_for(tiny(arch="modern" if optimizer == "muon" else "gpt2"), rank=rank)
+    setup = plan.Setup("cpu", torch.float32, 32, optimizer)
+    ddp, fsdp = (plan.memory(model, replace(setup, parallel=how), 2) for how in ("ddp", "fsdp"))
+    assert (fsdp.weights, fsdp.gradients, fsdp.optimizer) == (ddp.weights, ddp.gradients, ddp.optimizer)
+    assert (fsdp.activations, fsdp.loss) == (ddp.activations, ddp.loss) and fsdp.gathered > 0 == ddp.gathered
+    with pytest.raises(ValueError, match="Setup.parallel must be one of ddp, fsdp"):
+        plan.Setup("cpu", torch.float32, 32, parallel="zero")
+
+
+def test_choose_parallel_takes_ddp_while_a_replica_fits_then_fsdp():
+    with torch.device("meta"):  # the meta device will do
+        model = GPT(tiny(vocab=50257, n_embd=128))
+    setup = plan.Setup("cuda", torch.bfloat16, 32, world_size=4, compile=True)
+    replica = plan.memory(model, setup, 2).peak
+    sharded = plan.memory(model, replace(setup, parallel="fsdp"), 2).peak
+    assert sharded < replica
+    choice, why = plan.choose_parallel(model, setup, replica, batch_size=2)
+    assert choice == "ddp" and why.startswith("a whole replica fits each device") and "\n" not in why
+    choice, why = plan.choose_parallel(model, setup, replica - 1, batch_size=2)
+    assert choice == "fsdp" and "FSDP over 4 devices needs" in why and "\n" not in why
+    choice, why = plan.choose_parallel(model, setup, sharded - 1, batch_size=2)
+    assert choice == "fsdp" and why.startswith("neither fits") and "--activation_checkpointing=True" in why
+    # batch_size=auto: sized at micro-batch 1
+    at_one = plan.memory(model, setup, 1).peak
+    assert plan.choose_parallel(model, setup, at_one)[0] == "ddp"
+    assert plan.choose_parallel(model, setup, at_one - 1)[0] == "fsdp"
+
+
+def test_largest_batch_under_fsdp_fits_and_one_more_does_not():
+    model = model_for(tiny(vocab=50257, n_embd=128))
+    setup = plan.Setup("cuda", torch.bfloat16, 32, accum=2, world_size=8, parallel="fsdp")
+    capacity = plan.memory(model, replace(setup, parallel="ddp"), 1).peak  # a replica fits one sequence
+    largest = plan.largest_batch(model, setup, capacity)
+    assert largest > plan.largest_batch(model, replace(setup, parallel="ddp"), capacity) >= 1
+    assert plan.memory(model, setup, largest).peak <= capacity < plan.memory(model, setup, largest + 1).peak
+
+
+def test_plan_for_8_gpus_prints_ddp_and_fsdp(tmp_path, capsys):
+    report = train.main([str(REPO / "configs/gpt2_124m.py"), "--plan", "--plan_gpus=8", f"--data_root={tmp_path}",
+                         "--device_memory_gb=24"])
+    out = capsys.readouterr().out
+    assert "memory per GPU, DDP " in out and "memory per GPU, FSDP over 8 " in out
+    assert "  --parallel=auto, cuda: bfloat16, compiled, on your GPU (24 GB): ddp (a whole replica fits" in out
+    cuda = report["columns"][1]
+    assert cuda["fsdp_memory"]["weights"] * 8 >= cuda["memory"]["weights"] > cuda["fsdp_memory"]["weights"] * 7
+    assert cuda["fsdp_memory"]["peak"] < cuda["memory"]["peak"] and cuda["parallel"]["choice"] == "ddp"
+    assert [r["parallel"] for r in cuda["devices"]] == ["ddp"] * 5
+
+
+def test_batch_size_auto_under_fsdp_when_no_replica_fits(tmp_path, capsys):
+    """GPT-2 XL on 8 GPUs of 24 GB: no replica fits (25.9 GiB at one sequence); FSDP takes 4 of the step's 32."""
+    report = train.main([str(REPO / "configs/finetune_shakespeare.py"), "--init_from=gpt2-xl", "--plan",
+                         "--plan_gpus=8", "--device=cuda", "--device_memory_gb=24", "--batch_size=auto",
+                         "--tokens_per_step=32768", f"--data_root={tmp_path}"])
+    out = capsys.readouterr().out
+    column = report["columns"][0]
+    assert column["batch_size"] == 4 and column["batch_note"] == "batch_size=auto on your GPU (24 GB) under FSDP"
+    assert column["parallel"]["choice"] == "fsdp" and not column["devices"][0]["fits"]
+    assert column["devices"][0]["fsdp_fits"] and "--parallel=auto, on your GPU (24 GB): fsdp (a whole replica" in out

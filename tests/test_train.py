@@ -158,6 +158,75 @@ def test_non_finite_loss_stops_before_the_update(char_dataset, tmp_path, monkeyp
     assert (out / "best.pt").read_bytes() == best_before and (out / "last.pt").read_bytes() == last_before
 
 
+@pytest.fixture
+def deferred_on_cpu(monkeypatch):
+    """train.py's GPU way of checking a step, on the CPU: fused AdamW masks a flagged step on the device and
+    the flags are read one step late (train.StepGuard)."""
+    from gptkit import optim
+
+    monkeypatch.setattr(train, "DEFERRED_DEVICE_TYPES", ("cpu",))
+    monkeypatch.setattr(optim, "FUSED_DEVICE_TYPES", ("cpu",))
+
+
+def test_deferred_check_never_applies_a_non_finite_step(char_dataset, tmp_path, monkeypatch, deferred_on_cpu):
+    """Without a host read per step: step 4's NaN is flagged on the device, its update skipped by the fused
+    AdamW (found_inf), the run stops at the next step's check, before that step's update, and the
+    checkpoints are as they were."""
+    out = tmp_path / "out"
+    train.main(tiny_args(char_dataset, out, max_iters=3))
+    before = {n: (out / n).read_bytes() for n in ("best.pt", "last.pt")}
+    real_forward = GPT.forward
+    calls = {"n": 0}
+
+    def poisoned(self, idx, targets=None, pos=None):
+        logits, loss = real_forward(self, idx, targets, pos)
+        if targets is not None and self.training:
+            calls["n"] += 1
+            if calls["n"] == 3:  # the 2nd micro-batch of the 2nd resumed step: step 4
+                loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(GPT, "forward", poisoned)
+    flagged, weights_seen = [], []
+    real_step = torch.optim.AdamW.step
+
+    def step(self, *a, **k):
+        assert self.defaults["fused"]
+        flagged.append(float(self.found_inf))
+        params = [p for g in self.param_groups for p in g["params"]]
+        weights_before = [p.detach().clone() for p in params]
+        result = real_step(self, *a, **k)
+        weights_seen.append(all(torch.equal(p, w) for p, w in zip(params, weights_before)))
+        return result
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+    with pytest.raises(SystemExit, match="non-finite loss or gradient norm at step 4"):
+        train.main(tiny_args(char_dataset, out, max_iters=8, init_from="resume", eval_interval=100))
+    assert flagged == [0.0, 1.0]  # step 3 applied, step 4 masked; step 5 stopped before its update
+    assert weights_seen == [False, True]  # ...and the masked step left every weight as it was
+    assert {n: (out / n).read_bytes() for n in before} == before
+
+
+def test_guard_reads_the_flags_a_step_late_when_deferred(deferred_on_cpu):
+    """StepGuard on its own: deferred, check() answers the previous step's flags; settle() the last one's."""
+    from gptkit.runtime import Dist, setup_runtime
+
+    rt = setup_runtime("cpu", "float32")
+    p = torch.nn.Parameter(torch.zeros(3))
+    optimizer = torch.optim.AdamW([p], lr=0.1, fused=True)
+    guard = train.StepGuard(optimizer, rt, Dist())
+    assert guard.deferred
+    one, nan = torch.tensor(1.0), torch.tensor(float("nan"))
+    assert guard.check(0, one, one, False) == train.Verdict()  # nothing before step 0
+    assert guard.check(1, nan, one, True) == train.Verdict(loss=1.0, grad_norm=1.0)  # step 0's flags
+    verdict = guard.settle()  # step 1's, read now
+    assert verdict.bad_step == 1 and verdict.stop and guard.settle() == train.Verdict()
+    p.grad = torch.full((3,), float("nan"))
+    guard.check(2, nan, one, False)
+    guard.optimizer_step(optimizer, torch.amp.GradScaler("cpu", enabled=False))
+    assert torch.equal(p, torch.zeros(3))  # step 2 flagged: masked on the device
+
+
 def test_crash_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / "last.pt"
     save_checkpoint({"model": {"w": torch.ones(3)}, "model_config": {}, "step": 1}, path)
@@ -224,17 +293,32 @@ train.main(sys.argv[1:])
 """
 
 
-@pytest.mark.parametrize("stop", [4, 5, "eval"])  # 5: the run stops right before the evaluation of step 6
-def test_sigterm_saves_and_resume_matches_uninterrupted(char_dataset, tmp_path, stop):
+DEFERRED = """
+import train
+from gptkit import optim
+train.DEFERRED_DEVICE_TYPES = optim.FUSED_DEVICE_TYPES = ("cpu",)
+"""
+
+
+@pytest.mark.parametrize("stop, deferred", [(4, False), (5, False), ("eval", False), (4, True), (5, True)])
+def test_sigterm_saves_and_resume_matches_uninterrupted(char_dataset, tmp_path, stop, deferred, monkeypatch):
+    """A SIGTERM mid-step finishes that step (and, as on a GPU, where the flags are read a step late, the
+    next one too, unless an evaluation comes first), saves and exits 143; the resumed run is bit-exact."""
+    if deferred:
+        monkeypatch.setattr(train, "DEFERRED_DEVICE_TYPES", ("cpu",))
+        from gptkit import optim
+        monkeypatch.setattr(optim, "FUSED_DEVICE_TYPES", ("cpu",))
     full, cut = tmp_path / "full", tmp_path / "cut"
     args = dict(max_iters=12, eval_interval=3, lr_decay_iters=12)
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     script = SIGNAL_IN_EVALUATION if stop == "eval" else SIGNAL_AT_STEP.replace("STOP", str(stop))
+    script = (DEFERRED if deferred else "") + script
     res = subprocess.run([sys.executable, "-c", script, *tiny_args(char_dataset, cut, **args)], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 143, res.stdout + res.stderr  # 128 + SIGTERM: a scheduler requeues it
     assert "SIGTERM received" in res.stdout and "--init_from=resume" in res.stdout
-    finished = 6 if stop == "eval" else stop + 1  # the step in flight was finished
+    # the step in flight was finished (deferred: and the next, but step 6's evaluation settles the flags first)
+    finished = 6 if stop == "eval" else min(stop + 1 + deferred, 6)
     assert load_checkpoint(cut / "last.pt")["step"] == finished
     evaluated = [m["step"] for m in map(json.loads, (cut / "metrics.jsonl").read_text().splitlines()) if "val_loss" in m]
     assert evaluated == [0, 3] if stop == "eval" else max(evaluated) <= finished

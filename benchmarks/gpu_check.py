@@ -1,0 +1,677 @@
+"""The one command for whoever has a GPU: the GPU figures BENCHMARKS.md lacks, measured in one go.
+
+    PYTHONPATH=. python benchmarks/gpu_check.py --out benchmarks/gpu_check_2026-11-26.json   # one H100 / H200
+    PYTHONPATH=. python benchmarks/gpu_check.py --smoke --out /tmp/smoke.json   # a rehearsal on the CPU, ~1 min
+    PYTHONPATH=. python benchmarks/gpu_check.py --parts=train,decode --total_s=900   # some parts, more time
+
+It runs from a fresh clone on a machine with only torch, numpy, tiktoken, tqdm, pytest and transformers
+(nothing is installed): this file imports only Python's standard library (and gptkit.cli, which does too),
+and every part runs the project's own scripts as subprocesses, each with a time limit, so that a crash or a
+hang loses that run only. The parts, in order, each with its share of --total_s (8 minutes by default):
+
+  peak         the device and its versions (torch, CUDA, cuDNN, Triton), and the measured dense bf16 peak: an
+               8192 x 8192 x 8192 bf16 matmul timed, in TFLOP/s, beside the datasheet's (gptkit/metrics.py)
+  tests        the tests that skip without CUDA (pytest -k cuda on the test files that hold such a skip)
+  train        bench.py's training rows, one bench.py run per group, most wanted first: GPT-2 124M without
+               biases (gpt2nobias: the shape nanoGPT's bench.py times) at micro-batches 12, 16 and 32; at 12
+               with each attention kernel (--sdpa), with the optimizer step compiled, with the other compile
+               modes; GPT-2 with biases and the modern model. Each run has --keep_going and writes its rows
+               as it goes: a run stopped at the time limit keeps the rows it finished
+  decode       bench.py's batch-1 decode rows, eager then compiled (with the compile time), and the
+               1,000-token prefill
+  shakespeare  python train.py configs/shakespeare.py until its first val loss <= 1.47 (--val_loss): the wall
+               time from the process' start, read from metrics.jsonl as it grows; then the run is stopped.
+               The text comes from --shakespeare_text, data/shakespeare_char, shared/data/tinyshakespeare.txt
+               (in the checkout or beside it), or a download; it is prepared in a temporary folder
+  plan         python -m benchmarks.plan_memory --device=cuda: the plan's peak memory against the allocator's
+  serve        benchmarks/serve_load.py, only where starlette, uvicorn and openai are installed (else skipped)
+
+It writes --out, a JSON file (rewritten after every part): the date, the command, the device, torch, the git
+commit; every part's status (ok, failed, timeout or skipped), seconds, time budget and reason, and its runs
+(command, exit code, seconds); every bench.py row, each with mfu_measured_peak (MFU against the measured
+peak, beside mfu against the datasheet's); the tests' outcomes, the Shakespeare run, the plan's rows; and a
+summary against BENCHMARKS.md's targets. Beside it, the log (--log): every subprocess's output.
+
+--smoke runs the same parts on the CPU in about a minute (tiny models, a few steps, configs/shakespeare_cpu.py
+shrunk, val loss 3.6): a rehearsal of the machinery, none of its figures means anything. The memory plan and
+serving are skipped there (minutes on a CPU), saying so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gptkit import cli  # (standard library only)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Each part's share of the time in seconds: (on a GPU, in --smoke), scaled to --total_s (480 / 300 by default).
+BUDGETS = {"peak": (30, 40), "tests": (70, 60), "train": (150, 60), "decode": (85, 40), "shakespeare": (75, 60),
+           "plan": (45, 20), "serve": (25, 20)}
+# A run is not started with less time than this left (it would only import torch and be stopped).
+MIN_RUN_S = 8
+# How long a stopped run has to exit after SIGTERM before it is killed (twice that is kept back from the
+# budgets, so that stopping the last run still ends within --total_s).
+GRACE_S = 5
+
+# bench.py's training runs, most wanted first: (what, options). On a GPU:
+TRAIN_RUNS = (
+    ("nanoGPT's shape (no biases) at micro-batches 12, 16, 32", ["--models=gpt2nobias", "--batch_size=12,16,32"]),
+    ("attention kernels at 12 x 1024", ["--models=gpt2nobias", "--batch_size=12", "--sdpa=flash,cudnn,efficient"]),
+    ("the optimizer step compiled", ["--models=gpt2nobias", "--batch_size=12", "--compile_optimizer=True"]),
+    ("GPT-2 with biases, the modern model", ["--models=gpt2,modern", "--batch_size=12"]),
+    ("compile modes", ["--models=gpt2nobias", "--batch_size=12",
+                       "--compile_mode=max-autotune-no-cudagraphs,reduce-overhead"]),
+    ("GPT-2 with biases at 16, 32", ["--models=gpt2", "--batch_size=16,32"]),
+)
+# ... and their stand-ins in --smoke: the tiny model, eager (compiling on a CPU takes minutes).
+SMOKE_TRAIN_RUNS = (
+    ("tiny, with and without biases", ["--models=tinynobias,tiny", "--batch_size=2,4"]),
+    ("attention kernels", ["--models=tinynobias", "--batch_size=2", "--sdpa=flash,cudnn"]),
+)
+DECODE_RUNS = (("eager", ["--compile=False"]), ("compiled", ["--compile=True"]))
+SMOKE_DECODE_RUNS = (("eager", ["--compile=False"]),)
+
+# BENCHMARKS.md's GPU targets, and nanoGPT's bench.py on the first GPU run (an H200, torch 2.11): GPT-2 124M at
+# 12 x 1024 without biases, 26.3 ms per step.
+NANOGPT_MS = 26.3
+TARGETS = {"vs_nanogpt": 1.15, "tokens_per_s": {"H200": 600_000, "H100": 550_000}, "decode_tokens_per_s": 4000,
+           "prefill_ms": 10.0, "plan_error": 0.20}
+SERVE_PACKAGES = ("starlette", "uvicorn", "openai")
+
+
+# ----------------------------------------------------------------------------- running things
+
+
+@dataclass
+class Run:
+    """One subprocess: what ran, how it ended (ok, failed, timeout, or stopped: ended by its watcher once it
+    had what was wanted), and its output (also in the log)."""
+
+    label: str
+    command: str
+    status: str
+    returncode: int | None
+    seconds: float
+    output: str
+
+    def record(self) -> dict:
+        return {"label": self.label, "command": self.command, "status": self.status,
+                "returncode": self.returncode, "seconds": round(self.seconds, 1)}
+
+
+class Check:
+    """The state of one gpu_check: where it writes, the clock, the report, and the running of subprocesses."""
+
+    def __init__(self, args):
+        self.smoke = args.smoke
+        self.out, self.log_path = Path(args.out), Path(args.log)
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.log_path.write_bytes(b"")
+        self.log = open(self.log_path, "ab")  # appending: the runs write to the same file
+        self.tmp = Path(tempfile.mkdtemp(prefix="gpu_check_"))
+        self.started = time.monotonic()
+        usable = args.total_s - 2 * GRACE_S
+        self.deadline = self.started + usable
+        column = 1 if args.smoke else 0
+        scale = usable / sum(b[column] for b in BUDGETS.values())
+        self.budgets = {name: b[column] * scale for name, b in BUDGETS.items()}
+        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                    "PYTHONUNBUFFERED": "1"}
+        tiktoken_files = ROOT / "shared" / "data" / "tiktoken_cache"  # GPT-2's BPE, for a machine with no network
+        if tiktoken_files.is_dir():
+            self.env.setdefault("TIKTOKEN_CACHE_DIR", str(tiktoken_files))
+        if args.smoke:  # tiny models on a small shared CPU: one thread each runs fastest
+            self.env.setdefault("OMP_NUM_THREADS", "1")
+        self.report = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": ["benchmarks/gpu_check.py", *args.argv],
+                       "smoke": args.smoke, "total_s": args.total_s, "elapsed_s": 0.0, "device": {},
+                       "torch": None, "git": git_version(), "parts": {}, "rows": [], "summary": {}}
+        self.part_end = self.deadline
+
+    def left(self) -> float:
+        """Seconds the current part may still use: its budget, within the whole check's."""
+        return min(self.part_end, self.deadline) - time.monotonic()
+
+    def note(self, text: str) -> None:
+        self.log.write(text.encode())
+        self.log.flush()
+
+    def run(self, label: str, command: list[str], watch: Callable[[], bool] | None = None,
+            env: dict[str, str] | None = None) -> Run | None:
+        """Run `command` in the checkout (with `env` added to the environment), its output into the log, until
+        it exits, the part's time is up (timeout), or `watch` (called every half second) says it has what it
+        needs (stopped). None when too little time is left to start it."""
+        limit = self.left()
+        if limit < MIN_RUN_S:
+            return None
+        text = shlex.join(command)
+        self.note(f"\n===== {label}: {text}  (time limit {limit:.0f} s)\n")
+        offset = self.log.tell()
+        t0 = time.monotonic()
+        # its own process group, so that stopping it stops what it started too (compile workers, a server)
+        proc = subprocess.Popen(command, cwd=ROOT, env={**self.env, **(env or {})}, stdin=subprocess.DEVNULL,
+                                stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        status = None
+        try:
+            while status is None:
+                time.sleep(0.5)
+                if proc.poll() is not None:
+                    status = "ok" if proc.returncode == 0 else "failed"
+                elif watch is not None and watch():
+                    status = "stopped"
+                elif time.monotonic() - t0 > limit:
+                    status = "timeout"
+        finally:  # (also on Ctrl-C: no run is left behind)
+            if proc.poll() is None:
+                stop(proc)
+        seconds = time.monotonic() - t0
+        self.note(f"----- {label}: {status}, exit code {proc.returncode}, {seconds:.1f} s\n")
+        with open(self.log_path, "rb") as f:
+            f.seek(offset)
+            output = f.read().decode(errors="replace")
+        run = Run(label, text, status, proc.returncode, seconds, output)
+        print(f"  {label}: {status} ({seconds:.0f} s)", flush=True)
+        return run
+
+    def python(self, *args: str) -> list[str]:
+        return [sys.executable, *args]
+
+    def write(self) -> None:
+        self.report["elapsed_s"] = round(time.monotonic() - self.started, 1)
+        partial = self.out.with_name(self.out.name + ".partial")
+        partial.write_text(json.dumps(self.report, indent=2, default=str) + "\n")
+        os.replace(partial, self.out)
+
+    def close(self) -> None:
+        self.log.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """End a run and everything it started (its process group: compile workers, servers): SIGTERM, then
+    SIGKILL after GRACE_S."""
+    for sig, wait in ((signal.SIGTERM, GRACE_S), (signal.SIGKILL, GRACE_S)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def git_version() -> dict:
+    """The checkout's commit and whether tracked files differ from it (None where git cannot say)."""
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return {"commit": commit, "dirty": None if status is None else bool(status)}
+
+
+def outcome(runs: list[Run | None], labels: list[str]) -> tuple[str, str | None]:
+    """A part's status and reason from its runs (None: not started for lack of time): failed if one failed,
+    timeout if one was stopped at the time limit or never started, else ok."""
+    failed = [label for run, label in zip(runs, labels) if run is not None and run.status == "failed"]
+    late = [label for run, label in zip(runs, labels) if run is None or run.status == "timeout"]
+    if failed:
+        return "failed", f"failed (see the log): {'; '.join(failed)}"
+    if late:
+        return "timeout", f"stopped at or not reached within the time budget: {'; '.join(late)}"
+    return "ok", None
+
+
+def read_rows(path: Path) -> list[dict]:
+    """bench.py's rows from its --json file (those written before a crash or a stop), or none."""
+    try:
+        return json.loads(path.read_text())["rows"]
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+# ----------------------------------------------------------------------------- the parts
+
+
+def part_peak(check: Check, args) -> dict:
+    """The device, the versions and the measured dense peak, from a child process (this one imports no torch)."""
+    out = check.tmp / "peak.json"
+    run = check.run("device and matmul peak", check.python(__file__, "--child=peak", f"--child_out={out}",
+                                                           *(["--smoke"] if check.smoke else [])))
+    info = json.loads(out.read_text()) if out.is_file() else {}
+    check.report["device"] = info
+    check.report["torch"] = info.get("torch")
+    runs = [run]
+    if shutil.which("nvidia-smi") and not check.smoke:  # the driver, clocks and other processes, into the log
+        runs.append(check.run("nvidia-smi", ["nvidia-smi"]))
+    status, reason = outcome(runs[:1], ["the matmul peak"])
+    if status == "ok" and not check.smoke and not info.get("cuda_available"):
+        status, reason = "failed", "no CUDA device here (torch.cuda.is_available() is False)"
+    return {"status": status, "reason": reason, "runs": [r.record() for r in runs if r], "peak": info.get("peak")}
+
+
+CUDA_ONLY = re.compile(r"skipif\(\s*not torch\.cuda\.is_available\(\)")
+
+
+def cuda_test_files() -> list[str]:
+    """The test files holding a test that skips without CUDA."""
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py") if CUDA_ONLY.search(p.read_text()))
+
+
+def junit_results(path: Path) -> list[dict]:
+    """Each test's outcome (passed, failed, error, skipped) and message, from pytest's --junitxml file."""
+    results = []
+    for case in ET.parse(path).iter("testcase"):
+        result = {"test": f"{case.get('classname')}::{case.get('name')}", "outcome": "passed", "message": None}
+        for tag, name in (("failure", "failed"), ("error", "error"), ("skipped", "skipped")):
+            element = case.find(tag)
+            if element is not None:
+                result.update(outcome=name, message=cli.one_line(element.get("message") or "")[:300])
+                break
+        results.append(result)
+    return results
+
+
+def part_tests(check: Check, args) -> dict:
+    files = cuda_test_files()
+    if not files:
+        return {"status": "skipped", "reason": "no test file holds a test that skips without CUDA", "runs": []}
+    xml = check.tmp / "junit.xml"
+    # The tests' conftest asks tiktoken for GPT-2's BPE files at start, a download where they are not cached;
+    # the CUDA tests need none, and on a machine without network the attempt could wait long for an answer. A
+    # proxy that refuses at once makes it fail at once (those tests then skip, saying why).
+    offline = {"HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9"}
+    run = check.run("CUDA tests", check.python("-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-k", "cuda",
+                                               f"--junitxml={xml}", *files), env=offline)
+    results = junit_results(xml) if xml.is_file() else []
+    status, reason = outcome([run], ["pytest -k cuda " + " ".join(files)])
+    counts = {o: sum(r["outcome"] == o for r in results) for o in ("passed", "failed", "error", "skipped")}
+    if status == "failed" and counts["failed"] + counts["error"]:
+        reason = "failed: " + ", ".join(r["test"] for r in results if r["outcome"] in ("failed", "error"))
+    return {"status": status, "reason": reason, "runs": [run.record()] if run else [], "counts": counts,
+            "results": results}
+
+
+def bench_part(check: Check, kind: str, runs: tuple, options: list[str]) -> dict:
+    """bench.py once per group of rows (`runs`: (what, options)), most wanted first, with --keep_going and
+    --json; the rows join the report, each with the group's name in "run"."""
+    done = []
+    for i, (label, extra) in enumerate(runs):
+        path = check.tmp / f"{kind}_{i}.json"
+        run = check.run(f"{kind}: {label}", check.python("bench.py", *options, *extra, "--keep_going", f"--json={path}"))
+        done.append(run)
+        for row in read_rows(path):
+            check.report["rows"].append({"run": f"{kind}: {label}", **row})
+    status, reason = outcome(done, [label for label, _ in runs])
+    return {"status": status, "reason": reason, "runs": [r.record() for r in done if r]}
+
+
+def part_train(check: Check, args) -> dict:
+    if check.smoke:
+        return bench_part(check, "train", SMOKE_TRAIN_RUNS, ["--device=cpu", "--skip_decode", "--warmup=1", "--repeats=2"])
+    return bench_part(check, "train", TRAIN_RUNS, ["--device=cuda", "--skip_decode"])
+
+
+def part_decode(check: Check, args) -> dict:
+    if check.smoke:
+        return bench_part(check, "decode", SMOKE_DECODE_RUNS, [
+            "--device=cpu", "--models=tiny", "--skip_train", "--skip_nocache", "--decode_batch=1",
+            "--decode_tokens=16", "--decode_repeats=2", "--prefill_tokens=64"])
+    return bench_part(check, "decode", DECODE_RUNS, ["--device=cuda", "--models=gpt2", "--skip_train",
+                                                     "--skip_nocache", "--decode_batch=1"])
+
+
+def shakespeare_text(given: str | None) -> Path | None:
+    """A local copy of tiny Shakespeare: --shakespeare_text, or shared/data/tinyshakespeare.txt in the checkout
+    or beside it; None when there is none."""
+    candidates = [Path(given)] if given else [ROOT / "shared/data/tinyshakespeare.txt",
+                                              ROOT.parent / "shared/data/tinyshakespeare.txt"]
+    return next((p for p in candidates if p.is_file()), None)
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """The complete lines of a metrics.jsonl that is still being written."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return []
+    return [json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n")]
+
+
+def part_shakespeare(check: Check, args) -> dict:
+    """train.py on shakespeare_char until its first evaluation at or below args.val_loss."""
+    data_root = ROOT / "data"
+    runs = []
+    if not (data_root / "shakespeare_char" / "meta.json").is_file():
+        data_root = check.tmp / "data"
+        text = shakespeare_text(args.shakespeare_text)
+        prepare = check.python("prepare/shakespeare_char.py", f"--out_dir={data_root / 'shakespeare_char'}",
+                               *([f"--input={text}"] if text else []))  # without a copy: a download
+        run = check.run("prepare shakespeare_char", prepare)
+        runs.append(run)
+        if run is None or run.status != "ok":
+            why = "no time left" if run is None else f"{run.status}, see the log"
+            return {"status": "skipped", "runs": [r.record() for r in runs if r],
+                    "reason": f"could not prepare tiny Shakespeare ({why}): pass --shakespeare_text=PATH, or put "
+                              f"the text at shared/data/tinyshakespeare.txt"}
+    out_dir = check.tmp / "shakespeare_out"
+    if check.smoke:
+        command = check.python("train.py", "configs/shakespeare_cpu.py", "--max_iters=200", "--eval_interval=10",
+                               "--eval_iters=2", "--log_interval=10", "--n_layer=2", "--n_head=2", "--n_embd=64",
+                               "--block_size=32", "--warmup_iters=5", "--learning_rate=3e-3")
+    else:
+        command = check.python("train.py", "configs/shakespeare.py")
+    command += [f"--out_dir={out_dir}", "--overwrite=True", f"--data_root={data_root}"]
+    metrics, started = out_dir / "metrics.jsonl", time.monotonic()
+    reached: dict = {}
+
+    def watch() -> bool:
+        if reached:
+            return True
+        lines = read_metrics(metrics)
+        hit = next((e for e in lines if e.get("val_loss") is not None and e["val_loss"] <= args.val_loss), None)
+        if hit:
+            rates = [e for e in lines if e.get("tokens_per_s") is not None and e["step"] <= hit["step"]]
+            reached.update(step=hit["step"], val_loss=hit["val_loss"], elapsed_s=hit["elapsed_s"],
+                           wall_s=round(time.monotonic() - started, 1), last_rates=rates[-1] if rates else None)
+        return bool(reached)
+
+    run = check.run(f"train.py until val <= {args.val_loss}", command, watch)
+    runs.append(run)
+    watch()  # what it wrote just before it ended
+    evals = [{k: e[k] for k in ("step", "val_loss", "elapsed_s")} for e in read_metrics(metrics) if "val_loss" in e]
+    result = {"runs": [r.record() for r in runs if r], "val_threshold": args.val_loss, "reached": reached or None,
+              "evaluations": evals}
+    if reached:
+        return {"status": "ok", "reason": None, **result}
+    best = min((e["val_loss"] for e in evals), default=None)
+    status = "timeout" if run is None or run.status == "timeout" else "failed"
+    return {"status": status, "reason": f"train.py ended ({run.status if run else 'not started'}) before val <= "
+                                        f"{args.val_loss}; best val {best}", **result}
+
+
+PLAN_ROW = re.compile(r"^(?P<shape>\S.*?)\s+(?P<batch>\d+)\s+(?P<plan>[\d,]+) MiB\s+(?P<allocator>[\d,]+) MiB"
+                      r"\s+(?P<error>[+-]\d+(?:\.\d+)?)%")
+PLAN_FAILED = re.compile(r"^(?P<what>\S+): failed$")
+
+
+def plan_rows(output: str) -> tuple[list[dict], list[str]]:
+    """benchmarks/plan_memory.py's table: its rows (shape, batch, plan and allocator MiB, the plan's error as a
+    fraction) and the shapes it says failed."""
+    rows, failed = [], []
+    for line in output.splitlines():
+        if m := PLAN_ROW.match(line):
+            rows.append({"shape": m["shape"], "batch": int(m["batch"]), "plan_mib": int(m["plan"].replace(",", "")),
+                         "allocator_mib": int(m["allocator"].replace(",", "")), "error": float(m["error"]) / 100})
+        elif m := PLAN_FAILED.match(line.strip()):
+            failed.append(m["what"])
+    return rows, failed
+
+
+def part_plan(check: Check, args) -> dict:
+    if check.smoke:
+        return {"status": "skipped", "runs": [], "reason": "smoke: benchmarks.plan_memory's CPU shapes take "
+                "minutes; on a GPU it measures GPT-2 124M at micro-batches 8, 16, 32"}
+    run = check.run("memory plan", check.python("-m", "benchmarks.plan_memory", "--device=cuda"))
+    rows, failed = plan_rows(run.output) if run else ([], [])
+    status, reason = outcome([run], ["python -m benchmarks.plan_memory --device=cuda"])
+    if status == "ok" and (failed or not rows):
+        status, reason = "failed", f"plan_memory: {', '.join(failed) or 'no rows'} failed (see the log)"
+    return {"status": status, "reason": reason, "runs": [run.record()] if run else [], "rows": rows}
+
+
+def part_serve(check: Check, args) -> dict:
+    missing = [name for name in SERVE_PACKAGES if importlib.util.find_spec(name) is None]
+    if missing:
+        return {"status": "skipped", "runs": [], "reason": f"serving needs {', '.join(SERVE_PACKAGES)} "
+                f"(pip install -e '.[serve,dev]'); not installed here: {', '.join(missing)}"}
+    if check.smoke:
+        return {"status": "skipped", "runs": [], "reason": "smoke: serving is not rehearsed on the CPU"}
+    run = check.run("serve.py under load", check.python("benchmarks/serve_load.py", "--clients=1,16", "--requests=2",
+                                                       "--seconds=10", "--max_tokens=64"))
+    status, reason = outcome([run], ["benchmarks/serve_load.py"])
+    return {"status": status, "reason": reason, "runs": [run.record()] if run else [],
+            "output": run.output.splitlines()[-8:] if run else []}
+
+
+PARTS: dict[str, Callable] = {"peak": part_peak, "tests": part_tests, "train": part_train, "decode": part_decode,
+                              "shakespeare": part_shakespeare, "plan": part_plan, "serve": part_serve}
+
+
+def do_part(check: Check, name: str, args) -> dict:
+    """One part within its budget; an error of this script's own (a bug) fails that part only."""
+    budget = check.budgets[name]
+    check.part_end = time.monotonic() + budget
+    t0 = time.monotonic()
+    print(f"{name} (up to {budget:.0f} s)", flush=True)
+    try:
+        result = PARTS[name](check, args)
+    except Exception as e:
+        check.note(f"\n===== gpu_check's own error in part {name}\n{traceback.format_exc()}")
+        result = {"status": "failed", "reason": f"gpu_check: {type(e).__name__}: {cli.one_line(e)}"[:300], "runs": []}
+    return {"status": result.pop("status"), "seconds": round(time.monotonic() - t0, 1), "budget_s": round(budget),
+            "reason": result.pop("reason"), **result}
+
+
+# ----------------------------------------------------------------------------- the summary
+
+
+def add_measured_mfu(report: dict) -> None:
+    """Each row's MFU against the measured dense peak (the peak part's), beside bench.py's datasheet one."""
+    peak = (report["device"].get("peak") or {}).get("tflops_measured")
+    for row in report["rows"]:
+        ok = peak and row.get("flops_per_token") and row.get("tokens_per_s")
+        row["mfu_measured_peak"] = row["flops_per_token"] * row["tokens_per_s"] / (peak * 1e12) if ok else None
+
+
+def figure(value, target, met) -> dict:
+    return {"value": value, "target": target, "met": met if value is not None else None}
+
+
+def summarise(report: dict, smoke: bool) -> dict:
+    """The figures BENCHMARKS.md's GPU targets ask for, each with its target and whether it was met."""
+    rows = [r for r in report["rows"] if r.get("status") == "ok"]
+    train = [r for r in rows if r["kind"] == "train"]
+    nobias = "tinynobias" if smoke else "gpt2nobias"
+    at_12 = [r for r in train if r["model"] == nobias and r["batch_size"] == (2 if smoke else 12)]
+    best_12 = min(at_12, key=lambda r: r["ms"], default=None)
+    best = max((r for r in train if r["model"] in (nobias, nobias.removesuffix("nobias"))),
+               key=lambda r: r["tokens_per_s"], default=None)
+    name = report["device"].get("name") or ""
+    floor = next((v for k, v in TARGETS["tokens_per_s"].items() if k in name), None)
+    decode = [r for r in rows if r["kind"] == "decode" and r["compile"] and r["batch_size"] == 1]
+    eager = [r for r in rows if r["kind"] == "decode" and not r["compile"] and r["batch_size"] == 1
+             and r.get("kv_cache", True)]
+    # sample.py --compile=auto's threshold (gptkit/generate.py's DECODE_COMPILE_COST): the compile time, and the
+    # milliseconds the compiled step saves per token; it compiles from compile_s / saved tokens on.
+    saved_ms = (min(r["ms"] for r in eager) - min(r["ms"] for r in decode)) if decode and eager else None
+    compile_s = decode[0].get("compile_s") if decode else None
+    prefill = [r for r in rows if r["kind"] == "prefill"]
+    plan = report["parts"].get("plan", {}).get("rows") or []
+    shakespeare = report["parts"].get("shakespeare", {}).get("reached")
+
+    def variant(r):
+        return {k: r[k] for k in ("model", "batch_size", "sdpa", "compile_mode", "compile_optimizer")}
+
+    speedup = NANOGPT_MS / best_12["ms"] if best_12 else None
+    return {
+        "train_12x1024_no_bias": figure(speedup, TARGETS["vs_nanogpt"], speedup and speedup >= TARGETS["vs_nanogpt"])
+        | {"ms": best_12 and best_12["ms"], "nanogpt_ms": NANOGPT_MS, "variant": best_12 and variant(best_12),
+           "note": "x nanoGPT's bench.py tokens/s; nanoGPT's 26.3 ms was measured on an H200 with torch 2.11"},
+        "train_best_tokens_per_s": figure(best and best["tokens_per_s"], floor,
+                                          floor and best and best["tokens_per_s"] >= floor)
+        | {"variant": best and variant(best), "mfu_datasheet": best and best["mfu"],
+           "mfu_measured_peak": best and best.get("mfu_measured_peak")},
+        "decode_compiled_batch1_tokens_per_s": figure(
+            max((r["tokens_per_s"] for r in decode), default=None), TARGETS["decode_tokens_per_s"],
+            any(r["tokens_per_s"] >= TARGETS["decode_tokens_per_s"] for r in decode))
+        | {"compile_s": compile_s},
+        "decode_compile_cost": figure(
+            round(compile_s / (saved_ms / 1000)) if compile_s and saved_ms and saved_ms > 0 else None, None, None)
+        | {"compile_s": compile_s, "saved_ms_per_token": saved_ms,
+           "note": "value: the tokens from which compiling pays; (compile_s, saved_ms_per_token) is "
+                   "gptkit/generate.py's DECODE_COMPILE_COST['cuda']"},
+        "prefill_ms": figure(min((r["ms"] for r in prefill), default=None), TARGETS["prefill_ms"],
+                             any(r["ms"] < TARGETS["prefill_ms"] for r in prefill))
+        | {"prompt_tokens": prefill[0]["seq_len"] if prefill else None},
+        "shakespeare_wall_s": figure(shakespeare and shakespeare["wall_s"], None, None)
+        | {"val_loss": shakespeare and shakespeare["val_loss"], "step": shakespeare and shakespeare["step"],
+           "note": "nanoGPT took ~54 s to val 1.47 on the first GPU run"},
+        "plan_worst_error": figure(max((abs(r["error"]) for r in plan), default=None), TARGETS["plan_error"],
+                                   all(abs(r["error"]) <= TARGETS["plan_error"] for r in plan)),
+    }
+
+
+def print_summary(report: dict) -> None:
+    print("\nparts:")
+    for name, part in report["parts"].items():
+        print(f"  {name:<12}{part['status']:<9}{part['seconds']:>6.0f} s  {part['reason'] or ''}")
+    print("summary:")
+    for name, entry in report["summary"].items():
+        value = entry["value"]
+        shown = "n/a" if value is None else f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+        met = {True: "met", False: "NOT met", None: ""}[entry["met"]]
+        target = "" if entry["target"] is None else f" (target {entry['target']:,})"
+        print(f"  {name:<38}{shown:>12}{target} {met}")
+
+
+# ----------------------------------------------------------------------------- the child: device and peak
+
+
+def child_peak(smoke: bool) -> dict:
+    """The device, its versions and its measured dense peak: a square matmul (bf16 8192 on a GPU; float32 512
+    on the CPU in --smoke) timed over 50 runs after 10 (the clocks up), in TFLOP/s."""
+    import torch
+
+    from gptkit.metrics import peak_flops_for
+
+    info = {"python": platform.python_version(), "torch": str(torch.__version__), "cuda": torch.version.cuda,
+            "cuda_available": torch.cuda.is_available()}
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    on_gpu = info["cuda_available"] and not smoke
+    if on_gpu:
+        props = torch.cuda.get_device_properties(0)
+        info.update(name=props.name, memory_gib=round(props.total_memory / 2**30, 1),
+                    capability=f"{props.major}.{props.minor}", multiprocessors=props.multi_processor_count,
+                    cudnn=torch.backends.cudnn.version())
+    elif smoke:
+        info.update(name=platform.processor() or platform.machine(), cpu_threads=torch.get_num_threads())
+    else:
+        return info
+    device, dtype, n = ("cuda", torch.bfloat16, 8192) if on_gpu else ("cpu", torch.float32, 512)
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    for _ in range(10):
+        a @ b
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(50):
+        a @ b
+    sync()
+    seconds = (time.perf_counter() - t0) / 50
+    datasheet = peak_flops_for(info["name"], dtype) if on_gpu else None
+    info["peak"] = {"dtype": str(dtype).removeprefix("torch."), "n": n, "tflops_measured": 2 * n**3 / seconds / 1e12,
+                    "tflops_datasheet": datasheet / 1e12 if datasheet else None}
+    return info
+
+
+# ----------------------------------------------------------------------------- the command line
+
+
+def parse_args(argv: list[str] | None):
+    p = cli.ArgumentParser(prog="gpu_check.py", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=None, help="the JSON file (default: benchmarks/gpu_check_DATE.json)")
+    p.add_argument("--log", default=None, help="the log of every subprocess (default: --out with .log)")
+    p.add_argument("--smoke", action="store_true", help="rehearse every part on the CPU in about a minute")
+    p.add_argument("--parts", default=",".join(PARTS),
+                   help=f"comma-separated parts to run: {', '.join(PARTS)} (peak, the device, always runs)")
+    p.add_argument("--total_s", type=float, default=None,
+                   help="seconds for the whole check, shared by the parts (default 480; --smoke 300)")
+    p.add_argument("--val_loss", type=float, default=None,
+                   help="the shakespeare part stops at the first val loss at or below this (default 1.47; --smoke 3.6)")
+    p.add_argument("--shakespeare_text", default=None, help="a local copy of tiny Shakespeare's input.txt")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--child_out", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.parts = [part.strip() for part in args.parts.split(",")]
+    unknown = [part for part in args.parts if part not in PARTS]
+    if unknown:
+        raise cli.UsageError(f"--parts: unknown {', '.join(unknown)}; choose from {', '.join(PARTS)}")
+    args.out = args.out or str(ROOT / "benchmarks" / f"gpu_check_{time.strftime('%Y-%m-%d')}.json")
+    args.log = args.log or str(Path(args.out).with_suffix(".log"))
+    args.total_s = args.total_s if args.total_s is not None else (300.0 if args.smoke else 480.0)
+    args.val_loss = args.val_loss if args.val_loss is not None else (3.6 if args.smoke else 1.47)
+    if args.total_s < 60:
+        raise cli.UsageError(f"--total_s must be at least 60 (seconds), got {args.total_s:g}")
+    if args.shakespeare_text and not Path(args.shakespeare_text).is_file():
+        raise cli.UsageError(f"--shakespeare_text: {args.shakespeare_text} is not a file")
+    return args
+
+
+@cli.entry_point()
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    if args.child == "peak":
+        Path(args.child_out).write_text(json.dumps(child_peak(args.smoke)))
+        return {}
+    check = Check(args)
+    print(f"gpu_check{' --smoke (CPU rehearsal)' if args.smoke else ''}: up to {args.total_s:.0f} s; "
+          f"JSON {args.out}, log {args.log}", flush=True)
+    try:
+        no_device = None
+        for name in PARTS:
+            if name not in args.parts and name != "peak":  # (the device and versions: always)
+                part = {"status": "skipped", "seconds": 0.0, "budget_s": 0, "reason": "not in --parts", "runs": []}
+            elif no_device:
+                part = {"status": "skipped", "seconds": 0.0, "budget_s": 0, "reason": no_device, "runs": []}
+            else:
+                part = do_part(check, name, args)
+            check.report["parts"][name] = part
+            if name == "peak" and not args.smoke and not check.report["device"].get("cuda_available"):
+                no_device = ("no CUDA device here: run it on a GPU, or --smoke for the CPU rehearsal"
+                             if check.report["device"] else "the device could not be read (see the log)")
+            check.write()
+        add_measured_mfu(check.report)
+        check.report["summary"] = summarise(check.report, args.smoke)
+        check.write()
+    finally:
+        check.close()
+    print_summary(check.report)
+    print(f"wrote {args.out} and {args.log}")
+    if no_device:
+        raise cli.UserError(f"{no_device} (the parts are marked skipped in {args.out})")
+    return check.report
+
+
+if __name__ == "__main__":
+    main()
