@@ -179,16 +179,17 @@ class Muon(torch.optim.Muon):
                 if "momentum_buffer" not in state:
                     state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
                 buf = state["momentum_buffer"]
-                moved = buf.lerp(p.grad, 1 - momentum)
+                moved = buf.lerp(p.grad, 1 - momentum)  # the momentum after this step
                 update = p.grad.lerp(moved, momentum) if group["nesterov"] else moved
+                # (torch.where, not a multiply by 0, for a skipped step: its values may be NaN)
+                buf.copy_(moved if skip is None else torch.where(skip, buf, moved))
+                del moved  # (freed before the iteration's temporaries, with Nesterov)
                 update = orthogonalize_whole(update, group["ns_coefficients"], group["ns_steps"], group["eps"],
                                              self.ns_dtype)
                 scale = -lr * lr_ratio(p.shape, group["adjust_lr_fn"])
                 if skip is None:
-                    buf.copy_(moved)
                     p.mul_(1 - lr * group["weight_decay"]).add_(update, alpha=scale)
-                else:  # torch.where, not a multiply by 0: a skipped step's values may be NaN
-                    buf.copy_(torch.where(skip, buf, moved))
+                else:
                     new = p.mul(1 - lr * group["weight_decay"]).add_(update, alpha=scale)
                     p.copy_(torch.where(skip, p, new))
         return loss

@@ -405,9 +405,10 @@ def _loss(model, setup: Setup, n: int) -> tuple[int, int, int]:
 def _optimizer_working(model, setup: Setup) -> int:
     """The optimizer step's largest temporaries. CPU AdamW (single-tensor: torch uses its fused and foreach
     kernels on CUDA) computes sqrt(exp_avg_sq) / bias_correction, two tensors the size of the largest
-    parameter (under FSDP: of the largest piece); fused CUDA AdamW none. Float32Muon's Newton-Schulz: about
-    three copies of the largest matrix it updates, plus its Gram matrices; torch's bf16 Muon on CUDA the same
-    in bf16 (whole matrices: it orthogonalizes a matrix, not a piece of one)."""
+    parameter (under FSDP: of the largest piece); fused CUDA AdamW none. optim.Muon, for the largest matrix
+    it updates (whole matrices: it orthogonalizes a matrix, not a piece of one): the float32 update and the
+    iteration's result cast back, plus the Newton-Schulz iteration's three copies and Gram matrices in its
+    dtype (float32 on the CPU, bf16 on CUDA), which outweighs the masked step's two float32 copies."""
     muon, adamw = _optimized(model, setup.optimizer)
     largest = max((shard_numel(p, setup.shards) for p in adamw), default=0)
     work = 0 if setup.device_type == "cuda" else 2 * largest * FP32
@@ -415,7 +416,7 @@ def _optimizer_working(model, setup: Setup) -> int:
         largest = max(muon, key=lambda p: p.numel())
         small = min(largest.shape)
         e = 2 if setup.device_type == "cuda" else FP32
-        work = max(work, 3 * largest.numel() * e + 2 * small * small * e)
+        work = max(work, 2 * largest.numel() * FP32 + 3 * largest.numel() * e + 2 * small * small * e)
     return work
 
 
@@ -453,11 +454,10 @@ def memory(model, setup: Setup, batch_size: int) -> Memory:
         them into an fp32 buffer for the reduce-scatter, whose output is one piece of them (fp32): counted
         together, for one block at a time; the root's (the head's, tied or not, from the loss on) live until
         the end of the backward, when they are reduce-scattered in turn;
-      accumulated: with more than one micro-batch per step, those before the last keep their gradients
-        whole (FSDP2 with gradient sync off, as gptkit/parallel.py's no_sync runs them: in fp32, the reduce
-        dtype), a replica's gradients, there from the second micro-batch's forward to the reduce-scatter
-        after the last's backward; with Setup.reduce_every_micro_batch they are reduce-scattered each time
-        instead, and only the sharded ones are there.
+      accumulated: with Setup.reduce_every_micro_batch (what gptkit/parallel.py does) every micro-batch's
+        gradients are reduce-scattered, and only the sharded ones are there; without it (FSDP2's gradient
+        sync off before a step's last micro-batch) a replica's gradients are held whole, in fp32 (the reduce
+        dtype), from the second micro-batch's forward to the reduce-scatter after the last's backward.
     """
     c, s = model.config, setup
     n = batch_size * s.seq_len
@@ -1059,14 +1059,13 @@ NOTES = (
     "  is the largest micro-batch that fits, leaving 1 GiB + 5% of a GPU to the CUDA context and fragmentation",
     "  (on the CPU: 0.5 GiB to the process, then half the RAM left, for the freed memory glibc keeps resident).",
     "  A compiled step's activations are an estimate until measured on a GPU.",
-    f"  Time: GPUs at {ASSUMED_GPU_MFU:.0%} of their datasheet peak, an assumption (no GPU has run this code yet);",
+    f"  Time: GPUs at {ASSUMED_GPU_MFU:.0%} of their datasheet peak, an assumption (not measured on a GPU yet);",
     f"  the CPU at {CPU_FLOPS_PER_CORE:.2g} FLOP/s per core, measured on the 2-core development VM (BENCHMARKS.md).",
     "  Evaluations are included, HellaSwag is not.",
 )
 FSDP_NOTES = (
     "  FSDP: each GPU holds its 1/N of every weight, gradient and optimizer state, and gathers whole the root's",
     "  parameters (embeddings, final norm, head) and two blocks' (the running one and the next, prefetched), in",
-    "  bf16 under the mixed-precision policy; with several micro-batches per step each GPU accumulates whole",
-    "  fp32 gradients until the step's last (gradient sync off), then reduce-scatters them. Communication time",
-    "  is not in the time.",
+    "  bf16 under the mixed-precision policy; with several micro-batches per step each one's gradients are",
+    "  reduce-scattered after its backward, so no GPU holds them whole. Communication time is not in the time.",
 )

@@ -21,12 +21,14 @@ from tests.conftest import torch_threads
 
 REPO = Path(__file__).resolve().parents[1]
 
-# The recipes each compared with one process (dropout 0, fp32, 20 steps): LoRA on a trained GPT-2-style base
-# (frozen base sharded, adapters trained by AdamW), one micro-batch per process; the modern block with Muon
-# (whole matrices gathered for its Newton-Schulz), two micro-batches per process (no gradient sync on the
-# first) and activation checkpointing. (The whole GPT-2 trained by AdamW: the resume test below, on 4 processes
-# against 1.)
+# The recipes each compared with one process (dropout 0, fp32, 20 steps): GPT-2's (AdamW) and the modern
+# block with Muon (whole matrices gathered for its Newton-Schulz), each with one and with two micro-batches per
+# process (the gradients reduce-scattered after each), the latter with activation checkpointing; and LoRA on a
+# trained GPT-2-style base (frozen base sharded, adapters trained by AdamW).
 RECIPES = {
+    "gpt2": dict(gradient_accumulation_steps=2),
+    "gpt2_accumulation": dict(gradient_accumulation_steps=4, batch_size=2),
+    "modern_muon": dict(gradient_accumulation_steps=2, arch="modern", optimizer="muon"),
     "gpt2_lora": dict(gradient_accumulation_steps=2, lora_rank=4, lora_alpha=8, lora_dropout=0.0,
                       learning_rate=1e-2),
     "modern_muon_accumulation": dict(gradient_accumulation_steps=4, batch_size=2, arch="modern", optimizer="muon",
