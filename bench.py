@@ -35,7 +35,8 @@ the forward and backward only. The bias: a model name with "nobias" appended (gp
 without biases, as nanoGPT's bench.py (bias=False) times it.
 
 Decoding times gptkit/generate.py's loop with and without the KV cache (with the compiled one-token step of
-generate.compile_decode_step when compile is on), at batch sizes --decode_batch, and its prefill of a prompt
+generate.compile_decode_step when compile is on), at batch sizes --decode_batch (--hf_reference: beside
+transformers' eager generate of the same GPT-2 shape, the reference), and its prefill of a prompt
 (--prefill_tokens, 1,000 by default: ms per prefill). Warm-up and compilation are excluded (a compiled row
 says its compile time, compile_s); each figure is the median of several repeats, timed with CUDA events on a
 GPU, and a row stops repeating once its timed runs pass --row_budget_s. On CUDA the default decode (200 new
@@ -433,6 +434,13 @@ def bench_decode(name: str, rt: Runtime, args) -> Iterator[dict]:
             if not recoverable(e, args):
                 raise
             yield failed_row(e, "decode", name, rt, batch_size=batch, seq_len=new, compile=use_compile)
+    if args.hf_reference:
+        try:
+            yield hf_reference_row(model, name, rt, args, new)
+        except Exception as e:
+            if not recoverable(e, args):
+                raise
+            yield failed_row(e, "decode", f"{name} (transformers)", rt, batch_size=1, seq_len=new, compile=False)
     n_prompt = min(args.prefill_tokens, model.config.block_size)
     try:
         yield prefill_row(model, name, rt, args, n_prompt)
@@ -440,6 +448,40 @@ def bench_decode(name: str, rt: Runtime, args) -> Iterator[dict]:
         if not recoverable(e, args):
             raise
         yield failed_row(e, "prefill", name, rt, batch_size=1, seq_len=n_prompt, compile=False)
+
+
+def hf_reference_row(model: GPT, name: str, rt: Runtime, args, new: int) -> dict:
+    """The reference for our eager decoding: transformers' GPT2LMHeadModel of the same shape (random weights:
+    the speed does not depend on them), in the same dtype, its eager greedy `generate` with its KV cache at
+    batch 1 from a 16-token prompt, exactly `new` tokens (min_new_tokens, no end token), timed as our rows."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    c = model.config
+    if c.arch != "gpt2":
+        raise ValueError(f"--hf_reference compares GPT-2's architecture; {name!r} is {c.arch}")
+    hf = GPT2LMHeadModel(GPT2Config(vocab_size=c.vocab_size, n_positions=c.block_size, n_embd=c.n_embd,
+                                    n_layer=c.n_layer, n_head=c.n_head)).to(rt.device, next(model.parameters()).dtype)
+    hf.eval()
+    prompt = torch.randint(c.vocab_size, (1, 16), device=rt.device)
+    generate = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0,
+                    attention_mask=torch.ones_like(prompt))
+
+    @torch.no_grad()
+    def run(n: int) -> float:
+        t0 = time.perf_counter()
+        hf.generate(prompt, **{**generate, "max_new_tokens": n, "min_new_tokens": n})
+        if rt.device_type == "cuda":
+            torch.cuda.synchronize(rt.device)
+        return time.perf_counter() - t0
+
+    run(8)  # warm-up
+    times = []
+    while len(times) < args.decode_repeats and (not times or sum(times) < args.row_budget_s):
+        times.append(run(new))
+    sec = statistics.median(times)
+    return make_row("decode", f"{name} (transformers)", rt, batch_size=1, seq_len=new, prompt_tokens=16,
+                    kv_cache=True, tokens_per_s=new / sec, ms=sec / new * 1000, mfu=None,
+                    peak_mem_mb=peak_memory_mb(rt), compile=False, compile_s=None)
 
 
 def decode_rows(model: GPT, name: str, rt: Runtime, args, batch: int, new: int, use_compile: bool) -> Iterator[dict]:
@@ -748,6 +790,9 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--skip_train", action="store_true", help="only decoding")
     p.add_argument("--skip_decode", action="store_true", help="only training")
     p.add_argument("--skip_nocache", action="store_true", help="skip the (slow) decoding without KV cache")
+    p.add_argument("--hf_reference", action="store_true",
+                   help="also time transformers' eager generate of the same GPT-2 shape at batch 1 (the reference "
+                        "for the eager decode rows; needs transformers)")
     p.add_argument("--compare_windows", action="store_true",
                    help="decode table instead: no cache vs KV cache, each with window_shift 1 and block_size//4")
     p.add_argument("--keep_going", action="store_true",

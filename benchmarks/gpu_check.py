@@ -86,8 +86,9 @@ SMOKE_TRAIN_RUNS = (
     ("tiny, with and without biases", ["--models=tinynobias,tiny", "--batch_size=2,4"]),
     ("attention kernels", ["--models=tinynobias", "--batch_size=2", "--sdpa=flash,cudnn"]),
 )
-DECODE_RUNS = (("eager", ["--compile=False"]), ("compiled", ["--compile=True"]))
-SMOKE_DECODE_RUNS = (("eager", ["--compile=False"]),)
+# (eager, with transformers' eager generate of the same shape beside it: the reference eager decoding must meet)
+DECODE_RUNS = (("eager", ["--compile=False", "--hf_reference"]), ("compiled", ["--compile=True"]))
+SMOKE_DECODE_RUNS = (("eager", ["--compile=False", "--hf_reference"]),)
 
 # BENCHMARKS.md's GPU targets, and nanoGPT's bench.py on the first GPU run (an H200, torch 2.11): GPT-2 124M at
 # 12 x 1024 without biases, 26.3 ms per step.
@@ -503,8 +504,10 @@ def summarise(report: dict, smoke: bool) -> dict:
     name = report["device"].get("name") or ""
     floor = next((v for k, v in TARGETS["tokens_per_s"].items() if k in name), None)
     decode = [r for r in rows if r["kind"] == "decode" and r["compile"] and r["batch_size"] == 1]
+    reference = [r for r in rows if r["kind"] == "decode" and r.get("model", "").endswith("(transformers)")]
     eager = [r for r in rows if r["kind"] == "decode" and not r["compile"] and r["batch_size"] == 1
-             and r.get("kv_cache", True)]
+             and r.get("kv_cache", True) and r not in reference]
+    vs_hf = (max(r["tokens_per_s"] for r in eager) / reference[0]["tokens_per_s"]) if eager and reference else None
     # sample.py --compile=auto's threshold (gptkit/generate.py's DECODE_COMPILE_COST): the compile time, and the
     # milliseconds the compiled step saves per token; it compiles from compile_s / saved tokens on.
     saved_ms = (min(r["ms"] for r in eager) - min(r["ms"] for r in decode)) if decode and eager else None
@@ -529,6 +532,8 @@ def summarise(report: dict, smoke: bool) -> dict:
             max((r["tokens_per_s"] for r in decode), default=None), TARGETS["decode_tokens_per_s"],
             any(r["tokens_per_s"] >= TARGETS["decode_tokens_per_s"] for r in decode))
         | {"compile_s": compile_s},
+        "decode_eager_vs_transformers": figure(vs_hf, 1.0, vs_hf and vs_hf >= 1.0)
+        | {"note": "our eager batch-1 decode's tokens/s over transformers' eager generate, same shape and dtype"},
         "decode_compile_cost": figure(
             round(compile_s / (saved_ms / 1000)) if compile_s and saved_ms and saved_ms > 0 else None, None, None)
         | {"compile_s": compile_s, "saved_ms_per_token": saved_ms,

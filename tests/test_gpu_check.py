@@ -38,6 +38,9 @@ def test_smoke_runs_every_part_or_says_why_not(tmp_path):
         reached = report["parts"]["shakespeare"]["reached"]
         assert reached["val_loss"] <= 3.6 and reached["wall_s"] > 0
     assert set(report["summary"]) >= {"train_12x1024_no_bias", "decode_compiled_batch1_tokens_per_s", "prefill_ms"}
+    # transformers' eager generate of the same shape, beside our eager decode
+    assert any(r["model"] == "tiny (transformers)" and r["tokens_per_s"] > 0 for r in report["rows"])
+    assert report["summary"]["decode_eager_vs_transformers"]["value"] > 0
     log = (tmp_path / "check.log").read_text()
     assert all(run["command"] in log for part in report["parts"].values() for run in part["runs"])
 
@@ -85,7 +88,11 @@ def test_summary_against_the_targets():
     rows = [train("gpt2nobias", 12, 24.0), train("gpt2nobias", 12, 22.0, sdpa="cudnn"), train("gpt2nobias", 32, 50.0),
             train("gpt2", 12, 30.0), {"kind": "train", "status": "skipped", "model": "gpt2nobias", "batch_size": 12},
             {"kind": "decode", "status": "ok", "compile": True, "batch_size": 1, "tokens_per_s": 4500.0,
-             "compile_s": 40.0},
+             "ms": 0.22, "compile_s": 40.0, "kv_cache": True},
+            {"kind": "decode", "status": "ok", "compile": False, "batch_size": 1, "tokens_per_s": 200.0, "ms": 5.0,
+             "compile_s": None, "kv_cache": True},
+            {"kind": "decode", "status": "ok", "compile": False, "batch_size": 1, "tokens_per_s": 20.0, "ms": 50.0,
+             "compile_s": None, "kv_cache": False},
             {"kind": "prefill", "status": "ok", "ms": 4.0, "seq_len": 1000}]
     report = {"rows": rows, "device": {"name": "NVIDIA H200"}, "parts": {"plan": {"rows": [{"error": -0.013}]}}}
     summary = gpu_check.summarise(report, smoke=False)
@@ -95,3 +102,8 @@ def test_summary_against_the_targets():
     assert best["variant"]["batch_size"] == 32 and best["target"] == 600_000 and best["met"] is True
     assert summary["decode_compiled_batch1_tokens_per_s"]["met"] and summary["prefill_ms"]["met"]
     assert summary["plan_worst_error"]["value"] == 0.013 and summary["shakespeare_wall_s"]["value"] is None
+    # sample.py --compile=auto's threshold: 40 s to compile, 5.0 - 0.22 ms saved per token (the cached eager row)
+    assert summary["decode_eager_vs_transformers"]["value"] is None  # (no transformers row here)
+    cost = summary["decode_compile_cost"]
+    assert cost["compile_s"] == 40.0 and abs(cost["saved_ms_per_token"] - 4.78) < 1e-9
+    assert cost["value"] == round(40.0 / 0.00478)
