@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import importlib.metadata
 import importlib.util
 import os
@@ -271,6 +272,10 @@ def distributed(device: str = "auto", dtype: str = "auto", backend: str = "auto"
         finished = True
     finally:
         if finished:
+            # What the run left in reference cycles (an FSDP model: its modules and hooks refer to each other)
+            # still holds the group's communication objects; freed at interpreter exit instead, gloo's can
+            # abort the process (SIGABRT after a finished run). Free them now, while everything is alive.
+            gc.collect()
             dist.barrier()
             leave_in_order(d)
         else:
