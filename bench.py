@@ -454,7 +454,10 @@ def hf_reference_row(model: GPT, name: str, rt: Runtime, args, new: int) -> dict
     """The reference for our eager decoding: transformers' GPT2LMHeadModel of the same shape (random weights:
     the speed does not depend on them), in the same dtype, its eager greedy `generate` with its KV cache at
     batch 1 from a 16-token prompt, exactly `new` tokens (min_new_tokens, no end token), timed as our rows."""
-    from transformers import GPT2Config, GPT2LMHeadModel
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError:
+        raise cli.UsageError("--hf_reference needs transformers: pip install transformers") from None
 
     c = model.config
     if c.arch != "gpt2":
@@ -463,21 +466,13 @@ def hf_reference_row(model: GPT, name: str, rt: Runtime, args, new: int) -> dict
                                     n_layer=c.n_layer, n_head=c.n_head)).to(rt.device, next(model.parameters()).dtype)
     hf.eval()
     prompt = torch.randint(c.vocab_size, (1, 16), device=rt.device)
-    generate = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0,
-                    attention_mask=torch.ones_like(prompt))
 
     @torch.no_grad()
-    def run(n: int) -> float:
-        t0 = time.perf_counter()
-        hf.generate(prompt, **{**generate, "max_new_tokens": n, "min_new_tokens": n})
-        if rt.device_type == "cuda":
-            torch.cuda.synchronize(rt.device)
-        return time.perf_counter() - t0
+    def run() -> None:
+        hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new, min_new_tokens=new,
+                    do_sample=False, eos_token_id=None, pad_token_id=0)
 
-    run(8)  # warm-up
-    times = []
-    while len(times) < args.decode_repeats and (not times or sum(times) < args.row_budget_s):
-        times.append(run(new))
+    times = timed(run, rt, warmup=1, repeats=args.decode_repeats, budget_s=args.row_budget_s)
     sec = statistics.median(times)
     return make_row("decode", f"{name} (transformers)", rt, batch_size=1, seq_len=new, prompt_tokens=16,
                     kv_cache=True, tokens_per_s=new / sec, ms=sec / new * 1000, mfu=None,

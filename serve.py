@@ -170,7 +170,11 @@ def run(cfg: ServeConfig, sock: socket.socket) -> None:
     if engine.compiled:  # tens of seconds on a GPU: say so before the wait
         print(f"serve.py: compiling the decode step over all {cfg.max_batch} rows...", file=sys.stderr,
               flush=True)
-    engine.start()
+    try:
+        engine.start()
+    except Exception as e:  # (only with --compile=True: under auto a step that cannot compile runs eagerly)
+        raise ServeError(f"could not compile the decode step: {type(e).__name__}: {cli.one_line(e)}; "
+                         f"serve without it: --compile=False") from None
     print(f"serve.py: {what}, {params / 1e6:.2f}M parameters, {tokenizer.kind} tokenizer, "
           f"{chat}; {inference.describe()}; max_batch {cfg.max_batch}, max_queue {cfg.max_queue}; "
           f"{engine.decode_mode}", file=sys.stderr)

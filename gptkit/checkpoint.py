@@ -31,7 +31,7 @@ from gptkit.cli import UserError, one_line
 from gptkit.files import atomic_write
 from gptkit.hf_gpt2 import GPT2_NAMES, load_pretrained
 from gptkit.hf_tokenizer import GPTKIT_FILE
-from gptkit.optim import IMPLEMENTATION_KEYS
+from gptkit.optim import keeping_implementation
 from gptkit.shards import DataError
 from gptkit.tokenizer import Tokenizer, with_tokenizer_files
 from model import GPT, GPTConfig
@@ -408,7 +408,7 @@ def load_sharded_optimizer(folder: str | Path, model: torch.nn.Module, optimizer
     state = {"optimizer": get_optimizer_state_dict(model, optimizers)}
     with _alone_quietly():
         dcp.load(state, checkpoint_id=Path(folder))  # (a collective under torchrun)
-    with _keeping_implementation(optimizers):
+    with keeping_implementation(optimizer):
         set_optimizer_state_dict(model, optimizers, state["optimizer"])
 
 
@@ -429,16 +429,7 @@ def load_whole_optimizer(model: torch.nn.Module, optimizer, state: dict) -> None
             for index, fqn in zip(saved_group["params"], fqns, strict=True):
                 if index in saved["state"]:
                     by_name["state"][fqn] = saved["state"][index]
-    with _keeping_implementation(optimizers):
+    with keeping_implementation(optimizer):
         set_optimizer_state_dict(model, optimizers, by_name, options=StateDictOptions(full_state_dict=True))
 
 
-@contextlib.contextmanager
-def _keeping_implementation(optimizers: list[torch.optim.Optimizer]):
-    """Around a load of optimizer state: each group keeps this machine's implementation settings (fused,
-    foreach, ...), not the saving machine's (as optim.load_optimizer_state does)."""
-    keep = [[{k: g[k] for k in IMPLEMENTATION_KEYS if k in g} for g in o.param_groups] for o in optimizers]
-    yield
-    for o, chosen in zip(optimizers, keep, strict=True):
-        for group, settings in zip(o.param_groups, chosen, strict=True):
-            group.update(settings)

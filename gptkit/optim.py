@@ -10,8 +10,10 @@ object, MuonAdamW, that train.py, torch.amp.GradScaler and the checkpoint use li
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
+from collections.abc import Iterator
 
 import torch
 
@@ -48,11 +50,19 @@ IMPLEMENTATION_KEYS = ("fused", "foreach", "capturable")
 
 
 def load_optimizer_state(optimizer, state: dict) -> None:
-    """optimizer.load_state_dict(state), keeping this machine's implementation choices: torch restores every
-    group setting from the checkpoint, so a run started on a CPU (fused None) would resume on a GPU without
-    the fused kernel, and one started on a GPU would resume on a CPU asking for it."""
+    """optimizer.load_state_dict(state), keeping this machine's implementation choices (keeping_implementation)."""
+    with keeping_implementation(optimizer):
+        optimizer.load_state_dict(state)
+
+
+@contextlib.contextmanager
+def keeping_implementation(optimizer) -> Iterator[None]:
+    """Around a load of optimizer state (ours, or torch.distributed.checkpoint's): every group keeps this
+    machine's implementation settings. torch restores every group setting from the checkpoint, so a run
+    started on a CPU (fused None) would resume on a GPU without the fused kernel, and one started on a GPU
+    would resume on a CPU asking for it."""
     chosen = [{k: g[k] for k in IMPLEMENTATION_KEYS if k in g} for g in optimizer.param_groups]
-    optimizer.load_state_dict(state)
+    yield
     for group, keep in zip(optimizer.param_groups, chosen, strict=True):
         group.update(keep)
 

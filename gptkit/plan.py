@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -484,50 +485,70 @@ def memory(model, setup: Setup, batch_size: int) -> Memory:
     loss_kept, loss_forward, loss_backward = _loss(model, s, n)
     # autocast's weight copies; a compiled step recomputes the casts in its backward instead (an estimate)
     copies = 0 if s.compile else walk.copies
-    head = model.lm_head.weight
-    tied = head is model.transformer.wte.weight
+    t = _fsdp_terms(model, s, grads, n) if s.parallel == "fsdp" else _ddp_terms(model, s, grads, n)
     # The last block's backward, once the loss and the final norm have let go of what they kept: its output's
     # gradient (fp32) and the gradient of the MLP's 4C-wide hidden tensor (in the compute dtype), while all its
     # own activations are still there, plus weight gradients: under DDP c_proj's (checked against torch's
     # allocator on the CPU), under FSDP all the block's, whole, with the reduce-scatter's buffers (its end).
-    block_work = n * c.n_embd * (FP32 + 4 * walk.e)
-    if s.parallel == "fsdp":
-        units = [_unsharded(unit, s) for unit in fsdp_units(model)]
-        root, block_units = units[-1], units[:-1]
-        gathered = root.params + 2 * max((b.params for b in block_units), default=0)
-        # gradients already there during the forward, from the second micro-batch on: whole or sharded
-        accumulated = sum(u.reduce for u in units) if s.accum > 1 and not s.reduce_every_micro_batch else 0
-        held = accumulated or (grads if s.accum > 1 else 0)
-        root_accumulated = root.reduce if accumulated else 0
-        new_head_grad = root.grads  # the root's whole gradients, from the loss' backward to the backward's end
-        block_work += max((b.grads + b.reduce + b.reduced for b in block_units), default=0)
-        # the end: the embedding's backward (with a tied head its own gradient, before it is added), then the
-        # root's gradients copied for their reduce-scatter
-        tied_grad = head.numel() * root.grad_size if tied and head.requires_grad else 0
-        ends = {"backward end": grads + root_accumulated + root.params + root.grads + tied_grad + n * c.n_embd * FP32,
-                "root's reduce-scatter": grads + root_accumulated + root.grads + root.reduce + root.reduced}
-    else:
-        gathered = accumulated = 0
-        head_grad = head.numel() * FP32 if head.requires_grad else 0
-        held = grads if (s.accum > 1 or s.world_size > 1) else 0  # gradients already there during the forward
-        new_head_grad = 0 if held else head_grad  # the loss' backward makes it (and keeps it)
-        block_work += max((p.numel() * FP32 for b in model.transformer.h for p in b.parameters()
-                           if p.dim() == 2 and p.requires_grad), default=0)  # c_proj's, the largest matrix
-        # the end of the backward: every gradient, and with a tied head the embedding's, before it is added
-        ends = {"backward end": grads + (head_grad if tied else 0) + n * c.n_embd * FP32}
+    block_work = n * c.n_embd * (FP32 + 4 * walk.e) + t.block_grads
+    before = t.held + t.gathered + activations + copies  # what every phase of the forward and backward holds
     phases = {
-        "forward": held + gathered + activations + copies + loss_kept + loss_forward,
-        "loss backward": held + gathered + activations + copies + loss_kept + loss_backward + new_head_grad,
-        "block backward": (held + gathered + activations - final_kept + copies + recomputing + new_head_grad
-                           + block_work),
-        **ends,
+        "forward": before + loss_kept + loss_forward,
+        "loss backward": before + loss_kept + loss_backward + t.new_head_grad,
+        "block backward": before - final_kept + recomputing + t.new_head_grad + block_work,
+        **t.ends,
         "optimizer": grads + _optimizer_working(model, s),
     }
     step_peak = max(phases.values())
-    working = step_peak - activations - copies - loss_kept - held - gathered
+    working = step_peak - activations - copies - loss_kept - t.held - t.gathered
     return Memory(weights=weights, gradients=grads, optimizer=optim, activations=activations, loss=loss_kept,
-                  autocast_copies=copies, gathered=gathered, accumulated=accumulated, working=max(0, working),
+                  autocast_copies=copies, gathered=t.gathered, accumulated=t.accumulated, working=max(0, working),
                   peak=weights + optim + step_peak)
+
+
+class _Terms(NamedTuple):
+    """What the way the processes share the model (DDP or FSDP) adds to a step's phases (see `memory`)."""
+
+    gathered: int  # FSDP: the unsharded parameters of the units running
+    accumulated: int  # FSDP without a reduce-scatter per micro-batch: the whole gradients held between them
+    held: int  # gradients already there during the forward
+    new_head_grad: int  # what the loss' backward adds: the head's gradient (DDP), the root's whole ones (FSDP)
+    block_grads: int  # a block's backward: its weight gradients (and FSDP's reduce-scatter buffers)
+    ends: dict[str, int]  # the phases at the end of the backward
+
+
+def _ddp_terms(model, s: Setup, grads: int, n: int) -> _Terms:
+    head = model.lm_head.weight
+    tied = head is model.transformer.wte.weight
+    head_grad = head.numel() * FP32 if head.requires_grad else 0
+    held = grads if (s.accum > 1 or s.world_size > 1) else 0  # gradients already there during the forward
+    c_proj = max((p.numel() * FP32 for b in model.transformer.h for p in b.parameters()
+                  if p.dim() == 2 and p.requires_grad), default=0)  # c_proj's, the largest matrix
+    # the end of the backward: every gradient, and with a tied head the embedding's, before it is added
+    ends = {"backward end": grads + (head_grad if tied else 0) + n * model.config.n_embd * FP32}
+    return _Terms(gathered=0, accumulated=0, held=held, new_head_grad=0 if held else head_grad,
+                  block_grads=c_proj, ends=ends)
+
+
+def _fsdp_terms(model, s: Setup, grads: int, n: int) -> _Terms:
+    head = model.lm_head.weight
+    tied = head is model.transformer.wte.weight
+    units = [_unsharded(unit, s) for unit in fsdp_units(model)]
+    root, block_units = units[-1], units[:-1]
+    gathered = root.params + 2 * max((b.params for b in block_units), default=0)
+    # gradients already there during the forward, from the second micro-batch on: whole or sharded
+    accumulated = sum(u.reduce for u in units) if s.accum > 1 and not s.reduce_every_micro_batch else 0
+    held = accumulated or (grads if s.accum > 1 else 0)
+    root_accumulated = root.reduce if accumulated else 0
+    # the end: the embedding's backward (with a tied head its own gradient, before it is added), then the
+    # root's gradients copied for their reduce-scatter
+    tied_grad = head.numel() * root.grad_size if tied and head.requires_grad else 0
+    residual = n * model.config.n_embd * FP32
+    ends = {"backward end": grads + root_accumulated + root.params + root.grads + tied_grad + residual,
+            "root's reduce-scatter": grads + root_accumulated + root.grads + root.reduce + root.reduced}
+    return _Terms(gathered=gathered, accumulated=accumulated, held=held,
+                  new_head_grad=root.grads,  # the root's whole gradients, from the loss' backward to the end
+                  block_grads=max((b.grads + b.reduce + b.reduced for b in block_units), default=0), ends=ends)
 
 
 def fsdp_units(model) -> list[list[torch.nn.Parameter]]:

@@ -18,6 +18,7 @@ from gptkit.checkpoint import is_sharded_checkpoint, load_checkpoint, saved_chec
 from gptkit.runtime import Runtime
 from model import GPT, GPTConfig
 from tests.conftest import torch_threads
+from tests.test_train import tiny_args as train_args
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,12 +38,9 @@ RECIPES = {
 
 
 def tiny_args(data, out, **over):
-    args = dict(dataset=str(data), out_dir=str(out), n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4,
-                gradient_accumulation_steps=2, max_iters=20, eval_interval=10, eval_iters=3, log_interval=1,
-                warmup_iters=2, lr_decay_iters=20, learning_rate=3e-3, min_lr=3e-4, dropout=0.0, device="cpu",
-                compile=False)
-    args.update(over)
-    return [f"--{k}={v}" for k, v in args.items()]
+    """test_train's tiny run, 20 steps long and without dropout (so that processes and one process agree)."""
+    return train_args(data, out, **{"max_iters": 20, "eval_interval": 10, "lr_decay_iters": 20, "dropout": 0.0,
+                                    **over})
 
 
 def torchrun(n: int, args: list[str], script: Path = REPO / "train.py", check: bool = True):

@@ -132,10 +132,8 @@ def test_out_of_vocab_token_is_caught_before_training(char_dataset, tmp_path):
         train.main(tiny_args(char_dataset, tmp_path / "out"))
 
 
-def test_non_finite_loss_stops_before_the_update(char_dataset, tmp_path, monkeypatch):
-    out = tmp_path / "out"
-    train.main(tiny_args(char_dataset, out, max_iters=3))
-    best_before = (out / "best.pt").read_bytes()
+def poison_training_forward(monkeypatch, call: int) -> None:
+    """The training forward's `call`-th loss (counting micro-batches from 1) becomes NaN."""
     real_forward = GPT.forward
     calls = {"n": 0}
 
@@ -143,11 +141,18 @@ def test_non_finite_loss_stops_before_the_update(char_dataset, tmp_path, monkeyp
         logits, loss = real_forward(self, idx, targets, pos)
         if targets is not None and self.training:
             calls["n"] += 1
-            if calls["n"] == 3:  # the 2nd micro-batch of the 2nd resumed step
+            if calls["n"] == call:
                 loss = loss * float("nan")
         return logits, loss
 
     monkeypatch.setattr(GPT, "forward", poisoned)
+
+
+def test_non_finite_loss_stops_before_the_update(char_dataset, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    train.main(tiny_args(char_dataset, out, max_iters=3))
+    best_before = (out / "best.pt").read_bytes()
+    poison_training_forward(monkeypatch, 3)  # the 2nd micro-batch of the 2nd resumed step
     steps = []
     real_step = torch.optim.AdamW.step
     monkeypatch.setattr(torch.optim.AdamW, "step", lambda self, *a, **k: steps.append(1) or real_step(self, *a, **k))
@@ -175,18 +180,7 @@ def test_deferred_check_never_applies_a_non_finite_step(char_dataset, tmp_path, 
     out = tmp_path / "out"
     train.main(tiny_args(char_dataset, out, max_iters=3))
     before = {n: (out / n).read_bytes() for n in ("best.pt", "last.pt")}
-    real_forward = GPT.forward
-    calls = {"n": 0}
-
-    def poisoned(self, idx, targets=None, pos=None):
-        logits, loss = real_forward(self, idx, targets, pos)
-        if targets is not None and self.training:
-            calls["n"] += 1
-            if calls["n"] == 3:  # the 2nd micro-batch of the 2nd resumed step: step 4
-                loss = loss * float("nan")
-        return logits, loss
-
-    monkeypatch.setattr(GPT, "forward", poisoned)
+    poison_training_forward(monkeypatch, 3)  # the 2nd micro-batch of the 2nd resumed step: step 4
     flagged, weights_seen = [], []
     real_step = torch.optim.AdamW.step
 
