@@ -28,10 +28,14 @@ that is not the default), the JSON rows carry every value:
                                  call it). Not under float16's GradScaler (a skipped row). The learning rate is
                                  a Python float that dynamo specialises on: a real run, whose rate changes every
                                  step, would need it as a tensor; here every step has the same rate.
-Not a variant: one CUDA graph of the whole step (forward, backward and optimizer). set_lr writes a new Python
-float into every group each step, which a captured graph would freeze (AdamW would need tensor learning rates
-and capturable=True), and the NaN/stop check sits between the backward and the update; reduce-overhead graphs
-the forward and backward only. The bias: a model name with "nobias" appended (gpt2nobias) is the same shape
+  --compile_scope=model,blocks   what torch.compile compiles: the whole model (with the head and the loss), or each
+                                 block on its own (train.py --compile_scope=blocks); the row's first_step_s is the
+                                 first step's wall time, compilation included
+  --cuda_graphs=False,True       the whole step (forward, backward, clip, flags, fused AdamW with a tensor learning
+                                 rate) captured as one CUDA graph after warm-up steps and replayed (train.py
+                                 --cuda_graphs, gptkit/cudagraph.py); the optimizer's share is then not separable.
+                                 Where it cannot run (not CUDA, float16, Muon) the row is skipped, saying why.
+The bias: a model name with "nobias" appended (gpt2nobias) is the same shape
 without biases, as nanoGPT's bench.py (bias=False) times it.
 
 Decoding times gptkit/generate.py's loop with and without the KV cache (with the compiled one-token step of
@@ -72,6 +76,7 @@ import statistics
 import sys
 import time
 import traceback
+import types
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -82,11 +87,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gptkit import cli
 from gptkit.config import TrainConfig
+from gptkit.cudagraph import GraphedStep
 from gptkit.generate import SamplingOptions, compile_decode_step, generate_stream, prefill
 from gptkit.metrics import peak_flops
 from gptkit.optim import make_optimizer, set_lr
 from gptkit.plan import flops_per_token
-from gptkit.runtime import Dist, Runtime, resolve_compile, setup_runtime
+from gptkit.runtime import DeviceError, Dist, Runtime, resolve_compile, resolve_cuda_graphs, setup_runtime
 from gptkit.shards import read_meta, require_dataset
 from model import GPT, LOSS_CHUNK_ELEMENTS, GPTConfig, loss_chunk_rows
 from train import StepGuard, forward_backward
@@ -194,7 +200,7 @@ def make_row(kind: str, name: str, rt: Runtime, status: str = "ok", reason: str 
 
 # The measured fields of a training row: None in a skipped or failed one.
 TRAIN_MEASURES = ("params_M", "tokens_per_s", "ms", "mfu", "peak_mem_mb", "optimizer", "optimizer_ms",
-                  "optimizer_share", "loss_slice_rows", "flops_per_token")
+                  "optimizer_share", "loss_slice_rows", "flops_per_token", "first_step_s")
 # ... and of a decode or prefill row.
 DECODE_MEASURES = ("tokens_per_s", "ms", "mfu", "peak_mem_mb", "compile_s")
 
@@ -288,11 +294,14 @@ class Variant:
     sdpa: str = "default"
     compile_mode: str = "default"
     compile_optimizer: bool = False
+    compile_scope: str = "model"
+    cuda_graphs: bool = False
 
     def fields(self) -> dict:
         """What a row records of it (the loss' slicing is recorded as loss_slice_rows)."""
         return {"batch_size": self.batch_size, "sdpa": self.sdpa, "compile_mode": self.compile_mode,
-                "compile_optimizer": self.compile_optimizer}
+                "compile_optimizer": self.compile_optimizer, "compile_scope": self.compile_scope,
+                "cuda_graphs": self.cuda_graphs}
 
 
 def default_batch(name: str, rt: Runtime) -> int:
@@ -304,7 +313,8 @@ def train_variants(name: str, rt: Runtime, args) -> list[Variant]:
     """Every combination of the variant options, in their order: a plain product."""
     batches = [b or default_batch(name, rt) for b in args.batch_size]
     return [Variant(*combo) for combo in itertools.product(
-        batches, args.loss_chunk, args.sdpa, args.compile_mode, args.compile_optimizer)]
+        batches, args.loss_chunk, args.sdpa, args.compile_mode, args.compile_optimizer, args.compile_scope,
+        args.cuda_graphs)]
 
 
 def sdpa_backend(name: str) -> contextlib.AbstractContextManager:
@@ -362,24 +372,45 @@ def bench_train(name: str, rt: Runtime, args, variant: Variant) -> dict:
     problem = sdpa_problem(v.sdpa, cfg, rt)
     if v.compile_optimizer and rt.needs_grad_scaler:
         problem = "--compile_optimizer=True is not measured under float16's GradScaler (use bfloat16 or float32)"
-    if problem:
-        return unmeasured_row("train", name, rt, "skipped", problem, **fields)
     batch = v.batch_size
     train_cfg = TrainConfig(weight_decay=0.1, learning_rate=6e-4,
                             optimizer="muon" if cfg.arch == "modern" else "adamw")  # Muon + AdamW for modern
-    optimizer = make_optimizer(model, train_cfg, rt.device_type)
+    if v.cuda_graphs and not problem:
+        try:
+            resolve_cuda_graphs(True, rt, world_size=1, optimizer=train_cfg.optimizer, compiled=use_compile)
+        except DeviceError as e:
+            problem = str(e)
+        if v.compile_optimizer:
+            problem = "--cuda_graphs=True records the fused AdamW step in the graph: not with --compile_optimizer"
+    if problem:
+        return unmeasured_row("train", name, rt, "skipped", problem, **fields)
+    optimizer = make_optimizer(model, train_cfg, rt.device_type, graphable=v.cuda_graphs)
     torch._dynamo.reset()  # this row's own static graphs, not dynamic ones from the last row's sizes
     if v.compile_optimizer:
         compile_optimizer_step(optimizer)
     scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.needs_grad_scaler)
     mode = None if v.compile_mode == "default" else v.compile_mode
-    step_model = torch.compile(model, dynamic=False, mode=mode) if use_compile else model
+    step_model = model
+    if use_compile and v.compile_scope == "blocks":
+        for block in model.transformer.h:
+            block.compile(dynamic=False, mode=mode)
+    elif use_compile:
+        step_model = torch.compile(model, dynamic=False, mode=mode)
     next_batch, prefetch = train_batches(args, cfg, batch, rt)
     optimizer_spans: list[Span] = []
     guard = StepGuard(optimizer, rt, Dist())
+    graphed = None
+    if v.cuda_graphs:
+        graphed = GraphedStep(step_model, optimizer, rt.device, accum=args.accum, batch_size=batch,
+                              block_size=cfg.block_size, grad_clip=1.0, autocast=lambda: rt.autocast(cache=False))
+        batches = types.SimpleNamespace(next_batch=next_batch, prefetch=prefetch or (lambda: None))
 
     def step():
         set_lr(optimizer, 0, train_cfg)
+        if graphed is not None:  # train.py's step with --cuda_graphs
+            loss, grad_norm, flags = graphed(batches, False)
+            guard.check(0, loss, grad_norm, flags=flags)
+            return
         loss, grad_norm = forward_backward(step_model, optimizer, scaler, next_batch, args.accum, rt, 1.0,
                                            prefetch=prefetch)
         # train.py's NaN/stop flags: on a GPU read a step late, the update masked on the device; elsewhere
@@ -394,9 +425,15 @@ def bench_train(name: str, rt: Runtime, args, variant: Variant) -> dict:
     reset_peak_memory(rt)
     # both read when the step runs (or is traced, when compiling)
     with loss_slices(v.loss_chunk, rt.device_type), sdpa_backend(v.sdpa):
-        times = timed(step, rt, args.warmup, args.repeats)
+        first_step_s = None  # the first warm-up step's wall time: compilation included
+        if args.warmup:
+            t0 = time.perf_counter()
+            step()
+            rt.synchronize()
+            first_step_s = time.perf_counter() - t0
+        times = timed(step, rt, max(0, args.warmup - 1), args.repeats)
     sec = statistics.median(times)
-    opt_sec = statistics.median(s.seconds() for s in optimizer_spans[args.warmup:])
+    opt_sec = statistics.median(s.seconds() for s in optimizer_spans[args.warmup:]) if graphed is None else None
     tokens = batch * cfg.block_size * args.accum
     tok_s = tokens / sec
     peak = peak_flops(rt.device, rt.dtype)
@@ -404,8 +441,8 @@ def bench_train(name: str, rt: Runtime, args, variant: Variant) -> dict:
     return make_row(
         "train", name, rt, params_M=round(model.num_params() / 1e6, 2), **fields, tokens_per_s=tok_s,
         ms=sec * 1000, mfu=fpt * tok_s / peak if peak else None, peak_mem_mb=peak_memory_mb(rt),
-        optimizer=train_cfg.optimizer, optimizer_ms=opt_sec * 1000, optimizer_share=opt_sec / sec,
-        flops_per_token=fpt,
+        optimizer=train_cfg.optimizer, optimizer_ms=opt_sec and opt_sec * 1000,
+        optimizer_share=opt_sec and opt_sec / sec, flops_per_token=fpt, first_step_s=first_step_s,
     )
 
 
@@ -652,6 +689,10 @@ def variant_text(r: dict) -> str:
         parts.append(f"sdpa {r['sdpa']}")
     if r["compile_optimizer"]:
         parts.append("optimizer compiled")
+    if r.get("compile_scope", "model") != "model" and r["compile"]:
+        parts.append(f"{r['compile_scope']} compiled")
+    if r.get("cuda_graphs"):
+        parts.append("one CUDA graph")
     return ", ".join(parts)
 
 
@@ -666,7 +707,8 @@ def table_line(r: dict) -> str:
         mfu = f"{r['mfu'] * 100:.1f}%" if r["mfu"] else "n/a"
         batch = f"{r['batch_size']}x{r['accum']}"
         loss_by = f"{r['loss_slice_rows']} rows" if r["loss_slice_rows"] else "plain"
-        opt = f"{r['optimizer']} {r['optimizer_share'] * 100:.0f}%"  # its share of the step time
+        share = f"{r['optimizer_share'] * 100:.0f}%" if r["optimizer_share"] is not None else "in graph"
+        opt = f"{r['optimizer']} {share}"  # its share of the step time
         return (f"{r['model']:<12}{r['params_M']:>8.2f}M{r['seq_len']:>6}{batch:>9}{loss_by:>11}{r['ms']:>10.1f}"
                 f"{r['tokens_per_s']:>12,.0f}{mfu:>7}{opt:>16}{mem:>11}  {variant_text(r)}")
     if r["kind"] == "decode":
@@ -767,6 +809,10 @@ def parse_args(argv: list[str] | None):
                         f"{', '.join(COMPILE_MODES)}")
     p.add_argument("--compile_optimizer", default="False",
                    help="compile the optimizer step too: False, True or False,True (a row each)")
+    p.add_argument("--compile_scope", default="model",
+                   help="what torch.compile compiles, comma-separated, a row each: model, blocks")
+    p.add_argument("--cuda_graphs", default="False",
+                   help="the whole step as one CUDA graph: False, True or False,True (a row each)")
     p.add_argument("--accum", type=int, default=1, help="gradient-accumulation micro-batches per step")
     p.add_argument("--warmup", type=int, default=None, help="untimed training steps first (default 1 CPU, 5 GPU)")
     p.add_argument("--repeats", type=int, default=None, help="timed training steps (median; default 3 CPU, 20 GPU)")
@@ -804,6 +850,8 @@ def parse_args(argv: list[str] | None):
     args.compile_mode = parse_list("compile_mode", args.compile_mode, COMPILE_MODES)
     args.compile_optimizer = [v == "True" for v in parse_list("compile_optimizer", args.compile_optimizer,
                                                                ("False", "True"))]
+    args.compile_scope = parse_list("compile_scope", args.compile_scope, ("model", "blocks"))
+    args.cuda_graphs = [v == "True" for v in parse_list("cuda_graphs", args.cuda_graphs, ("False", "True"))]
     # Out-of-range counts would otherwise fail deep inside (a median of no timings, empty batches) with a
     # traceback. None means "not given": main picks the device's default.
     for name, low in (("accum", 1), ("warmup", 0), ("repeats", 1), ("decode_tokens", 0), ("decode_repeats", 1),

@@ -21,6 +21,7 @@ import dataclasses
 import gc
 import json
 import os
+import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -47,10 +48,11 @@ from gptkit.checkpoint import (
 )
 from gptkit.cli import UserError
 from gptkit.config import TrainConfig, build_config, config_to_dict, lora_settings, parse_args, print_config
+from gptkit.cudagraph import GraphedStep
 from gptkit.files import OutDirBusyError, OutDirLock
 from gptkit.hf_gpt2 import GPT2_NAMES
 from gptkit.loader import BatchLoader, ValBatches
-from gptkit.metrics import Metrics, peak_flops, start_wandb
+from gptkit.metrics import LineProgress, Metrics, peak_flops, start_wandb
 from gptkit.optim import can_mask, describe, load_optimizer_state, make_optimizer, set_lr, step_unless
 from gptkit.prepare.tiny_shakespeare import DATASETS as SHAKESPEARE_DATASETS
 from gptkit.prepare.tiny_shakespeare import prepare_shakespeare
@@ -61,10 +63,12 @@ from gptkit.runtime import (
     code_version,
     distributed,
     library_versions,
+    process_elapsed,
     resolve_compile,
+    resolve_cuda_graphs,
 )
 from gptkit.shards import DataError, TokenDataset, dataset_dir, read_meta, require_dataset
-from gptkit.tokenizer import Tokenizer
+from gptkit.tokenizer import Tokenizer, with_tokenizer_files
 from model import GPT, GPTConfig
 
 # The shape and architecture a resumed run must keep (model.py's GPTConfig says which settings they are).
@@ -93,6 +97,9 @@ def resolve_config(argv: list[str]) -> tuple[TrainConfig, dict | None]:
     out_dir = Path(values.get("out_dir", TrainConfig.out_dir))
     last = saved_checkpoint(out_dir, "last")  # last.pt, or a sharded last/ (a run under FSDP)
     if last is None:
+        if (out_dir / "ckpt.pt").is_file():  # nanoGPT's: no data position or RNG state to resume exactly
+            raise TrainError(f"{out_dir}/ckpt.pt is nanoGPT's checkpoint, which cannot be resumed exactly here; "
+                             f"continue from its weights with --init_from={out_dir} --out_dir=NEW_DIR")
         raise TrainError(f"nothing to resume: {out_dir}/last.pt does not exist; start with --init_from=scratch")
     # Not memory-mapped: the optimizer state would otherwise keep pointing into the file that the next save
     # replaces. (A --plan reads only the config: memory-mapped, nothing else is read.)
@@ -118,7 +125,27 @@ def resolve_config(argv: list[str]) -> tuple[TrainConfig, dict | None]:
                          f"with {saved_optimizer}; start a new run, or fine-tune from it")
     base.update(values)
     base.update(saved_shape)
-    return build_config(TrainConfig, base), ckpt
+    cfg = build_config(TrainConfig, base)
+    if not cfg.plan and os.environ.get("RANK", "0") == "0":
+        for line in resume_notes(cfg, values, ckpt, out_dir):
+            print(f"note: {line}")
+    return cfg, ckpt
+
+
+def resume_notes(cfg: TrainConfig, values: dict, ckpt: dict, out_dir: Path) -> list[str]:
+    """What a resumed run does that its command line may not have meant: a run that is finished already, or a
+    max_iters raised past the schedule's end (lr_decay_iters, kept from the checkpoint)."""
+    notes, step = [], int(ckpt["step"])
+    raised = values.get("max_iters", cfg.max_iters) > ckpt["config"].get("max_iters", cfg.max_iters)
+    if step >= cfg.max_iters and not cfg.eval_only:
+        notes.append(f"{out_dir}/last.pt is at step {step}, and max_iters is {cfg.max_iters}: the run is finished, "
+                     f"so it is evaluated once and nothing is trained; to train on, raise --max_iters (and "
+                     f"--lr_decay_iters with it)")
+    elif raised and cfg.decay_lr and "lr_decay_iters" not in values and cfg.lr_decay_iters < cfg.max_iters:
+        notes.append(f"max_iters is {cfg.max_iters} but lr_decay_iters stays the checkpoint's {cfg.lr_decay_iters}: "
+                     f"from step {cfg.lr_decay_iters} on the learning rate stays at min_lr ({cfg.min_lr:g}); to "
+                     f"decay over the longer run, add --lr_decay_iters={cfg.max_iters}")
+    return notes
 
 
 def load_dataset(cfg: TrainConfig, d: Dist) -> tuple[Path, dict]:
@@ -134,7 +161,29 @@ def load_dataset(cfg: TrainConfig, d: Dist) -> tuple[Path, dict]:
                              f"--input PATH)") from None
     d.barrier()  # every rank waits here, whatever it saw on disk, so the collectives stay in step
     path = require_dataset(cfg.dataset, cfg.data_root)
-    return path, read_meta(path)
+    meta = read_meta(path)
+    # A trained tokenizer's folder is read (and checked against its hash) now, not at the first save after
+    # hours of training; the checkpoints carry these files.
+    with_tokenizer_files(meta)
+    return path, meta
+
+
+def fit_block_size(cfg: TrainConfig, meta: dict, d: Dist) -> TrainConfig:
+    """A fine-tune on a dataset too small for its block_size (a split shorter than one window of block_size + 1
+    tokens: a few conversations) trains on the longest windows both splits hold, and says so. A run from
+    scratch keeps its block_size, the shape of its model (the loader's error says what to change), and so
+    does batch_size=auto, whose tokens_per_step is whole sequences of block_size."""
+    if cfg.init_from in ("scratch", "resume") or cfg.batch_size is None:
+        return cfg
+    held = min(int(meta["splits"][s]["tokens"]) for s in ("train", "val"))
+    if held > cfg.block_size or held < 2:
+        return cfg
+    if d.master:
+        split = min(("train", "val"), key=lambda s: int(meta["splits"][s]["tokens"]))
+        print(f"note: the {split} split of dataset {cfg.dataset!r} has {held} tokens, fewer than block_size+1 = "
+              f"{cfg.block_size + 1}: this fine-tune uses block_size={held - 1}, the longest window it holds (a full "
+              f"fine-tune's model keeps that context); more data allows a longer one", flush=True)
+    return dataclasses.replace(cfg, block_size=held - 1)
 
 
 @contextlib.contextmanager
@@ -205,7 +254,13 @@ def build_model(cfg: TrainConfig, meta: dict, ckpt: dict | None) -> tuple[GPT, i
         # The base's tokenizer plus special tokens (a chat dataset's): the model learns them from here on.
         added = vocab - model.config.vocab_size
         model.grow_vocab(vocab)
-    elif meta["tokenizer"] != tokenizer or vocab > model.config.vocab_size:
+    elif meta["tokenizer"] == tokenizer and vocab > model.config.vocab_size:
+        name = "GPT-2's BPE" if tokenizer == GPT2_BPE else "the tokenizer it was trained with"
+        raise TrainError(f"{cfg.init_from} has a vocabulary of {model.config.vocab_size} tokens, fewer than the "
+                         f"{vocab} of its tokenizer ({name}, which dataset {cfg.dataset!r} is tokenized with): "
+                         f"the model and its tokenizer do not belong together; fine-tune a model whose vocab_size "
+                         f"is {vocab}")
+    elif meta["tokenizer"] != tokenizer:
         hint = ("prepare it with --tokenizer gpt2 (e.g. python prepare/shakespeare.py)" if tokenizer == GPT2_BPE
                 else "prepare it with the same tokenizer")
         raise TrainError(f"dataset {cfg.dataset!r} is not tokenized with the tokenizer {cfg.init_from} was "
@@ -380,6 +435,7 @@ class Run:
     val: ValBatches
     accum: int  # micro-batches per process per step
     lora: dict | None = None  # a LoRA run's settings and base (checkpoint.build_checkpoint's lora_info)
+    graphed: GraphedStep | None = None  # with cuda_graphs: the whole step, replayed as one CUDA graph
     hellaswag: list[hellaswag.Encoded] | None = None  # HellaSwag's items, when hellaswag_interval is set
 
     @property
@@ -406,11 +462,14 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
     # Under torchrun DDP or FSDP (gptkit/parallel.py), decided before the batch size (FSDP holds less per process)
     sharing, parallel_line = parallel.decide(model, cfg, d, rt, use_compile)
     cfg = choose_batch_size(cfg, model, ckpt, d, rt, sharing)
-    wrapped = parallel.wrap(model, sharing, rt, use_compile)  # FSDP shards in place: the optimizer comes after
+    # FSDP shards in place: the optimizer comes after
+    wrapped = parallel.wrap(model, sharing, rt, use_compile, cfg.compile_scope)
+    graphs, graphs_line = resolve_cuda_graphs(cfg.cuda_graphs, rt, world_size=d.world_size,
+                                              optimizer=cfg.optimizer, compiled=use_compile)
     block = cfg.block_size  # the training sequences (a LoRA run's model may have more positions: its base's)
     run = Run(
         cfg=cfg, argv=argv, d=d, rt=rt, meta=meta, raw_model=model, model=wrapped,
-        optimizer=make_optimizer(model, cfg, rt.device_type),
+        optimizer=make_optimizer(model, cfg, rt.device_type, graphable=graphs),
         scaler=torch.amp.GradScaler(rt.device_type, enabled=rt.needs_grad_scaler),
         loader=BatchLoader(data_dir, "train", batch_size=cfg.batch_size, block_size=block, seed=cfg.seed,
                            mode=cfg.data_mode, rank=d.rank, world_size=d.world_size, device=rt.device),
@@ -418,6 +477,9 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
                        rank=d.rank, world_size=d.world_size, device=rt.device),
         accum=cfg.gradient_accumulation_steps // d.world_size, lora=lora_info,
     )
+    if graphs:
+        run.graphed = GraphedStep(wrapped, run.optimizer, rt.device, accum=run.accum, batch_size=cfg.batch_size,
+                                  block_size=block, grad_clip=cfg.grad_clip, autocast=lambda: rt.autocast(cache=False))
     torch.manual_seed(cfg.seed + d.rank)  # dropout masks: a different stream per rank
     step, best_val = restore_state(run, ckpt) if ckpt is not None else (0, float("inf"))
     if d.master:
@@ -425,6 +487,8 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
         print_config(cfg)
         write_run_info(cfg, argv, d, rt)
         print(why)
+        if rt.device_type == "cuda":
+            print(graphs_line)
         if parallel_line:
             print(parallel_line)
         print(describe(run.optimizer))
@@ -478,32 +542,45 @@ def save(run: Run, name: str, step: int, best_val: float) -> None:
         save_checkpoint(state, Path(run.cfg.out_dir) / name)
 
 
-def make_metrics(run: Run) -> Metrics:
+def make_metrics(run: Run, start_step: int = 0) -> Metrics:
     cfg, d, rt = run.cfg, run.d, run.rt
     wandb_run = None
     if cfg.wandb_log and d.master:
         wandb_run = start_wandb(cfg.wandb_project, cfg.wandb_run_name or Path(cfg.out_dir).name,
-                                config_to_dict(cfg))
+                                config_to_dict(cfg), cfg.out_dir)
     fpt = plan.flops_per_token(run.raw_model, cfg.block_size)  # the run's sequences, not the model's context
     if d.master:
         trainable = f" ({lora.trainable_parameters(run.raw_model) / 1e6:.3f}M trainable: LoRA)" if run.lora else ""
-        print(f"model: {run.raw_model.num_params() / 1e6:.2f}M parameters{trainable} | {d.world_size} process(es) on "
+        # every parameter, as --plan counts them (num_params() would leave out the position embedding)
+        params = run.raw_model.num_params(non_embedding=False)
+        print(f"model: {params / 1e6:.2f}M parameters{trainable} | {d.world_size} process(es) on "
               f"{rt.device} | {rt.dtype_name} | {run.tokens_per_step:,} tokens per step ({cfg.batch_size} x "
               f"{cfg.block_size} x {run.accum} accumulation x {d.world_size} processes)")
         if rt.device_type == "cpu" and cfg.device == "auto":
-            total = fpt * run.tokens_per_step * cfg.max_iters
+            total = fpt * run.tokens_per_step * max(0, cfg.max_iters - start_step)
             if total > CPU_FLOPS_BUDGET:
+                training, evaluation = plan.run_flops(run.raw_model, cfg, run.tokens_per_step,
+                                                      cfg.activation_checkpointing, done=start_step)
+                cpu = plan.cpu_device()
                 print(f"note: no GPU here, so this runs on the CPU, but this config is sized for a GPU "
-                      f"({total:.1e} training FLOPs): expect hours; the ETA follows the first logged steps. "
-                      f"For a run sized for a CPU: python train.py configs/shakespeare_cpu.py", flush=True)
+                      f"({total:.1e} training FLOPs): the plan estimates "
+                      f"{plan.format_seconds((training + evaluation) / cpu.flops)} on this CPU (python train.py "
+                      f"... --plan); the ETA follows the first logged steps. For a run sized for a CPU: python "
+                      f"train.py configs/shakespeare_cpu.py", flush=True)
+        if rt.device_type == "cpu" and rt.dtype == torch.float16:
+            print("note: float16 on the CPU is emulated, many times slower than float32; drop --dtype (auto is "
+                  "float32 on the CPU) or use --dtype=float32", flush=True)
     chat = run.meta.get("chat") or {}
     answers_only = bool(run.meta["splits"]["train"].get("masks")) and chat.get("train_on") != "all"
     if answers_only and d.master:
         print("loss: over the answer tokens only (a chat dataset: the assistant's replies and their <|end|> are the "
               "targets; the rest is context)")
-    return Metrics(cfg.out_dir, master=d.master, tokens_per_step=run.tokens_per_step, flops_per_token=fpt,
-                   peak_flops=peak_flops(rt.device, rt.dtype), world_size=d.world_size,
-                   max_iters=cfg.max_iters, device=rt.device, wandb_run=wandb_run, answers_only=answers_only)
+    metrics = Metrics(cfg.out_dir, master=d.master, tokens_per_step=run.tokens_per_step, flops_per_token=fpt,
+                      peak_flops=peak_flops(rt.device, rt.dtype), world_size=d.world_size,
+                      max_iters=cfg.max_iters, device=rt.device, wandb_run=wandb_run, answers_only=answers_only,
+                      log_interval=cfg.log_interval, started=time.perf_counter() - process_elapsed())
+    metrics.step = start_step  # (for its progress lines)
+    return metrics
 
 
 # ----------------------------------------------------------------------------- one step, evaluation
@@ -576,23 +653,28 @@ class StepGuard:
     def __init__(self, optimizer, rt: Runtime, d: Dist):
         self.rt, self.d = rt, d
         self.deferred = rt.device_type in DEFERRED_DEVICE_TYPES and not rt.needs_grad_scaler and can_mask(optimizer)
-        self.pending: tuple[int, torch.Tensor, torch.Tensor, torch.cuda.Event | None] | None = None
+        self.pending: tuple[int, torch.Tensor, torch.cuda.Event | None] | None = None
+        # Deferred, one pinned host buffer and one event serve every step (the previous step's values are read
+        # before this step's are copied in): nothing is allocated per step, so the host's work stays flat.
+        cuda = rt.device_type == "cuda"
+        self.host = torch.zeros(4, pin_memory=cuda) if self.deferred else None
+        self.event = torch.cuda.Event() if self.deferred and cuda else None
 
-    def check(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, stop_requested: bool) -> Verdict:
+    def check(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, stop_requested: bool = False,
+              flags: torch.Tensor | None = None) -> Verdict:
         """Called after the step's backward, before its optimizer step: what is known so far (this step's
-        flags, or when deferred the previous step's)."""
-        self.flags = step_flags(loss, grad_norm, stop_requested, self.rt, self.d)
+        flags, or when deferred the previous step's). `flags`: the step's own, when it computed them (a CUDA
+        graph's step, already applied or masked)."""
+        self.flags = step_flags(loss, grad_norm, stop_requested, self.rt, self.d) if flags is None else flags
         values = torch.cat([self.flags, loss.detach().float().reshape(1), grad_norm.detach().float().reshape(1)])
         if not self.deferred:
-            self.pending = (step, values, None, None)
+            self.pending = (step, values, None)
             return self.settle()
         verdict = self.settle()  # the previous step's: finished, or nearly (this step is queued behind it)
-        host = torch.empty(4, pin_memory=self.rt.device_type == "cuda")
-        host.copy_(values, non_blocking=True)
-        event = torch.cuda.Event() if self.rt.device_type == "cuda" else None
-        if event is not None:
-            event.record()
-        self.pending = (step, host, values, event)
+        self.host.copy_(values, non_blocking=True)
+        if self.event is not None:
+            self.event.record()
+        self.pending = (step, self.host, self.event)
         return verdict
 
     def optimizer_step(self, optimizer, scaler: torch.amp.GradScaler) -> None:
@@ -608,7 +690,7 @@ class StepGuard:
         when none is pending."""
         if self.pending is None:
             return Verdict()
-        step, host, _, event = self.pending
+        step, host, event = self.pending
         self.pending = None
         if event is not None:
             event.synchronize()
@@ -644,8 +726,11 @@ def evaluate(model, batches: ValBatches, rt: Runtime, d: Dist, stop: StopFlag | 
     model.eval()
     total = torch.zeros(3, device=rt.device, dtype=torch.float64)  # [sum of batch losses, batches, cut short]
     quiet = not (d.master and sys.stdout.isatty())
+    # not on a terminal (a log file, a pipe): plain lines instead of the bar, when it takes more than seconds
+    lines = LineProgress("evaluating", len(batches), "batches") if quiet and d.master else None
     with parallel.gathered(model):
-        for x, y in tqdm(batches, desc="evaluating", unit="batch", leave=False, delay=3, disable=quiet):
+        for i, (x, y) in enumerate(tqdm(batches, desc="evaluating", unit="batch", leave=False, delay=3,
+                                        disable=quiet)):
             if stop is not None and stop.requested:
                 total[2] = 1
                 break
@@ -653,6 +738,8 @@ def evaluate(model, batches: ValBatches, rt: Runtime, d: Dist, stop: StopFlag | 
                 loss = model(x, y)[1]  # no logits with targets: the loss is computed a slice at a time
             total[0] += loss.double()
             total[1] += 1
+            if lines is not None:
+                lines.update(i + 1)  # (on a GPU the batches are only queued: the lines show the host's pace)
     if d.enabled:
         dist.all_reduce(total)  # evaluation's one collective: ranks agree on the loss and on a cut
     model.train()
@@ -689,11 +776,31 @@ def hellaswag_scores(run: Run, step: int) -> dict[str, float]:
 
 
 def stop_run(run: Run, step: int, best_val: float, start_step: int) -> None:
-    """A stop signal: save the last finished step (unless last.pt holds it already) and say how to go on."""
+    """A stop signal: save the last finished step (unless last.pt holds it already) and say what is saved and
+    what to run next. A new run stopped before its first step has nothing to save: it says so."""
     if step > start_step:
         save(run, "last.pt", step, best_val)
-    if run.d.master:
-        print(f"stopped at step {step}; saved {run.cfg.out_dir}/last.pt; continue with --init_from=resume")
+    if not run.d.master:
+        return
+    last = f"{run.cfg.out_dir}/last.pt"
+    if step > start_step or run.cfg.init_from == "resume":  # (resumed: last.pt holds the start step already)
+        print(f"stopped at step {step}; {last} holds it; continue with: {rerun_command(run.argv, resume=True)}")
+    else:
+        print(f"stopped at step {step}, before the first step finished: nothing was saved (no {last}); start "
+              f"again with: {rerun_command(run.argv)}")
+
+
+def rerun_command(argv: list[str], resume: bool = False) -> str:
+    """The command line of this run (as typed), to run again; with resume, continuing out_dir's last.pt."""
+    args, skip = [], False
+    for a in argv:
+        if resume and (skip or a.startswith("--init_from=")):
+            skip = False
+            continue
+        skip = resume and a == "--init_from"  # written "--init_from VALUE": its value goes too
+        if not skip:
+            args.append(a)
+    return shlex.join(["python", "train.py", *args, *(["--init_from=resume"] if resume else [])])
 
 
 def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, stop: StopFlag) -> dict:
@@ -731,15 +838,21 @@ def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, stop: Sto
 
         # ---- learning rate, then forward + backward over the micro-batches
         lr = set_lr(run.optimizer, step, cfg)
-        loss, grad_norm = forward_backward(run.model, run.optimizer, run.scaler, run.loader.next_batch,
-                                           run.accum, rt, cfg.grad_clip, prefetch=run.loader.prefetch)
-        # ---- NaN/inf or a stop signal on any rank (this step's flags, or on a GPU the previous step's)
-        verdict = guard.check(step, loss, grad_norm, stop.requested)
-        if verdict.bad_step is not None:
-            raise non_finite_error(verdict)
-        # ---- the optimizer step (on a GPU skipped on the device if this step's flag is set)
-        guard.optimizer_step(run.optimizer, run.scaler)
-        run.optimizer.zero_grad(set_to_none=True)
+        if run.graphed is None:
+            loss, grad_norm = forward_backward(run.model, run.optimizer, run.scaler, run.loader.next_batch,
+                                               run.accum, rt, cfg.grad_clip, prefetch=run.loader.prefetch)
+            # ---- NaN/inf or a stop signal on any rank (this step's flags, or on a GPU the previous step's)
+            verdict = guard.check(step, loss, grad_norm, stop.requested)
+            if verdict.bad_step is not None:
+                raise non_finite_error(verdict)
+            # ---- the optimizer step (on a GPU skipped on the device if this step's flag is set)
+            guard.optimizer_step(run.optimizer, run.scaler)
+            run.optimizer.zero_grad(set_to_none=True)
+        else:  # ---- the same step as one CUDA graph: the update masked on the device from a bad step on
+            loss, grad_norm, flags = run.graphed(run.loader, stop.requested)
+            verdict = guard.check(step, loss, grad_norm, flags=flags)
+            if verdict.bad_step is not None:
+                raise non_finite_error(verdict)
         step += 1
         metrics.step_done()
         if step == start_step + 1:
@@ -758,12 +871,13 @@ def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, stop: Sto
 def train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Runtime) -> dict:
     """Run the training loop; returns a summary (final step, last val loss, best val loss)."""
     data_dir, meta = load_dataset(cfg, d)
+    cfg = fit_block_size(cfg, meta, d)
     hellaswag_items = load_hellaswag(cfg, meta, d)  # now: no network is an error at the start, not at step 5000
     with lock_out_dir(cfg.out_dir, d):
         check_out_dir(cfg)
         run, step, best_val = setup_run(cfg, ckpt, argv, d, rt, data_dir, meta)
         run.hellaswag = hellaswag_items
-        metrics = make_metrics(run)
+        metrics = make_metrics(run, step)
         try:
             with StopFlag() as stop:
                 summary = train_loop(run, step, best_val, metrics, stop)
@@ -773,7 +887,18 @@ def train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Run
             metrics.close()
     if summary["stopped"]:  # by a signal (on this rank or another): exit as the signal would have
         raise SystemExit(stop.exit_code)
+    if d.master and not cfg.eval_only:
+        print(where_checkpoints_are(cfg.out_dir, summary))
     return summary
+
+
+def where_checkpoints_are(out_dir: str, summary: dict) -> str:
+    """The run's last line: where its checkpoints are, and how to use them."""
+    saved = [p.name for p in (saved_checkpoint(out_dir, n) for n in ("best", "last")) if p is not None]
+    if not saved:
+        return f"done at step {summary['step']}; no checkpoint was saved in {out_dir}/"
+    return (f"done at step {summary['step']} (best val loss {summary['best_val_loss']:.4f}); checkpoints in "
+            f"{out_dir}/: {', '.join(saved)}; sample with: python sample.py --ckpt {out_dir}/")
 
 
 def oom_message(run: Run) -> str:

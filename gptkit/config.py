@@ -6,7 +6,8 @@ A config file holds assignments only (`n_layer = 6`, `max_iters = 5 * 1000`, `lr
 it is parsed, never executed, and its arithmetic is bounded (64-bit integers, strings of at most MAX_STR_LEN
 characters). The command line wins over the files, and a file's lines see its values: with --max_iters=2000,
 `lr_decay_iters = max_iters` is 2000. Every value is converted to its field's type, and an unknown key or a
-value of the wrong type is an error that names the key.
+value of the wrong type is an error that names the key. A script's config may accept other spellings of its
+keys (Alias: nanoGPT's `--out_dir` and `--start` for sample.py), which --help lists.
 
 The model's settings are GPTConfig's (model.py declares each once, with its help): TrainConfig inherits them.
 """
@@ -32,6 +33,25 @@ from model import GPTConfig
 
 class ConfigError(UserError):
     """A bad config file, key or value; the message says which and how to fix it."""
+
+
+@dataclass(frozen=True)
+class Alias:
+    """Another spelling of a setting (nanoGPT's), accepted on the command line and in config files and listed
+    by --help: `--name=VALUE` means `--key=VALUE`, or, with `resolve`, the (key, value) it makes of VALUE
+    (nanoGPT's --start=FILE:prompt.txt is --prompt_file=prompt.txt). A config dataclass lists its aliases in
+    a class attribute ALIASES = {name: Alias(...)}."""
+
+    key: str
+    help: str
+    resolve: Any = None  # (value: str) -> (key, value)
+
+    def apply(self, value: Any) -> tuple[str, Any]:
+        return self.resolve(value) if self.resolve is not None and isinstance(value, str) else (self.key, value)
+
+
+def _aliases(cls: type) -> dict[str, Alias]:
+    return getattr(cls, "ALIASES", {})
 
 
 def setting(default: Any, help: str, choices: tuple | None = None) -> Any:
@@ -132,6 +152,13 @@ class TrainConfig(ModelSettings):
         ("auto", "float32", "bfloat16", "float16"),
     )
     compile: bool | None = setting(None, "torch.compile the model: True, False, or auto (None: on for CUDA)")
+    compile_scope: str = setting("model", "what torch.compile compiles: model (one graph with the head and loss: "
+                                          "the fastest steps) or blocks (each transformer block on its own, the "
+                                          "rest eager: compile time no longer grows with n_layer)",
+                                 ("model", "blocks"))
+    cuda_graphs: bool | None = setting(None, "replay the whole training step (forward, backward, clip, AdamW) as one "
+                                             "CUDA graph after a few warm-up steps: no kernel launches on the host. "
+                                             "True, False, or auto (None: off); one CUDA process, bf16/fp32, AdamW")
     # know before you run (README.md "Plan a run"): python train.py CONFIG --plan
     plan: bool = setting(False, "print the run's memory, FLOPs, time and cost per device, then exit (builds nothing big)")
     plan_gpus: int = setting(0, "--plan: processes (GPUs) to plan for, per GPU under DDP and under FSDP; "
@@ -147,11 +174,15 @@ class TrainConfig(ModelSettings):
         for name in ("plan_gpus", "device_memory_gb", "usd_per_gpu_hour"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0 (0 = unset), got {getattr(self, name)}")
+        if self.learning_rate <= 0:  # first: a config's min_lr is often learning_rate / 10, blamed otherwise
+            raise ConfigError(f"learning_rate must be positive, got {self.learning_rate}")
         for name in ("max_iters", "warmup_iters", "lr_decay_iters", "weight_decay", "grad_clip", "min_lr"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.learning_rate <= 0:
-            raise ConfigError(f"learning_rate must be positive, got {self.learning_rate}")
+        if self.decay_lr and self.lr_decay_iters < min(self.warmup_iters, self.max_iters):
+            raise ConfigError(f"warmup_iters ({self.warmup_iters}) is past lr_decay_iters ({self.lr_decay_iters}): the "
+                              f"learning rate would warm up, then drop at once to min_lr; use --warmup_iters="
+                              f"{self.lr_decay_iters // 10} (or up to lr_decay_iters), or raise --lr_decay_iters")
         if self.decay_lr and self.min_lr > self.learning_rate:
             raise ConfigError(f"min_lr ({self.min_lr}) must not exceed learning_rate ({self.learning_rate})")
         if self.muon_lr <= 0 or self.muon_weight_decay < 0 or not 0 <= self.muon_momentum < 1:
@@ -229,6 +260,8 @@ def parse_args(cls: type, argv: list[str], allow_files: bool = True, prog: str =
     values: dict[str, Any] = {}
     for path in files:
         for key, value in read_config_file(path, fixed=overrides).items():
+            if key in _aliases(cls):
+                key, value = _aliases(cls)[key].apply(value)
             _check_key(cls, key, path)
             values[key] = convert(key, hints[key], value, from_text=False)
     return {**values, **overrides}
@@ -244,9 +277,10 @@ def _split_args(cls: type, argv: list[str], allow_files: bool) -> tuple[list[str
         arg = argv[i]
         if arg.startswith("--"):
             key, eq, raw = arg[2:].partition("=")
+            alias = _aliases(cls).get(key)
             if not eq:  # "--key value", or a bare "--flag" for a boolean
                 nxt = argv[i + 1] if i + 1 < len(argv) else None
-                if _is_flag(hints, key):
+                if alias is None and _is_flag(hints, key):
                     if nxt is not None and nxt.lower() in _BOOL_WORDS:
                         raw, i = nxt, i + 1
                     else:
@@ -254,8 +288,11 @@ def _split_args(cls: type, argv: list[str], allow_files: bool) -> tuple[list[str
                 elif nxt is not None and not nxt.startswith("--"):
                     raw, i = nxt, i + 1
                 else:
-                    _check_key(cls, key, "the command line")
+                    if alias is None:
+                        _check_key(cls, key, "the command line")
                     raise ConfigError(f"--{key} needs a value: --{key}=VALUE")
+            if alias is not None:
+                key, raw = alias.apply(raw)
             _check_key(cls, key, "the command line")
             overrides[key] = convert(key, hints[key], raw, from_text=True)
         elif allow_files:
@@ -477,8 +514,13 @@ def config_help(cls: type, prog: str) -> str:
         default = f.default if f.default is not MISSING else "(required)"
         option = f"--{f.name}={'auto' if default is None else default}"
         rows.append((option, _base_type(hints[f.name]).__name__, f.metadata.get("help", "")))
-    width = max(len(option) for option, _, _ in rows)
+    aliases = [(f"--{name}=...", "alias", f"same as --{alias.key}: {alias.help}")
+               for name, alias in _aliases(cls).items()]
+    width = max(len(option) for option, _, _ in rows + aliases)
     lines += [f"  {option:<{width}}  {tp:<5}  {text}" for option, tp, text in rows]
+    if aliases:
+        lines += ["", "aliases (nanoGPT's spellings):"]
+        lines += [f"  {option:<{width}}  {tp:<5}  {text}" for option, tp, text in aliases]
     return "\n".join(lines)
 
 

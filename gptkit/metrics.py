@@ -8,7 +8,8 @@
 metrics.jsonl has one JSON object per line: training lines (step, loss, lr, grad_norm, ms_per_step,
 tokens_per_s, mfu, peak_mem_mb, epoch) and evaluation lines (step, val_loss, best_val_loss, and with
 hellaswag_interval set, hellaswag_acc and hellaswag_acc_norm). `python plot.py OUT_DIR` draws them. Every line
-also has elapsed_s: wall-clock seconds since the Metrics was made, evaluations included (time to a loss).
+also has elapsed_s: wall-clock seconds since `started` (train.py: the process start, so imports, CUDA's start
+and compilation count), evaluations included: the time to a loss as a user's clock reads it.
 MFU is the model's FLOPs per token (gptkit/plan.py's flops_per_token, the formula `train.py --plan` uses) times
 tokens/s, over the GPU's peak from PEAK_FLOPS below.
 """
@@ -16,6 +17,7 @@ tokens/s, over the GPU's peak from PEAK_FLOPS below.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import re
 import statistics
@@ -95,7 +97,8 @@ class Metrics:
 
     def __init__(self, out_dir: str | Path, *, master: bool, tokens_per_step: int, flops_per_token: float,
                  peak_flops: float | None, world_size: int, max_iters: int, device: torch.device,
-                 wandb_run=None, answers_only: bool = False):
+                 wandb_run=None, answers_only: bool = False, started: float | None = None,
+                 log_interval: int = 1):
         self.path = Path(out_dir) / "metrics.jsonl"
         # A chat dataset's loss is over the assistant's replies only: the log lines say so ("answer loss"), and
         # metrics.jsonl's entries carry "loss_on": "answers".
@@ -108,7 +111,12 @@ class Metrics:
         self.timing = False  # off until the first step is done
         self.t0, self.steps = 0.0, 0  # the clock of the current interval and the steps timed in it
         self.recent_step_times: list[float] = []  # seconds per step of the recent log intervals
-        self.created = time.perf_counter()  # entries carry elapsed_s, wall seconds since then (evaluations included)
+        # entries carry elapsed_s, wall seconds since `started` (a time.perf_counter() value; default: now)
+        self.created = time.perf_counter() if started is None else started
+        # Slow steps (a GPU-sized config on a CPU) get a short progress line between the log lines: after the
+        # run's first step when it took seconds, then whenever PROGRESS_EVERY seconds passed without a line.
+        self.log_interval, self.step, self.first_step = log_interval, 0, True
+        self.last_line = time.perf_counter()  # when the last line was printed
 
     def start_timing(self) -> None:
         """Start (or restart) the step clock: after the first step, and after each evaluation."""
@@ -117,6 +125,14 @@ class Metrics:
     def step_done(self) -> None:
         if self.timing:
             self.steps += 1
+        self.step += 1
+        first, self.first_step = self.first_step, False
+        waited = time.perf_counter() - self.last_line
+        if (self.master and self.step % self.log_interval and self.step < self.max_iters
+                and (waited >= PROGRESS_EVERY or (first and waited >= FIRST_STEP_NOTE))):
+            print(f"step {self.step}/{self.max_iters} done ({waited:.1f} s since the last line; the loss is "
+                  f"logged every {self.log_interval} steps)", flush=True)
+            self.last_line = time.perf_counter()
 
     def record(self, entry: dict) -> None:
         if not self.master:
@@ -131,6 +147,7 @@ class Metrics:
                  extra: dict[str, float] | None = None) -> None:
         """`extra`: more scores of this evaluation (e.g. hellaswag_acc_norm), recorded and printed beside it."""
         extra = extra or {}
+        self.step, self.last_line = step, time.perf_counter()
         self.record({"step": step, "val_loss": val_loss, "best_val_loss": best_val_loss, **self.tag, **extra})
         if self.master:
             more = "".join(f" | {key} {value:.4f}" for key, value in extra.items())
@@ -140,6 +157,7 @@ class Metrics:
     def log_step(self, step: int, loss: float, lr: float, grad_norm: float, epoch: float) -> None:
         """Record and print one training step's numbers (`loss`, `grad_norm` already read from the device)."""
         rates = self._rates()
+        self.step, self.last_line = step, time.perf_counter()
         entry = {"step": step, "loss": loss, **self.tag, "lr": lr, "grad_norm": grad_norm, **rates,
                  "peak_mem_mb": peak_memory_mb(self.device), "epoch": epoch}
         self.record(entry)
@@ -171,12 +189,38 @@ class Metrics:
             self.wandb_run.finish()
 
 
-def start_wandb(project: str, run_name: str, config: dict):
-    """A W&B run, or a one-line error that says how to fix the usual causes."""
+class LineProgress:
+    """Progress as plain lines, for a log that is not a terminal (where tqdm's bar would not show): the first
+    line once the work has taken `delay` seconds, then one every PROGRESS_EVERY seconds."""
+
+    def __init__(self, what: str, total: int, unit: str, delay: float = 3.0):
+        self.what, self.total, self.unit = what, total, unit
+        self.start = time.perf_counter()
+        self.next = self.start + delay
+
+    def update(self, done: int) -> None:
+        now = time.perf_counter()
+        if now >= self.next and done < self.total:
+            print(f"{self.what}: {done}/{self.total} {self.unit} ({now - self.start:.0f} s)", flush=True)
+            self.next = now + PROGRESS_EVERY
+
+
+# Seconds without a printed line after which a slow run prints a progress line; and the first step's time
+# above which it says that the step is done (a GPU-sized step on a CPU takes seconds).
+PROGRESS_EVERY, FIRST_STEP_NOTE = 30.0, 5.0
+
+
+def start_wandb(project: str, run_name: str, config: dict, out_dir: str | Path | None = None):
+    """A W&B run, or a one-line error that says how to fix the usual causes. Its local files go to
+    out_dir/wandb/ (beside the run's other files), unless WANDB_DIR says where."""
     import wandb
 
+    folder = None
+    if out_dir is not None and not os.environ.get("WANDB_DIR"):
+        folder = Path(out_dir)
+        folder.mkdir(parents=True, exist_ok=True)
     try:
-        return wandb.init(project=project, name=run_name, config=config)
+        return wandb.init(project=project, name=run_name, config=config, dir=folder)
     except Exception as e:  # not logged in, no network, ...: wandb raises many types
         raise UserError(f"could not start Weights & Biases ({type(e).__name__}: {str(e).splitlines()[0]}); "
                         f"run `wandb login`, set WANDB_MODE=offline, or drop --wandb_log") from None

@@ -20,24 +20,33 @@ import torch
 from gptkit.config import TrainConfig
 
 
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device_type: str) -> torch.optim.AdamW | MuonAdamW:
-    """AdamW (weight decay on the matrices only), or with cfg.optimizer="muon" Muon + AdamW as one optimizer."""
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device_type: str,
+                   graphable: bool = False) -> torch.optim.AdamW | MuonAdamW:
+    """AdamW (weight decay on the matrices only), or with cfg.optimizer="muon" Muon + AdamW as one optimizer.
+    graphable: an AdamW whose step a CUDA graph can record (gptkit/cudagraph.py; make_adamw)."""
     if cfg.optimizer == "muon":
         return make_muon_adamw(model, cfg, device_type)
     params = [p for p in model.parameters() if p.requires_grad]  # the tied wte/lm_head weight appears once
-    return make_adamw(params, cfg, device_type)
+    return make_adamw(params, cfg, device_type, graphable)
 
 
-def make_adamw(params: list[torch.nn.Parameter], cfg: TrainConfig, device_type: str) -> torch.optim.AdamW:
-    """AdamW with weight decay on the matrices (linear weights, embeddings) only, not on biases and gains."""
+def make_adamw(params: list[torch.nn.Parameter], cfg: TrainConfig, device_type: str,
+               graphable: bool = False) -> torch.optim.AdamW:
+    """AdamW with weight decay on the matrices (linear weights, embeddings) only, not on biases and gains.
+    graphable: fused, with the learning rate a tensor on the device (set_lr fills it) and, on CUDA,
+    capturable=True (its step counts on the device), as a CUDA graph of the step needs."""
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]  # the modern block may have no gains or biases at all
     # The fused CUDA kernel updates all parameters in a few launches instead of several per tensor, and can
     # skip its update on the device (step_unless).
-    extra = {"fused": True} if device_type in FUSED_DEVICE_TYPES else {}
-    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), **extra)
+    extra = {"fused": True} if device_type in FUSED_DEVICE_TYPES or graphable else {}
+    lr = cfg.learning_rate
+    if graphable:
+        lr = torch.tensor(lr, device=params[0].device)
+        extra["capturable"] = device_type == "cuda"  # (torch allows capturable on accelerators only)
+    return torch.optim.AdamW(groups, lr=lr, betas=(cfg.beta1, cfg.beta2), **extra)
 
 
 # Where AdamW runs fused. (The CPU has a fused AdamW too, but its arithmetic differs from the loop's by
@@ -62,9 +71,13 @@ def keeping_implementation(optimizer) -> Iterator[None]:
     started on a CPU (fused None) would resume on a GPU without the fused kernel, and one started on a GPU
     would resume on a CPU asking for it."""
     chosen = [{k: g[k] for k in IMPLEMENTATION_KEYS if k in g} for g in optimizer.param_groups]
+    lrs = [g["lr"] for g in optimizer.param_groups]
     yield
-    for group, keep in zip(optimizer.param_groups, chosen, strict=True):
+    for group, keep, lr in zip(optimizer.param_groups, chosen, lrs, strict=True):
         group.update(keep)
+        # The learning rate keeps this optimizer's form: a float, or the very tensor a CUDA graph reads.
+        loaded = float(group["lr"])
+        group["lr"] = lr.fill_(loaded) if isinstance(lr, torch.Tensor) else loaded
 
 
 def _parts(optimizer) -> list[torch.optim.Optimizer]:
@@ -278,5 +291,9 @@ def set_lr(optimizer, step: int, cfg: TrainConfig) -> float:
     to their own peak, muon_lr. Returns AdamW's (the logged lr)."""
     lr = get_lr(step, cfg)
     for group in optimizer.param_groups:
-        group["lr"] = cfg.muon_lr * (lr / cfg.learning_rate) if group.get("muon") else lr
+        value = cfg.muon_lr * (lr / cfg.learning_rate) if group.get("muon") else lr
+        if isinstance(group["lr"], torch.Tensor):  # a graphable AdamW's: filled in place, on the device
+            group["lr"].fill_(value)
+        else:
+            group["lr"] = value
     return lr

@@ -79,12 +79,18 @@ def decide(model: torch.nn.Module, cfg, d: Dist, rt: Runtime, use_compile: bool)
     return choice, f"parallel: {choice.upper()} over {d.world_size} processes ({why})"
 
 
-def wrap(model: torch.nn.Module, choice: str, rt: Runtime, use_compile: bool) -> torch.nn.Module:
+def wrap(model: torch.nn.Module, choice: str, rt: Runtime, use_compile: bool,
+         compile_scope: str = "model") -> torch.nn.Module:
     """The module that runs the training steps, for decide's `choice`. `model` is the plain GPT on its device;
     under FSDP it is sharded in place (its parameters become DTensors holding this process' shard): build the
-    optimizer after this call."""
+    optimizer after this call. compile_scope "blocks" compiles each block on its own, in place (FSDP always
+    does): identical blocks share one compiled graph, so compile time does not grow with the depth."""
     if choice == "fsdp":
         return shard(model, rt, use_compile)
+    if use_compile and compile_scope == "blocks":
+        for block in model.transformer.h:
+            block.compile()  # in place: the parameter names stay those of the plain model
+        use_compile = False
     if choice == "ddp":
         # The model has no buffers, so DDP's forward syncs nothing: evaluation, where ranks may run different
         # numbers of batches, involves no collective until evaluate's own all_reduce. Gradients as views into

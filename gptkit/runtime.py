@@ -19,6 +19,7 @@ import os
 import platform
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,10 +54,12 @@ class Runtime:
         # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range and needs none.
         return self.dtype == torch.float16 and self.device_type == "cuda"
 
-    def autocast(self):
+    def autocast(self, cache: bool = True):
+        """cache=False for a CUDA graph's capture: autocast's cache of cast weights is freed when its region
+        ends, and the graph would go on reading the freed memory."""
         if self.dtype == torch.float32:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device_type, dtype=self.dtype)
+        return torch.autocast(device_type=self.device_type, dtype=self.dtype, cache_enabled=cache)
 
     def synchronize(self) -> None:
         if self.device_type == "cuda":
@@ -121,6 +124,53 @@ def resolve_compile(flag: bool | None, device: torch.device) -> tuple[bool, str]
     return True, "compile on: torch.compile (the first steps are slow while it compiles)"
 
 
+def resolve_cuda_graphs(flag: bool | None, rt: Runtime, *, world_size: int, optimizer: str,
+                        compiled: bool) -> tuple[bool, str]:
+    """Decide whether train.py replays its whole step as one CUDA graph (gptkit/cudagraph.py), and say why in
+    one line. flag None means auto, which stays off until a GPU measurement shows the gain for the run's shape."""
+    if flag is False:
+        return False, "CUDA graphs off (asked for)"
+    needs = []
+    if rt.device_type not in GRAPH_DEVICE_TYPES:
+        needs.append("a CUDA device")
+    if world_size > 1:
+        needs.append("one process (DDP and FSDP communicate inside the step)")
+    if rt.needs_grad_scaler:
+        needs.append("bfloat16 or float32 (float16's loss scaler reads its flags on the host)")
+    if optimizer != "adamw":
+        needs.append("--optimizer=adamw")
+    if flag is None:
+        return False, ("CUDA graphs off (auto; --cuda_graphs=True replays the whole step as one graph" +
+                       (f", which needs {', '.join(needs)})" if needs else ")"))
+    if needs:
+        raise DeviceError(f"--cuda_graphs=True needs {', '.join(needs)}; drop --cuda_graphs")
+    how = "compiled, " if compiled else ""
+    return True, f"CUDA graphs on: the whole training step runs {how}as one graph, captured after warm-up steps"
+
+
+# Where a step can be captured. (Tests add "cpu": there gptkit/cudagraph.py runs the same step eagerly.)
+GRAPH_DEVICE_TYPES = ("cuda",)
+
+
+def process_elapsed() -> float:
+    """Seconds since this process started (on Linux from /proc, so imports and CUDA's start count too; elsewhere
+    since the first call): the clock a run's elapsed_s is read on, so that it is the wall's."""
+    global _FIRST_CALL
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))  # field 22: starttime, in ticks
+    except (OSError, ValueError, IndexError, AttributeError):
+        if _FIRST_CALL is None:
+            _FIRST_CALL = time.perf_counter()
+        return time.perf_counter() - _FIRST_CALL
+
+
+_FIRST_CALL: float | None = None
+
+
 def setup_runtime(device: str = "auto", dtype: str = "auto") -> Runtime:
     dev = resolve_device(device)
     if dev.type == "cuda":
@@ -134,11 +184,13 @@ def setup_runtime(device: str = "auto", dtype: str = "auto") -> Runtime:
 
 # ----------------------------------------------------------------------------- decoding: sample, chat, serve
 
-# The decoding scripts' --quantize: "none" runs the model as loaded; the others are gptkit/cpu_decode.py's
-# weight formats for the Linear layers (CPU only).
-QUANTIZE = ("none", "float32", "float16", "int8")
-QUANTIZE_HELP = ("CPU only: the Linear layers' weights for decoding: none (the model as loaded), float32 (the "
-                 "same weights, faster kernels), float16 (half the bytes) or int8 (8 bits and a scale per 32)")
+# The decoding scripts' --quantize: "none" runs the model as loaded; float32, float16 and int8 are
+# gptkit/cpu_decode.py's weight formats for the Linear layers (CPU only); "auto" (the default) is float32 on
+# the CPU when the weights are float32 (the same weights and logits, read by faster kernels) and none elsewhere.
+QUANTIZE = ("auto", "none", "float32", "float16", "int8")
+QUANTIZE_HELP = ("the Linear layers' weights for decoding on the CPU: auto (float32 on the CPU with float32 "
+                 "weights, else none), none (the model as loaded), float32 (the same weights, faster kernels), "
+                 "float16 (half the bytes) or int8 (8 bits and a scale per 32)")
 THREADS_HELP = "CPU threads; 0 = auto: OMP_NUM_THREADS if it is set, else the cores other processes leave free"
 
 
@@ -148,9 +200,11 @@ class Inference:
     few words on the thread count chosen (setup_inference)."""
 
     rt: Runtime
-    quantize: str = "none"
+    quantize: str = "none"  # resolved: never "auto"
     threads: str = ""
     kernels: str = ""  # set by place: which code computes the packed products
+    auto: bool = False  # quantize was chosen by --quantize=auto: place() keeps the model as loaded where the
+    # kernels cannot run (torch's products from packed weights would be no faster)
 
     def place(self, model: torch.nn.Module) -> torch.nn.Module:
         """Move the model to the runtime's device and dtype (the weights themselves, not autocast: decoding
@@ -161,8 +215,10 @@ class Inference:
         if self.quantize != "none":
             from gptkit import cpu_decode
 
+            if cpu_decode.kernels() is None and self.auto:
+                self.quantize = "none"
+                return model
             cpu_decode.pack_for_cpu(model, self.quantize)
-            cpu_decode.kernels()
             self.kernels = cpu_decode.kernels_status()
         return model
 
@@ -176,14 +232,18 @@ class Inference:
         return ", ".join(parts)
 
 
-def setup_inference(device: str = "auto", dtype: str = "auto", quantize: str = "none",
+def setup_inference(device: str = "auto", dtype: str = "auto", quantize: str = "auto",
                     threads: int = 0) -> Inference:
     """setup_runtime for the scripts that decode (sample.py, chat.py, serve.py), before the model is loaded:
-    refuses a --quantize this runtime cannot use (a one-line DeviceError) and sets the CPU's thread count,
-    --threads, or OMP_NUM_THREADS when set (torch reads it at start), else cpu_decode.choose_threads()."""
+    resolves --quantize=auto (float32 on the CPU in float32, else none), refuses a --quantize this runtime
+    cannot use (a one-line DeviceError) and sets the CPU's thread count, --threads, or OMP_NUM_THREADS when set
+    (torch reads it at start), else cpu_decode.choose_threads()."""
     rt = setup_runtime(device, dtype)
     if quantize not in QUANTIZE:
         raise DeviceError(f"quantize {quantize!r} unknown; use {', '.join(QUANTIZE)}")
+    auto = quantize == "auto"
+    if auto:
+        quantize = "float32" if rt.device_type == "cpu" and rt.dtype == torch.float32 else "none"
     if quantize != "none" and rt.device_type != "cpu":
         raise DeviceError(f"--quantize={quantize} is for decoding on the CPU; on {rt.device_type} choose the "
                           f"weights' precision with --dtype (e.g. bfloat16), or use --device=cpu")
@@ -204,7 +264,7 @@ def setup_inference(device: str = "auto", dtype: str = "auto", quantize: str = "
         n, why = choose_threads()
         torch.set_num_threads(n)
         note = f"{_threads(n)} ({why}; --threads to choose)"
-    return Inference(rt, quantize, note)
+    return Inference(rt, quantize, note, auto=auto)
 
 
 def _threads(n: int) -> str:
@@ -324,7 +384,7 @@ class StopFlag:
             raise KeyboardInterrupt
         self.requested, self.signum = True, signum
         print(f"\n{signal.Signals(signum).name} received: finishing this step (or cutting the evaluation short), "
-              f"then saving last.pt", flush=True)
+              f"then saving last.pt (once a step has finished)", flush=True)
 
     def __exit__(self, *exc):
         for sig, handler in self.previous.items():
@@ -338,9 +398,9 @@ def library_versions() -> dict[str, str]:
     # str(): torch.__version__ is a TorchVersion object, which a weights_only load would refuse to unpickle
     versions = {"python": platform.python_version(), "torch": str(torch.__version__), "numpy": numpy.__version__}
     for name in ("tiktoken", "datasets", "safetensors"):
-        try:
-            versions[name] = str(__import__(name).__version__)
-        except Exception:
+        try:  # the installed version, without importing it (datasets alone takes seconds to import)
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
             pass
     if torch.cuda.is_available():
         versions["cuda"] = str(torch.version.cuda)
