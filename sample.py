@@ -25,7 +25,7 @@ from typing import TextIO
 import torch
 
 from gptkit import checkpoint, cli
-from gptkit.config import ConfigError, load_config, setting
+from gptkit.config import Alias, ConfigError, load_config, setting
 from gptkit.generate import (
     SamplingOptions,
     TextStream,
@@ -62,7 +62,7 @@ class SampleConfig:
         "weights' precision: auto (bf16 on CUDA, fp16 where bf16 is unsupported; fp32 elsewhere), float32, bfloat16, float16",
         ("auto", "float32", "bfloat16", "float16"),
     )
-    quantize: str = setting("none", QUANTIZE_HELP, QUANTIZE)
+    quantize: str = setting("auto", QUANTIZE_HELP, QUANTIZE)
     threads: int = setting(0, THREADS_HELP)
     compile: bool | None = setting(
         None, "compile the one-token decode step: True, False or auto (None: on a GPU when max_new_tokens repays compiling)"
@@ -70,11 +70,19 @@ class SampleConfig:
     stream: bool | None = setting(
         None, "print tokens as they are generated (the first sample when several); auto: on for one sample on a terminal"
     )
+    # nanoGPT's sample.py spellings (its --init_from=resume, the checkpoint in out_dir, is accepted too)
+    ALIASES = {
+        "out_dir": Alias("ckpt", "the run's folder (its best.pt or last.pt, or nanoGPT's ckpt.pt)"),
+        "start": Alias("prompt", "the prompt; FILE:path reads it from a file (--prompt_file)", resolve=lambda v: (
+            ("prompt_file", v.removeprefix("FILE:")) if v.startswith("FILE:") else ("prompt", v))),
+    }
 
     def validate(self) -> None:
+        if self.init_from == "resume":  # nanoGPT's way of saying: the checkpoint in out_dir (--ckpt)
+            self.init_from = ""
         if self.ckpt and self.init_from:
             raise ConfigError("give either --ckpt or --init_from, not both")
-        if self.init_from in ("scratch", "resume"):
+        if self.init_from == "scratch":
             raise ConfigError(f"--init_from={self.init_from} is a train.py option; to sample a trained run use --ckpt=OUT_DIR")
         if self.prompt and self.prompt_file:
             raise ConfigError("give either --prompt or --prompt_file, not both")

@@ -12,6 +12,12 @@ A run under FSDP writes a sharded checkpoint instead: a folder (out_dir/last/, o
 torch.distributed.checkpoint files, each process writing its own shards of the model and the optimizer state,
 plus record.pt with every other entry above (see "sharded checkpoints" below). The loaders here read either
 form: a reader never needs to know which one a run wrote.
+
+Every checkpoint carries checksums (gptkit/checksum.py): the file a CRC-32C of each tensor and of everything
+else ("checksums"), the sharded folder in record.pt those of .metadata and of each item of the shard files.
+load_checkpoint verifies them, so every reader does (resume, sample, eval, chat, serve, export): a changed byte
+is a one-line CorruptCheckpointError naming the file and the tensor and the checkpoint to use instead. One
+saved before checksums loads with a note. nanoGPT's out_dir/ckpt.pt is read too (gptkit/nanogpt.py).
 """
 
 from __future__ import annotations
@@ -21,12 +27,15 @@ import json
 import os
 import pickle
 import shutil
+import sys
 import warnings
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
-from gptkit import lora
+from gptkit import checksum, lora, nanogpt
 from gptkit.cli import UserError, one_line
 from gptkit.files import atomic_write
 from gptkit.hf_gpt2 import GPT2_NAMES, load_pretrained
@@ -47,8 +56,10 @@ class CheckpointError(UserError):
 
 
 def save_checkpoint(obj: dict, path: str | Path) -> None:
-    """Write atomically: a crash mid-save leaves the old file intact. A sharded checkpoint of the same name
+    """Write atomically, with a checksum of every tensor and of the rest (gptkit/checksum.py) that every load
+    verifies: a crash mid-save leaves the old file intact. A sharded checkpoint of the same name
     (out_dir/last/ for out_dir/last.pt: a run that went on without FSDP) is removed once the file is written."""
+    obj = {**obj, checksum.KEY: checksum.record(obj)}
     with atomic_write(path) as tmp, open(tmp, "wb") as f:
         torch.save(obj, f)
     path = Path(path)
@@ -90,7 +101,7 @@ def build_checkpoint(*, model, optimizer, scaler, loader, meta: dict, config: di
 
 def find_checkpoint(path: str | Path) -> Path:
     """A checkpoint file or sharded folder as given, or in a run's folder its best checkpoint if present, else
-    its last (saved_checkpoint: best.pt or best/, last.pt or last/)."""
+    its last (saved_checkpoint: best.pt or best/, last.pt or last/), else nanoGPT's ckpt.pt."""
     p = Path(path)
     if p.is_file() or is_sharded_checkpoint(p):
         return p
@@ -99,8 +110,18 @@ def find_checkpoint(path: str | Path) -> Path:
             found = saved_checkpoint(p, name)
             if found is not None:
                 return found
-        raise CheckpointError(f"no checkpoint (best.pt or last.pt, or a sharded best/ or last/) in {p}/; {TRAIN_HINT}")
+        if (p / nanogpt.CKPT_NAME).is_file():
+            return p / nanogpt.CKPT_NAME
+        raise CheckpointError(f"no checkpoint (best.pt or last.pt, or a sharded best/ or last/, or nanoGPT's "
+                              f"ckpt.pt) in {p}/; {TRAIN_HINT}")
     raise CheckpointError(f"checkpoint {p} does not exist; {TRAIN_HINT}")
+
+
+def holds_checkpoint(path: str | Path) -> bool:
+    """Whether `path` is a checkpoint (a file, a sharded folder) or a run's folder holding one."""
+    p = Path(path)
+    return p.is_file() or (p.is_dir() and (is_sharded_checkpoint(p) or (p / nanogpt.CKPT_NAME).is_file() or any(
+        saved_checkpoint(p, n) is not None for n in ("best", "last"))))
 
 
 def saved_checkpoint(out_dir: str | Path, name: str) -> Path | None:
@@ -115,14 +136,51 @@ def saved_checkpoint(out_dir: str | Path, name: str) -> Path | None:
     return max(found, key=lambda p: (p / RECORD if p.is_dir() else p).stat().st_mtime_ns, default=None)
 
 
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint whose bytes changed since it was saved (a checksum does not match, or it is cut short)."""
+
+
+def corrupt(p: Path, what: str) -> CorruptCheckpointError:
+    """The one-line error for a damaged checkpoint: what is wrong, that nothing was changed, what to try."""
+    return CorruptCheckpointError(f"{p}{'/' * p.is_dir()} is corrupt: {what}; nothing on disk was changed; "
+                                  f"{_fallback(p)}")
+
+
+def _fallback(p: Path) -> str:
+    """Which other checkpoint of the run to use instead of the damaged `p`, and how to resume from it."""
+    out_dir = p.parent
+    name = p.name.removesuffix(OLD) if p.is_dir() else p.stem
+    others = []
+    old = out_dir / f"{name}{OLD}"
+    if p.is_dir() and p != old and is_sharded_checkpoint(old):
+        others.append(old)  # the previous save of this one, left by a save killed between its renames
+    for other in ("best", "last"):
+        found = saved_checkpoint(out_dir, other) if other != name else None
+        if found is not None and found not in others:
+            others.append(found)
+    if not others:
+        return "restore it from a copy (no other checkpoint is beside it)"
+    shown = [f"{o}{'/' * o.is_dir()}" for o in others]
+    resume = ""
+    if name == "last":
+        target = out_dir / ("last" if others[0].is_dir() else "last.pt")
+        resume = (f" (to resume from it: move {p}{'/' * p.is_dir()} aside, copy {shown[0]} to "
+                  f"{target}{'/' * others[0].is_dir()}, then --init_from=resume)")
+    return f"try {' or '.join(shown)} instead{resume}"
+
+
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = True) -> dict:
-    """Load a checkpoint safely. Memory-mapped by default, so tensors that are never used (the optimizer's,
-    when sampling) are never read from disk. A sharded checkpoint (a folder) comes as the same dict, its
-    model's weights whole, without the optimizer state (load_sharded_optimizer restores that) and with
-    "sharded": the folder."""
+    """Load a checkpoint safely, verifying its checksums. Memory-mapped by default, so tensors that are never
+    used (the optimizer's, when sampling) are never read from disk: such a load verifies everything but the
+    optimizer state (which only a resumed run uses, and it loads without mmap). A sharded checkpoint (a folder)
+    comes as the same dict, its model's weights whole, without the optimizer state (load_sharded_optimizer
+    restores that) and with "sharded": the folder. nanoGPT's ckpt.pt comes converted (gptkit/nanogpt.py)."""
     p = find_checkpoint(path)
     if p.is_dir():
-        return _read_sharded(p, map_location)
+        return _read_sharded(p, map_location, verify_optimizer=not mmap)
+    damage = _zip_damage(p)  # the metadata's own zip CRC, checked first: a damaged pickle can fail any way
+    if damage:
+        raise corrupt(p, damage)
     try:
         ckpt = torch.load(p, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
@@ -130,13 +188,55 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
         # torch's message is long; the line naming the refused global is the useful one
         first = next((line for line in lines if "WeightsUnpickler error" in line), lines[0] if lines else "unsafe")
         raise CheckpointError(f"refusing to load {p}: it is not a plain-tensor checkpoint ({first})") from None
-    except (RuntimeError, EOFError, OSError) as e:
-        raise CheckpointError(f"cannot read checkpoint {p}: {str(e).splitlines()[0]}; it may be truncated") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        # torch's first sentence only: the rest is its advice, or a raw mmap or zip-library message
+        raise corrupt(p, f"it cannot be read ({_first_sentence(e)}); it may be truncated") from None
+    if nanogpt.is_nanogpt(ckpt):
+        print(f"note: {p} is a nanoGPT checkpoint: it carries no checksums, so damage to it cannot be detected",
+              file=sys.stderr)
+        return nanogpt.convert(ckpt, p)
     if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
         raise CheckpointError(f"{p} is not a checkpoint written by train.py (no model/model_config keys)")
     if ckpt.get("format", 0) > FORMAT_VERSION:
         raise CheckpointError(f"{p} has checkpoint format {ckpt['format']}; this code reads up to {FORMAT_VERSION}")
+    _verify(ckpt, p, skip=("optimizer",) if mmap else ())
     return ckpt
+
+
+def _verify(ckpt: dict, p: Path, skip: tuple[str, ...] = ()) -> None:
+    """Check a loaded checkpoint dict against its checksums (removing them from it); one written before they
+    were recorded gets a note."""
+    if checksum.KEY not in ckpt:
+        print(f"note: {p} carries no checksums (it was saved before they were recorded): damage to it cannot be "
+              f"detected; saving it again (e.g. export.py --format pt) adds them", file=sys.stderr)
+        return
+    wrong = checksum.mismatch(ckpt, ckpt[checksum.KEY], skip)
+    if wrong:
+        raise corrupt(p, f"{wrong} does not match the checksum saved with it")
+    del ckpt[checksum.KEY]
+
+
+def _zip_damage(p: Path) -> str | None:
+    """What is wrong with a checkpoint file's zip container, read without torch: not a complete zip archive
+    (cut short, or not a checkpoint), or a pickled entry (data.pkl, the keys and settings) that fails the CRC
+    the zip stores for it. None when neither. (A CRC of 0 is what torch writes when told not to compute them.)"""
+    try:
+        with zipfile.ZipFile(p) as z:
+            for info in z.infolist():
+                if info.filename.endswith(".pkl") and info.CRC:
+                    z.read(info)  # raises BadZipFile on a CRC mismatch
+    except zipfile.BadZipFile as e:
+        if "CRC" in str(e):
+            return "its metadata (data.pkl) does not match the CRC stored in the file"
+        return "it is not a complete checkpoint file (cut short, or not a checkpoint at all)"
+    except (OSError, EOFError, ValueError, NotImplementedError) as e:
+        return f"its zip container cannot be read ({_first_sentence(e)})"
+    return None
+
+
+def _first_sentence(e: BaseException) -> str:
+    text = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return text.split(". ")[0].rstrip(".")
 
 
 def model_from_checkpoint(ckpt: dict, device: str | torch.device = "cpu", merge_lora: bool = True) -> GPT:
@@ -160,11 +260,9 @@ GPT2_BPE = {"kind": "tiktoken", "name": "gpt2"}
 def load_base_model(init_from: str, dropout: float = 0.0) -> tuple[GPT, dict | None]:
     """The model a fine-tuning run starts from, and the tokenizer it was trained with: a GPT-2 name or a local
     Hugging Face GPT-2 folder (the GPT-2 BPE), or a checkpoint of this project (a .pt file or a sharded folder,
-    or a run's out_dir holding best.pt or last.pt, or their sharded folders; its own tokenizer)."""
+    or a run's out_dir holding best.pt or last.pt, or their sharded folders; its own tokenizer), or nanoGPT's."""
     path = Path(init_from)
-    ours = path.is_file() or (path.is_dir() and (is_sharded_checkpoint(path) or any(
-        saved_checkpoint(path, n) is not None for n in ("best", "last"))))
-    if init_from in GPT2_NAMES or not ours:
+    if init_from in GPT2_NAMES or not holds_checkpoint(path):
         return load_pretrained(init_from, dropout=dropout), GPT2_BPE  # a bad name or folder: an HFGPT2Error
     ckpt = load_checkpoint(path)
     model = model_from_checkpoint(ckpt)
@@ -226,6 +324,9 @@ def load_model(ckpt: str = "", init_from: str = "") -> tuple[GPT, Tokenizer, str
     is given) or GPT-2 weights (`init_from`: a GPT-2 name or a local Hugging Face folder). Returns the model
     (on the CPU, in eval mode), its tokenizer, and a few words saying what was loaded."""
     if init_from:
+        if init_from not in GPT2_NAMES and holds_checkpoint(init_from):
+            raise CheckpointError(f"{init_from} is a checkpoint of this project, not Hugging Face GPT-2 weights: "
+                                  f"pass it as --ckpt {init_from}")
         model = _load_pretrained(init_from)  # a bad name or folder is an HFGPT2Error: a UserError
         tokenizer = _pretrained_tokenizer(init_from)
         what = f"GPT-2 weights {init_from}"
@@ -292,6 +393,7 @@ def _checkpoint_tokenizer(ckpt: dict, path: Path) -> Tokenizer:
 # keyed by parameter name)}, and RECORD, every other entry of build_checkpoint. DCP writes .metadata last, once
 # every process has written its part; the folder is written as NAME.tmp/ and renamed to NAME/ once complete.
 RECORD = "record.pt"
+SHARDS_KEY = "shard_checksums"  # RECORD's entry with the CRC-32C of .metadata and of every item of the shards
 TMP, OLD = ".tmp", ".old"  # the suffixes of a folder being written, and of the one it replaces
 
 
@@ -346,6 +448,8 @@ def save_sharded(folder: str | Path, record: dict | None, model: torch.nn.Module
         dcp.save(state, checkpoint_id=tmp)  # each process its part; .metadata last, once all have written
     if record is None:
         return
+    record = {**record, SHARDS_KEY: _shard_checksums(tmp)}
+    record = {**record, checksum.KEY: checksum.record(record)}
     with open(tmp / RECORD, "wb") as f:
         torch.save(record, f)
         f.flush()
@@ -360,18 +464,72 @@ def save_sharded(folder: str | Path, record: dict | None, model: torch.nn.Module
     folder.with_name(folder.name + ".pt").unlink(missing_ok=True)  # the file of a run that went on under FSDP
 
 
-def _read_sharded(folder: Path, map_location: str | torch.device = "cpu") -> dict:
+def _shard_checksums(folder: Path) -> dict:
+    """CRC-32C of the .metadata file and of every item DCP wrote (each process' part of each tensor, and the
+    optimizer's other entries), read back from the files: {"metadata": crc, "items": {item: crc}}."""
+    import torch.distributed.checkpoint as dcp
+
+    metadata = dcp.FileSystemReader(str(folder)).read_metadata()
+    items = _storage_items(metadata)
+    with ThreadPoolExecutor(checksum.THREADS) as pool:
+        crcs = pool.map(lambda loc: checksum.file_range_crc(folder / loc[0], loc[1], loc[2]), items.values())
+        found = dict(zip(items, crcs))
+    meta_file = folder / ".metadata"
+    return {"metadata": checksum.file_range_crc(meta_file, 0, meta_file.stat().st_size), "items": found}
+
+
+def _storage_items(metadata) -> dict[str, tuple[str, int, int]]:
+    """{item: (file, offset, length)} of a DCP checkpoint's metadata; an item is a tensor's name and the offset
+    of one process' part of it ("model.transformer.wte.weight@0,0"), or the name of a non-tensor entry."""
+    items = {}
+    for index, info in metadata.storage_data.items():
+        where = "" if index.offset is None else "@" + ",".join(map(str, index.offset))
+        items[f"{index.fqn}{where}"] = (info.relative_path, info.offset, info.length)
+    return items
+
+
+def _verify_shards(folder: Path, record: dict, metadata, prefixes: tuple[str, ...]) -> None:
+    """Check the items of the DCP files whose names start with `prefixes` against the record's checksums."""
+    expected = record[SHARDS_KEY]["items"]
+    items = {k: v for k, v in _storage_items(metadata).items() if k.startswith(prefixes)}
+    missing = [k for k in items if k not in expected]
+    if missing:
+        raise corrupt(folder, f"its .metadata lists {missing[0]}, which was not saved")
+    with ThreadPoolExecutor(checksum.THREADS) as pool:
+        crcs = pool.map(lambda loc: checksum.file_range_crc(folder / loc[0], loc[1], loc[2]), items.values())
+        bad = [k for k, c in zip(items, crcs) if c != expected[k]]
+    if bad:
+        raise corrupt(folder, f"tensor {bad[0]} in {items[bad[0]][0]} does not match the checksum saved with it")
+
+
+def _read_sharded(folder: Path, map_location: str | torch.device = "cpu", verify_optimizer: bool = False) -> dict:
     """A sharded checkpoint as load_checkpoint returns a file's: its record, the model's weights whole (read
     from every process' shards, in this process alone: no process group is needed), and "sharded": the folder.
-    The optimizer state is not read (load_sharded_optimizer restores it into a run)."""
+    The optimizer state is not read (load_sharded_optimizer restores it into a run); its checksums are verified
+    with verify_optimizer (a resumed run)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+    damage = _zip_damage(folder / RECORD)
+    if damage:
+        raise corrupt(folder, f"{RECORD}: {damage}")
     try:
         record = torch.load(folder / RECORD, map_location=map_location, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
+        raise CheckpointError(f"cannot read sharded checkpoint {folder}/: {one_line(e)}") from None
+    if isinstance(record, dict) and checksum.KEY in record:
+        _verify(record, folder / RECORD)
+        meta_file = folder / ".metadata"
+        if checksum.file_range_crc(meta_file, 0, meta_file.stat().st_size) != record[SHARDS_KEY]["metadata"]:
+            raise corrupt(folder, ".metadata (the index of the shards) does not match the checksum saved with it")
+    elif isinstance(record, dict):
+        _verify(record, folder)  # the note: saved before checksums were recorded
+    try:
         metadata = dcp.FileSystemReader(str(folder)).read_metadata()
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as e:
         raise CheckpointError(f"cannot read sharded checkpoint {folder}/: {one_line(e)}") from None
+    if isinstance(record, dict) and SHARDS_KEY in record:
+        _verify_shards(folder, record, metadata, ("model.", "optimizer.") if verify_optimizer else ("model.",))
     weights = {}
     for key, meta in metadata.state_dict_metadata.items():
         if key.startswith("model.") and isinstance(meta, TensorStorageMetadata):
@@ -384,6 +542,7 @@ def _read_sharded(folder: Path, map_location: str | torch.device = "cpu") -> dic
                               f"missing or truncated") from None
     if not isinstance(record, dict) or "model_config" not in record:
         raise CheckpointError(f"{folder}/ is not a checkpoint written by train.py (no model_config in {RECORD})")
+    record = {k: v for k, v in record.items() if k != SHARDS_KEY}
     return {**record, "model": {k: v.to(map_location) for k, v in weights.items()}, "sharded": str(folder)}
 
 

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 
+from gptkit import checksum
 from gptkit.cli import UserError
+from gptkit.network import hub_unreachable
 from model import ARCH_PRESETS, GPT, GPTConfig
 
 # The official checkpoints and their Hub repositories (params: 124M, 350M, 774M, 1558M).
@@ -51,6 +54,7 @@ _HF_BUFFER = re.compile(r"^h\.\d+\.attn\.(bias|masked_bias)$")
 # when a file has it.
 TIED_HEAD = "lm_head.weight"
 TIED_TO = "transformer.wte.weight"
+EXPORT_MARKER = "gptkit_tokenizer.json"  # written by export.py beside the weights (hf_tokenizer.GPTKIT_FILE)
 
 
 def hf_to_ours(key: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor] | None:
@@ -273,14 +277,23 @@ def _locate(name_or_path: str) -> tuple[Path, list[Path], str]:
 
 
 def _download(repo: str, filename: str, name: str) -> Path:
-    """One file of a Hub repository (from the local cache when it is there)."""
+    """One file of a Hub repository (from the local cache when it is there). Where the Hub cannot be reached
+    (gptkit/network.py asks once, in a second) only the cache is tried: a miss fails at once, not after the
+    Hub client's ~25 s of retries."""
     import huggingface_hub  # imported here: only the Hub names need it
 
+    offline = hub_unreachable()
     try:
-        return Path(huggingface_hub.hf_hub_download(repo, filename))
+        return Path(huggingface_hub.hf_hub_download(repo, filename, local_files_only=offline is not None))
     # Network trouble arrives as many types (OSError, the Hub's own errors, HTTP client errors); any of them
     # means the same to the user: the file could not be fetched.
     except Exception as e:
+        if offline is not None:
+            raise HFGPT2Error(
+                f"cannot reach the Hugging Face Hub ({offline}) and {filename} of '{name}' is not in its local "
+                f"cache; connect to the network once, or pass a local folder with config.json and "
+                f"model.safetensors instead"
+            ) from None
         reason = (str(e).strip().splitlines() or [""])[0][:200]
         raise HFGPT2Error(
             f"could not download {filename} of '{name}' from the Hugging Face Hub ({type(e).__name__}: "
@@ -302,11 +315,11 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
     """All tensors of a .safetensors or pytorch_model.bin file, on the CPU."""
     try:
         if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            return load_file(str(path), device="cpu")
+            return _read_safetensors(path)
         # weights_only: a .bin is a pickle, and a pickle from the internet must not run code.
         state = torch.load(path, map_location="cpu", weights_only=True)
+    except HFGPT2Error:
+        raise
     except Exception as e:  # safetensors, pickle and zip errors share no base class
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise HFGPT2Error(
@@ -314,6 +327,26 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
         ) from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise HFGPT2Error(f"{path} is not a state dict (a dict of tensors); re-save it with save_pretrained")
+    return state
+
+
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """A .safetensors file's tensors, checked against the CRCs that export.py records in its metadata (a file
+    from elsewhere has none and is taken as it is)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    state = load_file(str(path), device="cpu")
+    with safe_open(str(path), "pt") as f:
+        metadata = f.metadata()
+    if metadata and checksum.SAFETENSORS_KEY in metadata:
+        wrong = checksum.safetensors_mismatch(state, metadata)
+        if wrong:
+            raise HFGPT2Error(f"{path} is corrupt: {wrong} does not match the checksum saved with it; nothing on "
+                              f"disk was changed; export it again from its checkpoint (python export.py)")
+    elif (path.parent / EXPORT_MARKER).is_file():  # exported by this project before checksums were recorded
+        print(f"note: {path} carries no checksums (exported before they were recorded): damage to it cannot be "
+              f"detected; export it again to add them", file=sys.stderr)
     return state
 
 

@@ -297,7 +297,7 @@ def test_checkpoint_errors(capsys, tmp_path):
         (["--ckpt=out", "--init_from=gpt2"], "not both"),
         (["--prompt=a", "--prompt_file=p.txt"], "not both"),
         (["--prompt_file=/no/such/prompt.txt"], "does not exist"),
-        (["--init_from=resume"], "--ckpt"),
+        (["--init_from=scratch"], "--ckpt"),  # (resume is nanoGPT's: the checkpoint in --out_dir)
         (["--init_from=/no/such/gpt2-folder"], "/no/such/gpt2-folder"),
         (["--temperature=-0.5"], "temperature"),
         (["--top_p=0"], "top_p"),

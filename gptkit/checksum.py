@@ -1,0 +1,150 @@
+"""Checksums of what a checkpoint holds, so that a byte changed on disk (a bad disk, a copy cut short and
+resumed, a sync gone wrong) is an error at load time instead of a silently different model.
+
+Every tensor gets a CRC-32C of its raw bytes (in its own dtype, element order row-major), named by its path in
+the checkpoint ("model/transformer.h.0.attn.c_attn.weight", "optimizer/state/3/exp_avg"); everything else (the
+keys, the config, the step, the tensors' dtypes and shapes) gets one CRC of its printed form. CRC-32C because it
+is fast: the `crc32c` package computes it with the CPU's CRC instruction, straight from the tensor's memory (no
+copy; on a memory-mapped tensor this is what reads it from disk), and releases the GIL, so several tensors are
+checked at once. benchmarks/checkpoint_io.py measures it against zlib.crc32 (BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import crc32c
+import torch
+
+ALGORITHM = "crc32c"
+KEY = "checksums"  # the entry of a checkpoint dict that holds its record (see record())
+# Tensors are checked in parallel by this many threads (the CRC releases the GIL); a few are enough to reach
+# the memory's or the disk's speed.
+THREADS = min(8, os.cpu_count() or 1)
+
+
+def crc(data, value: int = 0) -> int:
+    """CRC-32C of a bytes-like object (bytes, memoryview, a numpy array), continuing from `value`."""
+    return crc32c.crc32c(data, value)
+
+
+def tensor_crc(t: torch.Tensor) -> int:
+    """CRC-32C of a tensor's bytes, read in place when it is on the CPU and contiguous (else from a copy)."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.numel() == 0:
+        return crc(b"")
+    return crc(t.contiguous().reshape(-1).view(torch.uint8).numpy())
+
+
+def tensors(obj, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """(path, tensor) for every tensor in a nest of dicts, lists and tuples; a path joins the keys with '/'."""
+    if isinstance(obj, torch.Tensor):
+        yield prefix, obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from tensors(v, f"{prefix}/{k}" if prefix else str(k))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from tensors(v, f"{prefix}/{i}" if prefix else str(i))
+
+
+def _skeleton(obj):
+    """The nest with each tensor replaced by its dtype and shape: what the structure's CRC covers."""
+    if isinstance(obj, torch.Tensor):
+        return f"tensor({obj.dtype}, {tuple(obj.shape)})"
+    if isinstance(obj, dict):
+        return {k: _skeleton(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_skeleton(v) for v in obj)
+    return obj
+
+
+def structure_crc(obj: dict) -> int:
+    """CRC-32C of everything but the tensors' bytes (repr is exact for the floats, ints and strings saved)."""
+    return crc(repr(_skeleton({k: v for k, v in obj.items() if k != KEY})).encode("utf-8"))
+
+
+def tensor_crcs(named: list[tuple[str, torch.Tensor]]) -> dict[str, int]:
+    """{path: CRC} of the tensors, computed in parallel, each storage once (a tied weight appears twice)."""
+    unique: dict[tuple, torch.Tensor] = {}
+    keys = {}
+    for path, t in named:
+        key = (t.device, t.data_ptr(), t.dtype, tuple(t.shape), t.stride(), t.storage_offset()) if t.numel() else path
+        keys[path] = key
+        unique.setdefault(key, t)
+    order = sorted(unique, key=lambda k: -unique[k].numel() * unique[k].element_size())  # the big ones first
+    if THREADS > 1 and len(order) > 1:
+        with ThreadPoolExecutor(THREADS) as pool:
+            done = dict(zip(order, pool.map(lambda k: tensor_crc(unique[k]), order)))
+    else:
+        done = {k: tensor_crc(unique[k]) for k in order}
+    return {path: done[keys[path]] for path, _ in named}
+
+
+def record(obj: dict) -> dict:
+    """The checksum record of a checkpoint dict, to store under obj[KEY]."""
+    named = [(p, t) for p, t in tensors(obj) if not p.startswith(KEY + "/")]
+    return {"algorithm": ALGORITHM, "structure": structure_crc(obj), "tensors": tensor_crcs(named)}
+
+
+def mismatch(obj: dict, rec, skip: tuple[str, ...] = ()) -> str | None:
+    """What in `obj` does not match its record `rec` (None when everything does): 'its metadata' or
+    'tensor PATH'. Tensors under the top-level keys `skip` are not read (nor checked)."""
+    if not isinstance(rec, dict) or rec.get("algorithm") != ALGORITHM or not isinstance(rec.get("tensors"), dict):
+        return "its checksum record"
+    if rec.get("structure") != structure_crc(obj):
+        return "its metadata (keys, settings, or a tensor's shape)"
+    named = [(p, t) for p, t in tensors(obj) if p.partition("/")[0] not in skip and not p.startswith(KEY + "/")]
+    expected = rec["tensors"]
+    missing = [p for p, _ in named if p not in expected]
+    if missing:
+        return f"tensor {missing[0]} (it has no checksum)"
+    found = tensor_crcs(named)
+    bad = [p for p, _ in named if found[p] != expected[p]]
+    return f"tensor {bad[0]}" if bad else None
+
+
+def file_range_crc(path, offset: int, length: int, chunk: int = 64 << 20) -> int:
+    """CRC-32C of `length` bytes of a file from `offset`, read in chunks."""
+    value = 0
+    with open(path, "rb", buffering=0) as f:
+        f.seek(offset)
+        buf = bytearray(min(chunk, max(length, 1)))
+        view = memoryview(buf)
+        while length > 0:
+            n = f.readinto(view[: min(chunk, length)])
+            if not n:
+                break  # a short file: the CRC of what is there will not match
+            value = crc(view[:n], value)
+            length -= n
+    return value
+
+
+# ----------------------------------------------------------------------------- safetensors files
+
+# A .safetensors file has room for string metadata only: the tensors' CRCs go there, as JSON, under this key.
+SAFETENSORS_KEY = "gptkit_crc32c"
+
+
+def safetensors_metadata(state: dict[str, torch.Tensor]) -> dict[str, str]:
+    """The metadata entry recording the CRC of every tensor of a state dict about to be saved as safetensors."""
+    return {SAFETENSORS_KEY: json.dumps(tensor_crcs(list(state.items())), sort_keys=True)}
+
+
+def safetensors_mismatch(state: dict[str, torch.Tensor], metadata: dict[str, str] | None) -> str | None:
+    """What in a loaded safetensors state dict does not match the CRCs of its metadata: 'tensor NAME', or its
+    checksum record; None when everything matches. Call only when the metadata has SAFETENSORS_KEY."""
+    try:
+        expected = json.loads((metadata or {})[SAFETENSORS_KEY])
+    except (KeyError, ValueError):
+        return "its checksum record"
+    if not isinstance(expected, dict) or set(expected) != set(state):
+        return "its checksum record (it lists other tensors than the file holds)"
+    found = tensor_crcs(list(state.items()))
+    bad = [k for k in state if found[k] != expected[k]]
+    return f"tensor {bad[0]}" if bad else None

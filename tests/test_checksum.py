@@ -1,0 +1,257 @@
+"""Checkpoints that notice corruption: every kind this project writes (the single file, the sharded folder, a
+LoRA run's adapters, the Hugging Face export) carries CRC-32C checksums, and every reader refuses one changed
+byte with a one-line error that names the file and the tensor, says what to try instead, and changes nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import sample
+import train
+from gptkit import checkpoint, checksum, lora
+from gptkit.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from gptkit.hf_gpt2 import HFGPT2Error, load_pretrained
+from model import GPT, GPTConfig
+
+CHARS = sorted(set("\n !',.:;?abcdefghijklmnopqrstuvwxyz"))
+META = {"tokenizer": {"kind": "char", "chars": CHARS}, "vocab_size": len(CHARS)}
+
+
+def tiny_state(seed: int = 0, lora_rank: int = 0) -> tuple[dict, GPT]:
+    """A checkpoint dict as train.py builds one: a tiny model after one AdamW step (optimizer state)."""
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(block_size=16, vocab_size=len(CHARS), n_layer=2, n_head=2, n_embd=32))
+    if lora_rank:
+        lora.apply(model, lora.LoRASettings(lora_rank, 16.0, 0.0, "attn.c_attn"))
+        for name, p in model.named_parameters():  # trained adapters: B is no longer zero
+            if "lora" in name:
+                p.data.normal_()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+    for p in model.parameters():
+        p.grad = torch.randn_like(p) if p.requires_grad else None
+    optimizer.step()
+    weights = lora.adapter_state_dict(model) if lora_rank else model.state_dict()
+    state = {"format": 1, "model_config": model.config.to_dict(), "model": weights,
+             "optimizer": optimizer.state_dict(), "tokenizer": META, "step": 5, "best_val_loss": 2.5,
+             "config": {"seed": 1337}}
+    return state, model
+
+
+def digest(path: Path) -> str:
+    files = sorted(path.rglob("*")) if path.is_dir() else [path]
+    return hashlib.sha256(b"".join(p.read_bytes() for p in files if p.is_file())).hexdigest()
+
+
+def flip(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def offset_of(path: Path, tensor: torch.Tensor) -> int:
+    """Where a tensor's bytes start in a file (random floats: found once)."""
+    needle = tensor.detach().contiguous().view(torch.uint8).numpy().tobytes()[:64]
+    found = path.read_bytes().find(needle)
+    assert found >= 0
+    return found + 13
+
+
+def refused(path: Path, match: str, mmap: bool = True) -> str:
+    before = digest(path)
+    with pytest.raises(CheckpointError, match=match) as e:
+        load_checkpoint(path, mmap=mmap)
+    assert digest(path) == before  # nothing on disk changed
+    message = str(e.value)
+    assert "\n" not in message and "is corrupt" in message
+    return message
+
+
+# ----------------------------------------------------------------------------- the single file
+
+
+def test_a_clean_round_trip_is_bit_exact_and_says_nothing(tmp_path, capsys):
+    state, _ = tiny_state()
+    save_checkpoint(state, tmp_path / "last.pt")
+    for mmap in (True, False):
+        loaded = load_checkpoint(tmp_path / "last.pt", mmap=mmap)
+        assert checksum.KEY not in loaded and loaded["step"] == 5 and loaded["best_val_loss"] == 2.5
+        saved = dict(checksum.tensors(state))
+        got = dict(checksum.tensors(loaded))
+        assert saved.keys() == got.keys()
+        for k, t in saved.items():
+            assert got[k].dtype == t.dtype and torch.equal(got[k], t), k
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_one_flipped_byte_in_a_weight_or_an_optimizer_state_names_the_tensor(tmp_path, lora_rank):
+    state, _ = tiny_state(lora_rank=lora_rank)
+    save_checkpoint(state, tmp_path / "best.pt")
+    weight = "transformer.h.1.attn.c_attn.lora_B" if lora_rank else "transformer.h.1.mlp.c_fc.weight"
+    cases = [(state["model"][weight], f"tensor model/{weight} does not match"),
+             (state["optimizer"]["state"][3]["exp_avg_sq"], "tensor optimizer/state/3/exp_avg_sq does not match")]
+    for tensor, match in cases:
+        path = tmp_path / "last.pt"
+        save_checkpoint(state, path)
+        flip(path, offset_of(path, tensor))
+        message = refused(path, match, mmap=False)
+        assert str(path) in message and f"try {tmp_path / 'best.pt'} instead" in message
+        assert "--init_from=resume" in message  # how to resume from best.pt instead
+    # sampling reads (and checks) the weights only: a damaged optimizer state does not change its model
+    assert load_checkpoint(path, mmap=True)["step"] == 5
+
+
+def test_a_flipped_byte_in_the_metadata_is_a_one_line_error(tmp_path):
+    state, _ = tiny_state()
+    path = tmp_path / "last.pt"
+    for needle in (b"best_val_loss", b"seed", b"model_config", b"tokenizer"):
+        save_checkpoint(state, path)
+        flip(path, path.read_bytes().index(needle) + 1)
+        message = refused(path, "its metadata", mmap=False)
+        assert "restore it from a copy" in message  # nothing else in the folder
+
+
+def test_the_metadata_checksum_catches_what_the_zip_crc_cannot(tmp_path, monkeypatch):
+    """torch can be told not to write the zip's CRCs (set_crc32_options): the checksum of the settings
+    still notices a changed value."""
+    state, _ = tiny_state()
+    save_checkpoint(state, tmp_path / "last.pt")
+    loaded = torch.load(tmp_path / "last.pt", weights_only=True)
+    loaded["best_val_loss"] = 2.4  # as a changed byte in the pickled float would
+    torch.save(loaded, tmp_path / "edited.pt")
+    refused(tmp_path / "edited.pt", "its metadata")
+
+
+def test_a_checkpoint_without_checksums_loads_with_a_note(tmp_path, capsys):
+    state, _ = tiny_state()
+    torch.save(state, tmp_path / "old.pt")  # as save_checkpoint wrote before checksums
+    assert load_checkpoint(tmp_path / "old.pt")["step"] == 5
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "carries no checksums" in err
+
+
+def test_truncated_and_random_files_are_one_line_errors_without_torchs_text(tmp_path):
+    state, _ = tiny_state()
+    path = tmp_path / "last.pt"
+    save_checkpoint(state, path)
+    data = path.read_bytes()
+    rng = random.Random(0)
+    for cut in (len(data) // 2, len(data) - 10, 100):
+        path.write_bytes(data[:cut])
+        message = refused(path, "not a complete checkpoint file")
+        assert "mmap" not in message and "miniz" not in message and "Errno" not in message
+    path.write_bytes(rng.randbytes(len(data)))
+    refused(path, "not a complete checkpoint file")
+
+
+# ----------------------------------------------------------------------------- the sharded folder
+
+
+def sharded(tmp_path: Path) -> tuple[Path, dict]:
+    state, model = tiny_state()
+    record = {k: v for k, v in state.items() if k not in ("model", "optimizer")}
+    optimizer = torch.optim.AdamW(model.parameters())
+    optimizer.load_state_dict(state["optimizer"])
+    checkpoint.save_sharded(tmp_path / "out" / "last", record, model, optimizer)
+    return tmp_path / "out" / "last", state
+
+
+def test_a_sharded_checkpoint_round_trips_and_notices_a_flipped_byte(tmp_path):
+    folder, state = sharded(tmp_path)
+    loaded = load_checkpoint(folder, mmap=False)
+    for k, t in state["model"].items():
+        assert torch.equal(loaded["model"][k], t), k
+    shard = next(folder.glob("*.distcp"))
+    clean = shard.read_bytes()
+    flip(shard, offset_of(shard, state["model"]["transformer.h.0.attn.c_proj.weight"]))
+    message = refused(folder, r"tensor model\.transformer\.h\.0\.attn\.c_proj\.weight@0,0 in __0_0\.distcp")
+    assert "restore it from a copy" in message
+    shard.write_bytes(clean)
+    flip(shard, offset_of(shard, state["optimizer"]["state"][2]["exp_avg"]))
+    assert load_checkpoint(folder, mmap=True)["step"] == 5  # the optimizer is not read when sampling
+    refused(folder, r"tensor optimizer\.state\.", mmap=False)  # but it is on resume
+    shard.write_bytes(clean)
+    # a save killed between its renames leaves the previous one as last.old/: the message points at it
+    (tmp_path / "out" / "last.old").mkdir()
+    for p in folder.iterdir():
+        (tmp_path / "out" / "last.old" / p.name).write_bytes(p.read_bytes())
+    flip(folder / ".metadata", 40)
+    message = refused(folder, r"\.metadata")
+    assert f"try {tmp_path / 'out' / 'last.old'}/ instead" in message
+    (folder / ".metadata").write_bytes((tmp_path / "out" / "last.old" / ".metadata").read_bytes())
+    flip(folder / checkpoint.RECORD, (folder / checkpoint.RECORD).read_bytes().index(b"best_val_loss") + 2)
+    refused(folder, "record.pt: its metadata")
+
+
+# ----------------------------------------------------------------------------- the Hugging Face export
+
+
+def test_the_hf_export_records_its_tensors_checksums(tmp_path, capsys):
+    import export
+
+    _, model = tiny_state()
+    export.export_hf(model, tmp_path / "hf", META)
+    reloaded = load_pretrained(str(tmp_path / "hf"))
+    x = torch.randint(len(CHARS), (1, 8))
+    assert torch.equal(reloaded(x)[0], model.eval()(x)[0]) and capsys.readouterr().err == ""
+    weights = tmp_path / "hf" / "model.safetensors"
+    flip(weights, offset_of(weights, model.transformer.h[1].ln_2.weight + 0))
+    with pytest.raises(HFGPT2Error, match="is corrupt: tensor transformer.h.1.ln_2.weight does not match"):
+        load_pretrained(str(tmp_path / "hf"))
+
+
+# ----------------------------------------------------------------------------- through the scripts
+
+
+def tiny_run(data: Path, out: Path) -> list[str]:
+    args = dict(dataset=str(data), out_dir=str(out), n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4,
+                gradient_accumulation_steps=1, max_iters=4, eval_interval=2, eval_iters=1, warmup_iters=1,
+                lr_decay_iters=4, always_save_checkpoint=True, device="cpu", compile=False)
+    argv = [f"--{k}={v}" for k, v in args.items()]
+    train.main(argv)
+    return argv
+
+
+def test_resume_refuses_a_corrupt_last_and_says_how_to_fall_back(char_dataset, tmp_path):
+    out = tmp_path / "out"
+    argv = tiny_run(char_dataset, out)
+    last = out / "last.pt"
+    with zipfile.ZipFile(last) as z:  # a byte in the middle of the last storage: the optimizer's state
+        info = z.getinfo(next(n for n in reversed(z.namelist()) if "/data/" in n and z.getinfo(n).file_size > 64))
+    flip(last, info.header_offset + 200)
+    before = digest(out)
+    with pytest.raises(SystemExit) as e:
+        train.main([*argv, "--init_from=resume", "--max_iters=6"])
+    message = str(e.value.code)
+    assert message.startswith("error: ") and "\n" not in message and f"{last} is corrupt" in message
+    assert f"copy {out / 'best.pt'} to {last}, then --init_from=resume" in message
+    assert digest(out) == before
+
+
+def test_the_issue_table_every_row_is_one_line(char_dataset, tmp_path, capsys):
+    """A last.pt cut at a random byte, replaced by random bytes, or with 20 random bytes flipped: sample.py
+    ends with one `error:` line each time, and never samples from a changed model."""
+    out = tmp_path / "out"
+    tiny_run(char_dataset, out)
+    (out / "best.pt").unlink()
+    last = out / "last.pt"
+    data = last.read_bytes()
+    rng = random.Random(1)
+    for _ in range(4):
+        damaged = [data[: rng.randrange(len(data))], rng.randbytes(len(data))]
+        flipped = bytearray(data)
+        for offset in rng.sample(range(len(data)), 20):
+            flipped[offset] ^= 1 << rng.randrange(8)
+        for content in [*damaged, bytes(flipped)]:
+            last.write_bytes(content)
+            with pytest.raises(SystemExit) as e:
+                sample.main(["--device=cpu", f"--ckpt={out}", "--max_new_tokens=4"])
+            message = str(e.value.code)
+            assert message.startswith("error: ") and "\n" not in message and "is corrupt" in message, message
+    capsys.readouterr()
