@@ -30,6 +30,7 @@ from gptkit.config import ConfigError, load_config, setting
 from gptkit.generate import SamplingOptions, TextStream
 from gptkit.runtime import QUANTIZE, QUANTIZE_HELP, THREADS_HELP, setup_inference
 from gptkit.serving.engine import Engine, Finished, Request
+from gptkit.shards import DataError
 
 
 @dataclass
@@ -51,7 +52,7 @@ class ChatConfig:
         "weights' precision: auto (bf16 on CUDA, fp16 where bf16 is unsupported; fp32 elsewhere), float32, bfloat16, float16",
         ("auto", "float32", "bfloat16", "float16"),
     )
-    quantize: str = setting("none", QUANTIZE_HELP, QUANTIZE)
+    quantize: str = setting("auto", QUANTIZE_HELP, QUANTIZE)
     threads: int = setting(0, THREADS_HELP)
 
     def validate(self) -> None:
@@ -95,6 +96,9 @@ class Chat:
         except ChatError as e:
             self.messages.pop()
             raise ChatError(f"{e} (this model's context is {self.engine.block_size} tokens)") from None
+        except DataError as e:  # a character the model's vocabulary lacks: this message only
+            self.messages.pop()
+            raise ChatError(f"{e}; the message was not sent, the conversation goes on") from None
         if len(fitted) < len(self.messages):
             print(f"(the {len(self.messages) - len(fitted)} oldest message(s) no longer fit the context and were "
                   f"dropped)", file=self.err, flush=True)
@@ -159,7 +163,7 @@ def converse(chat: Chat, stdin: TextIO, interactive: bool) -> None:
             chat.out.write("assistant> ")
         try:
             chat.reply(line)
-        except ChatError as e:  # a message too long for the context: say so and keep talking
+        except ChatError as e:  # a message too long for the context, or one it cannot encode: say so, go on
             print(f"error: {e}", file=chat.err, flush=True)
             continue
         if not interactive:

@@ -1,7 +1,7 @@
 """Export a trained checkpoint as a Hugging Face GPT-2 folder: the weights in HF's layout, config.json and
 its tokenizer (GPT-2's BPE, a trained BPE or characters, with its special tokens) as Hugging Face files.
 
-    python export.py --ckpt out-shakespeare/ --to hf-shakespeare/
+    python export.py --ckpt out-shakespeare/ --out hf-shakespeare/     # (--to DIR says the same)
     python export.py --ckpt out-shakespeare/ --format gguf --out shakespeare.gguf --dtype q8_0
     python export.py --ckpt out/ --format pt --out model.pt      # a sharded (FSDP) checkpoint as one file
 
@@ -29,6 +29,7 @@ import torch
 
 from gptkit import chat, cli
 from gptkit.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint, save_checkpoint
+from gptkit.checksum import safetensors_metadata
 from gptkit.gguf import GGUF_DTYPES, export_gguf
 from gptkit.hf_gpt2 import HFGPT2Error, hf_config, ours_to_hf
 from gptkit.hf_tokenizer import GPTKIT_FILE, hf_tokenizer_files
@@ -48,12 +49,12 @@ _EXPORT_FILES = (
     "special_tokens_map.json",
     "tokenizer.json",
     GPTKIT_FILE,
+    "generation_config.json",
     "char_vocab.json",  # written by exports of character-level models before they had a tokenizer.json
 )
 _STALE_HF_FILES = (
     "pytorch_model.bin",
     "model.safetensors.index.json",
-    "generation_config.json",
 )
 
 
@@ -92,8 +93,10 @@ def export_hf(
     tokenizer = _tokenizer_files(tokenizer_meta, model.config)
     texts = {"config.json": json.dumps(hf_config(model.config, tokenizer.bos_eos_id), indent=2) + "\n"}
     texts.update(tokenizer.files)
+    if tokenizer.generation is not None:
+        texts["generation_config.json"] = json.dumps(tokenizer.generation, indent=2) + "\n"
     state = hf_state_dict(model)
-    names = ["config.json", "model.safetensors", *tokenizer.files]
+    names = ["config.json", "model.safetensors", *(name for name in texts if name != "config.json")]
 
     with _staging_folder(out) as staging:
         for name, text in texts.items():
@@ -101,7 +104,8 @@ def export_hf(
         from safetensors.torch import save_file
 
         # transformers checks the "format" metadata to know the tensors are PyTorch's.
-        save_file(state, str(staging / "model.safetensors"), metadata={"format": "pt"})
+        # (and the tensors' CRCs, which every reader here verifies)
+        save_file(state, str(staging / "model.safetensors"), metadata={"format": "pt", **safetensors_metadata(state)})
         _move_into(out, staging, names)
     return ExportResult(out, names, tokenizer.notice, has_tokenizer=tokenizer.has_tokenizer)
 
@@ -137,6 +141,7 @@ class TokenizerFiles(NamedTuple):
     bos_eos_id: int | None  # config.json's bos_token_id and eos_token_id
     notice: str | None  # what the user should know about the missing Hugging Face tokenizer, if it is missing
     has_tokenizer: bool  # whether the files are a tokenizer AutoTokenizer loads
+    generation: dict | None = None  # generation_config.json: the tokens that end a reply (None: none written)
 
 
 def _tokenizer_files(tokenizer_meta: dict | None, config: GPTConfig) -> TokenizerFiles:
@@ -162,7 +167,20 @@ def _tokenizer_files(tokenizer_meta: dict | None, config: GPTConfig) -> Tokenize
     # transformers' apply_chat_template gives exactly the prompts chat.py and serve.py build.
     template = chat.HF_CHAT_TEMPLATE if chat.is_chat_tokenizer(tokenizer) else None
     files = hf_tokenizer_files(tokenizer, model_max_length=config.block_size, chat_template=template)
-    return TokenizerFiles(files, tokenizer.eot_id, None, has_tokenizer=True)
+    return TokenizerFiles(files, tokenizer.eot_id, None, has_tokenizer=True, generation=generation_config(tokenizer))
+
+
+def generation_config(tokenizer: Tokenizer) -> dict | None:
+    """generation_config.json's token ids, which transformers' generate stops at (eos_token_id) and pads with:
+    for a chat model the end of a turn, <|end|> first, then the template's other markers (a reply never holds
+    one), as chat.py and serve.py stop; for a text model its end-of-text token. None when it has neither."""
+    if chat.is_chat_tokenizer(tokenizer):
+        marks = chat.ChatTokens.of(tokenizer)
+        stop = [marks.end, *sorted(marks.stop_ids - {marks.end})]
+        return {"bos_token_id": tokenizer.eot_id, "eos_token_id": stop, "pad_token_id": marks.end}
+    if tokenizer.eot_id is None:
+        return None
+    return {"bos_token_id": tokenizer.eot_id, "eos_token_id": tokenizer.eot_id, "pad_token_id": tokenizer.eot_id}
 
 
 # The folder is replaced as a whole, not file by file. files.atomic_write makes one file atomic, but an export
@@ -213,21 +231,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--ckpt", required=True, help="a checkpoint file, or an out_dir (best.pt, else last.pt)"
     )
     parser.add_argument("--format", choices=("hf", "gguf", "pt"), default="hf",
-                        help="hf: a Hugging Face GPT-2 folder (--to DIR); gguf: a llama.cpp file (--out FILE); pt: "
+                        help="hf: a Hugging Face GPT-2 folder (--out DIR); gguf: a llama.cpp file (--out FILE); pt: "
                         "this project's one-file checkpoint, e.g. of a sharded one (--out FILE)")
-    parser.add_argument("--to", metavar="DIR", help="the folder to write (--format hf)")
-    parser.add_argument("--out", metavar="FILE", help="the file to write (--format gguf or pt)")
+    parser.add_argument("--out", metavar="PATH", help="what to write: the folder (--format hf) or the file (gguf, pt)")
+    parser.add_argument("--to", metavar="DIR", help="--format hf: the folder to write, as --out DIR")
     parser.add_argument("--dtype", choices=GGUF_DTYPES,
                         help="the GGUF file's weights (default f32): f16 is half the size, q8_0 (8-bit) about a "
                         "quarter, each faster to decode in llama.cpp")
     parser.add_argument("--overwrite", action="store_true", help="allow writing into a non-empty DIR, or over FILE")
     args = parser.parse_args(argv)
     if args.format == "hf":
+        if args.to is not None and args.out is not None and args.to != args.out:
+            parser.error("--out and --to name the same folder for --format hf; give one of them")
+        args.to = args.to or args.out
         if args.to is None:
-            parser.error("--format hf needs --to DIR, the folder to write")
-        if args.out is not None or args.dtype is not None:
-            parser.error("--out and --dtype are for --format gguf; the Hugging Face export writes float32 to "
-                         "--to DIR")
+            parser.error("--format hf needs --out DIR (or --to DIR), the folder to write")
+        if args.dtype is not None:
+            parser.error("--dtype is for --format gguf; the Hugging Face export writes float32")
     else:
         if args.out is None:
             parser.error(f"--format {args.format} needs --out FILE, e.g. --out model.{args.format}")

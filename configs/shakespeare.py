@@ -2,7 +2,7 @@
 
     python train.py configs/shakespeare.py        then    python sample.py --ckpt out/
 
-6 layers, 6 heads, 384 wide, context 256 (10.7M parameters). On one H100 it should pass val loss 1.47
+6 layers, 6 heads, 384 wide, context 256 (10.75M parameters). On one H100 it should pass val loss 1.47
 well inside a minute; on a CPU use configs/shakespeare_cpu.py instead.
 """
 

@@ -424,7 +424,7 @@ def test_export_cli_writes_gguf_and_refuses_bad_input(tmp_path, tiny_model, tiny
     assert "invalid choice: 'onnx'" in error_of("--format", "onnx", "--out", str(out))
     assert "--format gguf needs --out FILE" in error_of("--format", "gguf")
     assert "--to is for --format hf" in error_of("--format", "gguf", "--out", str(out), "--to", str(tmp_path))
-    assert "--dtype are for --format gguf" in error_of("--to", str(tmp_path / "hf"), "--dtype", "f16")
+    assert "--dtype is for --format gguf" in error_of("--to", str(tmp_path / "hf"), "--dtype", "f16")
     assert "is a folder" in error_of("--format", "gguf", "--out", str(tmp_path), "--overwrite")
     assert out.read_bytes() == before  # nothing a failed run touched
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.gguf", "out"]  # no temporary file left

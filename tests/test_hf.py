@@ -12,6 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 from export import export_hf  # noqa: E402
 from export import main as export_main  # noqa: E402
+from gptkit import hf_gpt2  # noqa: E402
 from gptkit.checkpoint import save_checkpoint  # noqa: E402
 from gptkit.generate import SamplingOptions, generate  # noqa: E402
 from gptkit.hf_gpt2 import HFGPT2Error, hf_to_ours, load_pretrained, ours_to_hf  # noqa: E402
@@ -238,6 +239,8 @@ def test_no_network_error_names_the_file(monkeypatch, hf_folder):
         raise LocalEntryNotFoundError("Cannot reach the Hub.\nSecond line of details.")
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
+    # the Hub answers a connection, the download fails (tests/test_walkthrough.py: a Hub that cannot be reached)
+    monkeypatch.setattr(hf_gpt2, "hub_unreachable", lambda: None)
     with pytest.raises(HFGPT2Error) as e:
         load_pretrained("gpt2")
     message = str(e.value)

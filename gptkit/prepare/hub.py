@@ -15,6 +15,7 @@ tokenising, up to the row.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from typing import Any
 from tqdm import tqdm
 
 from gptkit.cli import one_line
+from gptkit.network import cache_only, hub_unreachable
 from gptkit.prepare import pipeline
 from gptkit.prepare.local import distinct_chars
 from gptkit.prepare.parallel import ordered_map
@@ -87,10 +89,16 @@ def load_hf_dataset(path: str, name: str | None = None, *, split: str = "train",
     import datasets  # lazy: slow to import, and only these scripts need it
 
     label = path + (f" (config {name})" if name else "")
+    offline = None if Path(path).exists() else hub_unreachable()  # a local folder needs no network
     try:
-        return datasets.load_dataset(path, name, split=split, streaming=streaming, revision=revision)
+        # unreachable: the local cache only, so that a miss fails at once, not after a minute of retries
+        with cache_only() if offline is not None else contextlib.nullcontext():
+            return datasets.load_dataset(path, name, split=split, streaming=streaming, revision=revision)
     except Exception as e:
         msg = one_line(e)
+        if offline is not None:
+            raise DataError(f"cannot reach the Hugging Face Hub ({offline}) and dataset {label} is not in the local "
+                            f"cache; connect to the network and run the same command again") from None
         hint = "check your network connection (and HF_HUB_OFFLINE), the dataset name and --hf_split"
         if "scripts are no longer supported" in msg:
             hint = "this dataset still uses a loading script; try --revision refs/convert/parquet"
