@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field, fields
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 # ----------------------------------------------------------------------------- building blocks
@@ -43,36 +44,72 @@ class KVCache(nn.Module):
     def update(self, at: CacheSlice, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k, v (B, H, T, D) at the rows and positions of `at`; return the keys and values the queries
         attend over: those rows' first at.length slots, (B, H, length, D) (views, no copy)."""
-        kc, vc = self.k[at.rows], self.v[at.rows]  # (B, H, max_len, D) views of the rows in use
-        k, v = k.to(kc.dtype), v.to(vc.dtype)
-        if at.pos.dim() == 1:  # every row at the same positions (T,)
-            kc.index_copy_(2, at.pos, k)
-            vc.index_copy_(2, at.pos, v)
-        else:  # row b at its own positions pos[b] (B, T): advanced indices (B, 1) and (B, T) -> (B, T, H, D)
-            b = torch.arange(k.size(0), device=k.device)[:, None]
-            kc[b, :, at.pos] = k.transpose(1, 2)
-            vc[b, :, at.pos] = v.transpose(1, 2)
-        return kc[:, :, : at.length], vc[:, :, : at.length]
+        # Row b's tokens go to slots pos (T,) or pos[b] (B, T): advanced indices (B, 1) and pos broadcast to
+        # (B, T), so the values are (B, T, H, D). The rows' absolute indices into the whole buffer: a compiled
+        # step writes it in place (one index_put each), never a copy of a slice of it.
+        k, v = k.to(self.k.dtype).transpose(1, 2), v.to(self.v.dtype).transpose(1, 2)  # (B, T, H, D)
+        b = at.row_ids[:, None]
+        self.k[b, :, at.pos] = k
+        self.v[b, :, at.pos] = v
+        return self.k[at.rows, :, : at.length], self.v[at.rows, :, : at.length]
 
 
 @dataclass
 class CacheSlice:
-    """Where the tokens of a cached forward sit in the KV cache, worked out once for all layers
-    (GPT.hidden_states builds it).
+    """Where the tokens of a cached forward sit in the KV cache, and the attention's shape over it, worked out
+    once for all layers (GPT._cache_slice builds it: the one place that decides the decode attention's shape).
 
     pos: the tokens' absolute positions, (T,) for every row alike or (B, T) for each row its own.
-    rows: the cache rows the B sequences occupy (a slice: the rows' buffers stay views).
+    rows: the cache rows the B sequences occupy, slice(start, stop) (the rows' buffers stay views); row_ids:
+        the same as a tensor (B,), start..stop-1, for writing into them.
     length: the cache slots read: the first `length` (> every position in pos). The whole cache keeps one
         shape for every step (CUDA graphs); only the filled part reads less (the CPU's decode is bound by
         reading memory).
-    mask: (T, length) or (B, 1, T, length): query t sees slot j only when j <= its position: earlier tokens
-        and itself, never an unwritten slot.
+    mask: None, or (T, length) / (B, 1, T, length) booleans: query t sees slot j only when j <= its position:
+        earlier tokens and itself, never an unwritten slot (nor a slot past the filled ones that `length`'s
+        rounding up to a bucket added).
+    causal: no mask, plain causal attention: the T tokens are a window's first T, at slots 0..T-1 (a prompt's
+        forward), and `length` is T.
     """
 
     pos: torch.Tensor
     rows: slice
+    row_ids: torch.Tensor
     length: int
-    mask: torch.Tensor
+    mask: torch.Tensor | None
+    causal: bool = False
+    _additive: dict = field(default_factory=dict)  # dtype -> the mask as 0 / -inf, made by the first layer
+
+    def attn_mask(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """The mask as scaled_dot_product_attention adds it, 0 where seen and -inf where hidden, in the
+        queries' dtype: converted once for all layers (from booleans, every layer's attention would convert
+        it again)."""
+        if self.mask is None:
+            return None
+        if dtype not in self._additive:
+            self._additive[dtype] = torch.zeros(self.mask.shape, dtype=dtype, device=self.mask.device).masked_fill_(
+                ~self.mask, float("-inf"))
+        return self._additive[dtype]
+
+
+# The decode attention's shape. A cached forward that reads exactly the filled slots has a new key length every
+# token; a backend that plans per shape then plans per token (cuDNN's attention, which torch picks by default
+# on Hopper when there is a mask, measured at ~45 ms a token for GPT-2 on an H200 instead of ~4.5 ms). So:
+# - the slots read are rounded up to a multiple of KV_LENGTH_BUCKET (at most the cache's), and the mask hides
+#   the extra ones: at most block_size / 64 key lengths (16 for GPT-2), whatever the decode's length;
+# - a prompt's forward from slot 0 (the window's first T tokens, reading T slots) is plain causal attention,
+#   no mask (flash attention takes it);
+# - on a GPU the cached forwards run with CACHED_ATTENTION_BACKENDS only: flash where there is no mask,
+#   memory-efficient attention where there is one (it takes masks of any length and builds no plans), never
+#   cuDNN's per-shape plans. (On the CPU the list changes nothing: its kernels are flash and math.)
+KV_LENGTH_BUCKET = 64
+CACHED_ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def bucketed_length(length: int, max_len: int) -> int:
+    """The slots a cached forward reads when `length` are filled: length rounded up to a multiple of
+    KV_LENGTH_BUCKET, at most max_len (the cache's slots)."""
+    return min(max_len, -(-length // KV_LENGTH_BUCKET) * KV_LENGTH_BUCKET)
 
 
 # The modern block's pieces (GPTConfig's options; all off for GPT-2): small functions, so that the blocks below
@@ -149,9 +186,10 @@ class CausalSelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
         else:
             # Incremental decoding: x holds the tokens at the positions cache.pos. Store their keys and values,
-            # then attend over the filled part of the cache, the mask hiding later and unwritten slots.
+            # then attend over the first cache.length slots, the mask (if any) hiding later and unwritten ones.
             k_all, v_all = self.kv_cache.update(cache, k, v)  # (B, H, length, D)
-            y = F.scaled_dot_product_attention(q, k_all.to(q.dtype), v_all.to(q.dtype), attn_mask=cache.mask)
+            y = F.scaled_dot_product_attention(q, k_all.to(q.dtype), v_all.to(q.dtype),
+                                               attn_mask=cache.attn_mask(q.dtype), is_causal=cache.causal)
 
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, H, T, D) -> (B, T, H, D) -> (B, T, C)
         return self.resid_dropout(self.c_proj(y))
@@ -429,8 +467,9 @@ class GPT(nn.Module):
         else:
             cache = self._cache_slice(B, pos, rows, length)
             x = self.transformer.drop(self._embed(idx, pos))
-            for block in self.transformer.h:
-                x = block(x, cache)
+            with sdpa_kernel(CACHED_ATTENTION_BACKENDS):  # (see KV_LENGTH_BUCKET)
+                for block in self.transformer.h:
+                    x = block(x, cache)
         return self.transformer.ln_f(x)
 
     def _cache_slice(self, B: int, pos: torch.Tensor, rows: slice | None, length: int | None) -> CacheSlice:
@@ -448,9 +487,14 @@ class GPT(nn.Module):
         length = max_len if length is None else length
         if not 0 < length <= max_len:
             raise ValueError(f"length must be in 1..{max_len} (the cache's slots), got {length}")
+        rows, row_ids = slice(start, stop), torch.arange(start, stop, device=pos.device)
+        T = pos.size(-1)
+        if pos.dim() == 1 and T > 1 and length == T:  # a prompt from slot 0: T positions < T are 0..T-1
+            return CacheSlice(pos, rows, row_ids, length, None, causal=True)
+        length = bucketed_length(length, max_len)  # (see KV_LENGTH_BUCKET)
         slots = torch.arange(length, device=pos.device)
         mask = slots <= pos[..., None]  # (T, length) or (B, T, length)
-        return CacheSlice(pos, rows, length, mask if pos.dim() == 1 else mask[:, None])
+        return CacheSlice(pos, rows, row_ids, length, mask if pos.dim() == 1 else mask[:, None])
 
     def _embed(self, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """Token ids (B, T) at positions pos (T,) or (B, T) -> the residual stream's input (B, T, C): the token

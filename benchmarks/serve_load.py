@@ -5,8 +5,10 @@ p99), for each --compile setting of the server.
     python benchmarks/serve_load.py                                   # starts serve.py on the baby model
     python benchmarks/serve_load.py --clients 1,4,16 --requests 4 --seconds 60 --max_tokens 128
     python benchmarks/serve_load.py --model gpt2 --serve_args="--quantize=int8"   # GPT-2 small's shape
+    python benchmarks/serve_load.py --model gpt2-random --compile False,True --clients 1,16,64 --max_batch 64
     python benchmarks/serve_load.py --compile False,True --clients 1,4,16,64 --max_batch 64  # on a GPU
     python benchmarks/serve_load.py --url http://127.0.0.1:8000       # a server already running here
+    python benchmarks/serve_load.py --model gpt2 --llama_server build/llama-server/bin/llama-server  # beside it
 
 Without --url it writes a random-weights checkpoint (speed does not depend on the weights) into a temporary
 folder, starts `serve.py --port 0` on it (127.0.0.1, --max_batch 16 by default, and --serve_args), and stops
@@ -14,11 +16,18 @@ it at the end; with --compile False,True it does so twice, one server for each s
 (serve.py's --compile: auto, True or False; the compiled step is compiled before the server says it is ready,
 so compiling is not in the figures). --model baby: configs/shakespeare.py's shape (6 layers, 6 heads, 384
 wide, context 256, the 65 characters of tiny Shakespeare); --model gpt2: GPT-2 small's (124M, GPT-2's BPE,
-whose files tiktoken must find: TIKTOKEN_CACHE_DIR offline). A --url must be http://127.0.0.1:PORT: this load
+whose files tiktoken must find: TIKTOKEN_CACHE_DIR offline); --model gpt2-random: GPT-2 small's shape and its
+50,257-token vocabulary without any file to find: a character tokenizer over the prompt's characters and
+50,257 - 95 others (the replies are random characters; the model's work per token is GPT-2's). --n_layer
+shrinks the started model (a rehearsal on a CPU). A --url must be http://127.0.0.1:PORT: this load
 generator is for one's own machine, never somebody else's. Each level runs `clients` clients, each sending up
 to --requests streamed completions one after another (a new one only within --seconds of the level's start;
 one in flight finishes), with a prompt of ~60 characters, temperature 1 and a seed of its own. The clients
 run in this process on one event loop, so on a small machine they share its cores with the server.
+
+--llama_server: after serve.py, llama.cpp's llama-server (built by `bash benchmarks/llama_server.sh` from the
+llama.cpp that llama-cpp-python vendors) on the same random model exported to GGUF (--llama_type; -np
+--max_batch, --llama_args: -t 2), measured the same way; its rows in the same table.
 
 A level's tokens/s is all the completion tokens it received over its wall time (first request sent to last
 reply done); time to first token is from sending a request to its first piece of text, queueing included.
@@ -58,8 +67,20 @@ class LoadError(cli.UserError):
 # ----------------------------------------------------------------------------- the server
 
 
-def write_checkpoint(folder: Path, name: str) -> Path:
-    """Random weights in the shape of `name` (baby or gpt2), saved as train.py saves a checkpoint."""
+GPT2_VOCAB = 50257
+
+
+def gpt2_sized_chars() -> list[str]:
+    """GPT-2's number of tokens as characters: newline and the 95 printable ASCII ones, then the code points
+    up from U+4E00, skipping the surrogates and U+FFFD (which a stream holds back as an unfinished character)."""
+    chars = ["\n"] + [chr(c) for c in range(32, 127)]
+    chars += [chr(c) for c in range(0x4E00, 0x4E00 + GPT2_VOCAB + 2048) if not 0xD800 <= c < 0xE000 and c != 0xFFFD]
+    return chars[:GPT2_VOCAB]
+
+
+def write_checkpoint(folder: Path, name: str, n_layer: int | None = None) -> Path:
+    """Random weights in the shape of `name` (baby, gpt2 or gpt2-random; n_layer: fewer layers), saved as
+    train.py saves a checkpoint."""
     folder.mkdir(parents=True, exist_ok=True)
     import torch
 
@@ -67,14 +88,16 @@ def write_checkpoint(folder: Path, name: str) -> Path:
     from gptkit.tokenizer import Tokenizer
     from model import GPT, GPTConfig
 
-    if name == "gpt2":  # GPT-2 small as train.py builds it on GPT-2's BPE
-        tokenizer = Tokenizer({"kind": "tiktoken", "name": "gpt2"})
-        cfg = GPTConfig(vocab_size=tokenizer.vocab_size, vocab_multiple=64, dropout=0.0)
+    layers = {} if n_layer is None else {"n_layer": n_layer}
+    if name in ("gpt2", "gpt2-random"):  # GPT-2 small as train.py builds it on GPT-2's BPE (or as many chars)
+        spec = {"kind": "tiktoken", "name": "gpt2"} if name == "gpt2" else {"kind": "char", "chars": gpt2_sized_chars()}
+        tokenizer = Tokenizer(spec)
+        cfg = GPTConfig(vocab_size=tokenizer.vocab_size, vocab_multiple=64, dropout=0.0, **layers)
     else:
         shape = read_config_file(str(REPO / "configs" / "shakespeare.py"))
         tokenizer = Tokenizer({"kind": "char", "chars": list(SHAKESPEARE_CHARS)})
         cfg = GPTConfig(vocab_size=tokenizer.vocab_size, dropout=0.0,
-                        **{k: shape[k] for k in ("block_size", "n_layer", "n_head", "n_embd", "bias")})
+                        **{k: shape[k] for k in ("block_size", "n_layer", "n_head", "n_embd", "bias")} | layers)
     torch.manual_seed(0)
     model = GPT(cfg)
     meta = {"format_version": 1, "tokenizer": tokenizer.to_meta(), "vocab_size": tokenizer.vocab_size,
@@ -125,6 +148,60 @@ class LocalServer:
             print(rest, file=sys.stderr)
 
 
+class LlamaServer:
+    """llama.cpp's llama-server (benchmarks/llama_server.sh builds it) in a subprocess on a free 127.0.0.1
+    port, serving the checkpoint in `ckpt` exported to GGUF (gguf_type: f32, f16 or q8_0) with `slots`
+    parallel sequences (-np) of the model's whole context each; its output goes to a file beside the
+    checkpoint. Its requests ask for ignore_eos (serve.py's random checkpoint has no end-of-text either) and
+    cache_prompt false: every client sends the same prompt, which llama-server would otherwise not compute
+    again (serve.py keeps no prompt cache)."""
+
+    def __init__(self, binary: str, ckpt: Path, gguf_type: str, slots: int, extra: list[str],
+                 timeout: float = 300):
+        import socket
+        import urllib.request
+
+        from gptkit.checkpoint import load_checkpoint
+        from gptkit.gguf import export_gguf
+        from model import GPT, GPTConfig
+
+        state = load_checkpoint(ckpt / "best.pt")
+        model = GPT(GPTConfig.from_dict(state["model_config"]))
+        model.load_state_dict(state["model"])
+        path = ckpt / f"model-{gguf_type}.gguf"
+        export_gguf(model, path, state["tokenizer"], dtype=gguf_type, overwrite=True)
+        with socket.socket() as sock:  # a free port (llama-server cannot take port 0 and say which it got)
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.url, self.log = f"http://127.0.0.1:{port}", ckpt / "llama-server.log"
+        with open(self.log, "w") as log:
+            command = [binary, "-m", str(path), "--host", "127.0.0.1", "--port", str(port), "-np", str(slots),
+                       "-c", str(slots * model.config.block_size), "-a", f"llama-server-{gguf_type}", *extra]
+            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as response:
+                    if response.status == 200:
+                        return
+            except OSError:  # not listening yet, or 503 while it loads
+                pass
+            if self.proc.poll() is not None:
+                raise LoadError(f"llama-server exited: see {self.log}: {self.log.read_text()[-300:]}")
+            time.sleep(0.5)
+        self.stop()
+        raise LoadError(f"llama-server did not start within {timeout:.0f} s")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
 def check_url(url: str) -> str:
     parts = urllib.parse.urlsplit(url)
     if parts.scheme != "http" or parts.hostname != "127.0.0.1" or parts.port is None:
@@ -141,22 +218,23 @@ class Result:
     first_token_s: float | None  # None: no text came
 
 
-async def one_request(client, model: str, max_tokens: int, seed: int) -> Result:
+async def one_request(client, model: str, max_tokens: int, seed: int, extra: dict | None = None) -> Result:
     start = time.perf_counter()
-    first, tokens = None, 0
+    first, tokens, pieces = None, None, 0
     stream = await client.completions.create(model=model, prompt=PROMPT, max_tokens=max_tokens,
                                              temperature=1.0, seed=seed, stream=True,
-                                             stream_options={"include_usage": True})
+                                             stream_options={"include_usage": True}, extra_body=extra)
     async for chunk in stream:
-        if first is None and chunk.choices and chunk.choices[0].text:
-            first = time.perf_counter() - start
+        if chunk.choices and chunk.choices[0].text:
+            first = first if first is not None else time.perf_counter() - start
+            pieces += 1
         if chunk.usage is not None:
             tokens = chunk.usage.completion_tokens
-    return Result(tokens, first)
+    return Result(pieces if tokens is None else tokens, first)  # (a server without usage: its pieces)
 
 
 async def run_level(url: str, model: str, clients: int, requests: int, seconds: float,
-                    max_tokens: int) -> tuple[list[Result], float]:
+                    max_tokens: int, extra: dict | None = None) -> tuple[list[Result], float]:
     import openai
 
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=seconds + 60)
@@ -167,7 +245,7 @@ async def run_level(url: str, model: str, clients: int, requests: int, seconds: 
         for r in range(requests):
             if time.perf_counter() - start > seconds:
                 return
-            results.append(await one_request(client, model, max_tokens, seed=w * 1000 + r))
+            results.append(await one_request(client, model, max_tokens, seed=w * 1000 + r, extra=extra))
 
     try:
         await asyncio.gather(*(worker(w) for w in range(clients)))
@@ -189,14 +267,16 @@ def served_model(url: str) -> str:
         return client.models.list().data[0].id
 
 
-def measure(url: str, levels: list[int], args: argparse.Namespace) -> tuple[str, list[tuple]]:
+def measure(url: str, levels: list[int], args: argparse.Namespace, extra: dict | None = None
+            ) -> tuple[str, list[tuple]]:
     """The served model's id and one row per level: (clients, requests, tokens, seconds, tokens/s, TTFT
-    median, TTFT p99)."""
+    median, TTFT p99). extra: more fields for every request's body."""
     model = served_model(url)
-    asyncio.run(run_level(url, model, 1, 1, args.seconds, 8))  # warm-up: a first request's one-off costs
+    asyncio.run(run_level(url, model, 1, 1, args.seconds, 8, extra))  # warm-up: a first request's one-off costs
     rows = []
     for clients in levels:
-        results, wall = asyncio.run(run_level(url, model, clients, args.requests, args.seconds, args.max_tokens))
+        results, wall = asyncio.run(run_level(url, model, clients, args.requests, args.seconds, args.max_tokens,
+                                              extra))
         tokens = sum(r.tokens for r in results)
         firsts = [r.first_token_s for r in results if r.first_token_s is not None]
         rows.append((clients, len(results), tokens, wall, tokens / wall,
@@ -224,18 +304,29 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seconds", type=float, default=60, help="no new request after this long in a level")
     p.add_argument("--max_tokens", type=int, default=128, help="tokens per reply")
     p.add_argument("--max_batch", type=int, default=16, help="the started server's --max_batch")
-    p.add_argument("--model", choices=("baby", "gpt2"), default="baby", help="the started server's model shape")
+    p.add_argument("--model", choices=("baby", "gpt2", "gpt2-random"), default="baby",
+                   help="the started server's model shape (gpt2-random: GPT-2's without its BPE files)")
+    p.add_argument("--n_layer", type=int, default=None, help="the started model's layers (default: the shape's)")
     p.add_argument("--compile", default="auto", help="the started server's --compile, or several to compare, "
                    "one server each: e.g. False,True")
     p.add_argument("--serve_args", default="", help="more options for the started serve.py, e.g. "
                    "\"--quantize=int8 --threads=2\"")
+    p.add_argument("--llama_server", default="", help="also measure llama.cpp's llama-server, this binary "
+                   "(bash benchmarks/llama_server.sh builds it), on the same model exported to GGUF, -np max_batch")
+    p.add_argument("--llama_type", choices=("f32", "f16", "q8_0"), default="f32",
+                   help="llama-server's weights (f32 beside --quantize=float32, q8_0 beside int8)")
+    p.add_argument("--llama_args", default="-t 2", help="more options for llama-server (default: -t 2)")
     args = p.parse_args(argv)
+    if args.llama_server and (args.url or not Path(args.llama_server).is_file()):
+        raise LoadError(f"--llama_server {args.llama_server!r}: the llama-server binary (bash "
+                        f"benchmarks/llama_server.sh builds it), without --url")
     try:
         levels = [int(c) for c in args.clients.split(",")]
     except ValueError:
         raise LoadError(f"--clients {args.clients!r}: comma-separated integers, e.g. 1,4,16") from None
-    if min(levels) < 1 or args.requests < 1 or args.seconds <= 0 or args.max_tokens < 1:
-        raise LoadError("--clients, --requests, --seconds and --max_tokens must be positive")
+    if min(levels) < 1 or args.requests < 1 or args.seconds <= 0 or args.max_tokens < 1 or \
+            (args.n_layer is not None and args.n_layer < 1):
+        raise LoadError("--clients, --requests, --seconds, --max_tokens and --n_layer must be positive")
     settings = compile_settings(args.compile)
     if importlib.util.find_spec("openai") is None:
         raise LoadError("the load generator's clients need the openai package: pip install -e \".[dev]\"")
@@ -252,19 +343,28 @@ def run_settings(table: list[tuple], settings: list[str], levels: list[int], arg
     """Measure every level at --url, or on a started server for each compile setting; append to `table`."""
     with tempfile.TemporaryDirectory(prefix="serve_load-") as scratch:
         if args.url:
-            if args.serve_args or args.model != "baby" or args.compile != "auto":
-                raise LoadError("--serve_args, --model and --compile are for the server this benchmark starts, "
-                                "not for --url")
+            if args.serve_args or args.model != "baby" or args.compile != "auto" or args.n_layer is not None:
+                raise LoadError("--serve_args, --model, --n_layer and --compile are for the server this "
+                                "benchmark starts, not for --url")
             url = check_url(args.url)
             table.append(("?", *measure(url, levels, args)))
         else:
-            ckpt = write_checkpoint(Path(scratch) / f"{args.model}-random", args.model)
+            folder = Path(scratch) / f"{args.model.removesuffix('-random')}-random"
+            ckpt = write_checkpoint(folder, args.model, args.n_layer)
             for setting in settings:
                 server = LocalServer(ckpt, args.max_batch, [f"--compile={setting}", *shlex.split(args.serve_args)])
                 try:
                     table.append((setting, *measure(server.url, levels, args)))
                 finally:
                     server.stop()
+            if args.llama_server:
+                llama = LlamaServer(args.llama_server, ckpt, args.llama_type, args.max_batch,
+                                    shlex.split(args.llama_args))
+                try:
+                    table.append((f"llama-server {args.llama_type}",
+                                  *measure(llama.url, levels, args, {"ignore_eos": True, "cache_prompt": False})))
+                finally:
+                    llama.stop()
 
 
 def print_table(table: list[tuple], max_tokens: int) -> None:

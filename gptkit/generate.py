@@ -2,6 +2,7 @@
 
     SamplingOptions          how to pick tokens: temperature, top-k, top-p, stop token, window shift
     logits_to_probs          logits (B, V) -> probabilities (B, V) after temperature, top-k, top-p
+    candidates               the same, as the candidate tokens (most likely first) and their probabilities
     exponential_noise        the randomness of one step: Exp(1) noise (B, V), drawn from a seeded generator
     sample_token             probabilities (B, V) and noise (B, V) -> one drawn token per row (B,)
     next_token               logits (B, V) -> the next token (B,): the argmax at temperature 0, else a draw
@@ -102,16 +103,27 @@ def logits_to_probs(logits: torch.Tensor, options: SamplingOptions) -> torch.Ten
     temperature 0 means greedy: all mass on the argmax. top_k keeps exactly the k largest logits; top_p keeps
     the smallest set of most likely tokens whose total probability reaches p (always at least one token).
     """
-    temperature, top_k, top_p = options.temperature, options.top_k, options.top_p
     logits = logits.float()
-    if temperature == 0:
+    if options.temperature == 0:
         return F.one_hot(logits.argmax(dim=-1), logits.size(-1)).to(logits.dtype)
-    logits = logits / temperature
+    probs, order = candidates(logits, options)
+    if order is None:
+        return probs
+    return torch.zeros_like(logits).scatter_(-1, order, probs)  # back to vocabulary order, (B, V)
+
+
+def candidates(logits: torch.Tensor, options: SamplingOptions) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The tokens a draw can pick (temperature > 0), and their probabilities after temperature, top-k and
+    top-p: (probs (B, n), order (B, n)), candidate j being token order[:, j], most likely first; or, without
+    top-k and top-p, (probs (B, V), None): every token, in vocabulary order."""
+    top_k, top_p = options.top_k, options.top_p
+    logits = logits.float() / options.temperature
     use_k = top_k is not None and top_k < logits.size(-1)
     use_p = top_p is not None and top_p < 1.0
     if not (use_k or use_p):
-        return F.softmax(logits, dim=-1)
+        return F.softmax(logits, dim=-1), None
     # The candidates, most likely first: topk is sorted, and on a 50K vocabulary much cheaper than a full sort
+    # (top-p alone has to sort them all: which tokens reach p can only be known in order).
     if use_k:
         values, order = torch.topk(logits, top_k, dim=-1)  # (B, k)
     else:
@@ -122,7 +134,7 @@ def logits_to_probs(logits: torch.Tensor, options: SamplingOptions) -> torch.Ten
         before = torch.cumsum(probs, dim=-1) - probs
         probs = probs.masked_fill(before >= top_p, 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)
-    return torch.zeros_like(logits).scatter_(-1, order, probs)  # back to vocabulary order, (B, V)
+    return probs, order
 
 
 def exponential_noise(
@@ -146,12 +158,20 @@ def sample_token(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
 def next_token(logits: torch.Tensor, options: SamplingOptions, noise: torch.Tensor | None = None) -> torch.Tensor:
     """logits (B, V) -> the next token (B,): the argmax when temperature is 0 (no need to build a one-hot
     distribution and draw from it), else a draw from logits_to_probs with `noise` (B, V) from
-    exponential_noise (needed then)."""
+    exponential_noise (needed then).
+
+    With top-k or top-p the race is run among the candidates only, with their own noise (the noise of token
+    i is noise[:, i] either way): the same token as sample_token(logits_to_probs(...), noise) (bar exact
+    ties), without writing (B, V) probabilities back in vocabulary order and reading them again."""
     if options.temperature == 0:
         return logits.argmax(dim=-1)
     if noise is None:
         raise ValueError("next_token: sampling (temperature > 0) needs the noise, from exponential_noise")
-    return sample_token(logits_to_probs(logits, options), noise)
+    probs, order = candidates(logits, options)
+    if order is None:
+        return sample_token(probs, noise)
+    pick = sample_token(probs, noise.gather(-1, order))  # (B,): a candidate's index
+    return order.gather(-1, pick[:, None])[:, 0]
 
 
 # ----------------------------------------------------------------------------- the model calls
@@ -194,9 +214,13 @@ def decode_step(
 # per token). --compile=auto compiles when the decode has enough tokens to repay the compile time:
 # max_new_tokens >= seconds / saved. (The samples are decoded together, one batch: their number does not
 # multiply the steps, and at small batches a step's cost barely depends on it.)
-# CUDA: NOT MEASURED YET, an assumption for GPT-2 124M at batch 1, to check first on a GPU (BENCHMARKS.md):
-# ~40 s to compile and record the CUDA graph with cold caches; eager ~5 ms/token (launch-bound: ~250 kernels
-# at ~20 us of Python and launch each), compiled ~0.5 ms/token: ~4.5 ms saved, so from ~9,000 tokens.
+# CUDA: an assumption for GPT-2 124M at batch 1, kept until it is re-derived from measured costs (gpu_check.py
+# reports them: decode_compile_cost): ~40 s to compile and record the CUDA graph with cold caches; eager
+# ~5 ms/token (launch-bound: ~250 kernels at ~20 us of Python and launch each), compiled ~0.5 ms/token: ~4.5 ms
+# saved, so from ~9,000 tokens. The first measurement (an H200, torch 2.11, before the decode attention's length
+# buckets; BENCHMARKS.md): compiled 0.57 ms/token after a 12.2 s compile, eager 4.4-4.5 ms/token where the
+# attention does not re-plan per token (57 ms where it did): ~3.9 ms saved, from ~3,100 tokens. Re-measure
+# both sides with this code before changing the numbers here.
 # Other devices never compile by default. On the CPU (measured: BENCHMARKS.md, "Compiling the decode step")
 # compiling the baby model's step took ~60 s (~10 s with inductor's on-disk cache warm) and saved ~2.4 of
 # ~15 ms per token: it repays itself only after ~5,000-25,000 tokens, and inductor there needs a C++ compiler

@@ -9,10 +9,20 @@ import pytest
 import torch
 from conftest import confident_model, counting_sequences
 
+import model as model_module
 from gptkit.generate import SamplingOptions, generate
 from gptkit.serving import engine as engine_module
-from gptkit.serving.engine import Engine, EngineStopped, Finished, QueueFull, Request, Token
-from model import GPTConfig
+from gptkit.serving.engine import (
+    Engine,
+    EngineStopped,
+    Finished,
+    QueueFull,
+    Request,
+    Token,
+    length_buckets,
+    row_buckets,
+)
+from model import GPT, GPTConfig
 
 VOCAB = 300
 
@@ -157,7 +167,7 @@ def test_bad_requests_are_refused_before_they_are_queued(model):
 
 
 def counting_compiler(graphs: list) -> callable:
-    """torch.compile as the engine's default (fullgraph, static shapes) but with the aot_eager backend: Dynamo's
+    """torch.compile as the engine's default (fullgraph, static shapes: a graph per bucket) but with the aot_eager backend: Dynamo's
     graph and AOT autograd's functionalised in-place cache writes, as inductor gets them, without inductor's
     ~20 s of C++ code generation here (inductor gives the same tokens on this test, measured). Every graph
     compiled is appended to `graphs`: a recompile would show."""
@@ -190,14 +200,30 @@ def staggered(engine: Engine) -> list[list]:
     raise AssertionError("the requests did not finish")
 
 
-def test_the_compiled_step_replies_exactly_as_the_eager_step(model):
+def test_the_compiled_step_replies_exactly_as_the_eager_step(model, monkeypatch):
+    """The compiled step runs a bucket of rows and slots picked per step (the fewest that hold the live rows
+    and their next positions), one graph per bucket, and replies exactly as the eager step: greedy and seeded
+    draws, requests joining, finishing and cancelled, rows moved into holes."""
+    monkeypatch.setattr(model_module, "KV_LENGTH_BUCKET", 16)  # the model's length buckets at this scale
     eager = staggered(Engine(model, max_batch=3, compile=False))
-    graphs = []
-    engine = Engine(model, max_batch=3, compile=True, compiler=counting_compiler(graphs))
+    graphs, picked = [], []
+    engine = Engine(model, max_batch=3, compile=True, compiler=counting_compiler(graphs),
+                    buckets=((2, 3), (16, 48)))
+    real = engine.bucket
+    engine.bucket = lambda rows: picked.append(real(rows)) or picked[-1]
     assert staggered(engine) == eager
-    assert len(graphs) == 1  # one static graph for every step, whoever is in the batch
+    assert set(picked) == {(2, 16), (2, 48), (3, 16), (3, 48)}  # every bucket was used ...
+    assert len(graphs) == 4  # ... each compiled once, whoever is in the batch
     ends = [e[-1] for e in eager]
     assert ends[2].reason == "cancelled" and [x.reason for x in ends[:2] + ends[3:]] == ["length"] * 6
+
+
+def test_default_buckets():
+    assert row_buckets(16) == (4, 16) and row_buckets(64) == (4, 16, 64) and row_buckets(3) == (3,)
+    assert length_buckets(1024) == (256, 1024) and length_buckets(48) == (48,)
+    with pytest.raises(ValueError, match="buckets must be ascending"):
+        Engine(GPT(GPTConfig(block_size=16, vocab_size=20, n_layer=1, n_head=1, n_embd=8)), max_batch=4,
+               buckets=((2,), (16,)))
 
 
 def test_start_compiles_the_step_before_serving(model):
@@ -230,3 +256,21 @@ def test_a_step_that_cannot_compile_is_eager_under_auto_and_an_error_when_asked(
     engine.stop()
     expected = generate(model, torch.tensor([prompt]), 5, SamplingOptions(temperature=0))[0, len(prompt):]
     assert tokens == expected.tolist()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs)")
+def test_cuda_graph_buckets_reply_as_the_eager_step(monkeypatch):
+    """On a GPU: the default compiler (inductor, mode="reduce-overhead") records a CUDA graph per bucket
+    (cudagraph_or_error turns any "skipping cudagraphs" into a failure), and the replies equal the eager
+    engine's, greedy and seeded, with requests joining, leaving and cancelled."""
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(model_module, "KV_LENGTH_BUCKET", 16)
+    cfg = GPTConfig(block_size=48, vocab_size=VOCAB, n_layer=2, n_head=2, n_embd=64, vocab_multiple=64)
+    cuda_model = confident_model(cfg, "cuda", steps=80)
+    eager = staggered(Engine(cuda_model, max_batch=3, compile=False))
+    with inductor_config.patch({"triton.cudagraph_or_error": True}):
+        engine = Engine(cuda_model, max_batch=3, compile=True, buckets=((3,), (16, 48)))
+        engine._warm_up()
+        assert engine.compiled and engine.decode_mode.startswith("decode step compiled in")
+        assert staggered(engine) == eager

@@ -22,7 +22,7 @@ from gptkit.generate import (
     prefill,
     sample_token,
 )
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, bucketed_length
 
 
 def test_prefill_and_decode_one_token_give_the_full_forward_logits(tiny_model, tiny_config):
@@ -50,25 +50,27 @@ def test_greedy_with_cache_equals_without(tiny_model, tiny_config):
 
 
 def test_eager_steps_read_only_the_filled_cache_slots(tiny_model, tiny_config, monkeypatch):
-    # Issue 27: an eager step attends over the slots written so far, not the whole static cache (on a CPU
-    # reading the empty rest is memory traffic for nothing); past block_size the window moves and the cache
-    # is refilled, so the slots read restart from the kept window.
+    # An eager step asks for the slots written so far, not the whole static cache (on a CPU reading the empty
+    # rest is memory traffic for nothing), which the model rounds up to its length bucket; past block_size the
+    # window moves and the cache is refilled, so the slots read restart from the kept window.
     seen = []
     real = GPT._cache_slice
 
     def spy(self, B, pos, rows, length):
         cache = real(self, B, pos, rows, length)
-        seen.append((pos.tolist(), cache.length))
+        seen.append((pos.tolist(), length, cache.length))
         return cache
 
     monkeypatch.setattr(GPT, "_cache_slice", spy)
     prompt = torch.randint(0, tiny_config.vocab_size, (1, 5), generator=torch.Generator().manual_seed(6))
     n = tiny_config.block_size + 8
     out = generate(tiny_model, prompt, n, SamplingOptions(temperature=0, window_shift=4))
-    assert seen[0] == (list(range(5)), 5)  # the prompt's forward
-    for positions, length in seen[1:]:
-        assert length == positions[-1] + 1  # every slot before and at the newest token, nothing beyond
-    assert any(len(p) > 1 for p, _ in seen[1:])  # the window moved and was refilled at least once
+    assert seen[0] == (list(range(5)), 5, 5)  # the prompt's forward
+    for positions, asked, read in seen[1:]:
+        assert asked == positions[-1] + 1  # every slot before and at the newest token, nothing beyond
+        # a one-token step reads its length bucket; a refill of the window reads exactly its slots (causal)
+        assert read == (bucketed_length(asked, tiny_config.block_size) if len(positions) == 1 else asked)
+    assert any(len(p) > 1 for p, _, _ in seen[1:])  # the window moved and was refilled at least once
     monkeypatch.undo()
     assert torch.equal(out, generate(tiny_model, prompt, n, SamplingOptions(temperature=0, window_shift=4),
                                      use_cache=False))
@@ -214,6 +216,18 @@ def test_draws_follow_logits_to_probs(options):
     assert p_value > 1e-3, (counts, expected)
 
 
+@pytest.mark.parametrize("options", [SamplingOptions(temperature=0.9, top_k=50),
+                                     SamplingOptions(temperature=1.2, top_k=50, top_p=0.8),
+                                     SamplingOptions(temperature=0.7, top_p=0.9),
+                                     SamplingOptions(temperature=1.0)])
+def test_next_token_draws_among_the_candidates_what_the_full_distribution_draws(options):
+    """next_token runs the race among the top-k / top-p candidates only: the very tokens that drawing from
+    logits_to_probs's (B, V) distribution with the same noise gives (the engine draws that way)."""
+    logits = torch.randn(2000, 1000, generator=torch.Generator().manual_seed(0)) * 3
+    noise = exponential_noise(logits.shape, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(next_token(logits, options, noise), sample_token(logits_to_probs(logits, options), noise))
+
+
 def test_sampling_needs_noise_and_zero_noise_never_picks_a_cut_token():
     logits = torch.tensor([[3.0, 0.0, -1.0]])
     with pytest.raises(ValueError, match="noise"):
@@ -340,3 +354,48 @@ def test_cuda_graph_step_captures_forward_and_draw():
         logits = model.head(hidden, fp32=True)
     exact = hidden.float() @ model.lm_head.weight[:300].float().t()
     assert logits.dtype == torch.float32 and torch.allclose(logits, exact, rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- the decode attention's shape
+
+
+def test_decode_attention_sees_few_shapes_and_never_cudnn(monkeypatch):
+    """200 eager decode steps hand scaled_dot_product_attention a handful of shapes (the key lengths in buckets
+    of KV_LENGTH_BUCKET, the mask hiding the extra slots), never one per token: no backend re-plans per token,
+    and cuDNN's attention (which plans per shape) is off in cached forwards. The prompt's forward is causal,
+    without a mask. The tokens and logits are those of reading exactly the filled slots."""
+    import model as model_module
+
+    cfg = GPTConfig(block_size=256, vocab_size=50, n_layer=1, n_head=2, n_embd=16)
+    torch.manual_seed(0)
+    model = GPT(cfg).eval()
+    prompt = torch.randint(0, 50, (1, 16), generator=torch.Generator().manual_seed(1))
+    seen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kwargs):
+        mask = None if attn_mask is None else (tuple(attn_mask.shape), attn_mask.dtype)
+        seen.append((tuple(q.shape), tuple(k.shape), mask, is_causal, torch.backends.cuda.cudnn_sdp_enabled()))
+        return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs)
+
+    def logits_of_every_step():
+        model.setup_kv_cache(1)
+        x = generate(model, prompt, 200, SamplingOptions(temperature=0))
+        with torch.no_grad():
+            logits = [prefill(model, x[:, :16], torch.arange(16), length=16)]
+            logits += [decode_one_token(model, x[:, t : t + 1], torch.tensor([t]), length=t + 1)
+                       for t in range(16, 215)]
+        return x, torch.stack(logits)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    tokens, logits = logits_of_every_step()
+    prompt_call, steps = seen[0], seen[1:200]
+    assert prompt_call == ((1, 2, 16, 8), (1, 2, 16, 8), None, True, False)
+    assert len(steps) == 199 and {s[3] for s in steps} == {False} and {s[4] for s in steps} == {False}
+    shapes = {(s[0], s[1], s[2]) for s in steps}
+    assert shapes == {((1, 2, 1, 8), (1, 2, L, 8), ((1, L), torch.float32)) for L in (64, 128, 192, 256)}
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # restored after the forward
+    monkeypatch.undo()
+    monkeypatch.setattr(model_module, "KV_LENGTH_BUCKET", 1)  # the exact filled slots, one shape per token
+    exact_tokens, exact_logits = logits_of_every_step()
+    assert torch.equal(tokens, exact_tokens) and torch.allclose(logits, exact_logits, rtol=0, atol=1e-6)

@@ -21,16 +21,19 @@ come from its own generator (seeded from `seed`), and each row's attention sees 
 rounding of the batched matmuls differs from decoding it alone.
 
 The decode step, eager or compiled (`compile`: auto = compiled on CUDA where torch.compile can run):
-    eager      rows 0..A-1 only, attending over the slots filled so far: its shapes change every step;
-    compiled   one static step over all max_batch rows of the cache and all its block_size slots (the mask
-               hides what a row has not written), compiled once with fullgraph=True and static shapes, on
-               CUDA as one CUDA graph that replays every step (mode="reduce-overhead"). The active rows
-               feed their tokens at their own positions; each free row is fed token 0 at position 0 of its
-               own row, a slot that the prefill of that row's next request overwrites before anything reads
-               it (a retired row is copied away before the step, and copy_cache_row copies filled slots
-               only). Only the active rows' logits are sampled.
-It is compiled on the engine's thread (CUDA graphs belong to the thread that records them) when the engine
-starts, before the server says it is ready: no request waits for the compiler.
+    eager      rows 0..A-1 only, attending over the slots filled so far (in the model's length buckets);
+    compiled   a step over a bucket of rows and a bucket of slots (Engine.buckets): the fewest rows of the
+               row buckets that hold the A active ones, and the fewest slots of the length buckets that hold
+               the longest row's next position (the mask hides what a row has not written), so the work
+               follows the live rows and tokens instead of reading the whole cache every step. Compiled with
+               fullgraph=True and static shapes, one graph per bucket (a few: 4 for max_batch 16), on CUDA
+               each replayed as a CUDA graph (mode="reduce-overhead"). The active rows feed their tokens at
+               their own positions; each free row of the bucket is fed token 0 at position 0 of its own row, a
+               slot that the prefill of that row's next request overwrites before anything reads it (a
+               retired row is copied away before the step, and copy_cache_row copies filled slots only). Only
+               the active rows' logits are sampled.
+It is compiled, and every bucket run, on the engine's thread (CUDA graphs belong to the thread that records
+them) when the engine starts, before the server says it is ready: no request waits for the compiler.
 
 The engine knows nothing of HTTP nor of text (gptkit/serving/routes.py has both): prompts and replies are
 token ids.
@@ -39,6 +42,8 @@ token ids.
 from __future__ import annotations
 
 import collections
+import contextlib
+import itertools
 import threading
 import time
 import traceback
@@ -46,19 +51,42 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from gptkit.generate import SamplingOptions, decode_one_token, logits_to_probs, prefill, sample_token
 from gptkit.runtime import resolve_compile
-from model import GPT, no_tf32
+from model import GPT, bucketed_length, no_tf32
 
 # ----------------------------------------------------------------------------- what the engine says
 
 
 @dataclass(frozen=True)
+class Logprob:
+    """How likely the model found a token: its log-probability under the model's own distribution (the
+    log-softmax of its logits, before temperature, penalties and logit_bias), and the `logprobs` likeliest
+    tokens' (id, log-probability), likeliest first."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class Token:
-    """The request's next token."""
+    """The request's next token; with `logprob` for a request that asked for logprobs. final: the stop token
+    that ended the reply, told (to a request that asked for logprobs only) for its logprob: not part of the
+    reply, and a Finished("stop") follows."""
 
     id: int
+    logprob: Logprob | None = None
+    final: bool = False
+
+
+@dataclass(frozen=True)
+class PromptLogprobs:
+    """Told first, to a request with prompt_logprobs: each prompt token's Logprob given the tokens before it
+    (None for the first, which nothing predicts)."""
+
+    logprobs: tuple[Logprob | None, ...]
 
 
 @dataclass(frozen=True)
@@ -71,7 +99,7 @@ class Finished:
     completion_tokens: int
 
 
-Event = Token | Finished
+Event = Token | Finished | PromptLogprobs
 
 
 class EngineError(Exception):
@@ -88,13 +116,22 @@ class EngineStopped(EngineError):
 
 # ----------------------------------------------------------------------------- a request
 
+BAN = -100.0  # a logit_bias of -100 bans its token (OpenAI: "should result in a ban"): its logit becomes -inf
+
 
 @dataclass(eq=False)
 class Request:
     """One reply to decode. prompt: its token ids (1 .. block_size of them); max_tokens: the most tokens to
-    emit; sampling: temperature, top_k, top_p (its stop_token and window_shift are not used here: stop_ids);
-    stop_ids: tokens that end the reply; seed: the random stream of the draws (None: a fresh one);
-    emit: called with each Event, on the engine's thread."""
+    emit (0 only with prompt_logprobs: the prompt is scored, nothing is decoded); sampling: temperature, top_k,
+    top_p (its stop_token and window_shift are not used here: stop_ids); stop_ids: tokens that end the reply;
+    seed: the random stream of the draws (None: a fresh one); emit: called with each Event, on the engine's
+    thread.
+
+    Applied to a row's logits before temperature, top-k and top-p, as OpenAI defines them: logit_bias (token
+    id -> bias added to its logit; BAN, -100, bans it), frequency_penalty (minus the penalty times the number
+    of times the token is in the reply so far) and presence_penalty (minus the penalty once it is there).
+    logprobs: each token comes with its Logprob and the `logprobs` likeliest tokens' (None: no Logprob);
+    prompt_logprobs: the prompt's PromptLogprobs are told first (with logprobs' likeliest tokens)."""
 
     prompt: list[int]
     max_tokens: int
@@ -102,7 +139,16 @@ class Request:
     sampling: SamplingOptions = field(default_factory=lambda: SamplingOptions(temperature=0))
     stop_ids: frozenset[int] = frozenset()
     seed: int | None = None
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logprobs: int | None = None
+    prompt_logprobs: bool = False
     cancelled: bool = False
+
+    @property
+    def adjusts_logits(self) -> bool:
+        return bool(self.logit_bias) or self.frequency_penalty != 0 or self.presence_penalty != 0
 
     def cancel(self) -> None:
         """Stop decoding this request: its row is given up before the next decode step. (Setting a flag is
@@ -121,23 +167,53 @@ class _Row:
     last: int = -1
     emitted: int = 0
     finish: str | None = None
+    # What _sample keeps for the request's sampling parameters (made on first use, on the logits' device):
+    bias: tuple[torch.Tensor, torch.Tensor] | None = None  # logit_bias as (ids, biases); a ban is -inf
+    counts: torch.Tensor | None = None  # (V,) float32: each token's count in the reply, for the penalties
+    logprob: Logprob | None = None  # the Logprob of the token _sample just drew, for _deliver
+    scored: bool = False  # the prompt's PromptLogprobs were told
 
 
 # ----------------------------------------------------------------------------- the compiled step
 
 
-def decode_all_rows(model: GPT, tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """The static decode step: one token for every row of the KV cache, tokens (R, 1) each at its row's own
-    position pos (R, 1), attending over all block_size slots (masked past each position) -> float32 logits
-    (R, V). Its shapes never change from one step to the next: it compiles to one graph."""
-    return decode_one_token(model, tokens, pos)
+def decode_all_rows(model: GPT, tokens: torch.Tensor, pos: torch.Tensor, length: int) -> torch.Tensor:
+    """The compiled decode step: one token for each of the KV cache's first R rows, tokens (R, 1) each at its
+    row's own position pos (R, 1), attending over the first `length` slots (masked past each position) ->
+    float32 logits (R, V). R and length are a bucket's (Engine.buckets): a few shapes, one graph each."""
+    return decode_one_token(model, tokens, pos, rows=slice(0, tokens.size(0)), length=length)
 
 
 def default_compiler(device: torch.device) -> Callable[[Callable], Callable]:
-    """How Engine compiles decode_all_rows: fullgraph, static shapes, and on CUDA mode="reduce-overhead" (the
-    step recorded once as a CUDA graph, then one launch per step instead of hundreds of small kernels)."""
+    """How Engine compiles decode_all_rows: fullgraph, static shapes (one graph per bucket), and on CUDA
+    mode="reduce-overhead" (each bucket's step recorded once as a CUDA graph, then one launch per step instead
+    of hundreds of small kernels). (dynamic=True would compile fewer graphs, but torch 2.13 specialises the
+    rows and the mask's length of this step anyway: measured, 7 graphs for 9 buckets.)"""
     mode = "reduce-overhead" if device.type == "cuda" else None
     return lambda fn: torch.compile(fn, mode=mode, fullgraph=True, dynamic=False)
+
+
+def row_buckets(max_batch: int) -> tuple[int, ...]:
+    """The compiled step's numbers of rows: powers of 4 from 4 below max_batch, and max_batch (16: 4, 16;
+    64: 4, 16, 64). A decode step reads every weight whatever its rows, so fewer than 4 would save little."""
+    return (*[4**i for i in range(1, 8) if 4**i < max_batch], max_batch)
+
+
+def length_buckets(block_size: int) -> tuple[int, ...]:
+    """The compiled step's numbers of slots: a quarter of the context (in the model's length buckets) and all
+    of it (1,024: 256, 1,024): a reply of ~100 tokens reads a quarter of the cache, not all of it."""
+    return tuple(sorted({bucketed_length(max(1, block_size // 4), block_size), block_size}))
+
+
+def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, k: int) -> list[Logprob]:
+    """Each row's Logprob of its token: logits (n, V) float32 as the model gave them, tokens (n,), with the k
+    likeliest tokens' (one host synchronisation)."""
+    logp = F.log_softmax(logits.float(), dim=-1)
+    chosen = logp.gather(1, tokens[:, None])[:, 0].tolist()
+    if k == 0:
+        return [Logprob(c) for c in chosen]
+    values, ids = logp.topk(min(k, logp.size(1)), dim=-1)
+    return [Logprob(c, tuple(zip(i, v))) for c, i, v in zip(chosen, ids.tolist(), values.tolist())]
 
 
 # ----------------------------------------------------------------------------- the engine
@@ -150,10 +226,13 @@ class Engine:
     compile: the static compiled decode step (see the module docstring): True, False or None (auto: on CUDA
     where torch.compile can run; runtime.resolve_compile). Under auto a step that fails to compile at start
     falls back to the eager one (decode_mode says why); under True start() raises. compiler: what compiles
-    decode_all_rows (default: default_compiler's torch.compile; tests pass a cheaper backend)."""
+    decode_all_rows (default: default_compiler's torch.compile; tests pass a cheaper backend). buckets: the
+    compiled step's (numbers of rows, numbers of slots), each ascending and ending at max_batch and
+    block_size (default: row_buckets and length_buckets)."""
 
     def __init__(self, model: GPT, *, max_batch: int = 16, max_queue: int = 64, compile: bool | None = None,
-                 compiler: Callable[[Callable], Callable] | None = None):
+                 compiler: Callable[[Callable], Callable] | None = None,
+                 buckets: tuple[tuple[int, ...], tuple[int, ...]] | None = None):
         if max_batch < 1 or max_queue < 0:
             raise ValueError(f"max_batch must be >= 1 and max_queue >= 0, got {max_batch}, {max_queue}")
         self.model = model.eval()
@@ -174,6 +253,13 @@ class Engine:
         self._compiler = compiler or default_compiler(self.device)
         self._step_fn: Callable | None = None
         self._inputs = torch.zeros(2, max_batch, 1, dtype=torch.long, device=self.device)  # (2, R, 1)
+        self.buckets = buckets or (row_buckets(max_batch), length_buckets(self.block_size))
+        self._ran: set[tuple[int, int]] = set()  # the buckets whose step has run (so is compiled)
+        rows, lengths = self.buckets
+        if list(rows) != sorted(set(rows)) or rows[-1] != max_batch or rows[0] < 1 or \
+                list(lengths) != sorted(set(lengths)) or lengths[-1] != self.block_size or lengths[0] < 1:
+            raise ValueError(f"buckets must be ascending numbers of rows up to {max_batch} and of slots up to "
+                             f"{self.block_size}, got {self.buckets}")
 
     # ---- the outside: submit, start, stop
 
@@ -183,11 +269,16 @@ class Engine:
         if not 1 <= n <= self.block_size:
             raise ValueError(f"the prompt has {n} tokens; it must have 1 to {self.block_size} (the model's "
                              f"context)")
-        if request.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {request.max_tokens}")
+        if request.max_tokens < (0 if request.prompt_logprobs else 1):
+            raise ValueError(f"max_tokens must be at least 1 (0 only with prompt_logprobs), got "
+                             f"{request.max_tokens}")
         vocab = self.model.config.vocab_size
         if min(request.prompt) < 0 or max(request.prompt) >= vocab:
             raise ValueError(f"the prompt holds a token id outside the vocabulary [0, {vocab})")
+        if any(not 0 <= t < vocab for t in request.logit_bias):
+            raise ValueError(f"logit_bias holds a token id outside the vocabulary [0, {vocab})")
+        if request.logprobs is not None and not 0 <= request.logprobs <= vocab:
+            raise ValueError(f"logprobs must be in 0..{vocab}, got {request.logprobs}")
 
     def submit(self, request: Request) -> Request:
         """Queue a request (it joins the batch at the next step with a free row); returns it, for cancel().
@@ -261,8 +352,9 @@ class Engine:
             return
         began = time.perf_counter()
         try:
-            for _ in range(3):
-                self._forward_static([])
+            for bucket in itertools.product(*self.buckets):
+                for _ in range(3):
+                    self._forward_static([], bucket)
         except Exception as e:
             if self._compile_asked:
                 raise
@@ -271,9 +363,10 @@ class Engine:
             self.decode_mode = (f"decode step eager: compiling it failed ({type(e).__name__}: {first}; "
                                 f"compile=True raises it)")
             return
-        where = "one CUDA graph" if self.device.type == "cuda" else "one graph"
-        self.decode_mode = (f"decode step compiled in {time.perf_counter() - began:.1f} s ({where} over all "
-                            f"{self.max_batch} rows)")
+        rows, lengths = self.buckets
+        where = "CUDA graphs" if self.device.type == "cuda" else "shapes"
+        self.decode_mode = (f"decode step compiled in {time.perf_counter() - began:.1f} s ({len(rows) * len(lengths)} "
+                            f"{where}: rows {', '.join(map(str, rows))} x slots {', '.join(map(str, lengths))})")
 
     # ---- one iteration
 
@@ -326,28 +419,51 @@ class Engine:
         return decode_one_token(self.model, tokens, pos, rows=slice(0, len(rows)),
                                 length=max(r.length for r in rows) + 1)
 
-    def _forward_static(self, rows: list[_Row]) -> torch.Tensor:
-        """The compiled step over all max_batch rows -> the logits (A, V) of the active rows 0..A-1. The free
-        rows are fed token 0 at position 0 (the module docstring says why that is harmless)."""
-        free = self.max_batch - len(rows)
+    def bucket(self, rows: list[_Row]) -> tuple[int, int]:
+        """The compiled step's (rows, slots) for these active rows: the smallest buckets that hold them all and
+        every row's next position (row.length)."""
+        n_rows, lengths = self.buckets
+        longest = max((r.length for r in rows), default=0)
+        return (next(n for n in n_rows if n >= len(rows)), next(n for n in lengths if n > longest))
+
+    def _forward_static(self, rows: list[_Row], bucket: tuple[int, int] | None = None) -> torch.Tensor:
+        """The compiled step over a bucket of rows and slots (default: self.bucket(rows)) -> the logits (A, V)
+        of the active rows 0..A-1. The bucket's free rows are fed token 0 at position 0 (the module docstring
+        says why that is harmless)."""
+        n, length = bucket or self.bucket(rows)
+        free = n - len(rows)
         host = torch.tensor([[r.last for r in rows] + [0] * free, [r.length for r in rows] + [0] * free])
-        self._inputs.copy_(host[..., None])  # one copy to the device: tokens and positions, (2, R, 1)
+        inputs = self._inputs[:, :n]
+        inputs.copy_(host[..., None])  # one copy to the device: tokens and positions, (2, n, 1)
         if self._step_fn is None:
             self._step_fn = self._compiler(decode_all_rows)
         if self.device.type == "cuda":  # a new step: the CUDA graph may overwrite the last step's outputs
             torch.compiler.cudagraph_mark_step_begin()
+        # A bucket's first step compiles its graph: maybe more graphs than Dynamo's default limit of 8.
+        first = contextlib.nullcontext() if (n, length) in self._ran else torch._dynamo.config.patch(
+            recompile_limit=max(8, len(self.buckets[0]) * len(self.buckets[1])))
         # Inductor's matmuls follow the TF32 flag in force at the call (see generate.compile_decode_step).
-        with no_tf32():
-            logits = self._step_fn(self.model, self._inputs[0], self._inputs[1])  # (R, V)
+        with no_tf32(), first:
+            logits = self._step_fn(self.model, inputs[0], inputs[1], length)  # (n, V)
+        self._ran.add((n, length))
         # A CUDA graph's outputs live in memory its next replay rewrites: keep a copy of what is used.
         return logits[: len(rows)].clone()
 
     def _deliver(self, row: _Row, token: int) -> None:
         request = row.request
+        if request.prompt_logprobs and not row.scored:  # before the request's first token
+            row.scored = True
+            request.emit(PromptLogprobs(self._prompt_logprobs(request)))
+        logprob, row.logprob = row.logprob, None
+        if row.emitted >= request.max_tokens:  # max_tokens=0: the prompt was only to be scored
+            row.finish = "length"
+            return
         if token in request.stop_ids:
             row.finish = "stop"
+            if logprob is not None:
+                request.emit(Token(token, logprob, final=True))
             return
-        request.emit(Token(token))
+        request.emit(Token(token, logprob))
         row.emitted += 1
         row.last = token
         # The next step would feed `token` in at position row.length: there must be a slot for it.
@@ -373,7 +489,10 @@ class Engine:
 
     def _sample(self, logits: torch.Tensor, rows: list[_Row]) -> list[int]:
         """One token per row of logits (n, V), each drawn with its request's options and generator; the one
-        host synchronisation of a step (the tokens are needed on the host to be sent)."""
+        host synchronisation of a step (the tokens are needed on the host to be sent). Rows whose requests
+        ask for them get their logit_bias and penalties first (_adjusted), and their drawn token's Logprob
+        (row.logprob, from the logits as the model gave them)."""
+        raw, logits = logits, self._adjusted(logits, rows)
         out = torch.empty(len(rows), dtype=torch.long, device=logits.device)
         groups: dict[tuple, list[int]] = collections.defaultdict(list)  # rows drawn alike, drawn together
         for i, r in enumerate(rows):
@@ -389,7 +508,55 @@ class Engine:
             noise = torch.stack([torch.empty(logits.size(1), device=logits.device).exponential_(
                 generator=rows[i].generator) for i in idx])  # each request's own stream, (m, V)
             out[sel] = sample_token(probs, noise)
-        return out.tolist()
+        tokens = out.tolist()
+        for r, token in zip(rows, tokens):
+            if r.counts is not None:
+                r.counts[token] += 1
+        asking = [i for i, r in enumerate(rows) if r.request.logprobs is not None]
+        if asking:
+            k = max(rows[i].request.logprobs for i in asking)
+            found = _logprobs(raw[asking], out[asking], k)
+            for i, logprob in zip(asking, found):
+                rows[i].logprob = Logprob(logprob.logprob, logprob.top[: rows[i].request.logprobs])
+        return tokens
+
+    def _adjusted(self, logits: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
+        """The logits (n, V) with each row's logit_bias added and its frequency and presence penalties taken
+        away (a copy; the logits themselves when no row has any)."""
+        changed = [i for i, r in enumerate(rows) if r.request.adjusts_logits]
+        if not changed:
+            return logits
+        logits = logits.clone()
+        for i in changed:
+            r, request = rows[i], rows[i].request
+            if request.logit_bias and r.bias is None:
+                ids = torch.tensor(list(request.logit_bias), dtype=torch.long, device=logits.device)
+                bias = torch.tensor([float("-inf") if b <= BAN else b for b in request.logit_bias.values()],
+                                    device=logits.device)
+                r.bias = ids, bias
+            if r.bias is not None:
+                logits[i].index_add_(0, *r.bias)
+            if request.frequency_penalty or request.presence_penalty:
+                if r.counts is None:  # the reply's first token: nothing to take away yet
+                    r.counts = torch.zeros(logits.size(1), device=logits.device)
+                else:
+                    logits[i] -= (r.counts * request.frequency_penalty
+                                  + (r.counts > 0).float() * request.presence_penalty)
+        return logits
+
+    def _prompt_logprobs(self, request: Request) -> tuple[Logprob | None, ...]:
+        """Each prompt token's Logprob given the ones before it: one forward over the prompt that leaves the
+        KV cache alone (the prefill filled it already), its head taken a slice of positions at a time."""
+        n = len(request.prompt)
+        prompt = torch.tensor([request.prompt], dtype=torch.long, device=self.device)  # (1, n)
+        h = self.model.hidden_states(prompt)[0]  # (n, C): position i predicts token i + 1
+        found: list[Logprob | None] = [None]
+        chunk = max(1, (1 << 24) // self.model.config.vocab_size)  # positions whose float32 logits take 64 MB
+        for lo in range(0, n - 1, chunk):
+            hi = min(lo + chunk, n - 1)
+            logits = self.model.head(h[lo:hi], fp32=True)  # (hi - lo, V)
+            found += _logprobs(logits, prompt[0, lo + 1: hi + 1], request.logprobs or 0)
+        return tuple(found)
 
     def _fail_all(self) -> None:
         with self._cond:
