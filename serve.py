@@ -6,16 +6,18 @@
 
 Any OpenAI client then talks to it (base_url http://127.0.0.1:8000/v1, any api_key): /v1/models,
 /v1/completions, /v1/chat/completions (for a model with the chat tokens: train.py on prepare/chat.py's data),
-streamed or not; GET /health says how busy it is. gptkit/serving/routes.py has the API (what is supported, the
-errors), gptkit/serving/engine.py decodes the requests together: a request joins the running batch between
-two decode steps and leaves it when done, so clients do not wait for each other.
+streamed or not; GET /health says how busy it is; a browser at http://127.0.0.1:8000/ gets a chat page
+(gptkit/serving/page.html). gptkit/serving/routes.py has the API (what is supported, the errors),
+gptkit/serving/engine.py decodes the requests together: a request joins the running batch between two decode
+steps and leaves it when done, so clients do not wait for each other.
 
-On a GPU the decode step is compiled at start (--compile, auto: where torch.compile can run): one static step
-over all --max_batch rows, replayed as a CUDA graph every token; the first start takes tens of seconds.
+On a GPU the decode step is compiled at start (--compile, auto: where torch.compile can run): a few static steps
+over buckets of rows and cache slots, each a CUDA graph, the smallest that holds the live requests replayed
+every token; the first start takes tens of seconds (more with a larger --max_batch).
 
 A full queue (--max_batch rows decoding, --max_queue waiting) answers 429 at once. SIGTERM or Ctrl-C stops
 accepting connections, finishes the replies in flight, and exits with code 0 (a second Ctrl-C: at once).
-Needs the optional packages of `pip install -e ".[serve]"` (Starlette and uvicorn).
+Needs the optional packages of `pip install -e ".[serve]"` (Starlette, uvicorn and pydantic).
 """
 
 from __future__ import annotations
@@ -64,10 +66,10 @@ class ServeConfig:
         "bfloat16, float16",
         ("auto", "float32", "bfloat16", "float16"),
     )
-    quantize: str = setting("none", QUANTIZE_HELP, QUANTIZE)
+    quantize: str = setting("auto", QUANTIZE_HELP, QUANTIZE)
     threads: int = setting(0, THREADS_HELP)
     compile: bool | None = setting(
-        None, "compile the decode step, one static graph over all --max_batch rows: True, False or auto (None: on "
+        None, "compile the decode step, a static graph per bucket of rows and slots: True, False or auto (None: on "
               "a GPU where torch.compile can run; compiled at start, before serving)")
     access_log: bool = setting(False, "log every request on stderr")
 
@@ -97,7 +99,7 @@ class ServeConfig:
 
 
 def check_packages() -> None:
-    missing = [name for name in ("starlette", "uvicorn") if importlib.util.find_spec(name) is None]
+    missing = [name for name in ("starlette", "uvicorn", "pydantic") if importlib.util.find_spec(name) is None]
     if missing:
         raise ServeError(f"serving needs {' and '.join(missing)}, not installed here: "
                          f"pip install -e \".[serve]\"")
@@ -168,7 +170,7 @@ def run(cfg: ServeConfig, sock: socket.socket) -> None:
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     if engine.compiled:  # tens of seconds on a GPU: say so before the wait
-        print(f"serve.py: compiling the decode step over all {cfg.max_batch} rows...", file=sys.stderr,
+        print(f"serve.py: compiling the decode step for {cfg.max_batch} rows...", file=sys.stderr,
               flush=True)
     try:
         engine.start()
@@ -181,6 +183,8 @@ def run(cfg: ServeConfig, sock: socket.socket) -> None:
     if host not in ("127.0.0.1", "::1", "localhost"):
         print(f"serve.py: listening on {host}: reachable from other machines, with no authentication",
               file=sys.stderr)
+    if _is_chat(tokenizer):
+        print(f"serve.py: to chat in a browser, open http://{shown}:{port}/", file=sys.stderr)
     print(f"serve.py: serving {cfg.served_name()!r} at http://{shown}:{port}/v1 (SIGTERM or Ctrl-C stops it)",
           file=sys.stderr, flush=True)
 

@@ -6,6 +6,7 @@ random-weight models, batch 1. Prints markdown tables.
     python benchmarks/cpu_decode.py --models baby --new_tokens 128
     python benchmarks/cpu_decode.py --profile                # + where a decode step's time goes, by op
     python benchmarks/cpu_decode.py --threads 1
+    python benchmarks/cpu_decode.py --models gpt2 --engines gptkit,llama.cpp --new_tokens 128   # the comparison
 
 The models: GPT-2 small's shape (124M, 12 x 768, block 1024, GPT-2's BPE vocabulary) and the baby model of
 configs/shakespeare.py (6 x 384, block 256, its 65 characters), random weights (speed does not depend on
@@ -16,9 +17,13 @@ their rows say why they are missing.
 
 Each engine: a 16-token prompt, then new_tokens greedy tokens (fewer when prompt and tokens would not fit the
 model's context: the baby model's 256), decode tok/s over the tokens after the first; prefill tok/s over a
-512-token prompt (the baby model: 256). Medians of --repeats runs, after a short warm-up. gptkit decodes
-through gptkit.generate.generate_stream, what sample.py runs. Every engine uses the same thread count:
---threads, else gptkit.cpu_decode.choose_threads() (the cores other processes leave free, at the start).
+512-token prompt (the baby model: 256). Every engine is loaded and warmed up first, then --repeats rounds
+run each engine once in turn (a machine whose speed drifts slows a whole round alike): the medians of the
+rounds, and for gptkit the median of each round's ratio to llama.cpp of the same bytes per weight. gptkit
+decodes through gptkit.generate.generate_stream, what sample.py runs; its rows are the model as loaded
+(--quantize=none) and packed (float32 is the scripts' default on the CPU). --engines picks engines. Every
+engine uses the same thread count: --threads, else gptkit.cpu_decode.choose_threads() (the cores other
+processes leave free, at the start); the first line says which CPU features llama.cpp's ggml was built with.
 
 Agreement: teacher-forced, over new_tokens positions of one random token sequence: the share of positions
 where the engine's next-token argmax is gptkit fp32's. gptkit's packed formats are stepped one token at a
@@ -61,6 +66,7 @@ GREEDY = SamplingOptions(temperature=0)
 FORMATS = cpu_decode.FORMATS  # gptkit's packed formats
 LLAMA_TYPES = ("f32", "f16", "q8_0")  # llama.cpp's, in the same order: the same bytes per weight, about
 SAME_BYTES = dict(zip(FORMATS, LLAMA_TYPES))
+ENGINES = ("gptkit", "transformers", "llama.cpp")
 
 
 class BenchError(cli.UserError):
@@ -69,7 +75,9 @@ class BenchError(cli.UserError):
 
 @dataclass
 class Row:
-    """One engine and weight format: its speeds (tok/s) and agreement, or why it did not run."""
+    """One engine and weight format: its speeds (tok/s; medians of the rounds) and agreement, or why it did
+    not run. ratio: the median over the rounds of its decode rate over llama.cpp's of the same bytes per
+    weight in the same round."""
 
     engine: str
     weights: str
@@ -77,6 +85,17 @@ class Row:
     decode: float | None = None
     agreement: float | None = None
     note: str = ""
+    ratio: str = ""
+
+
+@dataclass
+class Contender:
+    """An engine ready to run: its row, and what times one prefill and one decode (seconds) and frees it."""
+
+    row: Row
+    prefill_s: Callable[[], float]
+    decode_s: Callable[[], float]
+    close: Callable[[], None] = lambda: None
 
 
 @dataclass
@@ -134,11 +153,6 @@ def token_ids(config: GPTConfig, n: int, seed: int) -> list[int]:
     return torch.randint(config.vocab_size, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def median_time(run: Callable[[], float], repeats: int) -> float:
-    """The median of `repeats` calls of run, which returns the seconds it measured."""
-    return statistics.median(run() for _ in range(repeats))
-
-
 # ----------------------------------------------------------------------------- gptkit
 
 
@@ -178,13 +192,12 @@ def gptkit_teacher_forced(model: GPT, ids: list[int], n: int) -> list[int]:
     return out
 
 
-def measure_gptkit(shape: Shape, model: GPT, weights: str, repeats: int) -> Row:
-    """The prefill and decode rates of `model`."""
+def measure_gptkit(shape: Shape, model: GPT, weights: str) -> Contender:
+    """The prefill and decode timings of `model`."""
     n, prompt, long_prompt = shape.new_tokens, shape.prompt, shape.long_prompt
     gptkit_decode(model, prompt, 8)  # warm-up: the first calls allocate
-    prefill_s = median_time(lambda: gptkit_prefill(model, long_prompt), repeats)
-    decode_s = median_time(lambda: gptkit_decode(model, prompt, n)[0], repeats)
-    return Row("gptkit", weights, len(long_prompt) / prefill_s, (n - 1) / decode_s)
+    return Contender(Row("gptkit", weights), lambda: len(long_prompt) / gptkit_prefill(model, long_prompt),
+                     lambda: (n - 1) / gptkit_decode(model, prompt, n)[0])
 
 
 def agreement(a: list[int], b: list[int]) -> float:
@@ -195,8 +208,8 @@ def agreement(a: list[int], b: list[int]) -> float:
 # ----------------------------------------------------------------------------- transformers
 
 
-def measure_transformers(shape: Shape, folder: Path, repeats: int, reference: list[int]) -> Row:
-    """The same rates and agreement for transformers' GPT2LMHeadModel on the exported folder, fp32."""
+def measure_transformers(shape: Shape, folder: Path, reference: list[int]) -> Contender:
+    """The same timings and agreement for transformers' GPT2LMHeadModel on the exported folder, fp32."""
     import transformers
 
     transformers.logging.set_verbosity_error()  # no progress bars nor notices in the benchmark's output
@@ -207,10 +220,10 @@ def measure_transformers(shape: Shape, folder: Path, repeats: int, reference: li
     n, prompt, long_prompt, forced = shape.new_tokens, shape.prompt, shape.long_prompt, shape.forced
 
     @torch.no_grad()
-    def prefill_s() -> float:
+    def prefill_rate() -> float:
         start = time.perf_counter()
         model(torch.tensor([long_prompt]), use_cache=True)
-        return time.perf_counter() - start
+        return len(long_prompt) / (time.perf_counter() - start)
 
     @torch.no_grad()
     def decode_s(n: int = n) -> float:
@@ -226,20 +239,18 @@ def measure_transformers(shape: Shape, folder: Path, repeats: int, reference: li
         return time.perf_counter() - start
 
     decode_s(8)
-    row = Row("transformers", "fp32", len(long_prompt) / median_time(prefill_s, repeats),
-              (n - 1) / median_time(decode_s, repeats))
+    row = Row("transformers", "fp32")
     with torch.no_grad():
         logits = model(torch.tensor([forced[:-1]])).logits[0, -n:]
     row.agreement = agreement(logits.argmax(dim=-1).tolist(), reference)
-    return row
+    return Contender(row, prefill_rate, lambda: (n - 1) / decode_s())
 
 
 # ----------------------------------------------------------------------------- llama.cpp
 
 
-def measure_llama(shape: Shape, path: Path, gguf_type: str, threads: int, repeats: int,
-                  reference: list[int]) -> Row:
-    """The same rates and agreement for llama.cpp (llama-cpp-python) on the exported GGUF file."""
+def measure_llama(shape: Shape, path: Path, gguf_type: str, threads: int, reference: list[int]) -> Contender:
+    """The same timings and agreement for llama.cpp (llama-cpp-python) on the exported GGUF file."""
     import llama_cpp
 
     c, n = shape.config, shape.new_tokens
@@ -247,6 +258,12 @@ def measure_llama(shape: Shape, path: Path, gguf_type: str, threads: int, repeat
     batch = min(PREFILL, c.block_size)
     common = dict(model_path=str(path), n_ctx=c.block_size, n_batch=batch, n_ubatch=batch, n_threads=threads,
                   n_threads_batch=threads, verbose=False)
+    every = llama_cpp.Llama(**common, logits_all=True)  # every position's logits: the teacher-forced argmaxes
+    every.eval(forced[:-1])
+    row = Row("llama.cpp", gguf_type)
+    row.agreement = agreement(np.asarray(every.scores[len(forced) - 1 - n : len(forced) - 1]).argmax(axis=1)
+                              .tolist(), reference)
+    every.close()
     llm = llama_cpp.Llama(**common)  # the last position's logits only, as a decoder needs
     vocab = llm.n_vocab()
 
@@ -254,11 +271,11 @@ def measure_llama(shape: Shape, path: Path, gguf_type: str, threads: int, repeat
         logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(vocab,))
         return int(logits.argmax())
 
-    def prefill_s() -> float:
+    def prefill_rate() -> float:
         llm.reset()
         start = time.perf_counter()
         llm.eval(long_prompt)
-        return time.perf_counter() - start
+        return len(long_prompt) / (time.perf_counter() - start)
 
     def decode_s(n: int = n) -> float:
         llm.reset()
@@ -273,15 +290,20 @@ def measure_llama(shape: Shape, path: Path, gguf_type: str, threads: int, repeat
         return time.perf_counter() - start
 
     decode_s(8)
-    row = Row("llama.cpp", gguf_type, len(long_prompt) / median_time(prefill_s, repeats),
-              (n - 1) / median_time(decode_s, repeats))
-    llm.close()
-    every = llama_cpp.Llama(**common, logits_all=True)  # every position's logits: the teacher-forced argmaxes
-    every.eval(forced[:-1])
-    row.agreement = agreement(np.asarray(every.scores[len(forced) - 1 - n : len(forced) - 1]).argmax(axis=1)
-                              .tolist(), reference)
-    every.close()
-    return row
+    return Contender(row, prefill_rate, lambda: (n - 1) / decode_s(), llm.close)
+
+
+def llama_build() -> str:
+    """A few words on the llama.cpp that llama-cpp-python holds: its version and the CPU features its ggml
+    was built with (GGML_NATIVE=OFF builds AVX2, a native build this machine's AVX-512 and VNNI too)."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        return "no llama-cpp-python"
+    import llama_cpp
+
+    info = llama_cpp.llama_print_system_info().decode(errors="replace")
+    features = [f.split(" = ")[0].strip() for f in info.split("|") if f.strip().endswith("= 1")]
+    wide = [f for f in features if f.startswith(("AVX", "FMA", "F16C", "AMX"))]
+    return f"llama-cpp-python {llama_cpp.__version__} (ggml CPU: {' '.join(wide) or 'no AVX'})"
 
 
 def missing(module: str, why: str) -> str | None:
@@ -292,45 +314,67 @@ def missing(module: str, why: str) -> str | None:
 # ----------------------------------------------------------------------------- one model
 
 
-def measure(shape: Shape, threads: int, repeats: int, folder: Path, log) -> None:
-    """Every engine on one model; appends its rows to shape.rows."""
+def measure(shape: Shape, threads: int, repeats: int, folder: Path, engines: set[str], log) -> None:
+    """Every engine on one model, in interleaved rounds (each engine once per round, one after the other: a
+    machine whose speed drifts slows every engine of a round alike); appends the rows, with the medians of
+    the rounds, to shape.rows."""
     from export import export_hf
     from gptkit.gguf import export_gguf
 
     c, n, forced = shape.config, shape.new_tokens, shape.forced
     folder.mkdir(parents=True)
     model = random_model(c)
-    log(f"{shape.name}: gptkit fp32")
-    shape.rows.append(measure_gptkit(shape, model, "fp32 (as loaded)", repeats))
     with torch.no_grad():  # the reference: fp32's argmax after each of the last n positions, one forward
         reference = model(torch.tensor([forced[:-1]]))[0][0, -n:].argmax(dim=-1).tolist()
-    for fmt in FORMATS:
-        log(f"{shape.name}: gptkit packed {fmt}")
-        packed = cpu_decode.pack_for_cpu(copy.deepcopy(model), fmt)
-        row = measure_gptkit(shape, packed, f"packed {fmt}", repeats)
-        row.agreement = agreement(gptkit_teacher_forced(packed, forced, n), reference)
+    contenders: list[Contender] = []
+    if "gptkit" in engines:
+        log(f"{shape.name}: gptkit")
+        contenders.append(measure_gptkit(shape, model, "fp32 as loaded (--quantize=none)"))
+        for fmt in FORMATS:
+            packed = cpu_decode.pack_for_cpu(copy.deepcopy(model), fmt)
+            weights = f"packed {fmt}" + (" (the default: --quantize=auto)" if fmt == "float32" else "")
+            contenders.append(measure_gptkit(shape, packed, weights))
+            contenders[-1].row.agreement = agreement(gptkit_teacher_forced(packed, forced, n), reference)
+
+    if "transformers" in engines:
+        why = missing("transformers", "transformers is not installed (pip install transformers)")
+        if why is None:
+            log(f"{shape.name}: transformers fp32")
+            export_hf(model, folder / "hf", shape.tokenizer)
+            contenders.append(measure_transformers(shape, folder / "hf", reference))
+        else:
+            shape.rows.append(Row("transformers", "fp32", note=why))
+
+    if "llama.cpp" in engines:
+        why = missing("llama_cpp", "llama-cpp-python is not installed (pip install llama-cpp-python: it builds "
+                                   "llama.cpp from source, ~10-20 minutes)")
+        for gguf_type in LLAMA_TYPES:
+            if why is not None:
+                shape.rows.append(Row("llama.cpp", gguf_type, note=why))
+                continue
+            log(f"{shape.name}: llama.cpp {gguf_type}")
+            path = folder / f"model-{gguf_type}.gguf"
+            export_gguf(model, path, shape.tokenizer, dtype=gguf_type)
+            contenders.append(measure_llama(shape, path, gguf_type, threads, reference))
+
+    prefills: dict[int, list[float]] = {i: [] for i in range(len(contenders))}
+    decodes: dict[int, list[float]] = {i: [] for i in range(len(contenders))}
+    for r in range(repeats):
+        log(f"{shape.name}: round {r + 1} of {repeats}")
+        for i, contender in enumerate(contenders):
+            prefills[i].append(contender.prefill_s())
+            decodes[i].append(contender.decode_s())
+    llama = {ct.row.weights: decodes[i] for i, ct in enumerate(contenders) if ct.row.engine == "llama.cpp"}
+    for i, contender in enumerate(contenders):
+        row = contender.row
+        row.prefill, row.decode = statistics.median(prefills[i]), statistics.median(decodes[i])
+        if row.engine == "gptkit":
+            same = "f32" if "as loaded" in row.weights else SAME_BYTES[row.weights.split()[1]]
+            if same in llama:  # the ratio of each round's pair, then the median
+                ratios = [a / b for a, b in zip(decodes[i], llama[same])]
+                row.ratio = f"{statistics.median(ratios):.2f}x {same}"
         shape.rows.append(row)
-        del packed
-
-    why = missing("transformers", "transformers is not installed (pip install transformers)")
-    if why is None:
-        log(f"{shape.name}: transformers fp32")
-        export_hf(model, folder / "hf", shape.tokenizer)
-        shape.rows.append(measure_transformers(shape, folder / "hf", repeats, reference))
-    else:
-        shape.rows.append(Row("transformers", "fp32", note=why))
-
-    why = missing("llama_cpp", "llama-cpp-python is not installed (pip install llama-cpp-python: it builds "
-                               "llama.cpp from source, ~10-20 minutes)")
-    for gguf_type in LLAMA_TYPES:
-        if why is not None:
-            shape.rows.append(Row("llama.cpp", gguf_type, note=why))
-            continue
-        log(f"{shape.name}: llama.cpp {gguf_type}")
-        path = folder / f"model-{gguf_type}.gguf"
-        export_gguf(model, path, shape.tokenizer, dtype=gguf_type)
-        shape.rows.append(measure_llama(shape, path, gguf_type, threads, repeats, reference))
-        path.unlink()
+        contender.close()
 
 
 # ----------------------------------------------------------------------------- the profile
@@ -389,26 +433,20 @@ def fmt_rate(x: float | None) -> str:
 
 
 def table(shape: Shape) -> str:
-    """The model's rows as a markdown table; gptkit's rows get their ratio to llama.cpp's of the same bytes
+    """The model's rows as a markdown table; gptkit's rows with their ratio to llama.cpp's of the same bytes
     per weight."""
-    llama = {r.weights: r.decode for r in shape.rows if r.engine == "llama.cpp" and r.decode}
     prefill_tokens = min(PREFILL, shape.config.block_size)
     lines = [f"**{shape.name}**: batch 1, a {PROMPT}-token prompt, {shape.new_tokens} greedy tokens",
              "",
              f"| engine, weights | prefill {prefill_tokens} tok/s | decode tok/s | decode vs llama.cpp "
-             f"(same bytes) | argmax agreement with gptkit fp32 |",
+             f"(same bytes; median of the rounds' ratios) | argmax agreement with gptkit fp32 |",
              "|---|---|---|---|---|"]
     for r in shape.rows:
-        ratio = ""
-        if r.engine == "gptkit" and r.decode:
-            same = "f32" if "fp32" in r.weights else SAME_BYTES[r.weights.split()[-1]]
-            if same in llama:
-                ratio = f"{r.decode / llama[same]:.2f}x {same}"
         agree = "" if r.agreement is None else f"{r.agreement:.3f}"
         if r.note:
             lines.append(f"| {r.engine}, {r.weights} | - | - | | {r.note} |")
         else:
-            lines.append(f"| {r.engine}, {r.weights} | {fmt_rate(r.prefill)} | {fmt_rate(r.decode)} | {ratio} | "
+            lines.append(f"| {r.engine}, {r.weights} | {fmt_rate(r.prefill)} | {fmt_rate(r.decode)} | {r.ratio} | "
                          f"{agree} |")
     return "\n".join(lines)
 
@@ -417,13 +455,19 @@ def parse_args(argv: list[str] | None):
     parser = cli.ArgumentParser(prog="benchmarks/cpu_decode.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="gpt2,baby", help="gpt2, baby or both (default: gpt2,baby)")
     parser.add_argument("--new_tokens", type=int, default=256, help="greedy tokens per decode (default 256)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per measurement; the median is shown")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds: each engine runs once per round, in "
+                        "turn; the medians are shown")
+    parser.add_argument("--engines", default=",".join(ENGINES), help=f"which of {', '.join(ENGINES)} to run "
+                        "(default: all)")
     parser.add_argument("--threads", type=int, default=0, help="threads for every engine; 0 = choose_threads()")
     parser.add_argument("--profile", action="store_true", help="also profile 20 decode steps of GPT-2 small's "
                         "shape, as loaded and packed")
     args = parser.parse_args(argv)
     if args.new_tokens < 2 or args.repeats < 1 or args.threads < 0:
         parser.error("--new_tokens must be >= 2, --repeats >= 1 and --threads >= 0")
+    args.engines = {e.strip() for e in args.engines.split(",") if e.strip()}
+    if not args.engines or not args.engines <= set(ENGINES):
+        parser.error(f"--engines takes a comma-separated list of {', '.join(ENGINES)}")
     return args
 
 
@@ -447,10 +491,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[{time.perf_counter() - began:5.0f} s] {message}", file=sys.stderr, flush=True)
 
     print(f"torch {torch.__version__}, {threads} thread(s) for every engine ({why}); gptkit's packed products: "
-          f"{cpu_decode.kernels_status()}; medians of {args.repeats}\n")
+          f"{cpu_decode.kernels_status()}; {llama_build()}; medians of {args.repeats} interleaved rounds\n")
     with tempfile.TemporaryDirectory(prefix="cpu_decode_") as tmp:
         for i, shape in enumerate(models):
-            measure(shape, threads, args.repeats, Path(tmp) / str(i), log)
+            measure(shape, threads, args.repeats, Path(tmp) / str(i), args.engines, log)
             print(table(shape) + "\n", flush=True)
     if args.profile:
         log("profile")

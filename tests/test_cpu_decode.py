@@ -136,11 +136,12 @@ def q8_bound(x, w):
     return (xb.abs().sum(-1) @ sw.T + sx @ wb.abs().sum(-1).T) / 2 + BLOCK / 4 * (sx @ sw.T)
 
 
+@pytest.mark.parametrize("N", [80, 78])  # 78: the last group of four weight rows padded
 @pytest.mark.parametrize("M", [1, 7, 16])
-def test_int8_is_within_the_rounding_of_its_blocks(kernels, M):
-    x, w, b = operands(M)
+def test_int8_is_within_the_rounding_of_its_blocks(kernels, M, N):
+    x, w, b = operands(M, N)
     layer = PackedLinear(w, b, "int8")
-    assert layer.weight.dtype == torch.int8 and layer.scale.shape == (80, 96 // BLOCK)
+    assert layer.weight.dtype == torch.int8 and layer.scale.shape == (80, 96 // BLOCK)  # groups of 4 rows
     error = (layer(x) - F.linear(x, w, b)).abs()
     bound = q8_bound(x, w) + fp32_slack(x, w, b)
     assert (error <= bound).all()
@@ -148,12 +149,19 @@ def test_int8_is_within_the_rounding_of_its_blocks(kernels, M):
 
 
 def test_int8_round_trip_of_the_weights():
-    w = torch.randn(8, 64) * 0.1
+    w = torch.randn(7, 64) * 0.1
     w[0, :BLOCK] = 0  # a block of zeros: scale 0, no division by it
     layer = PackedLinear(w, None, "int8")
-    scale = w.reshape(8, -1, BLOCK).abs().amax(-1, keepdim=True) / 127
-    assert ((layer.dense_weight() - w).reshape(8, -1, BLOCK).abs() <= scale / 2 + 1e-7).all()
+    scale = w.reshape(7, -1, BLOCK).abs().amax(-1, keepdim=True) / 127
+    assert layer.dense_weight().shape == w.shape
+    assert ((layer.dense_weight() - w).reshape(7, -1, BLOCK).abs() <= scale / 2 + 1e-7).all()
     assert layer.dense_weight()[0, :BLOCK].eq(0).all()
+    # the kernel's layout: rows in groups of four, each 32-value block of the four rows side by side
+    q, s = cpu_decode.quantize_q8(w)
+    groups = layer.weight.reshape(2, 2, 4, BLOCK)  # (group, block, row, 32): row 4g + r's block b
+    assert torch.equal(groups[0, 0, 1], q[1, :BLOCK]) and torch.equal(groups[0, 1, 2], q[2, BLOCK:])
+    assert torch.equal(groups[1, 1, 2], q[6, BLOCK:]) and groups[1, :, 3].eq(0).all()  # row 7: padding
+    assert torch.equal(layer.scale.reshape(2, 2, 4)[1, 0, :3], s[4:, 0])
 
 
 # ----------------------------------------------------------------------------- a whole model
@@ -182,6 +190,68 @@ def test_int8_logits_stay_close_to_float32_and_pick_the_same_tokens(kernels, tra
         got = stepwise_logits(packed(trained, fmt), ids)
         assert (got - reference).abs().max() < bound, fmt
         assert torch.equal(got.argmax(-1), reference.argmax(-1)), fmt  # teacher-forced agreement: 100%
+
+
+def batch_logits(model, prompts: torch.Tensor, pos: list[int]) -> torch.Tensor:
+    """Logits of one step of len(pos) rows, row i fed prompts[i, pos[i]] at position pos[i] after a prefill of
+    every row's prompt: the serving engine's step, each row at its own position."""
+    model.setup_kv_cache(prompts.size(0))
+    with torch.no_grad():
+        prefill(model, prompts, torch.arange(prompts.size(1)))
+        token = prompts[torch.arange(len(pos)), pos][:, None]
+        return decode_one_token(model, token, torch.tensor(pos)[:, None], length=max(pos) + 1)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 16, 17])  # 5: float32's torch product and int8's groups; 17: unfused
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_fused_block_equals_the_blocks_ops(kernels, trained, rows, threads):
+    """block_decode (one call per block: norms, products, the cache's writes, attention, GELU, residuals) gives
+    the logits of the plain model's ops, for rows at their own positions; above SMALL_BATCH rows the block's
+    own forward runs, with the same result."""
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(rows)
+    prompts = torch.randint(67, (rows, 24), generator=g)
+    pos = torch.randint(24, (rows,), generator=g).tolist()
+    reference = batch_logits(trained, prompts, pos)
+    spread = reference.max() - reference.min()
+    for fmt, bound in (("float32", 1e-5 * spread), ("float16", 1e-3 * spread), ("int8", 1e-2 * spread)):
+        model = packed(trained, fmt)
+        assert all(isinstance(b, cpu_decode.PackedBlock) and b.fused for b in model.transformer.h)
+        got = batch_logits(model, prompts, pos)
+        assert (got - reference).abs().max() < bound, fmt
+    # the cache rows the step wrote are the plain model's (float32: the same keys and values)
+    model = packed(trained, "float32")
+    batch_logits(model, prompts, pos)
+    for plain, fused in zip(trained.transformer.h, model.transformer.h):
+        for name in ("k", "v"):
+            a, b = getattr(plain.attn.kv_cache, name), getattr(fused.attn.kv_cache, name)
+            assert (a - b).abs().max() <= 1e-5 * a.abs().max(), name
+
+
+def test_the_fused_attention_at_gpt2s_head_size(kernels):
+    """Heads of 64 channels (GPT-2's; the tiny model's are 16), the fused attention's wide path: the plain
+    model's logits, rows at their own positions (keys four at a time and the rest)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=32, vocab_size=67, n_layer=1, n_head=2, n_embd=128, dropout=0.0)).eval()
+    prompts = torch.randint(67, (3, 24), generator=torch.Generator().manual_seed(1))
+    pos = [23, 6, 0]
+    reference = batch_logits(model, prompts, pos)
+    got = batch_logits(packed(model, "float32"), prompts, pos)
+    assert (got - reference).abs().max() < 1e-5 * (reference.max() - reference.min())
+
+
+def test_the_modern_block_is_not_fused_and_decodes_the_same(kernels):
+    """RoPE, RMSNorm, QK-norm, ReLU²: no fused op; the packed layers still give the model's tokens."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=32, vocab_size=67, n_layer=2, n_head=2, n_embd=64, arch="modern",
+                          dropout=0.0)).eval()
+    for p in model.parameters():  # the zero-initialised head and projections would make every logit equal
+        torch.nn.init.normal_(p, std=0.2)
+    prompt = counting_sequences(1, 4, 67, "cpu")
+    reference = generate(model, prompt, 12, GREEDY)
+    fast = packed(model, "float32")
+    assert not any(b.fused for b in fast.transformer.h)
+    assert torch.equal(generate(fast, prompt, 12, GREEDY), reference)
 
 
 def test_every_format_generates_float32s_greedy_tokens(kernels, trained):
@@ -260,6 +330,9 @@ def test_the_packed_model_keeps_its_embedding_and_packs_the_real_vocabulary():
     assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr()
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     assert linears == [] and len([m for m in model.modules() if isinstance(m, PackedLinear)]) == 5
+    # the blocks keep their submodules' names: the same state_dict keys, the cache at block.attn.kv_cache
+    assert isinstance(model.transformer.h[0], cpu_decode.PackedBlock)
+    assert "transformer.h.0.attn.c_attn.weight" in model.state_dict()
 
 
 # ----------------------------------------------------------------------------- threads and the default dtype
@@ -307,9 +380,33 @@ def sample_text(capsys, ckpt, *args) -> tuple[str, str]:
     return captured.out, captured.err
 
 
+def test_the_cpu_default_packs_float32_and_keeps_the_logits(kernels, trained, monkeypatch):
+    """--quantize=auto: float32 packing on the CPU with float32 weights (the same logits, within float32's
+    rounding of the products in another order), the model as loaded elsewhere."""
+    inference = runtime.setup_inference("cpu", "auto", "auto", threads=1)
+    assert inference.quantize == "float32" and inference.auto
+    model = inference.place(copy.deepcopy(trained))
+    assert isinstance(model.lm_head, PackedLinear) and model.lm_head.fmt == "float32"
+    ids = counting_sequences(1, 32, 67, "cpu")[0].tolist()
+    reference = stepwise_logits(trained, ids)
+    assert (stepwise_logits(model, ids) - reference).abs().max() < 1e-5 * (reference.max() - reference.min())
+    assert runtime.setup_inference("cpu", "bfloat16", "auto", threads=1).quantize == "none"
+    assert runtime.setup_inference("cpu", "auto", "none", threads=1).quantize == "none"
+    # where the kernels cannot run, auto keeps the model as loaded (torch's products would be no faster)
+    monkeypatch.setattr(cpu_decode, "kernels", lambda: None)
+    inference = runtime.setup_inference("cpu", "auto", "auto", threads=1)
+    model = inference.place(copy.deepcopy(trained))
+    assert isinstance(model.lm_head, torch.nn.Linear) and inference.quantize == "none"
+    gpu = runtime.Runtime(torch.device("cuda", 0), torch.bfloat16)  # what setup_runtime gives on a GPU
+    monkeypatch.setattr(runtime, "setup_runtime", lambda device, dtype: gpu)
+    assert runtime.setup_inference("cuda", "auto", "auto").quantize == "none"
+
+
 def test_sample_py_quantize_and_threads(kernels, ckpt, capsys):
-    reference, err = sample_text(capsys, ckpt)
+    reference, err = sample_text(capsys, ckpt, "--quantize=none")
     assert "weights" not in err and "thread" in err  # --quantize=none: the model as loaded
+    out, err = sample_text(capsys, ckpt)
+    assert out == reference and "float32 weights (AVX2 kernels)" in err  # the default: packed float32
     for fmt in cpu_decode.FORMATS:
         out, err = sample_text(capsys, ckpt, f"--quantize={fmt}", "--threads=2")
         assert out == reference, fmt
@@ -368,7 +465,7 @@ def one_line_error(main, *args) -> str:
 @pytest.mark.parametrize("main", [sample.main, chat.main, serve.main])
 def test_a_bad_quantize_value_names_the_flag_and_its_choices(main, ckpt):
     message = one_line_error(main, f"--ckpt={ckpt}", "--device=cpu", "--quantize=int4")
-    assert message == "error: quantize must be one of none, float32, float16, int8; got 'int4'"
+    assert message == "error: quantize must be one of auto, none, float32, float16, int8; got 'int4'"
 
 
 def test_quantize_is_refused_off_the_cpu_and_with_a_16_bit_dtype(ckpt, monkeypatch):

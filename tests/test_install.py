@@ -44,6 +44,7 @@ def test_wheel_holds_the_package_and_model_only(wheel):
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert top == {"gptkit", "model.py"}
     assert "gptkit/prepare/tiny_shakespeare.py" in names  # subpackages are found, not listed by hand
+    assert "gptkit/serving/page.html" in names  # the chat page: package data
 
 
 def test_every_module_imports_from_a_plain_install_outside_the_checkout(wheel, tmp_path):

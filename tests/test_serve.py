@@ -22,6 +22,7 @@ openai = pytest.importorskip("openai", reason="the tests' client: pip install -e
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette", reason="serving needs it: pip install -e \".[serve]\"")
 pytest.importorskip("uvicorn", reason="serving needs it: pip install -e \".[serve]\"")
+pytest.importorskip("pydantic", reason="serving needs it: pip install -e \".[serve]\"")
 
 import serve  # noqa: E402  (after the skips: the server's packages are optional)
 from gptkit.chat import ChatTokens, prompt_ids  # noqa: E402
@@ -209,8 +210,10 @@ def greedy(chat_model, ids: list[int], max_tokens: int, stop_ids, stops=()) -> t
 
 
 def completion_reference(chat_model, prompt: str, max_tokens: int, stops=()):
+    """A completion ends where a chat reply does: at end-of-text and at every marker of the chat template."""
     _, tokenizer = chat_model
-    return greedy(chat_model, tokenizer.encode(prompt), max_tokens, {tokenizer.eot_id}, stops)
+    ends = ChatTokens.of(tokenizer).stop_ids | {tokenizer.eot_id}
+    return greedy(chat_model, tokenizer.encode(prompt), max_tokens, ends, stops)
 
 
 def chat_reference(chat_model, messages: list[dict], max_tokens: int):
@@ -371,6 +374,134 @@ def test_n_choices(chat_server, chat_model):
     assert complete(chat_server, ids, max_tokens=12, temperature=0).choices[0].text == text  # token ids
 
 
+# ----------------------------------------------------------------------------- sampling parameters, logprobs
+
+TOL = 1e-4  # the server's batched, cached (and on a CPU packed) forward against a full one: rounding only
+
+
+@torch.no_grad()
+def log_probs(chat_model, ids: list[int]) -> torch.Tensor:
+    """The direct computation: log_softmax of the model's logits at every position of ids, (T, V); row t
+    predicts ids[t + 1]."""
+    model, _ = chat_model
+    return torch.log_softmax(model.head(model.hidden_states(torch.tensor([ids])), fp32=True)[0], dim=-1)
+
+
+def test_echo_with_logprobs_scores_the_prompt(chat_server, chat_model):
+    """What lm-evaluation-harness's local-completions model sends: token ids, echo, logprobs=1, max_tokens 1
+    (or 0: the prompt alone). Each prompt token's logprob is the model's (the first has none)."""
+    tokenizer = chat_model[1]
+    ids = tokenizer.encode(counting(5, 6) + "x?")  # a surprise at the end: not all greedy
+    expected = log_probs(chat_model, ids)
+    r = complete(chat_server, ids, max_tokens=0, echo=True, logprobs=1, temperature=0)
+    c = r.choices[0]
+    assert (c.text, c.finish_reason, r.usage.completion_tokens) == (tokenizer.decode(ids), "length", 0)
+    lp = c.logprobs
+    assert lp.tokens == [tokenizer.decode([t]) for t in ids] and lp.text_offset == list(range(len(ids)))
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    for t in range(1, len(ids)):
+        assert abs(lp.token_logprobs[t] - expected[t - 1, ids[t]].item()) < TOL
+        [(best, value)] = lp.top_logprobs[t].items()
+        assert best == tokenizer.decode([int(expected[t - 1].argmax())]) and abs(value - expected[t - 1].max()) < TOL
+    # max_tokens=1: the same, then the drawn token (the harness drops that last one); streamed alike.
+    one = complete(chat_server, ids, max_tokens=1, echo=True, logprobs=2, temperature=0).choices[0]
+    assert one.logprobs.token_logprobs[:-1] == lp.token_logprobs and len(one.logprobs.tokens) == len(ids) + 1
+    assert abs(one.logprobs.token_logprobs[-1] - log_probs(chat_model, ids)[-1].max()) < TOL
+    chunks = list(complete(chat_server, ids, max_tokens=1, echo=True, logprobs=2, temperature=0, stream=True))
+    streamed_logprobs = [x for ch in chunks for c in ch.choices if c.logprobs for x in c.logprobs.token_logprobs]
+    assert streamed_logprobs == one.logprobs.token_logprobs
+    assert "".join(c.text for ch in chunks for c in ch.choices) == one.text
+    # Two prompts in one request, text ones too: each scored on its own.
+    two = complete(chat_server, [counting(5, 6) + "x?", "abc"], max_tokens=0, echo=True, logprobs=0)
+    assert [c.text for c in two.choices] == [counting(5, 6) + "x?", "abc"]
+    assert two.choices[0].logprobs.token_logprobs == lp.token_logprobs
+    assert two.choices[1].logprobs.top_logprobs == [None, {}, {}]
+
+
+def test_chat_logprobs_are_the_models(chat_server, chat_model):
+    messages = [{"role": "user", "content": counting(30, 4)}]
+    r = chat_server.client.chat.completions.create(model=chat_server.model, messages=messages, max_tokens=10,
+                                                   temperature=0, logprobs=True, top_logprobs=3)
+    c = r.choices[0]
+    content = c.logprobs.content
+    assert "".join(x.token for x in content) == c.message.content and len(content) == r.usage.completion_tokens
+    ids = prompt_ids(messages, chat_model[1])
+    reply = [chat_model[1].encode(x.token)[0] for x in content]
+    expected = log_probs(chat_model, ids + reply)[len(ids) - 1:]
+    for x, token, row in zip(content, reply, expected):
+        assert abs(x.logprob - row[token].item()) < TOL and x.bytes == list(x.token.encode())
+        assert [t.token for t in x.top_logprobs] == [chat_model[1].decode([i]) for i in row.topk(3).indices]
+    chunks = list(chat_server.client.chat.completions.create(
+        model=chat_server.model, messages=messages, max_tokens=10, temperature=0, logprobs=True, stream=True))
+    pieces = [x for ch in chunks for ch_c in ch.choices if ch_c.logprobs for x in ch_c.logprobs.content]
+    assert [(x.token, x.logprob) for x in pieces] == [(x.token, x.logprob) for x in content]
+    assert all(x.top_logprobs == [] for x in pieces)
+
+
+@torch.no_grad()
+def greedy_adjusted(chat_model, ids: list[int], n: int, bias: dict[int, float], frequency: float) -> str:
+    """The greedy reply with logit_bias (-100: banned) and the frequency penalty applied by hand; stops at
+    the chat model's end tokens."""
+    model, tokenizer = chat_model
+    ends, out, counts = ChatTokens.of(tokenizer).stop_ids, [], torch.zeros(tokenizer.vocab_size)
+    for _ in range(n):
+        logits = model.head(model.hidden_states(torch.tensor([ids + out])), fp32=True)[0, -1]
+        for t, b in bias.items():
+            logits[t] += float("-inf") if b <= -100 else b
+        token = int((logits - frequency * counts).argmax())
+        if token in ends:
+            break
+        counts[token] += 1
+        out.append(token)
+    return tokenizer.decode(out)
+
+
+def test_logit_bias_penalties_and_top_k_reach_each_reply(chat_server, chat_model):
+    """The benchmark clients' logit_bias (ban end-of-text) and the other parameters, applied per request: at
+    temperature 2 with top_k=1 a reply is still the (adjusted) greedy one."""
+    tokenizer = chat_model[1]
+    prompt = counting(12, 4)
+    plain = complete(chat_server, prompt, max_tokens=12, temperature=0).choices[0].text
+    ban = {str(tokenizer.encode(plain[0])[0]): -100, str(tokenizer.eot_id): -100}
+    bias = {int(t): float(b) for t, b in ban.items()}
+    ids = tokenizer.encode(prompt)
+    r = complete(chat_server, prompt, max_tokens=12, temperature=2, seed=1, logit_bias=ban,
+                 frequency_penalty=1.5, extra_body={"top_k": 1})  # top_k: an extension, as clients send it
+    text = r.choices[0].text
+    assert text == greedy_adjusted(chat_model, ids, 12, bias, 1.5) and text[0] != plain[0]
+    r = complete(chat_server, prompt, max_tokens=12, temperature=0, logit_bias=ban)
+    assert r.choices[0].text == greedy_adjusted(chat_model, ids, 12, bias, 0.0)
+    assert complete(chat_server, prompt, max_tokens=12, temperature=0).choices[0].text == plain  # no carry-over
+
+
+def test_a_completion_on_a_chat_model_stops_at_its_end_tokens(chat_server, chat_model):
+    """A completion on a chat model ends at the template's markers (<|end|>, <|user|>, ...) as a chat reply
+    does, instead of writing them as text and running on to max_tokens; a special token is never text."""
+    model, tokenizer = chat_model
+    ends = ChatTokens.of(tokenizer).stop_ids
+    # Counting ids 91, 94, <|system|> (97) goes on to <|end|> (100); counting characters reaches a marker later.
+    for prompt, end in (([91, 94, 97], "<|end|>"), (tokenizer.encode(counting(20, 5)), None)):
+        raw = generate(model, torch.tensor([prompt]), 40, SamplingOptions(temperature=0))[0, len(prompt):].tolist()
+        cut = next(i for i, t in enumerate(raw) if t in ends)  # the greedy reply does reach one: covered
+        assert end is None or raw[cut] == tokenizer.special[end]
+        for skip in (True, False):  # a stop token is never text, whatever skip_special_tokens says
+            r = chat_server.post(COMPLETIONS, {"prompt": prompt, "max_tokens": 40, "temperature": 0,
+                                               "skip_special_tokens": skip}).json()
+            c = r["choices"][0]
+            assert (c["text"], c["finish_reason"]) == (tokenizer.decode(raw[:cut]), "stop")
+            assert "<|" not in c["text"] and r["usage"]["completion_tokens"] == cut
+
+
+def test_reply_text_writes_no_special_tokens_unless_asked():
+    tokenizer = Tokenizer({"kind": "char", "chars": CHARS}).with_special(["<|endoftext|>", "<|tool|>"])
+    tool = tokenizer.special["<|tool|>"]
+    ids = tokenizer.encode("ab") + [tool] + tokenizer.encode("c")
+    hidden = ReplyText(tokenizer, [], frozenset(tokenizer.special.values()))
+    assert [hidden.push(t) for t in ids] == ["a", "b", "", "c"] and hidden.tokens == 4
+    shown = ReplyText(tokenizer, [])
+    assert "".join(shown.push(t) for t in ids) == "ab<|tool|>c"
+
+
 # ----------------------------------------------------------------------------- bad requests
 
 CHAT = "/v1/chat/completions"
@@ -403,8 +534,19 @@ USER = [{"role": "user", "content": "hi"}]
     (COMPLETIONS, {"prompt": "abc", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
     (COMPLETIONS, {"prompt": "abc", "stop": ""}, 400, "stop"),
     (COMPLETIONS, {"prompt": "abc", "seed": 1.5}, 400, "seed"),
-    (COMPLETIONS, {"prompt": "abc", "logprobs": 2}, 400, "logprobs"),
-    (COMPLETIONS, {"prompt": "abc", "echo": True}, 400, "echo"),
+    (COMPLETIONS, {"prompt": "abc", "logprobs": 6}, 400, "logprobs"),  # OpenAI's limit: 5
+    (COMPLETIONS, {"prompt": "abc", "echo": "yes"}, 400, "echo"),
+    (COMPLETIONS, {"prompt": "abc", "best_of": 2}, 400, "best_of"),  # not supported
+    (COMPLETIONS, {"prompt": "abc", "max_tokens": 0}, 400, "max_tokens"),  # 0 only with echo
+    (COMPLETIONS, {"prompt": "a" * (CHAT_BLOCK + 1), "max_tokens": 0, "echo": True}, 400, "prompt"),
+    (COMPLETIONS, {"prompt": "abc", "logit_bias": {"x": 1}}, 400, "logit_bias"),
+    (COMPLETIONS, {"prompt": "abc", "logit_bias": {"5": -101}}, 400, "logit_bias"),
+    (COMPLETIONS, {"prompt": "abc", "logit_bias": {"1000": 1}}, 400, "logit_bias"),  # outside the vocabulary
+    (COMPLETIONS, {"prompt": "abc", "logit_bias": {str(i): -100 for i in range(101)}}, 400, "logit_bias"),
+    (COMPLETIONS, {"prompt": "abc", "frequency_penalty": 2.5}, 400, "frequency_penalty"),
+    (COMPLETIONS, {"prompt": "abc", "presence_penalty": "a"}, 400, "presence_penalty"),
+    (COMPLETIONS, {"prompt": "abc", "top_k": 1.5}, 400, "top_k"),
+    (COMPLETIONS, {"prompt": "abc", "skip_special_tokens": 0}, 400, "skip_special_tokens"),
     (COMPLETIONS, {"prompt": "abc", "max_token": 5}, 400, "max_token"),  # unknown: a typo is not ignored
     (CHAT, {"messages": []}, 400, "messages"),
     (CHAT, {}, 400, "messages"),
@@ -416,6 +558,9 @@ USER = [{"role": "user", "content": "hi"}]
     (CHAT, {"messages": USER, "max_tokens": 5, "max_completion_tokens": 6}, 400, "max_completion_tokens"),
     (CHAT, {"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
     (CHAT, {"messages": USER, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    (CHAT, {"messages": USER, "top_logprobs": 2}, 400, "top_logprobs"),  # needs logprobs: true
+    (CHAT, {"messages": USER, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
+    (CHAT, {"messages": USER, "max_tokens": 0}, 400, "max_tokens"),
     ("/v1/nowhere", {}, 404, None),
 ])
 def test_bad_requests_get_an_openai_error_and_the_server_goes_on(chat_server, path, body, status, param):
@@ -426,6 +571,29 @@ def test_bad_requests_get_an_openai_error_and_the_server_goes_on(chat_server, pa
     assert "Traceback" not in error["message"]
     # Greedy: sampled at temperature 1 the chat model may draw an end token within 2 tokens ("stop").
     assert complete(chat_server, "abc", max_tokens=2, temperature=0).choices[0].finish_reason == "length"
+
+
+def test_random_bodies_never_get_a_server_error(chat_server):
+    """Seeded fuzzing: known fields with values of every JSON type and edge values. Every answer is a reply
+    or OpenAI's JSON error, never a 5xx."""
+    import random
+
+    rng = random.Random(0)
+    values = [None, True, False, 0, 1, 2, -1, 0.5, 2.5, 1e300, -1e-300, 2**63, "", "x", "0", [], [0], ["a", ""],
+              [[1, 2], []], {}, {"a": 1}, {"5": -100}, {"5": "x"}, {"include_usage": True}, [{"role": "user"}],
+              [{"role": "user", "content": [{"type": "text", "text": 1}]}], {"type": "text"}]
+    fields = ["model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "stop", "seed",
+              "n", "stream", "stream_options", "logit_bias", "frequency_penalty", "presence_penalty",
+              "logprobs", "top_logprobs", "echo", "best_of", "suffix", "skip_special_tokens", "tools", "user"]
+    for i in range(160):
+        path, body = (COMPLETIONS, {"prompt": "abc"}) if i % 2 else (CHAT, {"messages": USER})
+        body["max_tokens"] = 2
+        for key in rng.sample(fields + ["prompt", "messages"], rng.randint(1, 4)):
+            body[key] = rng.choice(values)
+        r = chat_server.post(path, body)
+        assert r.status_code in (200, 400, 404), (body, r.status_code, r.text)
+        if r.status_code != 200:
+            assert set(r.json()["error"]) == {"message", "type", "param", "code"}, (body, r.text)
 
 
 def test_the_openai_client_sees_the_errors(chat_server):

@@ -6,35 +6,45 @@
     GET  /health                 the engine's load (rows decoding, requests waiting), tokens decoded so far
 
 Both POST routes answer as one JSON object or, with "stream": true, as server-sent events: `data: {chunk}`
-lines, then `data: [DONE]`, as the OpenAI API does. Options: max_tokens (max_completion_tokens for chat),
-temperature, top_p, stop (text-level), seed, n, stream_options.include_usage; the rest of OpenAI's options are
+lines, then `data: [DONE]`, as the OpenAI API does. The request bodies are declared in
+gptkit/serving/schemas.py: max_tokens (max_completion_tokens for chat), temperature, top_p, top_k (an
+extension), stop (text-level), seed, n, logit_bias, frequency_penalty, presence_penalty, logprobs (chat:
+logprobs and top_logprobs), echo (completions), stream_options.include_usage; the rest of OpenAI's options are
 accepted at their default values only (a 400 names the others), and a few harmless ones (user, metadata, ...)
 are ignored; an unknown one is a 400 too (a typo is not silently dropped). Every error is OpenAI's JSON,
 {"error": {"message", "type", "param", "code"}}: 400 for a bad request, 404 for another model, 413 for a body
 over 8 MiB, 429 when the queue is full, 503 while shutting down.
 
-The path of a request: the JSON is checked field by field (`Job`), the prompt rendered to token ids, and each
-choice (n per prompt) submitted to the engine as a request of its own, all or none: a full queue is a 429 at
-once, never a wait. The engine decodes on its own thread and hands each token over to the event loop
-(`Choices`); `ReplyText` turns a choice's tokens into text, whole characters only, and cuts it before the
-first stop string (text that might begin one is held back while streaming). When the client goes away,
-mid-stream or while waiting for a whole reply, its requests are cancelled: their rows are free before the next
-decode step.
+A reply ends at the tokenizer's end tokens (<|endoftext|>, and on a chat model <|end|> and the other markers
+of its template), on /v1/completions too, and special tokens are never written as text unless the request
+says "skip_special_tokens": false. Log-probabilities are the model's own (the log-softmax of its logits,
+before temperature, penalties and logit_bias). /v1/completions with "echo": true and "logprobs" returns the
+prompt's tokens with theirs too (the first token's is null), and with "max_tokens": 0 scores a prompt without
+decoding: what lm-evaluation-harness's local-completions model asks an OpenAI-compatible server for. Its
+logprobs list the stop token that ended a reply, as OpenAI's did (the text does not hold it).
+
+The path of a request: the JSON is parsed into its schema, checked against the model (`Job`: the prompt
+rendered to token ids, the context's room), and each choice (n per prompt) submitted to the engine as a
+request of its own, all or none: a full queue is a 429 at once, never a wait. The engine decodes on its own
+thread and hands each token over to the event loop (`Choices`); `ReplyText` turns a choice's tokens into
+text, whole characters only, and cuts it before the first stop string (text that might begin one is held back
+while streaming). When the client goes away, mid-stream or while waiting for a whole reply, its requests are
+cancelled: their rows are free before the next decode step.
 
 This module knows text, JSON and HTTP, no tensors. Starlette (the ASGI toolkit FastAPI is built on; uvicorn
-serves it) rather than FastAPI: every check here answers OpenAI's 400 naming the field, which FastAPI's
-pydantic layer would answer with its own 422 shape, so it would only be bypassed.
+serves it) rather than FastAPI: every error here is OpenAI's 400 naming the field, which FastAPI's pydantic
+layer would answer with its own 422 shape, so the schemas are parsed here, by schemas.parse.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from starlette.applications import Starlette
@@ -45,14 +55,22 @@ from starlette.routing import Route
 
 from gptkit.chat import ChatError, ChatTokens, check_messages, prompt_ids
 from gptkit.generate import SamplingOptions, TextStream
-from gptkit.serving.engine import Engine, EngineStopped, Finished, QueueFull, Request, Token
+from gptkit.serving.engine import (
+    BAN,
+    Engine,
+    EngineStopped,
+    Finished,
+    Logprob,
+    PromptLogprobs,
+    QueueFull,
+    Request,
+    Token,
+)
+from gptkit.serving.schemas import ChatRequest, CompletionRequest, RequestError, parse
 from gptkit.shards import DataError
 
 MAX_BODY_BYTES = 8 * 2**20  # a request's JSON; far above any prompt that fits a context, far below the RAM
-MAX_STOPS = 4  # as OpenAI
-MAX_STOP_CHARS = 1000  # each; holding back a stop string's beginnings costs time quadratic in its length
 DEFAULT_COMPLETION_TOKENS = 16  # /v1/completions' default max_tokens, as OpenAI's (chat: the context's rest)
-INT64 = 2**63
 
 # ----------------------------------------------------------------------------- errors
 
@@ -105,77 +123,14 @@ async def read_json(request: HttpRequest) -> dict[str, Any]:
     return data
 
 
-def _type_name(value: Any) -> str:
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
-            dict: "an object", type(None): "null"}.get(type(value), type(value).__name__)
-
-
-def get_int(body: dict, key: str, default: int | None, lo: int, hi: int) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return default
-    if isinstance(value, float) and value.is_integer():  # 16.0 is 16 to JavaScript clients
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise bad(f"{key} must be an integer, got {_type_name(value)}", key)
-    if value < lo or value > hi:
-        raise bad(f"{key} must be {f'at least {lo}' if value < lo else f'at most {hi}'}, got {value}", key)
-    return value
-
-
-def get_number(body: dict, key: str, default: float, lo: float, hi: float, *, open_lo: bool = False) -> float:
-    value = body.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        raise bad(f"{key} must be a number, got {_type_name(value)}", key)
-    if not (lo < value if open_lo else lo <= value) or value > hi:
-        raise bad(f"{key} must be in {'(' if open_lo else '['}{lo}, {hi}], got {value}", key)
-    return float(value)
-
-
-def get_bool(body: dict, key: str, default: bool) -> bool:
-    value = body.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise bad(f"{key} must be a boolean, got {_type_name(value)}", key)
-    return value
-
-
-# OpenAI's options this server does not implement, each with the values that mean "not used": a request may
-# send those (clients often send defaults explicitly) but nothing else, or it would silently get less than
-# it asked for.
-def _off(*values: Any):
-    return lambda v: v in values or v == {} or v == []
-
-
-UNSUPPORTED = {
-    "frequency_penalty": _off(None, 0), "presence_penalty": _off(None, 0), "logit_bias": _off(None),
-    "logprobs": _off(None, False, 0),
-}
-UNSUPPORTED_COMPLETIONS = {"echo": _off(None, False), "best_of": _off(None, 1), "suffix": _off(None, "")}
-UNSUPPORTED_CHAT = {
-    "top_logprobs": _off(None, 0), "tools": _off(None), "tool_choice": _off(None, "none", "auto"),
-    "functions": _off(None), "function_call": _off(None, "none", "auto"),
-    "response_format": _off(None, {"type": "text"}), "modalities": _off(None, ["text"]), "audio": _off(None),
-    "prediction": _off(None), "reasoning_effort": _off(None), "web_search_options": _off(None),
-}
-# Accepted and ignored: they change nothing in the reply.
-HARMLESS = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key",
-            "safety_identifier"}
-COMMON = {"model", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "stream", "stream_options"}
-
-
-def check_keys(body: dict, supported: set[str], unsupported: dict) -> None:
-    unknown = sorted(k for k in body if k not in supported | HARMLESS | unsupported.keys())
-    if unknown:
-        raise bad(f"unrecognized request argument(s): {', '.join(unknown)}", unknown[0])
-    used = sorted(k for k, off in unsupported.items() if k in body and not off(body[k]))
-    if used:
-        them = "it" if len(used) == 1 else "them"
-        raise bad(f"this server does not support {', '.join(used)} (leave {them} out, or at the default)",
-                  used[0], code="unsupported_parameter")
+def parse_body(schema: type, body: dict[str, Any]) -> Any:
+    """The body as its schema (gptkit/serving/schemas.py), or OpenAI's 400 naming the field."""
+    try:
+        return parse(schema, body)
+    except RequestError as e:
+        raise bad(e.message, e.param, e.code) from None
+    except RecursionError:  # a body nested deeper than the validator goes
+        raise bad("the request body is nested too deeply") from None
 
 
 # ----------------------------------------------------------------------------- a checked request
@@ -196,6 +151,12 @@ class Job:
     seed: int | None
     stream: bool
     include_usage: bool
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logprobs: int | None = None  # each token's logprob, with this many of the likeliest tokens'; None: none
+    echo: list[str] | None = None  # each prompt's text, which its replies start with (completions' echo)
+    hidden: frozenset[int] = frozenset()  # tokens written as no text: the special ones, unless asked
 
     @property
     def prompt_tokens(self) -> int:
@@ -218,11 +179,16 @@ class Api:
         self.stats = Stats()
         self.block_size = engine.block_size
         self.created = int(time.time())
+        self.pieces = Pieces(tokenizer)
         try:
             self.chat_tokens: ChatTokens | None = ChatTokens.of(tokenizer)
             self.chat_problem = ""
         except ChatError as e:
             self.chat_tokens, self.chat_problem = None, str(e)
+        # Where a completion ends: end-of-text, and on a chat model every marker of its template (<|end|>...).
+        chat_ends = self.chat_tokens.stop_ids if self.chat_tokens else frozenset()
+        self.end_ids = frozenset({tokenizer.eot_id} - {None}) | chat_ends
+        self.special_ids = frozenset(getattr(tokenizer, "special", {}).values())
 
     # ---- the routes
 
@@ -240,16 +206,14 @@ class Api:
                              "replies": self.stats.replies, "generated_tokens": self.stats.generated_tokens})
 
     async def completions(self, request: HttpRequest) -> Response:
-        body = await read_json(request)
-        check_keys(body, COMMON | {"prompt"}, {**UNSUPPORTED, **UNSUPPORTED_COMPLETIONS})
-        return await self._answer(request, self._job(body, chat=False))
+        body = parse_body(CompletionRequest, await read_json(request))
+        return await self._answer(request, self._completion_job(body))
 
     async def chat_completions(self, request: HttpRequest) -> Response:
-        body = await read_json(request)
-        check_keys(body, COMMON | {"messages", "max_completion_tokens"}, {**UNSUPPORTED, **UNSUPPORTED_CHAT})
+        body = parse_body(ChatRequest, await read_json(request))
         if self.chat_tokens is None:
             raise bad(self.chat_problem, code="not_a_chat_model")
-        return await self._answer(request, self._job(body, chat=True))
+        return await self._answer(request, self._chat_job(body))
 
     def _model_card(self) -> dict[str, Any]:
         return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "gptkit"}
@@ -259,112 +223,88 @@ class Api:
             raise ApiError(404, f"the model {name!r} does not exist; this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
 
-    # ---- checking a request
+    # ---- checking a request against the model
 
-    def _job(self, body: dict, chat: bool) -> Job:
-        model = body.get("model")
-        if model is not None and not isinstance(model, str):
-            raise bad(f"model must be a string, got {_type_name(model)}", "model")
-        self._check_model(model)  # left out: the one model served
+    def _completion_job(self, body: CompletionRequest) -> Job:
+        self._check_model(body.model)  # first: a request for another model is a 404 whatever else it holds
+        prompts, echo = self._completion_prompts(body.prompt, body.skip_special_tokens)
+        budgets = [self._budget(p, body.max_tokens, "max_tokens", chat=False) for p in prompts]
+        return self._job(body, False, prompts, budgets, self.end_ids, body.logprobs,
+                         echo if body.echo else None)
+
+    def _chat_job(self, body: ChatRequest) -> Job:
+        self._check_model(body.model)
+        try:
+            prompt = prompt_ids(check_messages([m.plain() for m in body.messages]), self.tokenizer)
+        except (ChatError, DataError) as e:
+            raise bad(str(e), "messages") from None
+        max_tokens, param = body.reply_tokens
+        top = (body.top_logprobs or 0) if body.logprobs else None
+        return self._job(body, True, [prompt], [self._budget(prompt, max_tokens, param, chat=True)],
+                         self.chat_tokens.stop_ids, top, None)
+
+    def _job(self, body: CompletionRequest | ChatRequest, chat: bool, prompts: list[list[int]],
+             budgets: list[int], stop_ids: frozenset[int], logprobs: int | None, echo: list[str] | None) -> Job:
         capacity = self.engine.max_batch + self.engine.max_queue
-        n = get_int(body, "n", 1, 1, capacity)
-        temperature = get_number(body, "temperature", 1.0, 0.0, 2.0)
-        top_p = get_number(body, "top_p", 1.0, 0.0, 1.0, open_lo=True)
-        sampling = SamplingOptions(temperature=temperature, top_p=top_p if top_p < 1 else None)
-        seed = get_int(body, "seed", None, -INT64, INT64 - 1)
-        stream = get_bool(body, "stream", False)
-        include_usage = self._stream_options(body, stream)
-        stops = self._stops(body.get("stop"))
-        if chat:
-            prompts = [self._chat_prompt(body.get("messages"))]
-            stop_ids = self.chat_tokens.stop_ids
-            max_tokens, param = self._chat_max_tokens(body)
-        else:
-            prompts = self._completion_prompts(body.get("prompt"))
-            stop_ids = frozenset({self.tokenizer.eot_id} - {None})
-            max_tokens, param = get_int(body, "max_tokens", None, 1, INT64 - 1), "max_tokens"
-        if len(prompts) * n > capacity:
-            raise bad(f"{len(prompts)} prompts times n={n} is {len(prompts) * n} replies; this server "
+        if body.n > capacity:
+            raise bad(f"n must be at most {capacity} (the replies this server decodes at once), got {body.n}",
+                      "n")
+        if len(prompts) * body.n > capacity:
+            raise bad(f"{len(prompts)} prompts times n={body.n} is {len(prompts) * body.n} replies; this server "
                       f"decodes at most {capacity} at once", "n")
-        budgets = [self._budget(p, max_tokens, param, chat) for p in prompts]
-        return Job(chat, prompts, budgets, n, sampling, stops, stop_ids, seed, stream, include_usage)
+        sampling = SamplingOptions(temperature=body.temperature, top_p=body.top_p if body.top_p < 1 else None,
+                                   top_k=body.top_k if body.top_k > 0 else None)
+        return Job(chat, prompts, budgets, body.n, sampling, body.stops, stop_ids, body.seed, body.stream,
+                   body.include_usage, logit_bias=self._logit_bias(body.logit_bias),
+                   frequency_penalty=body.frequency_penalty, presence_penalty=body.presence_penalty,
+                   logprobs=logprobs, echo=echo, hidden=self.special_ids if body.skip_special_tokens else
+                   frozenset())
 
-    def _stream_options(self, body: dict, stream: bool) -> bool:
-        options = body.get("stream_options")
-        if options is None:
-            return False
-        if not stream:
-            raise bad("stream_options is only allowed when stream is true", "stream_options")
-        if not isinstance(options, dict):
-            raise bad(f"stream_options must be an object, got {_type_name(options)}", "stream_options")
-        unknown = sorted(set(options) - {"include_usage"})
-        if unknown:
-            raise bad(f"stream_options: unrecognized option(s) {', '.join(unknown)}", "stream_options")
-        return get_bool(options, "include_usage", False)
+    def _logit_bias(self, bias: dict[str, float]) -> dict[int, float]:
+        vocab = self.tokenizer.vocab_size
+        ids = {int(t): b for t, b in bias.items()}
+        outside = [t for t in ids if t >= vocab]
+        if outside:
+            raise bad(f"logit_bias: token id {outside[0]} is outside the model's vocabulary [0, {vocab})",
+                      "logit_bias")
+        if sum(b <= BAN for b in ids.values()) >= vocab:
+            raise bad("logit_bias bans every token of the vocabulary: nothing could be drawn", "logit_bias")
+        return {t: b for t, b in ids.items() if b != 0}
 
-    def _stops(self, stop: Any) -> list[str]:
-        if stop is None:
-            return []
-        stops = [stop] if isinstance(stop, str) else stop
-        if not (isinstance(stops, list) and all(isinstance(s, str) and s for s in stops)):
-            raise bad("stop must be a non-empty string or an array of them", "stop")
-        if len(stops) > MAX_STOPS:
-            raise bad(f"stop holds {len(stops)} strings; at most {MAX_STOPS} are allowed", "stop")
-        if any(len(s) > MAX_STOP_CHARS for s in stops):
-            raise bad(f"a stop string has at most {MAX_STOP_CHARS} characters", "stop")
-        return stops
-
-    def _completion_prompts(self, prompt: Any) -> list[list[int]]:
-        """OpenAI's four spellings: a string, an array of strings, an array of token ids, an array of
-        those."""
+    def _completion_prompts(self, prompt: Any, skip_special: bool) -> tuple[list[list[int]], list[str]]:
+        """OpenAI's four spellings (a string, strings, token ids, arrays of token ids) -> the prompts' token
+        ids, and their texts (what echo returns: a string as it was sent, ids decoded)."""
         if isinstance(prompt, str):
-            return [self._encode(prompt, "prompt")]
-        if isinstance(prompt, list) and prompt:
-            if all(isinstance(p, str) for p in prompt):
-                return [self._encode(p, "prompt") for p in prompt]
-            if all(_is_id(t) for t in prompt):
-                return [self._ids(prompt)]
-            if all(isinstance(p, list) and all(_is_id(t) for t in p) for p in prompt):
-                return [self._ids(p) for p in prompt]
-        raise bad("prompt must be a string, an array of strings, an array of token ids, or an array of "
-                  "arrays of token ids (not empty)", "prompt")
+            prompt = [prompt]
+        elif isinstance(prompt[0], int):
+            prompt = [prompt]  # one prompt of token ids
+        ids = [self._encode(p) if isinstance(p, str) else self._ids(p) for p in prompt]
+        hidden = self.special_ids if skip_special else frozenset()
+        texts = [p if isinstance(p, str) else self.tokenizer.decode([t for t in p if t not in hidden])
+                 for p in prompt]
+        return ids, texts
 
-    def _encode(self, text: str, param: str) -> list[int]:
+    def _encode(self, text: str) -> list[int]:
         if not text:
             if self.tokenizer.eot_id is None:
-                raise bad("the prompt is empty, and this model has no end-of-text token to start from", param)
+                raise bad("the prompt is empty, and this model has no end-of-text token to start from", "prompt")
             return [self.tokenizer.eot_id]  # where documents start, as sample.py's empty prompt
         try:
             return self.tokenizer.encode(text)
         except DataError as e:  # a character a char-level model does not know
-            raise bad(str(e), param) from None
+            raise bad(str(e), "prompt") from None
 
     def _ids(self, ids: list[int]) -> list[int]:
         vocab = self.tokenizer.vocab_size
-        if not ids or not all(0 <= t < vocab for t in ids):
+        if not all(t < vocab for t in ids):
             raise bad(f"a prompt of token ids must be non-empty, each id in [0, {vocab})", "prompt")
         return list(ids)
 
-    def _chat_prompt(self, messages: Any) -> list[int]:
-        if isinstance(messages, list):
-            messages = [_plain_message(m, i) for i, m in enumerate(messages)]
-        try:
-            return prompt_ids(check_messages(messages), self.tokenizer)
-        except (ChatError, DataError) as e:
-            raise bad(str(e), "messages") from None
-
-    def _chat_max_tokens(self, body: dict) -> tuple[int | None, str]:
-        new = get_int(body, "max_completion_tokens", None, 1, INT64 - 1)
-        old = get_int(body, "max_tokens", None, 1, INT64 - 1)
-        if new is not None and old is not None and new != old:
-            raise bad(f"max_completion_tokens ({new}) and max_tokens ({old}) disagree; give one of them",
-                      "max_completion_tokens")
-        return (new, "max_completion_tokens") if new is not None else (old, "max_tokens")
-
     def _budget(self, prompt: list[int], max_tokens: int | None, param: str, chat: bool) -> int:
-        """The reply's max_tokens: the prompt and its reply must fit the model's context together."""
+        """The reply's max_tokens: the prompt and its reply must fit the model's context together (a prompt
+        only scored, max_tokens=0, may fill it)."""
         room = self.block_size - len(prompt)
-        if room < 1:
+        if room < (0 if max_tokens == 0 else 1):
             raise bad(f"the prompt has {len(prompt)} tokens, but the model's context is {self.block_size} "
                       f"tokens: at most {self.block_size - 1} leave room for a reply", "messages" if chat else
                       "prompt", code="context_length_exceeded")
@@ -381,7 +321,7 @@ class Api:
         choices = Choices(self.engine, self.tokenizer, job, self.stats)
         choices.submit()  # before any byte is sent, so a full queue is a 429 even for a stream
         prefix = "chatcmpl-" if job.chat else "cmpl-"
-        reply = Reply(f"{prefix}{uuid.uuid4().hex}", int(time.time()), self.model_name, job)
+        reply = Reply(f"{prefix}{uuid.uuid4().hex}", int(time.time()), self.model_name, job, self.pieces)
         if job.stream:
             return StreamingResponse(reply.events(choices.deltas()), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
@@ -399,27 +339,6 @@ class Api:
         return JSONResponse(collected.result())
 
 
-def _is_id(t: Any) -> bool:
-    return isinstance(t, int) and not isinstance(t, bool)
-
-
-def _plain_message(m: Any, i: int) -> Any:
-    """OpenAI's message spellings -> {"role", "content"} with a string content: "developer" is the newer name
-    of "system"; a content may be an array of text parts. Anything else goes to check_messages as it is."""
-    if not isinstance(m, dict):
-        return m
-    role, content = m.get("role"), m.get("content")
-    if role == "developer":
-        role = "system"
-    if isinstance(content, list):
-        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                   for p in content):
-            raise bad(f"messages[{i}].content: only text parts ({{\"type\": \"text\", \"text\": ...}}) are "
-                      f"supported", "messages")
-        content = "".join(p["text"] for p in content)
-    return {"role": role, "content": content}
-
-
 async def _disconnected(request: HttpRequest) -> None:
     """Returns when the client has gone away (its body was read already: what comes next is the end)."""
     while (await request.receive())["type"] != "http.disconnect":
@@ -431,19 +350,22 @@ async def _disconnected(request: HttpRequest) -> None:
 
 class ReplyText:
     """One choice's tokens -> its text: whole characters only (TextStream), cut before the earliest stop
-    string, which is not returned. Text that might be the beginning of a stop string is held back until the
-    next tokens show it is not, so streamed text never has to be taken back; the pieces add up exactly to the
+    string, which is not returned; the tokens of `hidden` (special tokens, unless a request asks for them)
+    are written as no text. Text that might be the beginning of a stop string is held back until the next
+    tokens show it is not, so streamed text never has to be taken back; the pieces add up exactly to the
     whole reply."""
 
-    def __init__(self, tokenizer: Any, stops: list[str]):
+    def __init__(self, tokenizer: Any, stops: list[str], hidden: frozenset[int] = frozenset()):
         self.stream = TextStream(tokenizer)
-        self.stops = stops
+        self.stops, self.hidden = stops, hidden
         self.held = ""
         self.tokens = 0  # the tokens that made the reply (up to the one that completed a stop string)
         self.stopped = False  # a stop string was found: the reply is over
 
     def push(self, token: int) -> str:
         self.tokens += 1
+        if token in self.hidden:
+            return ""
         return self._cut(self.stream.push(token))
 
     def finish(self) -> str:
@@ -466,14 +388,42 @@ class ReplyText:
         return text[:len(text) - keep]
 
 
+class Pieces:
+    """Each token's text and bytes, as logprobs list them: a special token is its name; a token that is part
+    of a character of several bytes has U+FFFD in its text (its bytes are exact)."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self.names = {i: name for name, i in getattr(tokenizer, "special", {}).items()}
+
+    @cached_property
+    def _bytes(self) -> dict[int, bytes] | None:  # a byte-level BPE's tokens, by id
+        ranks = getattr(self.tokenizer, "ranks", None)
+        return {i: b for b, i in ranks.items()} if ranks else None
+
+    def __call__(self, token: int) -> tuple[str, bytes]:
+        if token in self.names:
+            data = self.names[token].encode()
+        elif self._bytes is not None and token in self._bytes:
+            data = self._bytes[token]
+        else:
+            data = self.tokenizer.decode([token]).encode()
+        return data.decode("utf-8", "replace"), data
+
+
+Entry = tuple[int, Logprob | None]  # a token and its Logprob (None: the prompt's first token)
+
+
 @dataclass
 class Delta:
-    """A choice's next piece of text; finish_reason ("stop" or "length") on its last one."""
+    """A choice's next piece of text, and the logprobs of the tokens since the last Delta (when asked);
+    finish_reason ("stop" or "length") on its last one."""
 
     index: int
     text: str
     finish_reason: str | None = None
     tokens: int = 0  # with finish_reason: the reply's completion tokens
+    logprobs: list[Entry] = field(default_factory=list)
 
 
 class Choices:
@@ -483,8 +433,8 @@ class Choices:
     def __init__(self, engine: Engine, tokenizer: Any, job: Job, stats: Stats):
         self.engine, self.job, self.stats = engine, job, stats
         self.loop = asyncio.get_running_loop()
-        self.events: asyncio.Queue[tuple[int, Token | Finished]] = asyncio.Queue()
-        self.texts = [ReplyText(tokenizer, job.stops) for _ in range(len(job.prompts) * job.n)]
+        self.events: asyncio.Queue[tuple[int, Token | Finished | PromptLogprobs]] = asyncio.Queue()
+        self.texts = [ReplyText(tokenizer, job.stops, job.hidden) for _ in range(len(job.prompts) * job.n)]
         self.requests: list[Request] = []
 
     def submit(self) -> None:
@@ -499,7 +449,9 @@ class Choices:
                     seed = None if job.seed is None else job.seed + index
                     self.requests.append(self.engine.submit(Request(
                         prompt, job.max_tokens[p], emit=self._emitter(index), sampling=job.sampling,
-                        stop_ids=job.stop_ids, seed=seed)))
+                        stop_ids=job.stop_ids, seed=seed, logit_bias=job.logit_bias,
+                        frequency_penalty=job.frequency_penalty, presence_penalty=job.presence_penalty,
+                        logprobs=job.logprobs, prompt_logprobs=job.echo is not None)))
             self.stats.replies += len(self.requests)
         except (QueueFull, EngineStopped, ValueError) as e:
             self.cancel()
@@ -511,8 +463,8 @@ class Choices:
             raise bad(str(e), "prompt") from None  # engine.check: what the checks above let through
 
     def _emitter(self, index: int):
-        def emit(event: Token | Finished) -> None:  # on the engine's thread
-            if isinstance(event, Token):
+        def emit(event: Token | Finished | PromptLogprobs) -> None:  # on the engine's thread
+            if isinstance(event, Token) and not event.final:
                 self.stats.generated_tokens += 1
             try:
                 self.loop.call_soon_threadsafe(self.events.put_nowait, (index, event))
@@ -527,30 +479,48 @@ class Choices:
     async def deltas(self) -> AsyncIterator[Delta]:
         """Each choice's text as it is decoded, in the order the tokens come; every choice ends with a Delta
         that has its finish_reason. Leaving early (a client gone) cancels the requests still running."""
+        job = self.job
         open_ = set(range(len(self.texts)))
+        logprobs: list[list[Entry]] = [[] for _ in self.texts]  # each choice's, not yet in a Delta
         try:
             while open_:
                 index, event = await self.events.get()
                 if index not in open_:
                     continue  # a choice ended by a stop string: the tokens decoded before its cancel arrived
-                text = self.texts[index]
+                text, mine = self.texts[index], logprobs[index]
+                if isinstance(event, PromptLogprobs):  # echo: the prompt comes first
+                    prompt = job.prompts[index // job.n]
+                    scored = list(zip(prompt, event.logprobs)) if job.logprobs is not None else []
+                    yield Delta(index, job.echo[index // job.n], logprobs=scored)
+                    continue
                 if isinstance(event, Token):
+                    if job.logprobs is not None and not (event.final and job.chat):
+                        mine.append((event.id, event.logprob))  # a completion's lists its stop token too
+                    if event.final:
+                        continue  # the stop token: not text; the Finished comes next
                     piece = text.push(event.id)
                     if text.stopped:
                         self.requests[index].cancel()
                         open_.discard(index)
-                        yield Delta(index, piece, "stop", text.tokens)
+                        yield Delta(index, piece, "stop", text.tokens, _taken(mine))
                     elif piece:
-                        yield Delta(index, piece)
+                        yield Delta(index, piece, logprobs=_taken(mine))
                     continue
                 if event.reason == "error":
                     raise ApiError(500, "the model failed while decoding this request (the server's log says "
                                         "why)", type="server_error")
                 open_.discard(index)
                 # "stop": a stop token was drawn; "length": max_tokens or the context is reached.
-                yield Delta(index, text.finish(), event.reason, text.tokens)
+                yield Delta(index, text.finish(), event.reason, text.tokens, _taken(mine))
         finally:
             self.cancel()  # a no-op for the finished ones
+
+
+def _taken(entries: list[Entry]) -> list[Entry]:
+    """The entries, leaving the list empty."""
+    taken = entries[:]
+    entries.clear()
+    return taken
 
 
 # ----------------------------------------------------------------------------- OpenAI's response shapes
@@ -564,7 +534,9 @@ class Reply:
     created: int
     model: str
     job: Job
+    pieces: Pieces
     completion_tokens: int = 0
+    offsets: dict[int, int] = field(default_factory=dict)  # per choice: the characters its logprobs covered
 
     def usage(self) -> dict[str, int]:
         prompt = self.job.prompt_tokens
@@ -578,34 +550,68 @@ class Reply:
             kind = "chat.completion.chunk" if stream else "chat.completion"
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
+    def _logprobs(self, index: int, entries: list[Entry]) -> dict[str, Any] | None:
+        """OpenAI's logprobs of these tokens of choice `index`: for chat {"content": [{"token", "logprob",
+        "bytes", "top_logprobs"}]}, for completions {"tokens", "token_logprobs", "top_logprobs",
+        "text_offset"} (the offsets count from the start of the choice's text); None when not asked for."""
+        if self.job.logprobs is None:
+            return None
+        if self.job.chat:
+            def one(token: int, logprob: float) -> dict[str, Any]:
+                text, data = self.pieces(token)
+                return {"token": text, "logprob": logprob, "bytes": list(data)}
+
+            return {"content": [{**one(t, lp.logprob), "top_logprobs": [one(i, v) for i, v in lp.top]}
+                                for t, lp in entries], "refusal": None}
+        tokens, offsets, at = [], [], self.offsets.get(index, 0)
+        for t, _ in entries:
+            tokens.append(self.pieces(t)[0])
+            offsets.append(at)
+            at += 0 if t in self.job.hidden or t in self.job.stop_ids else len(tokens[-1])  # not in the text
+        self.offsets[index] = at
+        tops = []
+        for _, lp in entries:
+            top: dict[str, float] | None = None
+            if lp is not None:
+                top = {}
+                for i, v in lp.top:  # likeliest first: of two tokens with one text, the likelier is kept
+                    top.setdefault(self.pieces(i)[0], v)
+            tops.append(top)
+        return {"tokens": tokens, "token_logprobs": [lp.logprob if lp else None for _, lp in entries],
+                "top_logprobs": tops, "text_offset": offsets}
+
     async def collect(self, deltas: AsyncIterator[Delta]) -> dict[str, Any]:
         count = len(self.job.prompts) * self.job.n
         texts: list[list[str]] = [[] for _ in range(count)]
+        entries: list[list[Entry]] = [[] for _ in range(count)]
         reasons: list[str | None] = [None] * count
         async for d in deltas:
             texts[d.index].append(d.text)
+            entries[d.index] += d.logprobs
             if d.finish_reason:
                 reasons[d.index] = d.finish_reason
                 self.completion_tokens += d.tokens
         choices = []
         for i, (pieces, reason) in enumerate(zip(texts, reasons)):
-            text = "".join(pieces)
+            text, logprobs = "".join(pieces), self._logprobs(i, entries[i])
             if self.job.chat:
                 choices.append({"index": i, "message": {"role": "assistant", "content": text},
-                                "logprobs": None, "finish_reason": reason})
+                                "logprobs": logprobs, "finish_reason": reason})
             else:
-                choices.append({"index": i, "text": text, "logprobs": None, "finish_reason": reason})
+                choices.append({"index": i, "text": text, "logprobs": logprobs, "finish_reason": reason})
         return {**self._head(False), "choices": choices, "usage": self.usage()}
 
-    def _chunk(self, index: int, text: str | None, finish_reason: str | None, role: bool = False) -> dict:
+    def _chunk(self, index: int, text: str | None, finish_reason: str | None, role: bool = False,
+               entries: list[Entry] | None = None) -> dict:
+        logprobs = self._logprobs(index, entries) if entries else None
         if self.job.chat:
             if role:
                 delta = {"role": "assistant", "content": ""}
             else:
                 delta = {} if text is None else {"content": text}
-            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         else:
-            choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
         chunk = {**self._head(True), "choices": [choice]}
         if self.job.include_usage:
             chunk["usage"] = None  # as OpenAI: every chunk has it, the last one (no choices) fills it
@@ -618,8 +624,8 @@ class Reply:
                 for i in range(len(self.job.prompts) * self.job.n):
                     yield _sse(self._chunk(i, None, None, role=True))
             async for d in deltas:
-                if d.text:
-                    yield _sse(self._chunk(d.index, d.text, None))
+                if d.text or d.logprobs:
+                    yield _sse(self._chunk(d.index, d.text, None, entries=d.logprobs))
                 if d.finish_reason:
                     self.completion_tokens += d.tokens
                     yield _sse(self._chunk(d.index, None, d.finish_reason))
@@ -652,7 +658,10 @@ def create_app(engine: Engine, tokenizer: Any, model_name: str) -> Starlette:
         return error_response(ApiError(500, f"internal server error ({type(e).__name__})",
                                        type="server_error"))
 
+    from gptkit.serving.page import chat_page  # the page for a browser, talking to /v1/chat/completions
+
     routes = [
+        Route("/", chat_page()),
         Route("/v1/models", api.models),
         Route("/v1/models/{model:path}", api.model),
         Route("/v1/completions", api.completions, methods=["POST"]),
