@@ -358,6 +358,19 @@ def compile_optimizer_step(optimizer) -> None:
     optimizer.step = lambda closure=None: compiled()
 
 
+def compiled(model: GPT, v: Variant, use_compile: bool) -> torch.nn.Module:
+    """What the row's steps call: the model, or with compile the model compiled whole (static shapes, the
+    variant's mode) or, with compile_scope blocks, the model with each block compiled in place."""
+    if not use_compile:
+        return model
+    mode = None if v.compile_mode == "default" else v.compile_mode
+    if v.compile_scope == "model":
+        return torch.compile(model, dynamic=False, mode=mode)
+    for block in model.transformer.h:
+        block.compile(dynamic=False, mode=mode)
+    return model
+
+
 def bench_train(name: str, rt: Runtime, args, variant: Variant) -> dict:
     """One training step as train.py runs it (set_lr, forward_backward, StepGuard's NaN/stop check, the optimizer
     step) with the variant's choices, timed over args.repeats steps; also the optimizer step's own time. A
@@ -389,13 +402,7 @@ def bench_train(name: str, rt: Runtime, args, variant: Variant) -> dict:
     if v.compile_optimizer:
         compile_optimizer_step(optimizer)
     scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.needs_grad_scaler)
-    mode = None if v.compile_mode == "default" else v.compile_mode
-    step_model = model
-    if use_compile and v.compile_scope == "blocks":
-        for block in model.transformer.h:
-            block.compile(dynamic=False, mode=mode)
-    elif use_compile:
-        step_model = torch.compile(model, dynamic=False, mode=mode)
+    step_model = compiled(model, v, use_compile)
     next_batch, prefetch = train_batches(args, cfg, batch, rt)
     optimizer_spans: list[Span] = []
     guard = StepGuard(optimizer, rt, Dist())

@@ -20,6 +20,7 @@ from tests.test_train import (
     REPO,
     assert_same_weights,
     poison_training_forward,
+    record_masked_steps,
     tiny_args,
     train_losses,
     weights,
@@ -72,18 +73,7 @@ def test_a_non_finite_step_is_never_applied_nor_any_after_it(char_dataset, tmp_p
     train.main(tiny_args(char_dataset, out, max_iters=3, cuda_graphs=True))
     before = {n: (out / n).read_bytes() for n in ("best.pt", "last.pt")}
     poison_training_forward(monkeypatch, 3)  # the 2nd micro-batch of the 2nd resumed step: step 4
-    masked, unchanged = [], []
-    real_step = torch.optim.AdamW.step
-
-    def step(self, *a, **k):
-        masked.append(float(self.found_inf))
-        params = [p for g in self.param_groups for p in g["params"]]
-        weights_before = [p.detach().clone() for p in params]
-        result = real_step(self, *a, **k)
-        unchanged.append(all(torch.equal(p, w) for p, w in zip(params, weights_before)))
-        return result
-
-    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+    masked, unchanged = record_masked_steps(monkeypatch)
     with pytest.raises(SystemExit, match="non-finite loss or gradient norm at step 4"):
         train.main(tiny_args(char_dataset, out, max_iters=8, init_from="resume", eval_interval=100,
                              cuda_graphs=True))

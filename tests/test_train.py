@@ -163,6 +163,25 @@ def test_non_finite_loss_stops_before_the_update(char_dataset, tmp_path, monkeyp
     assert (out / "best.pt").read_bytes() == best_before and (out / "last.pt").read_bytes() == last_before
 
 
+def record_masked_steps(monkeypatch) -> tuple[list[float], list[bool]]:
+    """Every fused AdamW step from now on records its found_inf flag and whether it left every weight as it
+    was: the two lists returned."""
+    flagged, unchanged = [], []
+    real_step = torch.optim.AdamW.step
+
+    def step(self, *a, **k):
+        assert self.defaults["fused"]
+        flagged.append(float(self.found_inf))
+        params = [p for g in self.param_groups for p in g["params"]]
+        weights_before = [p.detach().clone() for p in params]
+        result = real_step(self, *a, **k)
+        unchanged.append(all(torch.equal(p, w) for p, w in zip(params, weights_before)))
+        return result
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+    return flagged, unchanged
+
+
 @pytest.fixture
 def deferred_on_cpu(monkeypatch):
     """train.py's GPU way of checking a step, on the CPU: fused AdamW masks a flagged step on the device and
@@ -181,19 +200,7 @@ def test_deferred_check_never_applies_a_non_finite_step(char_dataset, tmp_path, 
     train.main(tiny_args(char_dataset, out, max_iters=3))
     before = {n: (out / n).read_bytes() for n in ("best.pt", "last.pt")}
     poison_training_forward(monkeypatch, 3)  # the 2nd micro-batch of the 2nd resumed step: step 4
-    flagged, weights_seen = [], []
-    real_step = torch.optim.AdamW.step
-
-    def step(self, *a, **k):
-        assert self.defaults["fused"]
-        flagged.append(float(self.found_inf))
-        params = [p for g in self.param_groups for p in g["params"]]
-        weights_before = [p.detach().clone() for p in params]
-        result = real_step(self, *a, **k)
-        weights_seen.append(all(torch.equal(p, w) for p, w in zip(params, weights_before)))
-        return result
-
-    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+    flagged, weights_seen = record_masked_steps(monkeypatch)
     with pytest.raises(SystemExit, match="non-finite loss or gradient norm at step 4"):
         train.main(tiny_args(char_dataset, out, max_iters=8, init_from="resume", eval_interval=100))
     assert flagged == [0.0, 1.0]  # step 3 applied, step 4 masked; step 5 stopped before its update
