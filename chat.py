@@ -177,7 +177,8 @@ def main(argv: list[str] | None = None) -> None:
     inference = setup_inference(cfg.device, cfg.dtype, cfg.quantize, cfg.threads)
     model, tokenizer, what = checkpoint.load_model(cfg.ckpt, cfg.init_from)
     ChatTokens.of(tokenizer)  # not a chat model: one line, before the weights move
-    params = model.num_params()  # before place(): packed weights are buffers, not parameters
+    params = model.num_params(non_embedding=False)  # all of them, as train.py and --plan count (before place():
+    # packed weights are buffers, not parameters)
     inference.place(model)
     interactive = sys.stdin.isatty()
     if hasattr(sys.stdout, "reconfigure"):

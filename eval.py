@@ -177,7 +177,7 @@ def run(cfg: EvalConfig, d: Dist, rt: Runtime, err=None) -> dict:
     use_compile, why = resolve_compile(cfg.compile, rt.device)
     # Sequence lengths vary from batch to batch: compiled for dynamic shapes, so it does not recompile each time.
     hidden = torch.compile(model.hidden_states, dynamic=True) if use_compile else None
-    log(f"eval.py: {what}, {model.num_params() / 1e6:.2f}M parameters, {tokenizer.kind} tokenizer; {d.world_size} "
+    log(f"eval.py: {what}, {model.num_params(non_embedding=False) / 1e6:.2f}M parameters, {tokenizer.kind} tokenizer; {d.world_size} "
         f"process(es) on {rt.device} {rt.dtype_name}; {why}")
     started = time.perf_counter()
     if cfg.task == "hellaswag":

@@ -241,7 +241,8 @@ def run(cfg: SampleConfig, out: TextIO | None = None, err: TextIO | None = None)
     rt = inference.rt
     model, tokenizer, what = load_model(cfg)
     ids = prompt_ids(prompt_text, tokenizer)  # before moving weights: a bad prompt should fail fast
-    params = model.num_params()  # before place(): packed weights are buffers, not parameters
+    params = model.num_params(non_embedding=False)  # all of them, as train.py and --plan count (before place():
+    # packed weights are buffers, not parameters)
     # The weights themselves are cast (bf16 on CUDA halves the bytes each token reads) or packed for the
     # CPU (--quantize); the KV cache follows the weights' dtype.
     inference.place(model)

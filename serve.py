@@ -162,7 +162,8 @@ def run(cfg: ServeConfig, sock: socket.socket) -> None:
 
     inference = setup_inference(cfg.device, cfg.dtype, cfg.quantize, cfg.threads)
     model, tokenizer, what = checkpoint.load_model(cfg.ckpt, cfg.init_from)
-    params = model.num_params()  # before place(): packed weights are buffers, not parameters
+    params = model.num_params(non_embedding=False)  # all of them, as train.py and --plan count (before place():
+    # packed weights are buffers, not parameters)
     inference.place(model)  # the weights themselves, as sample.py: decoding reads them
     engine = Engine(model, max_batch=cfg.max_batch, max_queue=cfg.max_queue, compile=cfg.compile)
     app = create_app(engine, tokenizer, cfg.served_name())
