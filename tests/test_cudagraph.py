@@ -208,16 +208,16 @@ def test_the_guard_reuses_one_host_buffer(gpu_like):
 
 def test_the_host_work_per_step_does_not_grow(char_dataset, tmp_path, monkeypatch, gpu_like):
     """Nothing accumulates from step to step in a long tiny run (the host time per step then stays flat: a run
-    that keeps objects per step slows down as it goes): the live Python objects after step 150 and after step
-    600 are the same in number, on the plain path and on the graph path. benchmarks/step_host_time.py prints
-    the host time itself."""
+    that keeps objects per step slows down as it goes): the live Python objects after step 100 and after step
+    400 are the same in number, on the plain path and on the graph path. (The step time itself, early and late,
+    is gpu_check's steps part: a timing, not a test.)"""
     counts = {}
     real = train.Metrics.step_done
 
     def step_done(self):
         real(self)
         counts.setdefault(self.key, {})
-        if self.done in (150, 600):
+        if self.done in (100, 400):
             gc.collect()
             counts[self.key][self.done] = len(gc.get_objects())
         self.done += 1
@@ -226,11 +226,11 @@ def test_the_host_work_per_step_does_not_grow(char_dataset, tmp_path, monkeypatc
     for graphs in (False, True):
         monkeypatch.setattr(train.Metrics, "key", graphs, raising=False)
         monkeypatch.setattr(train.Metrics, "done", 1, raising=False)
-        train.main(tiny_args(char_dataset, tmp_path / str(graphs), max_iters=601, eval_interval=1000,
-                             log_interval=50, lr_decay_iters=601, n_layer=1, n_embd=16, block_size=8,
+        train.main(tiny_args(char_dataset, tmp_path / str(graphs), max_iters=401, eval_interval=1000,
+                             log_interval=50, lr_decay_iters=401, n_layer=1, n_embd=16, block_size=8,
                              gradient_accumulation_steps=1, eval_iters=1, cuda_graphs=graphs))
     for graphs, seen in counts.items():
-        assert abs(seen[600] - seen[150]) <= 10, (graphs, seen)
+        assert abs(seen[400] - seen[100]) <= 10, (graphs, seen)
 
 
 def test_block_compilation_gives_the_losses_of_the_eager_model(char_dataset, tmp_path):
