@@ -18,6 +18,7 @@ from gptkit.cudagraph import GraphedStep
 from gptkit.runtime import DeviceError, Dist, Runtime, resolve_cuda_graphs
 from tests.test_train import (
     REPO,
+    assert_resume_matches_uninterrupted,
     assert_same_weights,
     poison_training_forward,
     record_masked_steps,
@@ -112,14 +113,7 @@ def test_a_stop_signal_stops_at_a_step_boundary_and_resumes_exactly(char_dataset
     # The signal came as step 4 was handed in (its stop flag already 0): step 5 carries it, step 6's check reads
     # it, and the run stops after step 6, at 7, the same boundary on every rank.
     assert load_checkpoint(cut / "last.pt")["step"] == 7
-    torch.set_num_threads(1)
-    try:
-        train.main(tiny_args(char_dataset, full, **args))
-        train.main(tiny_args(char_dataset, cut, init_from="resume", **args))
-    finally:
-        torch.set_num_threads(os.cpu_count() or 1)
-    assert train_losses(cut) == train_losses(full)
-    assert_same_weights(weights(cut), weights(full))
+    assert_resume_matches_uninterrupted(char_dataset, full, cut, **args)
 
 
 def test_graph_step_outputs_and_learning_rate_tensor():

@@ -264,6 +264,20 @@ def test_malicious_pickle_is_refused(tmp_path):
         load_checkpoint(tmp_path / "nope")
 
 
+def assert_resume_matches_uninterrupted(data, full, cut, **args) -> None:
+    """Resume the stopped run in `cut` and run the same run uninterrupted in `full`, on one thread (the
+    arithmetic of the subprocess that was stopped): the same losses every step and the same weights, bit for
+    bit."""
+    torch.set_num_threads(1)
+    try:
+        train.main(tiny_args(data, full, **args))
+        train.main(tiny_args(data, cut, init_from="resume", **args))
+    finally:
+        torch.set_num_threads(os.cpu_count() or 1)
+    assert train_losses(cut) == train_losses(full)
+    assert_same_weights(weights(cut), weights(full))
+
+
 SIGNAL_AT_STEP = """
 import os, signal, sys
 import train
@@ -323,14 +337,7 @@ def test_sigterm_saves_and_resume_matches_uninterrupted(char_dataset, tmp_path, 
     assert load_checkpoint(cut / "last.pt")["step"] == finished
     evaluated = [m["step"] for m in map(json.loads, (cut / "metrics.jsonl").read_text().splitlines()) if "val_loss" in m]
     assert evaluated == [0, 3] if stop == "eval" else max(evaluated) <= finished
-    torch.set_num_threads(1)  # the same arithmetic as the subprocess
-    try:
-        train.main(tiny_args(char_dataset, full, **args))
-        train.main(tiny_args(char_dataset, cut, init_from="resume", **args))
-    finally:
-        torch.set_num_threads(os.cpu_count() or 1)
-    assert train_losses(cut) == train_losses(full)
-    assert_same_weights(weights(cut), weights(full))
+    assert_resume_matches_uninterrupted(char_dataset, full, cut, **args)
     # best.pt too: an evaluation the stopped run never did happens on resume, and is saved when it improves
     best_cut, best_full = load_checkpoint(cut / "best.pt"), load_checkpoint(full / "best.pt")
     assert best_cut["step"] == best_full["step"] and best_cut["best_val_loss"] == best_full["best_val_loss"]
