@@ -6,6 +6,10 @@ from pathlib import Path
 
 import pytest
 
+# the `cuda` marker, and under CI a skip of any other test is a failure (tests/ci_skips.py); pytester runs
+# small pytest sessions for the test of that rule
+pytest_plugins = ["ci_skips", "pytester"]
+
 REPO = Path(__file__).resolve().parents[1]
 # ../shared/data beside the checkout in this workplace (no network), or a copy of it inside the checkout
 # (shared/data: what travels to a machine with a GPU, where ../shared does not; .gitignore keeps it out of git)

@@ -258,7 +258,7 @@ def test_a_step_that_cannot_compile_is_eager_under_auto_and_an_error_when_asked(
     assert tokens == expected.tolist()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs)")
+@pytest.mark.cuda
 def test_cuda_graph_buckets_reply_as_the_eager_step(monkeypatch):
     """On a GPU: the default compiler (inductor, mode="reduce-overhead") records a CUDA graph per bucket
     (cudagraph_or_error turns any "skipping cudagraphs" into a failure), and the replies equal the eager

@@ -325,7 +325,7 @@ def test_the_confident_model_has_a_margin():
     assert (top2[..., 0] - top2[..., 1]).min() > 1.0
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graphs)")
+@pytest.mark.cuda
 def test_cuda_graph_step_captures_forward_and_draw():
     """On a GPU: mode="reduce-overhead" records the whole step as a CUDA graph (cudagraph_or_error turns any
     "skipping cudagraphs" into a failure), and it gives the eager tokens, greedy and sampled with a seed; bf16

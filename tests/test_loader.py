@@ -165,7 +165,7 @@ def test_val_batches_are_fixed(data_dir):
     assert not torch.equal(a[0], run(seed=99)[0])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 def test_cuda_batches(data_dir):
     x, y = BatchLoader(data_dir, batch_size=4, block_size=16, device="cuda").next_batch()
     assert x.is_cuda and y.is_cuda and x.dtype == torch.int64
