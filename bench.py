@@ -446,7 +446,7 @@ def bench_train(name: str, rt: Runtime, args, variant: Variant) -> dict:
     peak = peak_flops(rt.device, rt.dtype)
     fpt = flops_per_token(model)
     return make_row(
-        "train", name, rt, params_M=round(model.num_params() / 1e6, 2), **fields, tokens_per_s=tok_s,
+        "train", name, rt, params_M=round(model.num_params(non_embedding=False) / 1e6, 2), **fields, tokens_per_s=tok_s,
         ms=sec * 1000, mfu=fpt * tok_s / peak if peak else None, peak_mem_mb=peak_memory_mb(rt),
         optimizer=train_cfg.optimizer, optimizer_ms=opt_sec and opt_sec * 1000,
         optimizer_share=opt_sec and opt_sec / sec, flops_per_token=fpt, first_step_s=first_step_s,

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_args, torch_threads
 
 import train
 from gptkit.checkpoint import load_checkpoint, save_checkpoint
@@ -306,14 +307,10 @@ def test_wsd_schedule_and_per_group_peaks():
 # ----------------------------------------------------------------------------- training
 
 
-def tiny_args(data, out, **over):
-    args = dict(dataset=str(data), out_dir=str(out), n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4,
-                gradient_accumulation_steps=2, max_iters=8, eval_interval=3, eval_iters=3, log_interval=1,
-                warmup_iters=2, lr_decay_iters=8, learning_rate=3e-3, min_lr=0.0, dropout=0.1, device="cpu",
-                compile=False, arch="modern", optimizer="muon", lr_schedule="wsd", cooldown_frac=0.5,
-                muon_lr=0.02)
-    args.update(over)
-    return [f"--{k}={v}" for k, v in args.items()]
+def modern_args(data, out, **over):
+    """The suite's tiny run (conftest.tiny_args) with the modern recipe: Muon, the WSD schedule."""
+    return tiny_args(data, out, **{"min_lr": 0.0, "arch": "modern", "optimizer": "muon", "lr_schedule": "wsd",
+                                   "cooldown_frac": 0.5, "muon_lr": 0.02, **over})
 
 
 def train_losses(out):
@@ -323,7 +320,7 @@ def train_losses(out):
 
 def test_modern_recipe_learns_and_says_which_muon(char_dataset, tmp_path, capsys):
     out = tmp_path / "out"
-    summary = train.main(tiny_args(char_dataset, out, max_iters=30, lr_decay_iters=30, eval_interval=15,
+    summary = train.main(modern_args(char_dataset, out, max_iters=30, lr_decay_iters=30, eval_interval=15,
                                    dropout=0.0))
     losses = train_losses(out)
     assert losses[30] < losses[1] - 0.5 and summary["best_val_loss"] < 2.7  # ln(21) = 3.04 at init
@@ -335,9 +332,9 @@ def test_modern_recipe_learns_and_says_which_muon(char_dataset, tmp_path, capsys
 
 def test_resume_with_muon_and_wsd_is_exact(char_dataset, tmp_path):
     full, half = tmp_path / "full", tmp_path / "half"
-    train.main(tiny_args(char_dataset, full))
-    train.main(tiny_args(char_dataset, half, max_iters=4))
-    train.main(tiny_args(char_dataset, half, max_iters=8, init_from="resume"))
+    train.main(modern_args(char_dataset, full))
+    train.main(modern_args(char_dataset, half, max_iters=4))
+    train.main(modern_args(char_dataset, half, max_iters=8, init_from="resume"))
     assert train_losses(half) == train_losses(full)  # bit-identical, every step
     a, b = load_checkpoint(full / "last.pt"), load_checkpoint(half / "last.pt")
     assert a["model"].keys() == b["model"].keys()
@@ -349,7 +346,7 @@ def test_resume_with_muon_and_wsd_is_exact(char_dataset, tmp_path):
 
 def test_resume_keeps_the_architecture_and_the_optimizer(char_dataset, tmp_path):
     out = tmp_path / "out"
-    train.main(tiny_args(char_dataset, out, max_iters=2))
+    train.main(modern_args(char_dataset, out, max_iters=2))
     with pytest.raises(SystemExit, match=r"different model shape: arch \(checkpoint 'modern', asked 'gpt2'\)"):
         train.main(["--init_from=resume", f"--out_dir={out}", "--arch=gpt2"])
     with pytest.raises(SystemExit, match=r"qk_norm \(checkpoint True, asked False\)"):
@@ -375,7 +372,7 @@ def changed_value(name: str, value):
 
 def test_a_checkpoint_from_before_the_options_resumes(char_dataset, tmp_path):
     out = tmp_path / "out"
-    train.main(tiny_args(char_dataset, out, max_iters=2, arch="gpt2", optimizer="adamw", lr_schedule="cosine"))
+    train.main(modern_args(char_dataset, out, max_iters=2, arch="gpt2", optimizer="adamw", lr_schedule="cosine"))
     ckpt = load_checkpoint(out / "last.pt", mmap=False)
     ckpt["model_config"] = {k: ckpt["model_config"][k] for k in PRE_MODERN_FIELDS}
     new_keys = {"arch", "rope", "rope_base", "norm", "qk_norm", "activation", "tie_embeddings", "zero_init_proj",
@@ -391,13 +388,10 @@ def test_ddp_two_processes_apply_the_same_muon_update(char_dataset, tmp_path):
     """2 processes x 1 micro-batch == 1 process x 2 micro-batches, with Muon on the all-reduced gradients."""
     single, ddp = tmp_path / "single", tmp_path / "ddp"
     args = dict(max_iters=4, eval_interval=2, dropout=0.0, gradient_accumulation_steps=2)
-    torch.set_num_threads(1)
-    try:
-        train.main(tiny_args(char_dataset, single, **args))
-    finally:
-        torch.set_num_threads(os.cpu_count() or 1)
+    with torch_threads(1):
+        train.main(modern_args(char_dataset, single, **args))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(REPO / "train.py"), *tiny_args(char_dataset, ddp, **args)]
+           str(REPO / "train.py"), *modern_args(char_dataset, ddp, **args)]
     res = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True,
                          text=True, timeout=180)
     assert res.returncode == 0, res.stdout + res.stderr

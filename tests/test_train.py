@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_args, torch_threads  # (tiny_args is also imported from here by other test files)
 
 import train
 from gptkit import checkpoint
@@ -16,15 +17,6 @@ from gptkit.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from model import GPT
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def tiny_args(data, out, **over):
-    args = dict(dataset=str(data), out_dir=str(out), n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4,
-                gradient_accumulation_steps=2, max_iters=8, eval_interval=3, eval_iters=3, log_interval=1,
-                warmup_iters=2, lr_decay_iters=8, learning_rate=3e-3, min_lr=3e-4, dropout=0.1, device="cpu",
-                compile=False)
-    args.update(over)
-    return [f"--{k}={v}" for k, v in args.items()]
 
 
 def metrics(out):
@@ -268,12 +260,9 @@ def assert_resume_matches_uninterrupted(data, full, cut, **args) -> None:
     """Resume the stopped run in `cut` and run the same run uninterrupted in `full`, on one thread (the
     arithmetic of the subprocess that was stopped): the same losses every step and the same weights, bit for
     bit."""
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         train.main(tiny_args(data, full, **args))
         train.main(tiny_args(data, cut, init_from="resume", **args))
-    finally:
-        torch.set_num_threads(os.cpu_count() or 1)
     assert train_losses(cut) == train_losses(full)
     assert_same_weights(weights(cut), weights(full))
 
@@ -362,11 +351,8 @@ def test_ddp_two_processes_match_one(char_dataset, tmp_path):
     """2 processes x 1 micro-batch each == 1 process x 2 micro-batches: the same global batch."""
     single, ddp = tmp_path / "single", tmp_path / "ddp"
     args = dict(max_iters=4, eval_interval=2, dropout=0.0, gradient_accumulation_steps=2)
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         train.main(tiny_args(char_dataset, single, **args))
-    finally:
-        torch.set_num_threads(os.cpu_count() or 1)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            str(REPO / "train.py"), *tiny_args(char_dataset, ddp, **args)]

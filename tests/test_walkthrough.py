@@ -12,22 +12,22 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import needs_gpt2_bpe, torch_threads, write_dataset
+from conftest import needs_gpt2_bpe, tiny_args, torch_threads, write_dataset
 
 import train
 from gptkit import metrics, network
 from gptkit.checkpoint import save_checkpoint
 from gptkit.config import ConfigError, TrainConfig, build_config
+from gptkit.optim import get_lr
 from gptkit.tokenizer import CHAT_SPECIALS, Tokenizer
 from model import GPT, GPTConfig
 
 
-def tiny_args(data, out, **over):
-    args = dict(dataset=str(data), out_dir=str(out), n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4,
-                gradient_accumulation_steps=1, max_iters=4, eval_interval=2, eval_iters=2, log_interval=1,
-                warmup_iters=1, lr_decay_iters=4, learning_rate=3e-3, min_lr=3e-4, device="cpu", compile=False)
-    args.update(over)
-    return [f"--{k}={v}" for k, v in args.items()]
+def walk_args(data, out, **over):
+    """The suite's tiny run (conftest.tiny_args), 4 steps without accumulation: what a newcomer's first run does,
+    smaller."""
+    return tiny_args(data, out, **{"gradient_accumulation_steps": 1, "max_iters": 4, "eval_interval": 2,
+                                   "eval_iters": 2, "warmup_iters": 1, "lr_decay_iters": 4, "dropout": 0.0, **over})
 
 
 @pytest.fixture(autouse=True)
@@ -48,7 +48,7 @@ def test_a_stop_before_the_first_step_says_that_nothing_was_saved(char_dataset, 
     out = tmp_path / "out"
     stopped_in_evaluation(monkeypatch)
     with pytest.raises(SystemExit) as e:
-        train.main(tiny_args(char_dataset, out))
+        train.main(walk_args(char_dataset, out))
     assert e.value.code == 143
     said = capsys.readouterr().out
     assert "stopped at step 0, before the first step finished: nothing was saved" in said
@@ -60,10 +60,10 @@ def test_a_stop_before_the_first_step_says_that_nothing_was_saved(char_dataset, 
 
 def test_a_stop_of_a_resumed_run_says_what_to_run_next(char_dataset, tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
-    train.main(tiny_args(char_dataset, out, max_iters=2))
+    train.main(walk_args(char_dataset, out, max_iters=2))
     stopped_in_evaluation(monkeypatch)
     with pytest.raises(SystemExit):
-        train.main(["--init_from", "resume", *tiny_args(char_dataset, out, max_iters=4, lr_decay_iters=4)])
+        train.main(["--init_from", "resume", *walk_args(char_dataset, out, max_iters=4, lr_decay_iters=4)])
     said = capsys.readouterr().out
     command = said.split("continue with: ")[1].splitlines()[0]
     assert f"stopped at step 2; {out}/last.pt holds it" in said
@@ -73,11 +73,11 @@ def test_a_stop_of_a_resumed_run_says_what_to_run_next(char_dataset, tmp_path, m
 
 def test_a_resumed_run_says_when_its_schedule_ends_before_max_iters(char_dataset, tmp_path, capsys):
     out = tmp_path / "out"
-    train.main(tiny_args(char_dataset, out, max_iters=2, lr_decay_iters=2))
+    train.main(walk_args(char_dataset, out, max_iters=2, lr_decay_iters=2))
     capsys.readouterr()
-    train.main(tiny_args(char_dataset, out, init_from="resume", max_iters=4, lr_decay_iters=2))
+    train.main(walk_args(char_dataset, out, init_from="resume", max_iters=4, lr_decay_iters=2))
     assert "note: max_iters" not in capsys.readouterr().out  # lr_decay_iters set on the command line: meant
-    args = [a for a in tiny_args(char_dataset, out, init_from="resume", max_iters=6) if "lr_decay" not in a]
+    args = [a for a in walk_args(char_dataset, out, init_from="resume", max_iters=6) if "lr_decay" not in a]
     train.main(args)
     said = capsys.readouterr().out
     assert ("note: max_iters is 6 but lr_decay_iters stays the checkpoint's 2: from step 2 on the learning rate "
@@ -86,15 +86,15 @@ def test_a_resumed_run_says_when_its_schedule_ends_before_max_iters(char_dataset
 
 def test_resuming_a_finished_run_says_why_nothing_trains(char_dataset, tmp_path, capsys):
     out = tmp_path / "out"
-    train.main(tiny_args(char_dataset, out, max_iters=2, lr_decay_iters=2))
+    train.main(walk_args(char_dataset, out, max_iters=2, lr_decay_iters=2))
     capsys.readouterr()
-    assert train.main(tiny_args(char_dataset, out, init_from="resume", max_iters=2, lr_decay_iters=2))["step"] == 2
+    assert train.main(walk_args(char_dataset, out, init_from="resume", max_iters=2, lr_decay_iters=2))["step"] == 2
     assert f"note: {out}/last.pt is at step 2, and max_iters is 2: the run is finished" in capsys.readouterr().out
 
 
 def test_a_finished_run_says_where_its_checkpoints_are(char_dataset, tmp_path, capsys):
     out = tmp_path / "out"
-    train.main(tiny_args(char_dataset, out))
+    train.main(walk_args(char_dataset, out))
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("done at step 4") and f"checkpoints in {out}/: best.pt, last.pt" in last
     assert last.endswith(f"python sample.py --ckpt {out}/")
@@ -112,7 +112,7 @@ def test_a_changed_tokenizer_folder_is_an_error_before_the_first_step(tmp_path, 
     info = json.loads((folder / bpe.INFO_FILE).read_text())
     (folder / bpe.INFO_FILE).write_text(json.dumps({**info, "hash": "0" * 64}))  # changed after prepare
     with pytest.raises(SystemExit, match=r"tokenizer .*tok-.* was changed"):
-        train.main(tiny_args(data, tmp_path / "out"))
+        train.main(walk_args(data, tmp_path / "out"))
     assert not (tmp_path / "out").exists()  # nothing ran, nothing was written
 
 
@@ -126,11 +126,16 @@ def test_config_errors_blame_the_setting_that_is_wrong(over, blamed):
 
 
 def test_a_short_run_may_stop_inside_its_warmup():
-    build_config(TrainConfig, {"warmup_iters": 100, "lr_decay_iters": 50, "max_iters": 50})  # no jump to min_lr
+    """warmup_iters past lr_decay_iters is allowed when the run ends before the decay would: the learning rate
+    rises through every step of the run and never jumps to min_lr."""
+    cfg = build_config(TrainConfig, {"warmup_iters": 100, "lr_decay_iters": 50, "max_iters": 50})
+    lrs = [get_lr(step, cfg) for step in range(cfg.max_iters)]
+    assert all(a < b for a, b in zip(lrs, lrs[1:]))
+    assert lrs[-1] == pytest.approx(cfg.learning_rate * 50 / 101)
 
 
 def test_float16_on_the_cpu_says_it_is_slow(char_dataset, tmp_path, capsys):
-    train.main(tiny_args(char_dataset, tmp_path / "out", dtype="float16", eval_only=True))
+    train.main(walk_args(char_dataset, tmp_path / "out", dtype="float16", eval_only=True))
     assert "note: float16 on the CPU is emulated" in capsys.readouterr().out
 
 
@@ -144,14 +149,14 @@ def test_a_base_whose_vocabulary_is_too_small_is_blamed_for_it(tmp_path):
     export_hf(GPT(GPTConfig(block_size=64, vocab_size=1000, n_layer=1, n_head=2, n_embd=16, bias=True)), base)
     with pytest.raises(SystemExit, match=rf"{base} has a vocabulary of 1000 tokens, fewer than the 50257 of its "
                                          rf"tokenizer \(GPT-2's BPE"):
-        train.main(tiny_args(data, tmp_path / "out", init_from=str(base)))
+        train.main(walk_args(data, tmp_path / "out", init_from=str(base)))
 
 
 def test_sample_init_from_a_run_folder_points_at_ckpt(char_dataset, tmp_path):
     import sample
 
     out = tmp_path / "out"
-    train.main(tiny_args(char_dataset, out, max_iters=1))
+    train.main(walk_args(char_dataset, out, max_iters=1))
     with pytest.raises(SystemExit, match=rf"{out} is a checkpoint of this project.*: pass it as --ckpt {out}"):
         sample.main([f"--init_from={out}", "--max_new_tokens=2", "--device=cpu"])
 
@@ -163,7 +168,7 @@ def test_the_cpu_note_gives_the_plans_time(char_dataset, tmp_path, capsys, monke
     monkeypatch.setattr(train, "CPU_FLOPS_BUDGET", 0)  # this tiny run counts as sized for a GPU
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
-    train.main(tiny_args(char_dataset, tmp_path / "out", device="auto", eval_only=True))
+    train.main(walk_args(char_dataset, tmp_path / "out", device="auto", eval_only=True))
     note = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("note: no GPU here"))
     assert re.search(r"the plan estimates \d+ s on this CPU", note)
 
@@ -202,7 +207,7 @@ def test_slow_steps_print_a_line_between_the_log_lines(monkeypatch, capsys, tmp_
 
 
 def test_the_plan_counts_the_parameters_the_run_prints(char_dataset, tmp_path, capsys):
-    args = tiny_args(char_dataset, tmp_path / "out", eval_only=True)
+    args = walk_args(char_dataset, tmp_path / "out", eval_only=True)
     report = train.main([*args, "--plan"])
     planned = re.search(r"parameters +([\d.]+M)", capsys.readouterr().out).group(1)
     train.main(args)
