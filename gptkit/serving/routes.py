@@ -3,7 +3,11 @@
     GET  /v1/models              the one model served
     POST /v1/completions         text in, text out (a prompt may also be token ids, or a list of prompts)
     POST /v1/chat/completions    messages in, the assistant's reply out (gptkit/chat.py's template)
+    POST /tokenize               a prompt's or a conversation's token ids, and the context (vLLM's extension)
     GET  /health                 the engine's load (rows decoding, requests waiting), tokens decoded so far
+
+Who may call them is gptkit/serving/access.py's middleware: JSON bodies only, no other web page (Origin), no
+other host name (Host, on 127.0.0.1), and with --api_key the key.
 
 Both POST routes answer as one JSON object or, with "stream": true, as server-sent events: `data: {chunk}`
 lines, then `data: [DONE]`, as the OpenAI API does. The request bodies are declared in
@@ -13,7 +17,7 @@ logprobs and top_logprobs), echo (completions), stream_options.include_usage; th
 accepted at their default values only (a 400 names the others), and a few harmless ones (user, metadata, ...)
 are ignored; an unknown one is a 400 too (a typo is not silently dropped). Every error is OpenAI's JSON,
 {"error": {"message", "type", "param", "code"}}: 400 for a bad request, 404 for another model, 413 for a body
-over 8 MiB, 429 when the queue is full, 503 while shutting down.
+over 8 MiB, 429 when the queue is full, 503 while shutting down (access.py's: 401, 403, 415).
 
 A reply ends at the tokenizer's end tokens (<|endoftext|>, and on a chat model <|end|> and the other markers
 of its template), on /v1/completions too, and special tokens are never written as text unless the request
@@ -21,7 +25,8 @@ says "skip_special_tokens": false. Log-probabilities are the model's own (the lo
 before temperature, penalties and logit_bias). /v1/completions with "echo": true and "logprobs" returns the
 prompt's tokens with theirs too (the first token's is null), and with "max_tokens": 0 scores a prompt without
 decoding: what lm-evaluation-harness's local-completions model asks an OpenAI-compatible server for. Its
-logprobs list the stop token that ended a reply, as OpenAI's did (the text does not hold it).
+logprobs list the stop token that ended a reply, as OpenAI's did (the text does not hold it); a stop string
+ends the logprobs where it ends the text (its tokens are in neither). top_p 0 is greedy, as OpenAI documents.
 
 The path of a request: the JSON is parsed into its schema, checked against the model (`Job`: the prompt
 rendered to token ids, the context's room), and each choice (n per prompt) submitted to the engine as a
