@@ -215,6 +215,9 @@ def run(cfg: ServeConfig, sock: socket.socket) -> None:
     if not is_loopback(host) and not policy.api_key:
         print(f"serve.py: listening on {host}: reachable from other machines, with no API key (set --api_key)",
               file=sys.stderr)
+    if policy.api_key:
+        print("serve.py: every /v1 request needs the API key ('Authorization: Bearer KEY'); the chat page asks "
+              "for it", file=sys.stderr)
     if _is_chat(tokenizer):
         print(f"serve.py: to chat in a browser, open http://{shown}:{port}/", file=sys.stderr)
     print(f"serve.py: serving {cfg.served_name()!r} at http://{shown}:{port}/v1 (SIGTERM or Ctrl-C stops it)",

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import confident_model, torch_threads
+from conftest import confident_model, needs_gpt2_bpe, torch_threads
 
 openai = pytest.importorskip("openai", reason="the tests' client: pip install -e \".[dev]\"")
 httpx = pytest.importorskip("httpx")
@@ -354,6 +354,22 @@ def test_reply_text_holds_back_what_may_start_a_stop_string():
     text = ReplyText(tokenizer, ["world"])
     pieces = [text.push(t) for t in tokenizer.encode("a word wo")] + [text.finish()]
     assert pieces == ["a", " ", "", "", "", "word", " ", "", "", "wo"] and not text.stopped
+
+
+@needs_gpt2_bpe
+def test_reply_text_covers_the_tokens_whose_text_is_returned():
+    """Tokens of several characters: a token is covered (its logprob listed) once its first character is in the
+    returned text; a stop string inside a token keeps that token, and drops the tokens after the cut."""
+    tokenizer = Tokenizer({"kind": "tiktoken", "name": "gpt2"})
+    ids = tokenizer.encode("Hello there, the end")  # Hello| there|,| the| end
+    text = ReplyText(tokenizer, ["the"])
+    pieces = [text.push(t) for t in ids[:2]]
+    assert pieces == ["Hello", " "] and text.stopped and text.covered == 2  # " there" starts in the text
+    text = ReplyText(tokenizer, [", the"])
+    assert [text.push(t) for t in ids[:3]] == ["Hello", " there", ""] and text.covered == 2  # "," held back
+    assert text.push(ids[3]) == "" and text.stopped and text.covered == 2  # the stop string's tokens: none
+    text = ReplyText(tokenizer, ["zzz"])
+    assert "".join(text.push(t) for t in ids) + text.finish() == "Hello there, the end" and text.covered == 5
 
 
 def test_n_choices(chat_server, chat_model):
@@ -748,6 +764,8 @@ def keyed_server(text_ckpt):
 
 def test_the_api_key_is_required_and_the_openai_client_sends_it(keyed_server):
     server = keyed_server
+    log = "".join(server.stderr)
+    assert "every /v1 request needs the API key" in log and KEY not in log  # said, and the key never shown
     r = complete(server, "abc", max_tokens=3)  # the client's api_key is the key
     assert r.choices[0].finish_reason == "length" and len(r.choices[0].text) == 3
     assert [m.id for m in server.client.models.list()] == [server.model]
