@@ -684,6 +684,20 @@ def test_harmless_and_default_valued_options_are_accepted(chat_server):
     assert r.json()["choices"][0]["message"]["role"] == "assistant"
 
 
+def test_tokenize_counts_what_the_routes_send_the_model(chat_server, chat_model):
+    """POST /tokenize (vLLM's): what the chat page counts a conversation with; the context is in /v1/models."""
+    tokenizer = chat_model[1]
+    messages = [{"role": "system", "content": "Count."}, *USER]
+    ids = prompt_ids(messages, tokenizer)
+    assert chat_server.post("/tokenize", {"messages": messages}).json() == {
+        "count": len(ids), "max_model_len": CHAT_BLOCK, "tokens": ids}
+    assert chat_server.post("/tokenize", {"prompt": "abc"}).json()["tokens"] == tokenizer.encode("abc")
+    assert chat_server.client.models.list().data[0].max_model_len == CHAT_BLOCK
+    for body in ({}, {"prompt": "a", "messages": USER}, {"prompt": "naïve"}, {"messages": []}):
+        r = chat_server.post("/tokenize", body)
+        assert r.status_code == 400 and r.json()["error"]["message"], (body, r.text)
+
+
 def test_a_model_without_chat_tokens_says_so(text_server):
     with pytest.raises(openai.BadRequestError, match="no chat tokens"):
         text_server.client.chat.completions.create(model="babbler", messages=USER)
