@@ -2,9 +2,9 @@
 
     python serve.py --ckpt out-chat/ --port 8000          # http://127.0.0.1:8000/v1
     python serve.py --init_from gpt2 --max_batch 32       # GPT-2 as a text-completion model
-    python serve.py --ckpt out-chat/ --host 0.0.0.0       # reachable from other machines: no authentication!
+    python serve.py --ckpt out-chat/ --host 0.0.0.0 --api_key=SECRET   # reachable from other machines
 
-Any OpenAI client then talks to it (base_url http://127.0.0.1:8000/v1, any api_key): /v1/models,
+Any OpenAI client then talks to it (base_url http://127.0.0.1:8000/v1, any api_key unless --api_key is set): /v1/models,
 /v1/completions, /v1/chat/completions (for a model with the chat tokens: train.py on prepare/chat.py's data),
 streamed or not; GET /health says how busy it is; a browser at http://127.0.0.1:8000/ gets a chat page
 (gptkit/serving/page.html). gptkit/serving/routes.py has the API (what is supported, the errors),
@@ -14,6 +14,11 @@ steps and leaves it when done, so clients do not wait for each other.
 On a GPU the decode step is compiled at start (--compile, auto: where torch.compile can run): a few static steps
 over buckets of rows and cache slots, each a CUDA graph, the smallest that holds the live requests replayed
 every token; the first start takes tens of seconds (more with a larger --max_batch).
+
+Web pages other than the server's own cannot call it (their Origin is refused, and on 127.0.0.1 so is any Host
+but its address: gptkit/serving/access.py) unless --allowed_origins or --allowed_hosts name them; --api_key (or
+the GPTKIT_API_KEY variable) asks every /v1 request for "Authorization: Bearer KEY", and the chat page for the
+key once.
 
 A full queue (--max_batch rows decoding, --max_queue waiting) answers 429 at once. SIGTERM or Ctrl-C stops
 accepting connections, finishes the replies in flight, and exits with code 0 (a second Ctrl-C: at once).
@@ -25,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import os
 import signal
 import socket
 import sys
@@ -53,8 +59,15 @@ class ServeConfig:
                                   "the checkpoint's folder name, or the --init_from name")
     # where
     host: str = setting("127.0.0.1", "address to listen on; 127.0.0.1 serves this machine only, 0.0.0.0 "
-                                     "every network (there is no authentication)")
+                                     "every network (then set --api_key)")
     port: int = setting(8000, "TCP port; 0 = any free one (the line on stderr says which)")
+    # who may call it (gptkit/serving/access.py)
+    api_key: str = setting("", "the key every /v1 request must send ('Authorization: Bearer KEY', an OpenAI "
+                               "client's api_key); '' = none, or the GPTKIT_API_KEY environment variable's")
+    allowed_origins: str = setting("", "web pages other than the server's own that may call it, comma-separated "
+                                       "origins (http://localhost:3000), or * for any; they get CORS headers")
+    allowed_hosts: str = setting("", "host names the server may be reached by besides its address, "
+                                     "comma-separated (on 127.0.0.1 any other Host header is refused)")
     # how much at once
     max_batch: int = setting(16, "requests decoded together (rows of the KV cache)")
     max_queue: int = setting(64, "requests waiting for a row; beyond it a request gets 429 at once")
@@ -87,6 +100,22 @@ class ServeConfig:
             raise ConfigError(f"max_queue must be >= 0, got {self.max_queue}")
         if not self.host:
             raise ConfigError("host must not be empty (127.0.0.1: this machine only)")
+        for origin in self.origins():
+            if origin != "*" and not origin.startswith(("http://", "https://")):
+                raise ConfigError(f"allowed_origins: {origin!r} is not an origin; write it as a browser "
+                                  f"sends it, e.g. http://localhost:3000")
+        if any("/" in h for h in self.hosts()):
+            raise ConfigError("allowed_hosts takes host names (example.test or example.test:8000), not URLs")
+
+    def origins(self) -> list[str]:
+        return [o.strip() for o in self.allowed_origins.split(",") if o.strip()]
+
+    def hosts(self) -> list[str]:
+        return [h.strip() for h in self.allowed_hosts.split(",") if h.strip()]
+
+    def key(self) -> str:
+        """--api_key, else the GPTKIT_API_KEY environment variable (a key kept out of the process list)."""
+        return self.api_key or os.environ.get("GPTKIT_API_KEY", "")
 
     def served_name(self) -> str:
         """--model_name, or the name of what is loaded: out-chat/best.pt -> 'out-chat', gpt2 -> 'gpt2'."""
@@ -158,6 +187,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def run(cfg: ServeConfig, sock: socket.socket) -> None:
     """Load the model, serve it on `sock` until a signal, finish the replies in flight."""
+    from gptkit.serving.access import Policy, is_loopback
     from gptkit.serving.routes import create_app  # here, after check_packages: it needs Starlette
 
     inference = setup_inference(cfg.device, cfg.dtype, cfg.quantize, cfg.threads)
@@ -166,9 +196,10 @@ def run(cfg: ServeConfig, sock: socket.socket) -> None:
     # packed weights are buffers, not parameters)
     inference.place(model)  # the weights themselves, as sample.py: decoding reads them
     engine = Engine(model, max_batch=cfg.max_batch, max_queue=cfg.max_queue, compile=cfg.compile)
-    app = create_app(engine, tokenizer, cfg.served_name())
-    chat = "chat model" if _is_chat(tokenizer) else "text model (no chat tokens: /v1/completions only)"
     host, port = sock.getsockname()[:2]
+    policy = Policy.of(host, port, cfg.hosts(), cfg.origins(), cfg.key())
+    app = create_app(engine, tokenizer, cfg.served_name(), policy)
+    chat = "chat model" if _is_chat(tokenizer) else "text model (no chat tokens: /v1/completions only)"
     shown = f"[{host}]" if ":" in host else host
     if engine.compiled:  # tens of seconds on a GPU: say so before the wait
         print(f"serve.py: compiling the decode step for {cfg.max_batch} rows...", file=sys.stderr,
@@ -181,9 +212,12 @@ def run(cfg: ServeConfig, sock: socket.socket) -> None:
     print(f"serve.py: {what}, {params / 1e6:.2f}M parameters, {tokenizer.kind} tokenizer, "
           f"{chat}; {inference.describe()}; max_batch {cfg.max_batch}, max_queue {cfg.max_queue}; "
           f"{engine.decode_mode}", file=sys.stderr)
-    if host not in ("127.0.0.1", "::1", "localhost"):
-        print(f"serve.py: listening on {host}: reachable from other machines, with no authentication",
+    if not is_loopback(host) and not policy.api_key:
+        print(f"serve.py: listening on {host}: reachable from other machines, with no API key (set --api_key)",
               file=sys.stderr)
+    if policy.api_key:
+        print("serve.py: every /v1 request needs the API key ('Authorization: Bearer KEY'); the chat page asks "
+              "for it", file=sys.stderr)
     if _is_chat(tokenizer):
         print(f"serve.py: to chat in a browser, open http://{shown}:{port}/", file=sys.stderr)
     print(f"serve.py: serving {cfg.served_name()!r} at http://{shown}:{port}/v1 (SIGTERM or Ctrl-C stops it)",

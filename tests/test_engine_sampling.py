@@ -4,6 +4,7 @@ The oracle is a direct computation: full forwards of the same tiny model, log_so
 greedy loop that applies the same bias and penalties by hand."""
 
 import queue
+import re
 
 import pytest
 import torch
@@ -67,7 +68,7 @@ def log_probs(model: GPT, ids: list[int]) -> torch.Tensor:
 def greedy_by_hand(model: GPT, prompt: list[int], n: int, bias=None, frequency=0.0, presence=0.0) -> list[int]:
     """The greedy reply with OpenAI's logit adjustments written out: logit + bias (-100: -inf), minus
     frequency * count, minus presence * (count > 0), counts over the reply so far."""
-    ids, counts = list(prompt), torch.zeros(VOCAB)
+    ids, counts = list(prompt), torch.zeros(model.config.vocab_size)
     for _ in range(n):
         logits = model.head(model.hidden_states(torch.tensor([ids])), fp32=True)[0, -1]
         for t, b in (bias or {}).items():
@@ -138,6 +139,56 @@ def test_frequency_and_presence_penalties(model, engine, frequency, presence):
     [events] = events_of(engine, Request(PROMPT, 12, emit=None, frequency_penalty=frequency,
                                          presence_penalty=presence))
     assert tokens_of(events) == greedy_by_hand(model, PROMPT, 12, frequency=frequency, presence=presence)
+
+
+LOGITS = [5.0, 4.0, 3.1, 0.0, 0.0, 0.0, 0.0, 0.0]  # the fixed model's, whatever the context
+
+
+@pytest.fixture(scope="module")
+def fixed_model():
+    """A model whose logits are LOGITS at every position, whatever the tokens: its blocks add zero (their output
+    projections are zero), every token has the same embedding and there is no position table, so the final
+    LayerNorm sees one vector, h, which the head maps to LOGITS. Its greedy reply is token 0 over and over
+    until penalties change it: counts above 1, where frequency (count x penalty) and presence (penalty once a
+    token is in) differ."""
+    config = GPTConfig(block_size=32, vocab_size=len(LOGITS), n_layer=1, n_head=1, n_embd=16, tie_embeddings=False)
+    model = GPT(config).eval()
+    state = {name: torch.ones_like(p) if name.endswith("ln_f.weight") or re.search(r"ln_\d\.weight$", name)
+             else torch.zeros_like(p) for name, p in model.state_dict().items()}
+    state["transformer.wte.weight"][:, :2] = torch.tensor([1.0, -1.0])
+    model.load_state_dict(state)
+    with torch.no_grad():
+        h = model.transformer.ln_f(state["transformer.wte.weight"][0])
+        model.lm_head.weight.copy_(torch.outer(torch.tensor(LOGITS), h) / h.dot(h))
+    return model
+
+
+@pytest.mark.parametrize("frequency, presence", [(0.4, 0.0), (0.0, 1.5), (-0.3, 1.2), (0.4, -0.5)])
+def test_penalties_on_a_reply_that_repeats(fixed_model, frequency, presence):
+    """OpenAI's formula, logit - frequency x count - presence x (count > 0), on replies whose counts pass 1:
+    each case's reply differs from the one with the two penalties swapped, and a negative penalty changes the
+    reply (it favours the tokens already said)."""
+    with torch_threads(1):
+        assert model_logits(fixed_model).tolist() == pytest.approx(LOGITS, abs=1e-5)
+        engine = Engine(fixed_model, max_batch=2).start()
+        try:
+            [events] = events_of(engine, Request([0, 1], 12, emit=None, frequency_penalty=frequency,
+                                                 presence_penalty=presence))
+        finally:
+            engine.stop()
+        expected = greedy_by_hand(fixed_model, [0, 1], 12, frequency=frequency, presence=presence)
+        assert tokens_of(events) == expected
+        assert max(expected.count(t) for t in expected) > 2  # counts pass 1: the penalties differ there
+        assert expected != greedy_by_hand(fixed_model, [0, 1], 12, frequency=presence, presence=frequency)
+        negative = [name for name, value in (("frequency", frequency), ("presence", presence)) if value < 0]
+        for name in negative:  # without the negative penalty the reply is another
+            kept = {"frequency": frequency, "presence": presence, name: 0.0}
+            assert expected != greedy_by_hand(fixed_model, [0, 1], 12, **kept)
+
+
+@torch.no_grad()
+def model_logits(model: GPT) -> torch.Tensor:
+    return model.head(model.hidden_states(torch.tensor([[3, 1, 4]])), fp32=True)[0, -1]
 
 
 def test_each_row_gets_its_own_parameters_in_one_batch(model, engine):

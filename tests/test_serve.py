@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import confident_model, torch_threads
+from conftest import confident_model, needs_gpt2_bpe, torch_threads
 
 openai = pytest.importorskip("openai", reason="the tests' client: pip install -e \".[dev]\"")
 httpx = pytest.importorskip("httpx")
@@ -54,10 +54,11 @@ def save(folder: Path, model: GPT, tokenizer: Tokenizer) -> Path:
 class Server:
     """serve.py in a subprocess (started here, then `ready`): its URL, an openai client, its stderr lines."""
 
-    def __init__(self, ckpt: Path, *args: str):
+    def __init__(self, ckpt: Path, *args: str, key: str = "none", env: dict | None = None):
         # One thread: on tiny matrices more threads only add synchronisation, and on the 2 shared cores of a
         # test run they fight the other processes (up to ~8x slower, measured).
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+        self.key = key  # what the openai client sends
         command = [sys.executable, "serve.py", f"--ckpt={ckpt}", "--port=0", "--device=cpu", *args]
         self.proc = subprocess.Popen(command, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
         self.lines: queue.SimpleQueue[str] = queue.SimpleQueue()
@@ -67,7 +68,7 @@ class Server:
     def ready(self) -> "Server":
         line = self.wait_for_line("serve.py: serving")
         self.url = "http://" + line.split("http://")[1].split()[0].removesuffix("/v1")
-        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, timeout=WAIT)
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key=self.key, max_retries=0, timeout=WAIT)
         self.model = line.split("'")[1]
         return self
 
@@ -88,9 +89,12 @@ class Server:
                 return line
         raise AssertionError(f"serve.py did not say {start!r} within {WAIT} s: {''.join(self.stderr)}")
 
-    def post(self, path: str, body, **kwargs) -> httpx.Response:
+    def post(self, path: str, body, headers: dict | None = None, **kwargs) -> httpx.Response:
+        """A raw POST, JSON unless the headers say otherwise."""
         content = body if isinstance(body, (str, bytes)) else json.dumps(body)
-        return httpx.post(self.url + path, content=content, timeout=kwargs.pop("timeout", WAIT), **kwargs)
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self.key}", **(headers or {})}
+        return httpx.post(self.url + path, content=content, headers=headers, timeout=kwargs.pop("timeout", WAIT),
+                          **kwargs)
 
     def health(self) -> dict:
         return httpx.get(self.url + "/health", timeout=WAIT).json()
@@ -352,6 +356,22 @@ def test_reply_text_holds_back_what_may_start_a_stop_string():
     assert pieces == ["a", " ", "", "", "", "word", " ", "", "", "wo"] and not text.stopped
 
 
+@needs_gpt2_bpe
+def test_reply_text_covers_the_tokens_whose_text_is_returned():
+    """Tokens of several characters: a token is covered (its logprob listed) once its first character is in the
+    returned text; a stop string inside a token keeps that token, and drops the tokens after the cut."""
+    tokenizer = Tokenizer({"kind": "tiktoken", "name": "gpt2"})
+    ids = tokenizer.encode("Hello there, the end")  # Hello| there|,| the| end
+    text = ReplyText(tokenizer, ["the"])
+    pieces = [text.push(t) for t in ids[:2]]
+    assert pieces == ["Hello", " "] and text.stopped and text.covered == 2  # " there" starts in the text
+    text = ReplyText(tokenizer, [", the"])
+    assert [text.push(t) for t in ids[:3]] == ["Hello", " there", ""] and text.covered == 2  # "," held back
+    assert text.push(ids[3]) == "" and text.stopped and text.covered == 2  # the stop string's tokens: none
+    text = ReplyText(tokenizer, ["zzz"])
+    assert "".join(text.push(t) for t in ids) + text.finish() == "Hello there, the end" and text.covered == 5
+
+
 def test_n_choices(chat_server, chat_model):
     prompt = counting(12, 4)
     text, _, tokens = completion_reference(chat_model, prompt, 12)
@@ -436,6 +456,55 @@ def test_chat_logprobs_are_the_models(chat_server, chat_model):
     pieces = [x for ch in chunks for ch_c in ch.choices if ch_c.logprobs for x in ch_c.logprobs.content]
     assert [(x.token, x.logprob) for x in pieces] == [(x.token, x.logprob) for x in content]
     assert all(x.top_logprobs == [] for x in pieces)
+
+
+def test_logprobs_cover_only_the_text_a_stop_string_returns(chat_server, chat_model):
+    """The tokens of a stop string are not in the text, so not in the logprobs either: not in
+    tokens/text_offset/top_logprobs, not in a streamed chunk (whose tokens are its text), not in chat's
+    logprobs.content."""
+    prompt = counting(3, 4)
+    whole = completion_reference(chat_model, prompt, 24)[0]
+    held = whole[2] + ("#" if whole[3] != "#" else "$")  # a stop string's start: whole[2] is held a token
+    stops = [whole[6:9], held]
+    text = completion_reference(chat_model, prompt, 24, stops=stops)[0]
+    assert text == whole[:6]
+    full = complete(chat_server, prompt, max_tokens=24, temperature=0, logprobs=2).choices[0].logprobs
+    c = complete(chat_server, prompt, max_tokens=24, temperature=0, logprobs=2, stop=stops).choices[0]
+    lp = c.logprobs
+    assert (c.text, c.finish_reason) == (text, "stop")
+    assert lp.tokens == list(text) and lp.text_offset == list(range(len(text)))
+    assert (lp.token_logprobs, lp.top_logprobs) == (full.token_logprobs[:6], full.top_logprobs[:6])
+    chunks = list(complete(chat_server, prompt, max_tokens=24, temperature=0, logprobs=2, stop=stops, stream=True))
+    parts = [c for ch in chunks for c in ch.choices]
+    assert all("".join(c.logprobs.tokens if c.logprobs else []) == c.text for c in parts)
+    assert any(len(c.text) == 2 for c in parts)  # whole[2], held back, came with whole[3]
+    assert [x for c in parts if c.logprobs for x in c.logprobs.text_offset] == list(range(len(text)))
+    assert [x for c in parts if c.logprobs for x in c.logprobs.token_logprobs] == full.token_logprobs[:6]
+    # Chat: the same.
+    messages = [{"role": "user", "content": counting(30, 4)}]
+    content = chat_reference(chat_model, messages, 20)[0]
+    assert len(content) >= 9
+    ask = dict(model=chat_server.model, messages=messages, max_tokens=20, temperature=0, logprobs=True,
+               top_logprobs=2)
+    plain = chat_server.client.chat.completions.create(**ask).choices[0].logprobs.content
+    r = chat_server.client.chat.completions.create(**ask, stop=content[5:8]).choices[0]
+    assert r.message.content == content[:5] and [x.token for x in r.logprobs.content] == list(content[:5])
+    assert [(x.logprob, x.top_logprobs) for x in r.logprobs.content] == [(x.logprob, x.top_logprobs)
+                                                                         for x in plain[:5]]
+    chunks = list(chat_server.client.chat.completions.create(**ask, stop=content[5:8], stream=True))
+    parts = [c for ch in chunks for c in ch.choices]
+    assert all("".join(x.token for x in (c.logprobs.content if c.logprobs else [])) == (c.delta.content or "")
+               for c in parts)
+    assert "".join(c.delta.content or "" for c in parts) == content[:5]
+
+
+def test_top_p_0_is_greedy(chat_server, chat_model):
+    prompt = counting(12, 4)
+    text = completion_reference(chat_model, prompt, 12)[0]
+    sampled = [complete(chat_server, prompt, max_tokens=12, temperature=2, seed=s).choices[0].text for s in range(3)]
+    assert any(t != text for t in sampled)  # at temperature 2 the draws differ from the greedy reply...
+    for s in range(3):  # ... unless top_p is 0: the likeliest token only
+        assert complete(chat_server, prompt, max_tokens=12, temperature=2, top_p=0, seed=s).choices[0].text == text
 
 
 @torch.no_grad()
@@ -526,7 +595,8 @@ USER = [{"role": "user", "content": "hi"}]
     (COMPLETIONS, {"prompt": [5, 1000]}, 400, "prompt"),
     (COMPLETIONS, {"prompt": "abc", "temperature": "hot"}, 400, "temperature"),
     (COMPLETIONS, {"prompt": "abc", "temperature": 3}, 400, "temperature"),
-    (COMPLETIONS, {"prompt": "abc", "top_p": 0}, 400, "top_p"),
+    (COMPLETIONS, {"prompt": "abc", "top_p": -0.1}, 400, "top_p"),
+    (COMPLETIONS, {"prompt": "abc", "top_p": 1.5}, 400, "top_p"),
     (COMPLETIONS, {"prompt": "abc", "n": 0}, 400, "n"),
     (COMPLETIONS, {"prompt": "abc", "n": 9}, 400, "n"),  # more than 4 rows + 4 places could ever take
     (COMPLETIONS, {"prompt": "abc", "stream": "yes"}, 400, "stream"),
@@ -614,10 +684,141 @@ def test_harmless_and_default_valued_options_are_accepted(chat_server):
     assert r.json()["choices"][0]["message"]["role"] == "assistant"
 
 
+def test_tokenize_counts_what_the_routes_send_the_model(chat_server, chat_model):
+    """POST /tokenize (vLLM's): what the chat page counts a conversation with; the context is in /v1/models."""
+    tokenizer = chat_model[1]
+    messages = [{"role": "system", "content": "Count."}, *USER]
+    ids = prompt_ids(messages, tokenizer)
+    assert chat_server.post("/tokenize", {"messages": messages}).json() == {
+        "count": len(ids), "max_model_len": CHAT_BLOCK, "tokens": ids}
+    assert chat_server.post("/tokenize", {"prompt": "abc"}).json()["tokens"] == tokenizer.encode("abc")
+    assert chat_server.client.models.list().data[0].max_model_len == CHAT_BLOCK
+    for body in ({}, {"prompt": "a", "messages": USER}, {"prompt": "naïve"}, {"messages": []}):
+        r = chat_server.post("/tokenize", body)
+        assert r.status_code == 400 and r.json()["error"]["message"], (body, r.text)
+
+
 def test_a_model_without_chat_tokens_says_so(text_server):
     with pytest.raises(openai.BadRequestError, match="no chat tokens"):
         text_server.client.chat.completions.create(model="babbler", messages=USER)
     assert complete(text_server, "abc", max_tokens=3).choices[0].text  # text completions still work
+
+
+# ----------------------------------------------------------------------------- who may call the server
+
+KEY = "sk-test-4f1e"
+
+
+def refused(r: httpx.Response, status: int, code: str) -> str:
+    """The OpenAI-shaped refusal's message; no CORS header lets a page read it."""
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == code, error
+    assert "access-control-allow-origin" not in r.headers
+    return error["message"]
+
+
+def test_a_post_that_is_not_json_is_refused_before_any_work(chat_server):
+    """A text/plain or form POST is what any web page may send anywhere without asking (the issue's curl)."""
+    before = chat_server.health()
+    body = '{"prompt": "ROMEO:", "max_tokens": 5}'
+    for kind in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", ""):
+        message = refused(chat_server.post(COMPLETIONS, body, {"Content-Type": kind}), 415,
+                          "unsupported_media_type")
+        assert "application/json" in message
+    r = chat_server.post(COMPLETIONS, body, {"Content-Type": "Application/JSON; charset=utf-8"})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"]
+    assert chat_server.health()["replies"] == before["replies"] + 1  # the refused ones never reached the engine
+
+
+def test_requests_from_other_web_pages_are_refused(chat_server):
+    before = chat_server.health()["replies"]
+    body = {"prompt": "ROMEO:", "max_tokens": 5}
+    for origin in ("http://evil.example", "http://127.0.0.1:1", "null", chat_server.url.replace("127.0.0.1",
+                                                                                                   "localhost")):
+        message = refused(chat_server.post(COMPLETIONS, body, {"Origin": origin}), 403, "origin_not_allowed")
+        assert "--allowed_origins" in message
+        refused(httpx.get(chat_server.url + "/v1/models", headers={"Origin": origin}, timeout=WAIT), 403,
+                "origin_not_allowed")
+        preflight = httpx.options(chat_server.url + COMPLETIONS, timeout=WAIT, headers={
+            "Origin": origin, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "content-type"})
+        refused(preflight, 403, "origin_not_allowed")
+    assert chat_server.health()["replies"] == before
+    # The server's own page (its origin is the address the browser asked for) is served.
+    r = chat_server.post(COMPLETIONS, body, {"Origin": chat_server.url})
+    assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+
+
+def test_a_host_name_that_is_not_the_servers_address_is_refused(chat_server):
+    """DNS rebinding: a page at http://rebound.example:PORT whose name now resolves to 127.0.0.1 is
+    same-origin with the server; its requests carry Host: rebound.example:PORT."""
+    port = chat_server.url.rsplit(":", 1)[1]
+    body = {"prompt": "ROMEO:", "max_tokens": 2}
+    for host in (f"rebound.example:{port}", "rebound.example", f"127.0.0.1:{int(port) + 1}", f"localhost.:{port}"):
+        message = refused(chat_server.post(COMPLETIONS, body, {"Host": host, "Origin": f"http://{host}"}), 403,
+                          "host_not_allowed")
+        assert "--allowed_hosts" in message
+        refused(httpx.get(chat_server.url + "/", headers={"Host": host}, timeout=WAIT), 403, "host_not_allowed")
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"LOCALHOST:{port}", f"[::1]:{port}"):
+        r = chat_server.post(COMPLETIONS, body, {"Host": host, "Origin": f"http://{host}"})
+        assert r.status_code == 200, (host, r.text)
+
+
+@pytest.fixture(scope="module")
+def keyed_server(text_ckpt):
+    """The text model behind a key given in the environment, with one other origin and host name allowed."""
+    server = Server(text_ckpt, "--max_batch=2", "--max_queue=2", "--allowed_origins=http://localhost:3000",
+                    "--allowed_hosts=gptkit.test", key=KEY, env={"GPTKIT_API_KEY": KEY})
+    try:
+        yield server.ready()
+    finally:
+        server.stop()
+
+
+def test_the_api_key_is_required_and_the_openai_client_sends_it(keyed_server):
+    server = keyed_server
+    log = "".join(server.stderr)
+    assert "every /v1 request needs the API key" in log and KEY not in log  # said, and the key never shown
+    r = complete(server, "abc", max_tokens=3)  # the client's api_key is the key
+    assert r.choices[0].finish_reason == "length" and len(r.choices[0].text) == 3
+    assert [m.id for m in server.client.models.list()] == [server.model]
+    for key in ("wrong", KEY + "x", "none"):
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=WAIT)
+        with pytest.raises(openai.AuthenticationError, match="incorrect API key") as e:
+            client.completions.create(model=server.model, prompt="abc", max_tokens=3)
+        assert e.value.status_code == 401 and e.value.code == "invalid_api_key"
+        with pytest.raises(openai.AuthenticationError):
+            client.models.list()
+    r = httpx.post(server.url + COMPLETIONS, json={"prompt": "abc", "max_tokens": 3}, timeout=WAIT)  # no header
+    assert "needs an API key" in refused(r, 401, "invalid_api_key") and r.headers["www-authenticate"] == "Bearer"
+    r = server.post(COMPLETIONS, {"prompt": "abc", "max_tokens": 3}, {"Authorization": KEY})  # not "Bearer KEY"
+    refused(r, 401, "invalid_api_key")
+    # The page (which asks for the key) and the load stay open; a refused request comes before the body's type.
+    assert httpx.get(server.url + "/", timeout=WAIT).status_code == 200 and server.health()["status"] == "ok"
+    refused(httpx.post(server.url + COMPLETIONS, content="x", headers={"Content-Type": "text/plain"},
+                       timeout=WAIT), 401, "invalid_api_key")
+
+
+def test_allowed_origins_get_cors_and_allowed_hosts_are_served(keyed_server):
+    server, origin = keyed_server, "http://localhost:3000"
+    preflight = httpx.options(server.url + COMPLETIONS, timeout=WAIT, headers={
+        "Origin": origin, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type"})
+    assert preflight.status_code == 204 and preflight.headers["access-control-allow-origin"] == origin
+    assert {"authorization", "content-type"} <= {
+        h.strip().lower() for h in preflight.headers["access-control-allow-headers"].split(",")}
+    assert "POST" in preflight.headers["access-control-allow-methods"]
+    r = server.post(COMPLETIONS, {"prompt": "abc", "max_tokens": 3}, {"Origin": origin})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == origin
+    r = server.post(COMPLETIONS, {"prompt": "abc", "max_tokens": 3}, {"Origin": origin, "Authorization": ""})
+    assert r.status_code == 401 and r.headers["access-control-allow-origin"] == origin  # the page may read why
+    refused(server.post(COMPLETIONS, {"prompt": "abc"}, {"Origin": "http://localhost:3001"}), 403,
+            "origin_not_allowed")
+    port = server.url.rsplit(":", 1)[1]
+    assert server.post(COMPLETIONS, {"prompt": "abc", "max_tokens": 2},
+                       {"Host": f"gptkit.test:{port}"}).status_code == 200
+    refused(server.post(COMPLETIONS, {"prompt": "abc"}, {"Host": f"other.test:{port}"}), 403, "host_not_allowed")
 
 
 # ----------------------------------------------------------------------------- load: queue, disconnects
@@ -685,6 +886,8 @@ def test_serve_errors_are_one_line(capsys, tmp_path, text_ckpt, monkeypatch):
     assert "port" in error("--port=70000")
     assert "not both" in error("--ckpt=a", "--init_from=gpt2")
     assert "max_batch" in error("--max_batch=0")
+    assert "allowed_origins: 'localhost:3000' is not an origin" in error("--allowed_origins=localhost:3000")
+    assert "allowed_hosts" in error("--allowed_hosts=http://a.test/")
     assert "does not exist" in error(f"--ckpt={tmp_path / 'nowhere'}", "--port=0")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -3,7 +3,11 @@
     GET  /v1/models              the one model served
     POST /v1/completions         text in, text out (a prompt may also be token ids, or a list of prompts)
     POST /v1/chat/completions    messages in, the assistant's reply out (gptkit/chat.py's template)
+    POST /tokenize               a prompt's or a conversation's token ids, and the context (vLLM's extension)
     GET  /health                 the engine's load (rows decoding, requests waiting), tokens decoded so far
+
+Who may call them is gptkit/serving/access.py's middleware: JSON bodies only, no other web page (Origin), no
+other host name (Host, on 127.0.0.1), and with --api_key the key.
 
 Both POST routes answer as one JSON object or, with "stream": true, as server-sent events: `data: {chunk}`
 lines, then `data: [DONE]`, as the OpenAI API does. The request bodies are declared in
@@ -13,7 +17,7 @@ logprobs and top_logprobs), echo (completions), stream_options.include_usage; th
 accepted at their default values only (a 400 names the others), and a few harmless ones (user, metadata, ...)
 are ignored; an unknown one is a 400 too (a typo is not silently dropped). Every error is OpenAI's JSON,
 {"error": {"message", "type", "param", "code"}}: 400 for a bad request, 404 for another model, 413 for a body
-over 8 MiB, 429 when the queue is full, 503 while shutting down.
+over 8 MiB, 429 when the queue is full, 503 while shutting down (access.py's: 401, 403, 415).
 
 A reply ends at the tokenizer's end tokens (<|endoftext|>, and on a chat model <|end|> and the other markers
 of its template), on /v1/completions too, and special tokens are never written as text unless the request
@@ -21,7 +25,8 @@ says "skip_special_tokens": false. Log-probabilities are the model's own (the lo
 before temperature, penalties and logit_bias). /v1/completions with "echo": true and "logprobs" returns the
 prompt's tokens with theirs too (the first token's is null), and with "max_tokens": 0 scores a prompt without
 decoding: what lm-evaluation-harness's local-completions model asks an OpenAI-compatible server for. Its
-logprobs list the stop token that ended a reply, as OpenAI's did (the text does not hold it).
+logprobs list the stop token that ended a reply, as OpenAI's did (the text does not hold it); a stop string
+ends the logprobs where it ends the text (its tokens are in neither). top_p 0 is greedy, as OpenAI documents.
 
 The path of a request: the JSON is parsed into its schema, checked against the model (`Job`: the prompt
 rendered to token ids, the context's room), and each choice (n per prompt) submitted to the engine as a
@@ -39,6 +44,7 @@ layer would answer with its own 422 shape, so the schemas are parsed here, by sc
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import time
 import uuid
@@ -49,12 +55,14 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gptkit.chat import ChatError, ChatTokens, check_messages, prompt_ids
 from gptkit.generate import SamplingOptions, TextStream
+from gptkit.serving.access import Access, Policy
 from gptkit.serving.engine import (
     BAN,
     Engine,
@@ -66,7 +74,7 @@ from gptkit.serving.engine import (
     Request,
     Token,
 )
-from gptkit.serving.schemas import ChatRequest, CompletionRequest, RequestError, parse
+from gptkit.serving.schemas import ChatRequest, CompletionRequest, RequestError, TokenizeRequest, parse
 from gptkit.shards import DataError
 
 MAX_BODY_BYTES = 8 * 2**20  # a request's JSON; far above any prompt that fits a context, far below the RAM
@@ -215,8 +223,26 @@ class Api:
             raise bad(self.chat_problem, code="not_a_chat_model")
         return await self._answer(request, self._chat_job(body))
 
+    async def tokenize(self, request: HttpRequest) -> Response:
+        """vLLM's POST /tokenize: a prompt's or a conversation's token ids (a conversation as the chat route
+        renders it, ending where the reply starts), and the model's context: what the chat page counts to
+        drop the oldest turns of a conversation that would no longer fit."""
+        body = parse_body(TokenizeRequest, await read_json(request))
+        self._check_model(body.model)
+        if body.messages is not None:
+            if self.chat_tokens is None:
+                raise bad(self.chat_problem, code="not_a_chat_model")
+            try:
+                ids = prompt_ids(check_messages([m.plain() for m in body.messages]), self.tokenizer)
+            except (ChatError, DataError) as e:
+                raise bad(str(e), "messages") from None
+        else:
+            ids = self._encode(body.prompt)
+        return JSONResponse({"count": len(ids), "max_model_len": self.block_size, "tokens": ids})
+
     def _model_card(self) -> dict[str, Any]:
-        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "gptkit"}
+        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "gptkit",
+                "max_model_len": self.block_size}  # the context, in tokens (vLLM's name)
 
     def _check_model(self, name: Any) -> None:
         if name is not None and name != self.model_name:
@@ -252,7 +278,9 @@ class Api:
         if len(prompts) * body.n > capacity:
             raise bad(f"{len(prompts)} prompts times n={body.n} is {len(prompts) * body.n} replies; this server "
                       f"decodes at most {capacity} at once", "n")
-        sampling = SamplingOptions(temperature=body.temperature, top_p=body.top_p if body.top_p < 1 else None,
+        # top_p 0 keeps the likeliest token only: greedy, as OpenAI documents it.
+        sampling = SamplingOptions(temperature=body.temperature if body.top_p > 0 else 0.0,
+                                   top_p=body.top_p if 0 < body.top_p < 1 else None,
                                    top_k=body.top_k if body.top_k > 0 else None)
         return Job(chat, prompts, budgets, body.n, sampling, body.stops, stop_ids, body.seed, body.stream,
                    body.include_usage, logit_bias=self._logit_bias(body.logit_bias),
@@ -353,7 +381,8 @@ class ReplyText:
     string, which is not returned; the tokens of `hidden` (special tokens, unless a request asks for them)
     are written as no text. Text that might be the beginning of a stop string is held back until the next
     tokens show it is not, so streamed text never has to be taken back; the pieces add up exactly to the
-    whole reply."""
+    whole reply. `covered` counts the tokens the text returned so far holds: those whose text starts before
+    its end (a reply cut by a stop string leaves out the tokens of the stop string, and their logprobs)."""
 
     def __init__(self, tokenizer: Any, stops: list[str], hidden: frozenset[int] = frozenset()):
         self.stream = TextStream(tokenizer)
@@ -361,9 +390,14 @@ class ReplyText:
         self.held = ""
         self.tokens = 0  # the tokens that made the reply (up to the one that completed a stop string)
         self.stopped = False  # a stop string was found: the reply is over
+        self.ended = False  # finish() was called
+        self.made = 0  # characters the tokens so far made (returned, held back, or after a stop string)
+        self.returned = 0  # characters returned
+        self.starts: list[int] = []  # each token's first character, counted in `made`
 
     def push(self, token: int) -> str:
         self.tokens += 1
+        self.starts.append(self.made)
         if token in self.hidden:
             return ""
         return self._cut(self.stream.push(token))
@@ -372,19 +406,31 @@ class ReplyText:
         """The end of the reply: whatever is held back."""
         text = self._cut(self.stream.flush())
         text, self.held = text + self.held, ""
+        self.ended = True
         return text
 
+    @property
+    def covered(self) -> int:
+        """How many of the tokens so far have their first character in the text returned so far (all of
+        them once the reply has ended without a stop string)."""
+        if self.ended and not self.stopped:
+            return len(self.starts)
+        return bisect.bisect_left(self.starts, self.returned)
+
     def _cut(self, new: str) -> str:
+        self.made += len(new)
         text = self.held + new
         found = [i for i in (text.find(s) for s in self.stops) if i >= 0]
         if found:
             self.stopped, self.held = True, ""
+            self.returned += min(found)
             return text[:min(found)]
         # Every occurrence of a stop string still to come starts in the longest suffix of the text that is a
         # prefix of one (what the earlier calls held back included): hold that suffix.
         keep = max((k for s in self.stops for k in range(min(len(s) - 1, len(text)), 0, -1)
                     if text.endswith(s[:k])), default=0)
         self.held = text[len(text) - keep:]
+        self.returned += len(text) - keep
         return text[:len(text) - keep]
 
 
@@ -482,6 +528,15 @@ class Choices:
         job = self.job
         open_ = set(range(len(self.texts)))
         logprobs: list[list[Entry]] = [[] for _ in self.texts]  # each choice's, not yet in a Delta
+        given = [0] * len(self.texts)  # each choice's reply tokens whose logprobs were in a Delta
+
+        def covered(index: int) -> list[Entry]:  # the logprobs of the tokens the returned text now holds
+            count = self.texts[index].covered - given[index]
+            given[index] += count
+            taken = logprobs[index][:count]
+            del logprobs[index][:count]
+            return taken
+
         try:
             while open_:
                 index, event = await self.events.get()
@@ -499,12 +554,12 @@ class Choices:
                     if event.final:
                         continue  # the stop token: not text; the Finished comes next
                     piece = text.push(event.id)
-                    if text.stopped:
+                    if text.stopped:  # the tokens of the stop string are not in the text, nor their logprobs
                         self.requests[index].cancel()
                         open_.discard(index)
-                        yield Delta(index, piece, "stop", text.tokens, _taken(mine))
+                        yield Delta(index, piece, "stop", text.tokens, covered(index))
                     elif piece:
-                        yield Delta(index, piece, logprobs=_taken(mine))
+                        yield Delta(index, piece, logprobs=covered(index))
                     continue
                 if event.reason == "error":
                     raise ApiError(500, "the model failed while decoding this request (the server's log says "
@@ -643,8 +698,9 @@ def _sse(obj: dict) -> bytes:
 # ----------------------------------------------------------------------------- the application
 
 
-def create_app(engine: Engine, tokenizer: Any, model_name: str) -> Starlette:
-    """The ASGI application serving `engine` (started by the caller, who also stops it) as `model_name`."""
+def create_app(engine: Engine, tokenizer: Any, model_name: str, policy: Policy | None = None) -> Starlette:
+    """The ASGI application serving `engine` (started by the caller, who also stops it) as `model_name`, to
+    the callers `policy` lets through (gptkit/serving/access.py; None: as on 127.0.0.1 port 8000, no key)."""
     api = Api(engine, tokenizer, model_name)
 
     async def api_error(request: HttpRequest, e: ApiError) -> Response:
@@ -666,7 +722,9 @@ def create_app(engine: Engine, tokenizer: Any, model_name: str) -> Starlette:
         Route("/v1/models/{model:path}", api.model),
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
+        Route("/tokenize", api.tokenize, methods=["POST"]),
         Route("/health", api.health),
     ]
-    return Starlette(routes=routes, exception_handlers={ApiError: api_error, HTTPException: http_error,
-                                                        Exception: server_error})
+    policy = policy or Policy.of("127.0.0.1", 8000, [], [])
+    return Starlette(routes=routes, middleware=[Middleware(Access, policy=policy)],
+                     exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: server_error})

@@ -147,7 +147,7 @@ class _Request(BaseModel):
 
     model: StrictStr | None = None  # left out: the one model served
     temperature: Number = Field(1.0, ge=0, le=2)  # 0: greedy
-    top_p: Number = Field(1.0, gt=0, le=1)
+    top_p: Number = Field(1.0, ge=0, le=1)  # 0: the likeliest token only (greedy)
     top_k: Integer = Field(0, ge=-1)  # extension: draw from the k likeliest tokens only; 0 or -1: no limit
     frequency_penalty: Number = Field(0.0, ge=-2, le=2)  # minus this times a token's count in the reply so far
     presence_penalty: Number = Field(0.0, ge=-2, le=2)  # minus this once a token is in the reply
@@ -242,6 +242,23 @@ class ChatRequest(_Request):
         if self.max_completion_tokens is not None:
             return self.max_completion_tokens, "max_completion_tokens"
         return self.max_tokens, "max_tokens"
+
+
+class TokenizeRequest(BaseModel):
+    """POST /tokenize (vLLM's extension): a prompt's token ids, or a conversation's as the chat route renders
+    it (ending with the assistant's marker, where the reply starts)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: StrictStr | None = None
+    prompt: StrictStr | None = None
+    messages: Annotated[list[Message], Field(min_length=1)] | None = None
+
+    @model_validator(mode="after")
+    def _check_one(self):
+        if (self.prompt is None) == (self.messages is None):
+            raise _fail("prompt", "give either prompt or messages")
+        return self
 
 
 # ----------------------------------------------------------------------------- parsing, and its errors
