@@ -11,6 +11,8 @@ comma list, `--batch_size=12,16,32`. A script's config may accept other spelling
 `--out_dir` and `--start` for sample.py), which --help lists.
 
 The model's settings are GPTConfig's (model.py declares each once, with its help): TrainConfig inherits them.
+What sample.py, chat.py, serve.py and eval.py share (checkpoint, device, dtype, quantize, threads, sampling) is
+declared once here too, in InferenceSettings and the classes that extend it; each script's config extends one.
 """
 
 from __future__ import annotations
