@@ -64,7 +64,6 @@ compile_mode, compile_optimizer).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import gc
@@ -86,7 +85,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gptkit import cli
-from gptkit.config import TrainConfig
+from gptkit.config import ConfigError, TrainConfig, load_config, setting
 from gptkit.cudagraph import GraphedStep
 from gptkit.generate import SamplingOptions, compile_decode_step, generate_stream, prefill
 from gptkit.metrics import peak_flops
@@ -312,8 +311,9 @@ def default_batch(name: str, rt: Runtime) -> int:
 def train_variants(name: str, rt: Runtime, args) -> list[Variant]:
     """Every combination of the variant options, in their order: a plain product."""
     batches = [b or default_batch(name, rt) for b in args.batch_size]
+    loss_chunks = [parse_loss_chunk(value) for value in args.loss_chunk]
     return [Variant(*combo) for combo in itertools.product(
-        batches, args.loss_chunk, args.sdpa, args.compile_mode, args.compile_optimizer, args.compile_scope,
+        batches, loss_chunks, args.sdpa, args.compile_mode, args.compile_optimizer, args.compile_scope,
         args.cuda_graphs)]
 
 
@@ -777,96 +777,70 @@ def parse_loss_chunk(value: str) -> int | None:
     return elements
 
 
-def parse_list(option: str, text: str, choices: tuple[str, ...]) -> list[str]:
-    """A comma list of an option's choices, or a one-line UsageError naming the option."""
-    values = [value.strip() for value in text.split(",")]
-    bad = [value for value in values if value not in choices]
-    if bad:
-        raise cli.UsageError(f"--{option}: {', '.join(map(repr, bad))} is not one of {', '.join(choices)}")
-    return values
+@dataclasses.dataclass
+class BenchConfig:
+    models: list[str] | None = setting(None, "model sizes, comma-separated: tiny, baby, gpt2, modern, widevocab, and "
+                                             "those with biases with nobias appended (auto: baby on CPU, baby,gpt2 "
+                                             "on a GPU)")
+    device: str = setting("auto", "auto, cpu, cuda, cuda:N or mps")
+    dtype: str = setting("auto", "auto (bf16 on CUDA), float32, bfloat16 or float16",
+                         ("auto", "float32", "bfloat16", "float16"))
+    compile: bool | None = setting(None, "torch.compile the training step and the decode step: True, False or auto "
+                                         "(None: on for CUDA)")
+    # training: each variant option takes a comma list, a row per combination
+    batch_size: list[int] = setting([0], "training micro-batches, a row each (0: 4 on CPU; 64 baby / 16 gpt2)")
+    sdpa: list[str] = setting(["default"], f"attention kernels for training, a row each: {', '.join(SDPA_BACKENDS)} "
+                                           f"(default: torch's choice)", tuple(SDPA_BACKENDS))
+    compile_mode: list[str] = setting(["default"], f"torch.compile modes for the training step, a row each: "
+                                                   f"{', '.join(COMPILE_MODES)}", COMPILE_MODES)
+    compile_optimizer: list[bool] = setting([False], "compile the optimizer step too: False, True or False,True "
+                                                     "(a row each)")
+    compile_scope: list[str] = setting(["model"], "what torch.compile compiles, a row each: model, blocks",
+                                       ("model", "blocks"))
+    cuda_graphs: list[bool] = setting([False], "the whole step as one CUDA graph: False, True or False,True "
+                                               "(a row each)")
+    loss_chunk: list[str] = setting(["default"], "one training row per loss slice size: plain (one "
+                                                 "F.cross_entropy on all the logits), default (the device's), or "
+                                                 "logit elements per slice, e.g. plain,2**25,2**28")
+    accum: int = setting(1, "gradient-accumulation micro-batches per step")
+    warmup: int | None = setting(None, "untimed training steps first (auto: 1 CPU, 5 GPU)")
+    repeats: int | None = setting(None, "timed training steps (median; auto: 3 CPU, 20 GPU)")
+    data: str = setting("", "a prepared dataset folder to read batches from ('' = random tokens)")
+    # decoding
+    decode_batch: list[int] = setting([1, 8], "decode batch sizes, a row each")
+    decode_tokens: int = setting(0, "new tokens per decode run (0: 100 CPU, 200 GPU)")
+    decode_repeats: int = setting(3, "timed decode runs per row (median)")
+    prefill_tokens: int = setting(1000, "prompt length for the prefill timing")
+    row_budget_s: float = setting(10.0, "decode and prefill: no new timed run once a row's add up to this many "
+                                        "seconds (at least one; 0: --decode_repeats always)")
+    # what to run, and the results
+    skip_train: bool = setting(False, "only decoding")
+    skip_decode: bool = setting(False, "only training")
+    skip_nocache: bool = setting(False, "skip the (slow) decoding without KV cache")
+    hf_reference: bool = setting(False, "also time transformers' eager generate of the same GPT-2 shape at batch 1 "
+                                        "(the reference for the eager decode rows; needs transformers)")
+    compare_windows: bool = setting(False, "decode table instead: no cache vs KV cache, each with window_shift 1 "
+                                           "and block_size//4")
+    keep_going: bool = setting(False, "a row that fails (out of memory, a compiler error) is reported as failed, "
+                                      "with the error, and the run goes on")
+    json: str = setting("", "also write the rows to this JSON file (e.g. benchmarks/NAME.json), rewritten after "
+                            "every row")
+
+    def validate(self) -> None:
+        for value in self.loss_chunk:
+            parse_loss_chunk(value)  # a one-line error naming --loss_chunk
+        # Out-of-range counts would otherwise fail deep inside (a median of no timings, empty batches) with a
+        # traceback. None means "not given": main picks the device's default.
+        for name, low in (("batch_size", 0), ("decode_batch", 1), ("accum", 1), ("warmup", 0), ("repeats", 1),
+                          ("decode_tokens", 0), ("decode_repeats", 1), ("prefill_tokens", 1), ("row_budget_s", 0)):
+            value = getattr(self, name)
+            for v in value if isinstance(value, list) else [value]:
+                if v is not None and v < low:
+                    raise ConfigError(f"--{name} must be >= {low}, got {v}")
 
 
-def parse_counts(option: str, text: str, low: int) -> list[int]:
-    """A comma list of whole numbers >= low, or a one-line UsageError naming the option."""
-    try:
-        values = [int(value) for value in text.split(",")]
-    except ValueError:
-        raise cli.UsageError(f"--{option}: {text!r} is not a comma-separated list of whole numbers") from None
-    bad = [value for value in values if value < low]
-    if bad:
-        raise cli.UsageError(f"--{option} must be >= {low}, got {bad[0]}")
-    return values
-
-
-def parse_args(argv: list[str] | None):
-    p = cli.ArgumentParser(prog="bench.py", description=__doc__,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default=None, help=f"comma-separated sizes from {', '.join(model_names())} "
-                                                   f"(default: baby on CPU, baby,gpt2 on a GPU)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
-    p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA), float32, bfloat16 or float16")
-    p.add_argument("--compile", default="auto", choices=("auto", "True", "False"),
-                   help="torch.compile the training step and the decode step (auto: on for CUDA)")
-    p.add_argument("--batch_size", default="0",
-                   help="training micro-batches, comma-separated, a row each (0: 4 on CPU; 64 baby / 16 gpt2)")
-    p.add_argument("--sdpa", default="default", help=f"attention kernels for training, comma-separated, a row "
-                                                     f"each: {', '.join(SDPA_BACKENDS)} (default: torch's choice)")
-    p.add_argument("--compile_mode", default="default",
-                   help=f"torch.compile modes for the training step, comma-separated, a row each: "
-                        f"{', '.join(COMPILE_MODES)}")
-    p.add_argument("--compile_optimizer", default="False",
-                   help="compile the optimizer step too: False, True or False,True (a row each)")
-    p.add_argument("--compile_scope", default="model",
-                   help="what torch.compile compiles, comma-separated, a row each: model, blocks")
-    p.add_argument("--cuda_graphs", default="False",
-                   help="the whole step as one CUDA graph: False, True or False,True (a row each)")
-    p.add_argument("--accum", type=int, default=1, help="gradient-accumulation micro-batches per step")
-    p.add_argument("--warmup", type=int, default=None, help="untimed training steps first (default 1 CPU, 5 GPU)")
-    p.add_argument("--repeats", type=int, default=None, help="timed training steps (median; default 3 CPU, 20 GPU)")
-    p.add_argument("--data", default=None, help="a prepared dataset folder to read batches from (default: random)")
-    p.add_argument("--loss_chunk", default="default",
-                   help="one training row per loss slice size, comma-separated: plain (one F.cross_entropy "
-                        "on all the logits), default (the device's), or logit elements per slice, e.g. "
-                        "plain,2**25,2**28")
-    p.add_argument("--decode_batch", default="1,8", help="decode batch sizes, comma-separated (a row each)")
-    p.add_argument("--decode_tokens", type=int, default=0, help="new tokens per decode run (0: 100 CPU, 200 GPU)")
-    p.add_argument("--decode_repeats", type=int, default=3, help="timed decode runs per row (median)")
-    p.add_argument("--prefill_tokens", type=int, default=1000, help="prompt length for the prefill timing")
-    p.add_argument("--row_budget_s", type=float, default=10.0,
-                   help="decode and prefill: no new timed run once a row's add up to this many seconds "
-                        "(at least one; 0: --decode_repeats always)")
-    p.add_argument("--skip_train", action="store_true", help="only decoding")
-    p.add_argument("--skip_decode", action="store_true", help="only training")
-    p.add_argument("--skip_nocache", action="store_true", help="skip the (slow) decoding without KV cache")
-    p.add_argument("--hf_reference", action="store_true",
-                   help="also time transformers' eager generate of the same GPT-2 shape at batch 1 (the reference "
-                        "for the eager decode rows; needs transformers)")
-    p.add_argument("--compare_windows", action="store_true",
-                   help="decode table instead: no cache vs KV cache, each with window_shift 1 and block_size//4")
-    p.add_argument("--keep_going", action="store_true",
-                   help="a row that fails (out of memory, a compiler error) is reported as failed, with the "
-                        "error, and the run goes on")
-    p.add_argument("--json", default=None, help="also write the rows to this JSON file (e.g. benchmarks/NAME.json), "
-                                                "rewritten after every row")
-    args = p.parse_args(argv)
-    args.compile = {"auto": None, "True": True, "False": False}[args.compile]
-    args.loss_chunk = [parse_loss_chunk(value) for value in args.loss_chunk.split(",")]
-    args.batch_size = parse_counts("batch_size", args.batch_size, 0)
-    args.decode_batch = parse_counts("decode_batch", args.decode_batch, 1)
-    args.sdpa = parse_list("sdpa", args.sdpa, tuple(SDPA_BACKENDS))
-    args.compile_mode = parse_list("compile_mode", args.compile_mode, COMPILE_MODES)
-    args.compile_optimizer = [v == "True" for v in parse_list("compile_optimizer", args.compile_optimizer,
-                                                               ("False", "True"))]
-    args.compile_scope = parse_list("compile_scope", args.compile_scope, ("model", "blocks"))
-    args.cuda_graphs = [v == "True" for v in parse_list("cuda_graphs", args.cuda_graphs, ("False", "True"))]
-    # Out-of-range counts would otherwise fail deep inside (a median of no timings, empty batches) with a
-    # traceback. None means "not given": main picks the device's default.
-    for name, low in (("accum", 1), ("warmup", 0), ("repeats", 1), ("decode_tokens", 0), ("decode_repeats", 1),
-                      ("prefill_tokens", 1), ("row_budget_s", 0)):
-        value = getattr(args, name)
-        if value is not None and value < low:
-            raise cli.UsageError(f"--{name} must be >= {low}, got {value}")
-    return args
+def parse_args(argv: list[str]) -> BenchConfig:
+    return load_config(BenchConfig, argv, allow_files=False, prog="bench.py", description=__doc__)
 
 
 def check_models(models: list[str], args) -> None:
@@ -915,10 +889,10 @@ def train_rows(name: str, rt: Runtime, args) -> Iterator[dict]:
 
 @cli.entry_point(oom_hint="use a smaller --batch_size or --models, or --keep_going")
 def main(argv: list[str] | None = None) -> list[dict]:
-    args = parse_args(argv)
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     rt = setup_runtime(args.device, args.dtype)  # a DeviceError (a UserError) is the one-line exit
     on_gpu = rt.device_type == "cuda"
-    models = (args.models or ("baby,gpt2" if on_gpu else "baby")).split(",")
+    models = args.models or (["baby", "gpt2"] if on_gpu else ["baby"])
     check_models(models, args)
     use_compile, why = resolve_compile(args.compile, rt.device)
     if not use_compile and args.compile_mode != ["default"]:

@@ -26,51 +26,26 @@ from typing import TextIO
 
 from gptkit import checkpoint, cli
 from gptkit.chat import ChatError, ChatTokens, fit_history, prompt_ids
-from gptkit.config import ConfigError, load_config, setting
-from gptkit.generate import SamplingOptions, TextStream
-from gptkit.runtime import QUANTIZE, QUANTIZE_HELP, THREADS_HELP, setup_inference
+from gptkit.config import ConfigError, SamplingSettings, load_config, redefault, setting
+from gptkit.generate import TextStream
+from gptkit.runtime import setup_inference
 from gptkit.serving.engine import Engine, Finished, Request
 from gptkit.shards import DataError
 
 
 @dataclass
-class ChatConfig:
-    # what to load
-    ckpt: str = setting("", "checkpoint file, or an out_dir (best.pt if present, else last.pt); 'out' if neither is given")
+class ChatConfig(SamplingSettings):
+    # a chat model's: GPT-2's own weights have no chat tokens
     init_from: str = setting("", "instead of --ckpt: a local Hugging Face GPT-2 folder exported from a chat model")
+    temperature: float = redefault(SamplingSettings, "temperature", 0.7)  # replies a little more conservative
     # the conversation
     system: str = setting("", "the system message the conversation starts with ('' = none)")
     max_new_tokens: int = setting(512, "the longest reply, in tokens (fewer when the model ends its turn)")
-    temperature: float = setting(0.7, "divide the logits by this: < 1 is more conservative, > 1 wilder; 0 = greedy")
-    top_k: int = setting(200, "sample only from the k most likely tokens; 0 = no limit")
-    top_p: float = setting(1.0, "sample only from the most likely tokens whose probabilities add up to p; 1.0 = off")
-    seed: int = setting(1337, "random seed: the same seed, messages and device give the same replies")
-    # how to run
-    device: str = setting("auto", "auto (cuda > mps > cpu), cpu, cuda, cuda:N or mps")
-    dtype: str = setting(
-        "auto",
-        "weights' precision: auto (bf16 on CUDA, fp16 where bf16 is unsupported; fp32 elsewhere), float32, bfloat16, float16",
-        ("auto", "float32", "bfloat16", "float16"),
-    )
-    quantize: str = setting("auto", QUANTIZE_HELP, QUANTIZE)
-    threads: int = setting(0, THREADS_HELP)
 
     def validate(self) -> None:
-        if self.ckpt and self.init_from:
-            raise ConfigError("give either --ckpt or --init_from, not both")
+        super().validate()  # what to load, and the sampling settings
         if self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.top_k < 0:
-            raise ConfigError(f"top_k must be >= 0 (0 = no limit), got {self.top_k}")
-        if not 0 <= self.seed < 2**63:
-            raise ConfigError(f"seed must be in [0, 2**63), got {self.seed}")
-        self.sampling()
-
-    def sampling(self) -> SamplingOptions:
-        try:
-            return SamplingOptions(temperature=self.temperature, top_k=self.top_k or None, top_p=self.top_p)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
 
 
 class Chat:

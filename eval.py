@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 from gptkit import cli, hellaswag
 from gptkit.checkpoint import load_model
-from gptkit.config import ConfigError, load_config, setting
+from gptkit.config import ConfigError, InferenceSettings, load_config, setting
 from gptkit.runtime import Dist, Runtime, distributed, resolve_compile
 from gptkit.shards import TokenDataset, require_dataset
 from gptkit.tokenizer import Tokenizer
@@ -52,12 +52,14 @@ class EvalError(cli.UserError):
 
 
 @dataclass
-class EvalConfig:
-    # what to evaluate
-    ckpt: str = setting("", "checkpoint file, or an out_dir (best.pt if present, else last.pt); 'out' if neither is given")
-    init_from: str = setting(
-        "", "instead of --ckpt: OpenAI GPT-2 weights (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a local HF GPT-2 folder"
+class EvalConfig(InferenceSettings):
+    # the model's weights stay in float32: dtype is the precision of autocast
+    dtype: str = setting(
+        "auto",
+        "autocast precision: auto (bf16 on CUDA, fp16 where bf16 is unsupported; fp32 elsewhere), float32, bfloat16, float16",
+        ("auto", "float32", "bfloat16", "float16"),
     )
+    # what to evaluate
     task: str = setting("hellaswag", "hellaswag (accuracy) or loss (loss, perplexity, bits per byte)", ("hellaswag", "loss"))
     # --task hellaswag
     input: str = setting("", "HellaSwag: a local hellaswag_val.jsonl instead of the cached download")
@@ -69,19 +71,10 @@ class EvalConfig:
     limit_tokens: int = setting(0, "loss: predict only the first N tokens of the split (0 = all)")
     # how to run
     batch_size: int = setting(16, "HellaSwag items (4 sequences each) or loss windows per forward pass")
-    device: str = setting("auto", "auto (cuda > mps > cpu), cpu, cuda, cuda:N or mps")
-    dtype: str = setting(
-        "auto",
-        "autocast precision: auto (bf16 on CUDA, fp16 where bf16 is unsupported; fp32 elsewhere), float32, bfloat16, float16",
-        ("auto", "float32", "bfloat16", "float16"),
-    )
     compile: bool | None = setting(None, "torch.compile the model's forward: True, False or auto (None: on for CUDA)")
 
     def validate(self) -> None:
-        if self.ckpt and self.init_from:
-            raise ConfigError("give either --ckpt or --init_from, not both")
-        if self.init_from in ("scratch", "resume"):
-            raise ConfigError(f"--init_from={self.init_from} is a train.py option; to evaluate a run use --ckpt=OUT_DIR")
+        super().validate()  # what to load
         for name in ("limit", "limit_tokens"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0 (0 = no limit), got {getattr(self, name)}")

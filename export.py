@@ -1,7 +1,7 @@
 """Export a trained checkpoint as a Hugging Face GPT-2 folder: the weights in HF's layout, config.json and
 its tokenizer (GPT-2's BPE, a trained BPE or characters, with its special tokens) as Hugging Face files.
 
-    python export.py --ckpt out-shakespeare/ --out hf-shakespeare/     # (--to DIR says the same)
+    python export.py --ckpt out-shakespeare/ --out hf-shakespeare/     # (--to DIR, the older spelling, too)
     python export.py --ckpt out-shakespeare/ --format gguf --out shakespeare.gguf --dtype q8_0
     python export.py --ckpt out/ --format pt --out model.pt      # a sharded (FSDP) checkpoint as one file
 
@@ -15,11 +15,11 @@ format, the weights and everything but the optimizer state: what a run under FSD
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +30,7 @@ import torch
 from gptkit import chat, cli
 from gptkit.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint, save_checkpoint
 from gptkit.checksum import safetensors_metadata
+from gptkit.config import Alias, ConfigError, load_config, setting
 from gptkit.gguf import GGUF_DTYPES, export_gguf
 from gptkit.hf_gpt2 import HFGPT2Error, hf_config, ours_to_hf
 from gptkit.hf_tokenizer import GPTKIT_FILE, hf_tokenizer_files
@@ -221,42 +222,41 @@ def _move_into(out: Path, staging: Path, names: list[str]) -> None:
 # ----------------------------------------------------------------------------- the script
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = cli.ArgumentParser(
-        prog="export.py",
-        description="Write a checkpoint as a Hugging Face GPT-2 folder (config, safetensors, tokenizer), or "
-        "with --format gguf as one GGUF file for llama.cpp, ollama and LM Studio.",
-    )
-    parser.add_argument(
-        "--ckpt", required=True, help="a checkpoint file, or an out_dir (best.pt, else last.pt)"
-    )
-    parser.add_argument("--format", choices=("hf", "gguf", "pt"), default="hf",
-                        help="hf: a Hugging Face GPT-2 folder (--out DIR); gguf: a llama.cpp file (--out FILE); pt: "
-                        "this project's one-file checkpoint, e.g. of a sharded one (--out FILE)")
-    parser.add_argument("--out", metavar="PATH", help="what to write: the folder (--format hf) or the file (gguf, pt)")
-    parser.add_argument("--to", metavar="DIR", help="--format hf: the folder to write, as --out DIR")
-    parser.add_argument("--dtype", choices=GGUF_DTYPES,
-                        help="the GGUF file's weights (default f32): f16 is half the size, q8_0 (8-bit) about a "
-                        "quarter, each faster to decode in llama.cpp")
-    parser.add_argument("--overwrite", action="store_true", help="allow writing into a non-empty DIR, or over FILE")
-    args = parser.parse_args(argv)
-    if args.format == "hf":
-        if args.to is not None and args.out is not None and args.to != args.out:
-            parser.error("--out and --to name the same folder for --format hf; give one of them")
-        args.to = args.to or args.out
-        if args.to is None:
-            parser.error("--format hf needs --out DIR (or --to DIR), the folder to write")
-        if args.dtype is not None:
-            parser.error("--dtype is for --format gguf; the Hugging Face export writes float32")
-    else:
-        if args.out is None:
-            parser.error(f"--format {args.format} needs --out FILE, e.g. --out model.{args.format}")
-        if args.to is not None:
-            parser.error(f"--to is for --format hf; --format {args.format} writes one file: --out FILE")
-        if args.format == "pt" and args.dtype is not None:
-            parser.error("--dtype is for --format gguf; --format pt keeps the checkpoint's weights as they are")
-        args.dtype = args.dtype or "f32"
-    return args
+DESCRIPTION = (  # what --help says first
+    "Write a checkpoint as a Hugging Face GPT-2 folder (config, safetensors, tokenizer), or with --format gguf\n"
+    "as one GGUF file for llama.cpp, ollama and LM Studio, or with --format pt as one checkpoint file.")
+
+
+@dataclass
+class ExportConfig:
+    ckpt: str = setting("", "the checkpoint to export: a file, or an out_dir (best.pt if present, else last.pt)")
+    format: str = setting("hf", "hf: a Hugging Face GPT-2 folder (--out DIR); gguf: a llama.cpp file (--out FILE); "
+                                "pt: this project's one-file checkpoint, e.g. of a sharded one (--out FILE)",
+                          ("hf", "gguf", "pt"))
+    out: str = setting("", "what to write: the folder (--format hf) or the file (gguf, pt)")
+    dtype: str | None = setting(None, "--format gguf: the file's weights, f32 (auto), f16 (half the size) or q8_0 "
+                                      "(8-bit, about a quarter), each faster to decode in llama.cpp", GGUF_DTYPES)
+    overwrite: bool = setting(False, "allow writing into a non-empty folder (--format hf), or over a file")
+    ALIASES_TITLE = "other spellings"
+    ALIASES = {"to": Alias("out", "the folder to write (--format hf)")}
+
+    def validate(self) -> None:
+        if not self.ckpt:
+            raise ConfigError("--ckpt is required: the checkpoint to export, a file or a run's folder (--ckpt out/)")
+        if not self.out:
+            what = ("DIR (or --to DIR), the folder to write" if self.format == "hf"
+                    else f"FILE, e.g. --out model.{self.format}")
+            raise ConfigError(f"--format {self.format} needs --out {what}")
+        if self.format == "gguf":
+            self.dtype = self.dtype or "f32"
+        elif self.dtype is not None:
+            raise ConfigError("--dtype is for --format gguf; " + (
+                "the Hugging Face export writes float32" if self.format == "hf"
+                else "--format pt keeps the checkpoint's weights as they are"))
+
+
+def parse_args(argv: list[str]) -> ExportConfig:
+    return load_config(ExportConfig, argv, allow_files=False, prog="export.py", description=DESCRIPTION)
 
 
 def export_pt(ckpt: dict, out: Path, overwrite: bool = False) -> None:
@@ -277,7 +277,7 @@ def _size(n_bytes: int) -> str:
 
 @cli.entry_point()
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     ckpt = load_checkpoint(args.ckpt)
     try:
         model = model_from_checkpoint(ckpt)  # a LoRA checkpoint's adapters come merged into the weights
@@ -320,9 +320,9 @@ def main(argv: list[str] | None = None) -> None:
         return
 
     try:
-        result = export_hf(model, args.to, meta, overwrite=args.overwrite)
+        result = export_hf(model, args.out, meta, overwrite=args.overwrite)
     except OSError as e:  # writing the folder: e.g. no permission, a full disk, a parent that is a file
-        raise ExportError(f"cannot write {args.to}: {cli.describe_os_error(e)}") from None
+        raise ExportError(f"cannot write {args.out}: {cli.describe_os_error(e)}") from None
     print(f"exported {what} to {result.out_dir}/:")
     for name in result.files:
         print(f"  {name:<24} {_size((result.out_dir / name).stat().st_size):>10}")

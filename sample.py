@@ -25,7 +25,7 @@ from typing import TextIO
 import torch
 
 from gptkit import checkpoint, cli
-from gptkit.config import Alias, ConfigError, load_config, setting
+from gptkit.config import Alias, ConfigError, SamplingSettings, load_config, setting
 from gptkit.generate import (
     SamplingOptions,
     TextStream,
@@ -33,37 +33,20 @@ from gptkit.generate import (
     compile_decode_step,
     generate_stream,
 )
-from gptkit.runtime import QUANTIZE, QUANTIZE_HELP, THREADS_HELP, setup_inference
+from gptkit.runtime import setup_inference
 from gptkit.shards import DataError
 from gptkit.tokenizer import Tokenizer
 from model import GPT
 
 
 @dataclass
-class SampleConfig:
-    # what to load
-    ckpt: str = setting("", "checkpoint file, or an out_dir (best.pt if present, else last.pt); 'out' if neither is given")
-    init_from: str = setting(
-        "", "instead of --ckpt: OpenAI GPT-2 weights (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a local HF GPT-2 folder"
-    )
+class SampleConfig(SamplingSettings):
     # what to generate
     prompt: str = setting("", "text to continue; empty = start from end-of-text (BPE) or a newline (char models)")
     prompt_file: str = setting("", "read the prompt from this UTF-8 file instead (kept byte for byte, newlines too)")
     num_samples: int = setting(1, "samples to draw; they are decoded together, as one batch")
     max_new_tokens: int = setting(500, "tokens to generate per sample (fewer when the end-of-text token is drawn)")
-    temperature: float = setting(0.8, "divide the logits by this: < 1 is more conservative, > 1 wilder; 0 = greedy")
-    top_k: int = setting(200, "sample only from the k most likely tokens; 0 = no limit")
-    top_p: float = setting(1.0, "sample only from the most likely tokens whose probabilities add up to p; 1.0 = off")
-    seed: int = setting(1337, "random seed: the same seed, options and device give the same samples")
     # how to run
-    device: str = setting("auto", "auto (cuda > mps > cpu), cpu, cuda, cuda:N or mps")
-    dtype: str = setting(
-        "auto",
-        "weights' precision: auto (bf16 on CUDA, fp16 where bf16 is unsupported; fp32 elsewhere), float32, bfloat16, float16",
-        ("auto", "float32", "bfloat16", "float16"),
-    )
-    quantize: str = setting("auto", QUANTIZE_HELP, QUANTIZE)
-    threads: int = setting(0, THREADS_HELP)
     compile: bool | None = setting(
         None, "compile the one-token decode step: True, False or auto (None: on a GPU when max_new_tokens repays compiling)"
     )
@@ -71,6 +54,7 @@ class SampleConfig:
         None, "print tokens as they are generated (the first sample when several); auto: on for one sample on a terminal"
     )
     # nanoGPT's sample.py spellings (its --init_from=resume, the checkpoint in out_dir, is accepted too)
+    ALIASES_TITLE = "nanoGPT's spellings"
     ALIASES = {
         "out_dir": Alias("ckpt", "the run's folder (its best.pt or last.pt, or nanoGPT's ckpt.pt)"),
         "start": Alias("prompt", "the prompt; FILE:path reads it from a file (--prompt_file)", resolve=lambda v: (
@@ -80,32 +64,13 @@ class SampleConfig:
     def validate(self) -> None:
         if self.init_from == "resume":  # nanoGPT's way of saying: the checkpoint in out_dir (--ckpt)
             self.init_from = ""
-        if self.ckpt and self.init_from:
-            raise ConfigError("give either --ckpt or --init_from, not both")
-        if self.init_from == "scratch":
-            raise ConfigError(f"--init_from={self.init_from} is a train.py option; to sample a trained run use --ckpt=OUT_DIR")
+        super().validate()  # what to load, and the sampling settings
         if self.prompt and self.prompt_file:
             raise ConfigError("give either --prompt or --prompt_file, not both")
         if self.num_samples < 1:
             raise ConfigError(f"num_samples must be >= 1, got {self.num_samples}")
         if self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.top_k < 0:  # the command line's spelling of "no limit" is 0; SamplingOptions checks the rest
-            raise ConfigError(f"top_k must be >= 0 (0 = no limit), got {self.top_k}")
-        self.sampling()  # temperature and top_p
-        # torch wraps negative seeds (-1 is 2**64 - 1: two spellings of one seed) and fails with a traceback
-        # from 2**64 on; 2**63 also keeps the seed a signed 64-bit integer wherever it is recorded.
-        if not 0 <= self.seed < 2**63:
-            raise ConfigError(f"seed must be in [0, 2**63), got {self.seed}")
-
-    def sampling(self, stop_token: int | None = None) -> SamplingOptions:
-        """The sampling options these settings mean (--top_k=0 is no limit; --top_p=1.0 is off)."""
-        try:
-            return SamplingOptions(
-                temperature=self.temperature, top_k=self.top_k or None, top_p=self.top_p, stop_token=stop_token
-            )
-        except ValueError as e:  # SamplingOptions names the field and the values it takes
-            raise ConfigError(str(e)) from None
 
 
 # ----------------------------------------------------------------------------- loading

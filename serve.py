@@ -39,8 +39,8 @@ from pathlib import Path
 
 from gptkit import checkpoint, cli
 from gptkit.chat import ChatError, ChatTokens
-from gptkit.config import ConfigError, load_config, setting
-from gptkit.runtime import QUANTIZE, QUANTIZE_HELP, THREADS_HELP, setup_inference
+from gptkit.config import ConfigError, DecodeSettings, load_config, setting
+from gptkit.runtime import setup_inference
 from gptkit.serving.engine import Engine
 
 
@@ -49,12 +49,8 @@ class ServeError(cli.UserError):
 
 
 @dataclass
-class ServeConfig:
+class ServeConfig(DecodeSettings):
     # what to serve
-    ckpt: str = setting("", "checkpoint file, or an out_dir (best.pt if present, else last.pt); 'out' if "
-                            "neither is given")
-    init_from: str = setting("", "instead of --ckpt: OpenAI GPT-2 weights (gpt2, gpt2-medium, gpt2-large, "
-                                 "gpt2-xl) or a local HF GPT-2 folder")
     model_name: str = setting("", "the model's id in the API (/v1/models, the requests' 'model'); default: "
                                   "the checkpoint's folder name, or the --init_from name")
     # where
@@ -72,26 +68,13 @@ class ServeConfig:
     max_batch: int = setting(16, "requests decoded together (rows of the KV cache)")
     max_queue: int = setting(64, "requests waiting for a row; beyond it a request gets 429 at once")
     # how to run
-    device: str = setting("auto", "auto (cuda > mps > cpu), cpu, cuda, cuda:N or mps")
-    dtype: str = setting(
-        "auto",
-        "weights' precision: auto (bf16 on CUDA, fp16 where bf16 is unsupported; fp32 elsewhere), float32, "
-        "bfloat16, float16",
-        ("auto", "float32", "bfloat16", "float16"),
-    )
-    quantize: str = setting("auto", QUANTIZE_HELP, QUANTIZE)
-    threads: int = setting(0, THREADS_HELP)
     compile: bool | None = setting(
         None, "compile the decode step, a static graph per bucket of rows and slots: True, False or auto (None: on "
               "a GPU where torch.compile can run; compiled at start, before serving)")
     access_log: bool = setting(False, "log every request on stderr")
 
     def validate(self) -> None:
-        if self.ckpt and self.init_from:
-            raise ConfigError("give either --ckpt or --init_from, not both")
-        if self.init_from in ("scratch", "resume"):
-            raise ConfigError(f"--init_from={self.init_from} is a train.py option; to serve a trained run "
-                              f"use --ckpt=OUT_DIR")
+        super().validate()  # what to load
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be in 0..65535 (0 = any free port), got {self.port}")
         if self.max_batch < 1:

@@ -6,10 +6,13 @@ A config file holds assignments only (`n_layer = 6`, `max_iters = 5 * 1000`, `lr
 it is parsed, never executed, and its arithmetic is bounded (64-bit integers, strings of at most MAX_STR_LEN
 characters). The command line wins over the files, and a file's lines see its values: with --max_iters=2000,
 `lr_decay_iters = max_iters` is 2000. Every value is converted to its field's type, and an unknown key or a
-value of the wrong type is an error that names the key. A script's config may accept other spellings of its
-keys (Alias: nanoGPT's `--out_dir` and `--start` for sample.py), which --help lists.
+value of the wrong type is an error that names the key; a list field (list[int], list[str], list[bool]) takes a
+comma list, `--batch_size=12,16,32`. A script's config may accept other spellings of its keys (Alias: nanoGPT's
+`--out_dir` and `--start` for sample.py), which --help lists.
 
 The model's settings are GPTConfig's (model.py declares each once, with its help): TrainConfig inherits them.
+What sample.py, chat.py, serve.py and eval.py share (checkpoint, device, dtype, quantize, threads, sampling) is
+declared once here too, in InferenceSettings and the classes that extend it; each script's config extends one.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from gptkit.cli import UserError
+from gptkit.generate import SamplingOptions
 from gptkit.lora import LoRAError, LoRASettings
+from gptkit.runtime import QUANTIZE
 from model import GPTConfig
 
 
@@ -55,8 +60,12 @@ def _aliases(cls: type) -> dict[str, Alias]:
 
 
 def setting(default: Any, help: str, choices: tuple | None = None) -> Any:
-    """A dataclass field with its one-line description (shown by --help) and, optionally, allowed values."""
-    return field(default=default, metadata={"help": help, "choices": choices})
+    """A dataclass field with its one-line description (shown by --help) and, optionally, allowed values (for a
+    list field: of each item)."""
+    metadata = {"help": help, "choices": choices}
+    if isinstance(default, list):  # a comma list (list[int], list[str], ...): each config gets its own copy
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 def settings_of(config: type, names: tuple[str, ...], class_name: str) -> type:
@@ -240,20 +249,100 @@ def lora_settings(cfg: TrainConfig) -> LoRASettings | None:
         raise ConfigError(str(e)) from None
 
 
+# ----------------------------------------------------------------------------- the inference scripts
+
+# What the scripts that run a trained model share, declared once. Each script's config extends the class that
+# holds what it takes, as TrainConfig extends ModelSettings: eval.py InferenceSettings, serve.py DecodeSettings,
+# sample.py and chat.py SamplingSettings. A script that means something else by a setting declares it again.
+
+
+@dataclass
+class InferenceSettings:
+    """What to load and where to run it."""
+
+    ckpt: str = setting("", "checkpoint file, or an out_dir (best.pt if present, else last.pt); 'out' if neither "
+                            "is given")
+    init_from: str = setting("", "instead of --ckpt: OpenAI GPT-2 weights (gpt2, gpt2-medium, gpt2-large, gpt2-xl) "
+                                 "or a local HF GPT-2 folder")
+    device: str = setting("auto", "auto (cuda > mps > cpu), cpu, cuda, cuda:N or mps")
+    dtype: str = setting(
+        "auto",
+        "weights' precision: auto (bf16 on CUDA, fp16 where bf16 is unsupported; fp32 elsewhere), float32, "
+        "bfloat16, float16",
+        ("auto", "float32", "bfloat16", "float16"),
+    )
+
+    def validate(self) -> None:
+        if self.ckpt and self.init_from:
+            raise ConfigError("give either --ckpt or --init_from, not both")
+        if self.init_from in ("scratch", "resume"):
+            raise ConfigError(f"--init_from={self.init_from} is a train.py option; to load a trained run use "
+                              f"--ckpt=OUT_DIR")
+
+
+@dataclass
+class DecodeSettings(InferenceSettings):
+    """...and how to decode on the CPU (gptkit/runtime.py's setup_inference)."""
+
+    quantize: str = setting("auto", "the Linear layers' weights for decoding on the CPU: auto (float32 on the CPU "
+                                    "with float32 weights, else none), none (the model as loaded), float32 (the "
+                                    "same weights, faster kernels), float16 (half the bytes) or int8 (8 bits and a "
+                                    "scale per 32)", QUANTIZE)
+    threads: int = setting(0, "CPU threads; 0 = auto: OMP_NUM_THREADS if it is set, else the cores other processes "
+                              "leave free")
+
+
+@dataclass
+class SamplingSettings(DecodeSettings):
+    """...and how to draw each token (gptkit/generate.py's SamplingOptions)."""
+
+    temperature: float = setting(0.8, "divide the logits by this: < 1 is more conservative, > 1 wilder; 0 = greedy")
+    top_k: int = setting(200, "sample only from the k most likely tokens; 0 = no limit")
+    top_p: float = setting(1.0, "sample only from the most likely tokens whose probabilities add up to p; 1.0 = off")
+    seed: int = setting(1337, "random seed: the same seed, input, options and device give the same text")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.top_k < 0:  # the command line's spelling of "no limit" is 0; SamplingOptions checks the rest
+            raise ConfigError(f"top_k must be >= 0 (0 = no limit), got {self.top_k}")
+        self.sampling()  # temperature and top_p
+        # torch wraps negative seeds (-1 is 2**64 - 1: two spellings of one seed) and fails with a traceback
+        # from 2**64 on; 2**63 also keeps the seed a signed 64-bit integer wherever it is recorded.
+        if not 0 <= self.seed < 2**63:
+            raise ConfigError(f"seed must be in [0, 2**63), got {self.seed}")
+
+    def sampling(self, stop_token: int | None = None) -> SamplingOptions:
+        """The sampling options these settings mean (--top_k=0 is no limit; --top_p=1.0 is off)."""
+        try:
+            return SamplingOptions(
+                temperature=self.temperature, top_k=self.top_k or None, top_p=self.top_p, stop_token=stop_token
+            )
+        except ValueError as e:  # SamplingOptions names the field and the values it takes
+            raise ConfigError(str(e)) from None
+
+
+def redefault(cls: type, name: str, default: Any) -> Any:
+    """The field `name` of the dataclass `cls` (its help and choices) with a script's own default."""
+    declared = next(f for f in fields(cls) if f.name == name)
+    return field(default=default, metadata=declared.metadata)
+
+
 # ----------------------------------------------------------------------------- loading
 
 
-def load_config(cls: type, argv: list[str], allow_files: bool = True, prog: str = "train.py"):
+def load_config(cls: type, argv: list[str], allow_files: bool = True, prog: str = "train.py",
+                description: str = ""):
     """Build `cls` from argv: config files (positional, applied in order), then --key=value / --key value
-    overrides. `--help` prints every field and exits."""
-    return build_config(cls, parse_args(cls, argv, allow_files, prog))
+    overrides. `--help` prints `description`, then every field, and exits."""
+    return build_config(cls, parse_args(cls, argv, allow_files, prog, description))
 
 
-def parse_args(cls: type, argv: list[str], allow_files: bool = True, prog: str = "train.py") -> dict[str, Any]:
+def parse_args(cls: type, argv: list[str], allow_files: bool = True, prog: str = "train.py",
+               description: str = "") -> dict[str, Any]:
     """The values that argv sets explicitly, converted to the fields' types: the config files' (in order, a later
     file winning), then the --key=value overrides, which win wherever they stand and which the files' lines see."""
     if any(a in ("-h", "--help") for a in argv):
-        print(config_help(cls, prog))
+        print(config_help(cls, prog, allow_files, description))
         raise SystemExit(0)
     files, overrides = _split_args(cls, argv, allow_files)
     hints = typing.get_type_hints(cls)
@@ -272,6 +361,7 @@ def _split_args(cls: type, argv: list[str], allow_files: bool) -> tuple[list[str
     hints = typing.get_type_hints(cls)
     files: list[str] = []
     overrides: dict[str, Any] = {}
+    spelled: dict[str, str] = {}  # key -> the spelling that set it (--to for --out)
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -291,10 +381,15 @@ def _split_args(cls: type, argv: list[str], allow_files: bool) -> tuple[list[str
                     if alias is None:
                         _check_key(cls, key, "the command line")
                     raise ConfigError(f"--{key} needs a value: --{key}=VALUE")
+            name = key
             if alias is not None:
                 key, raw = alias.apply(raw)
             _check_key(cls, key, "the command line")
-            overrides[key] = convert(key, hints[key], raw, from_text=True)
+            value = convert(key, hints[key], raw, from_text=True)
+            if key in overrides and spelled[key] != name and overrides[key] != value:
+                raise ConfigError(f"--{spelled[key]} and --{name} are two spellings of {key}, given different "
+                                  f"values; give one of them")
+            overrides[key], spelled[key] = value, name
         elif allow_files:
             files.append(arg)
         else:
@@ -309,8 +404,11 @@ def build_config(cls: type, values: dict[str, Any]):
     for f in fields(cls):
         choices = f.metadata.get("choices")
         value = getattr(cfg, f.name)
-        if choices and value is not None and value not in choices:  # None: auto
-            raise ConfigError(f"{f.name} must be one of {', '.join(map(str, choices))}; got {value!r}")
+        if not choices or value is None:  # None: auto
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            if item not in choices:
+                raise ConfigError(f"{f.name} must be one of {', '.join(map(str, choices))}; got {item!r}")
     if hasattr(cfg, "validate"):
         cfg.validate()
     return cfg
@@ -435,6 +533,18 @@ def _is_flag(hints: dict, key: str) -> bool:
     return key in hints and _base_type(hints[key]) is bool
 
 
+def _list_item(tp) -> type | None:
+    """list[int] -> int; None for a type that is not a list."""
+    return typing.get_args(tp)[0] if typing.get_origin(tp) is list else None
+
+
+def _type_name(tp) -> str:
+    """What --help says a field takes: int, str, ..., or int,... for a comma list of ints."""
+    base = _base_type(tp)
+    item = _list_item(base)
+    return f"{item.__name__},..." if item is not None else base.__name__
+
+
 def _base_type(tp) -> type:
     """int | None -> int."""
     if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
@@ -458,6 +568,13 @@ def convert(key: str, tp, value: Any, from_text: bool) -> Any:
     auto_words = ("none", "auto", "null") if from_text else ("auto",)
     if optional and (value is None or (isinstance(value, str) or from_text) and str(value).lower() in auto_words):
         return None
+    item = _list_item(base)
+    if item is not None:  # a comma list, "12,16,32" (in a file a string too, or one value)
+        items = [v.strip() for v in value.split(",")] if isinstance(value, str) else [value]
+        try:
+            return [convert(key, item, v, from_text=from_text or isinstance(value, str)) for v in items]
+        except ConfigError:
+            raise ConfigError(f"{key} expects a comma-separated list of {item.__name__}, got {value!r}") from None
     expected = base.__name__ + (" or auto" if optional else "")
     bad = ConfigError(f"{key} expects {expected}, got {value!r}")
     if from_text:
@@ -506,22 +623,34 @@ def _int64(key: str, number: int | float) -> int:
 # ----------------------------------------------------------------------------- showing and saving
 
 
-def config_help(cls: type, prog: str) -> str:
-    lines = [f"usage: python {prog} [CONFIG_FILE.py ...] [--key=value ...]", "", "options (default, type, description):"]
+def config_help(cls: type, prog: str, allow_files: bool = True, description: str = "") -> str:
+    """--help: the usage line, `description`, then a line per field and per alias (every script's, this one)."""
+    files = "[CONFIG_FILE.py ...] " if allow_files else ""
+    lines = [f"usage: python {prog} {files}[--key=value ...]", ""]
+    if description:
+        lines += [description.strip(), ""]
+    lines.append("options (default, type, description):")
     hints = typing.get_type_hints(cls)
     rows = []
     for f in fields(cls):
-        default = f.default if f.default is not MISSING else "(required)"
-        option = f"--{f.name}={'auto' if default is None else default}"
-        rows.append((option, _base_type(hints[f.name]).__name__, f.metadata.get("help", "")))
+        rows.append((f"--{f.name}={_show_default(f)}", _type_name(hints[f.name]), f.metadata.get("help", "")))
     aliases = [(f"--{name}=...", "alias", f"same as --{alias.key}: {alias.help}")
                for name, alias in _aliases(cls).items()]
     width = max(len(option) for option, _, _ in rows + aliases)
-    lines += [f"  {option:<{width}}  {tp:<5}  {text}" for option, tp, text in rows]
+    tp_width = max(5, *(len(tp) for _, tp, _ in rows))
+    lines += [f"  {option:<{width}}  {tp:<{tp_width}}  {text}" for option, tp, text in rows]
     if aliases:
-        lines += ["", "aliases (nanoGPT's spellings):"]
-        lines += [f"  {option:<{width}}  {tp:<5}  {text}" for option, tp, text in aliases]
+        lines += ["", f"aliases ({getattr(cls, 'ALIASES_TITLE', 'other spellings')}):"]
+        lines += [f"  {option:<{width}}  {tp:<{tp_width}}  {text}" for option, tp, text in aliases]
     return "\n".join(lines)
+
+
+def _show_default(f) -> str:
+    if f.default is not MISSING:
+        return "auto" if f.default is None else str(f.default)
+    if f.default_factory is not MISSING:  # a comma list's
+        return ",".join(map(str, f.default_factory()))
+    return "(required)"
 
 
 def config_to_dict(cfg) -> dict[str, Any]:

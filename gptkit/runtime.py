@@ -187,11 +187,8 @@ def setup_runtime(device: str = "auto", dtype: str = "auto") -> Runtime:
 # The decoding scripts' --quantize: "none" runs the model as loaded; float32, float16 and int8 are
 # gptkit/cpu_decode.py's weight formats for the Linear layers (CPU only); "auto" (the default) is float32 on
 # the CPU when the weights are float32 (the same weights and logits, read by faster kernels) and none elsewhere.
+# (The setting itself, with its help, is gptkit/config.py's DecodeSettings.quantize.)
 QUANTIZE = ("auto", "none", "float32", "float16", "int8")
-QUANTIZE_HELP = ("the Linear layers' weights for decoding on the CPU: auto (float32 on the CPU with float32 "
-                 "weights, else none), none (the model as loaded), float32 (the same weights, faster kernels), "
-                 "float16 (half the bytes) or int8 (8 bits and a scale per 32)")
-THREADS_HELP = "CPU threads; 0 = auto: OMP_NUM_THREADS if it is set, else the cores other processes leave free"
 
 
 @dataclass

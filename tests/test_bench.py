@@ -194,9 +194,9 @@ def test_the_optimizer_step_can_be_compiled(monkeypatch):
 
 
 def test_variant_options_are_checked():
-    expect_error(["--models=tiny", "--sdpa=default,fast"], "--sdpa", "'fast'", "flash")
-    expect_error(["--models=tiny", "--compile_optimizer=maybe"], "--compile_optimizer")
-    expect_error(["--models=tiny", "--batch_size=4,x"], "--batch_size")
+    expect_error(["--models=tiny", "--sdpa=default,fast"], "sdpa must be one of", "'fast'", "flash")
+    expect_error(["--models=tiny", "--compile_optimizer=maybe"], "compile_optimizer expects a comma-separated list")
+    expect_error(["--models=tiny", "--batch_size=4,x"], "batch_size expects a comma-separated list of int")
     expect_error(["--models=tiny", "--decode_batch=0"], "--decode_batch must be >= 1")
     # a compile mode with nothing compiled (compile is off on the CPU unless asked for) would time nothing new
     expect_error(["--models=tiny", "--compile_mode=reduce-overhead"], "--compile_mode", "--compile=True")

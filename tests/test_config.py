@@ -1,16 +1,29 @@
 """Config files, --key=value overrides and their errors; every file in configs/ loads."""
 
+import importlib
+import inspect
 import json
 import re
 import subprocess
 import sys
 import typing
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import pytest
 
-from gptkit.config import ConfigError, TrainConfig, config_to_json, load_config, read_config_file
+from gptkit.config import (
+    Alias,
+    ConfigError,
+    DecodeSettings,
+    InferenceSettings,
+    SamplingSettings,
+    TrainConfig,
+    config_to_json,
+    load_config,
+    read_config_file,
+    setting,
+)
 from model import GPTConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -220,3 +233,113 @@ def test_help_shows_every_model_setting_with_its_description(capsys):
             assert len(shown) == 1 and shown[0].endswith(f.metadata["help"]), f.name
         else:
             assert not shown, f.name
+
+
+# ----------------------------------------------------------------------------- comma lists and other spellings
+
+
+@dataclass
+class Lists:
+    sizes: list[int] = setting([1, 8], "sizes, a row each")
+    names: list[str] = setting(["a"], "names", ("a", "b", "c"))
+    flags: list[bool] = setting([False], "flags")
+    maybe: list[str] | None = setting(None, "names, or auto")
+    out: str = setting("", "where")
+    ALIASES = {"to": Alias("out", "the older spelling")}
+
+
+def test_a_list_field_takes_a_comma_list(tmp_path, capsys):
+    cfg = load_config(Lists, ["--sizes=12,16,32", "--names", "b, a", "--flags=False,True"], allow_files=False)
+    assert (cfg.sizes, cfg.names, cfg.flags, cfg.maybe) == ([12, 16, 32], ["b", "a"], [False, True], None)
+    assert load_config(Lists, ["--maybe=x,y"]).maybe == ["x", "y"]
+    first, second = Lists(), Lists()
+    first.sizes.append(3)
+    assert second.sizes == [1, 8]  # each config its own default list
+    f = tmp_path / "c.py"
+    f.write_text('sizes = "4,5"\nnames = "c"\nflags = True\n')  # in a file: the same text, or one value
+    assert (lambda c: (c.sizes, c.names, c.flags))(load_config(Lists, [str(f)])) == ([4, 5], ["c"], [True])
+    for arg, message in (("--sizes=1,x", "sizes expects a comma-separated list of int, got '1,x'"),
+                         ("--sizes=1.5", "sizes expects a comma-separated list of int"),
+                         ("--flags=True,maybe", "flags expects a comma-separated list of bool"),
+                         ("--names=a,z", "names must be one of a, b, c; got 'z'")):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load_config(Lists, [arg])
+    with pytest.raises(SystemExit):
+        load_config(Lists, ["--help"], allow_files=False, prog="x.py", description="What x does.")
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python x.py [--key=value ...]\n\nWhat x does.\n")
+    assert re.search(r"--sizes=1,8 +int,\.\.\. +sizes, a row each", out)
+    assert re.search(r"--to=\.\.\. +alias +same as --out: the older spelling", out)
+
+
+def test_an_alias_and_its_setting_may_not_disagree():
+    assert load_config(Lists, ["--to=a"]).out == "a"
+    assert load_config(Lists, ["--to=a", "--out=a"]).out == "a"
+    with pytest.raises(ConfigError, match="--out and --to are two spellings of out, given different values"):
+        load_config(Lists, ["--out=a", "--to", "b"])
+
+
+# ----------------------------------------------------------------------------- the scripts' settings, declared once
+
+SCRIPTS = {"train": "TrainConfig", "sample": "SampleConfig", "chat": "ChatConfig", "serve": "ServeConfig",
+           "eval": "EvalConfig", "export": "ExportConfig", "bench": "BenchConfig"}
+
+
+def script_config(script: str) -> type:
+    return getattr(importlib.import_module(script), SCRIPTS[script])
+
+
+def test_the_inference_settings_are_declared_once():
+    """Each inference script's config extends the shared class that holds what it takes, and declares again only
+    the settings it means differently: chat loads a chat model and replies a little cooler, eval's dtype is the
+    precision of autocast (its weights stay float32)."""
+    sample, chat, serve, evaluate = (script_config(s) for s in ("sample", "chat", "serve", "eval"))
+    assert issubclass(sample, SamplingSettings) and issubclass(chat, SamplingSettings)
+    assert issubclass(serve, DecodeSettings) and not issubclass(serve, SamplingSettings)
+    assert issubclass(evaluate, InferenceSettings) and not issubclass(evaluate, DecodeSettings)
+    shared = {f.name for f in fields(SamplingSettings)}
+    redeclared = {cls.__name__: set(inspect.get_annotations(cls)) & shared for cls in (sample, chat, serve, evaluate)}
+    assert redeclared == {"SampleConfig": set(), "ChatConfig": {"init_from", "temperature"}, "ServeConfig": set(),
+                          "EvalConfig": {"dtype"}}
+    by_name = {f.name: f for f in fields(chat)}
+    assert by_name["temperature"].metadata == {f.name: f for f in fields(SamplingSettings)}["temperature"].metadata
+    assert (chat().temperature, sample().temperature) == (0.7, 0.8)
+    for cls in (sample, chat, serve, evaluate):  # the shared checks, in every script
+        with pytest.raises(ConfigError, match="not both"):
+            load_config(cls, ["--ckpt=out", "--init_from=gpt2"], allow_files=False)
+        with pytest.raises(ConfigError, match="--init_from=scratch is a train.py option"):
+            load_config(cls, ["--init_from=scratch"], allow_files=False)
+    for cls in (sample, chat):
+        with pytest.raises(ConfigError, match=r"seed must be in \[0, 2\*\*63\)"):
+            load_config(cls, ["--seed=-1"], allow_files=False)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_scripts_help_comes_from_the_one_parser(script, capsys):
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(script).main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: python {script}.py ")
+    lines = [line.strip() for line in out.partition("options (default, type, description):")[2].splitlines()]
+    for f in fields(script_config(script)):  # every setting, documented where it is defined, shown once
+        assert f.metadata["help"], f.name
+        shown = [line for line in lines if line.startswith(f"--{f.name}=")]
+        assert len(shown) == 1 and shown[0].endswith(f.metadata["help"]), f.name
+
+
+@pytest.mark.parametrize("script, argv, fragment", [
+    ("export", ["--ckpt=x", "--ot=y"], "unknown config key 'ot' (in the command line); did you mean 'out'?"),
+    ("export", ["--ckpt=x", "--out=y", "--overwrite=maybe"], "overwrite expects bool, got 'maybe'"),
+    ("export", ["--ckpt=x", "out"], "unexpected argument 'out'"),
+    ("bench", ["--acum=2"], "unknown config key 'acum' (in the command line); did you mean 'accum'?"),
+    ("bench", ["--accum=two"], "accum expects int, got 'two'"),
+    ("bench", ["--decode_batch=1,eight"], "decode_batch expects a comma-separated list of int, got '1,eight'"),
+    ("bench", ["--compile_scope=model,everything"], "compile_scope must be one of model, blocks; got 'everything'"),
+])
+def test_export_and_bench_name_a_bad_key_or_value_in_one_line(script, argv, fragment):
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(script).main(argv)
+    message = e.value.code
+    assert isinstance(message, str) and message.startswith("error: ") and "\n" not in message, message
+    assert fragment in message, message

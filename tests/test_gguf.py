@@ -420,10 +420,12 @@ def test_export_cli_writes_gguf_and_refuses_bad_input(tmp_path, tiny_model, tiny
         return message
 
     assert "already exists" in error_of("--format", "gguf", "--out", str(out))
-    assert "invalid choice: 'q4_k'" in error_of("--format", "gguf", "--out", str(out), "--dtype", "q4_k")
-    assert "invalid choice: 'onnx'" in error_of("--format", "onnx", "--out", str(out))
+    assert "dtype must be one of f32, f16, q8_0; got 'q4_k'" in error_of("--format", "gguf", "--out", str(out),
+                                                                         "--dtype", "q4_k")
+    assert "format must be one of hf, gguf, pt; got 'onnx'" in error_of("--format", "onnx", "--out", str(out))
     assert "--format gguf needs --out FILE" in error_of("--format", "gguf")
-    assert "--to is for --format hf" in error_of("--format", "gguf", "--out", str(out), "--to", str(tmp_path))
+    assert "--out and --to are two spellings of out" in error_of("--format", "gguf", "--out", str(out), "--to",
+                                                                 str(tmp_path))
     assert "--dtype is for --format gguf" in error_of("--to", str(tmp_path / "hf"), "--dtype", "f16")
     assert "is a folder" in error_of("--format", "gguf", "--out", str(tmp_path), "--overwrite")
     assert out.read_bytes() == before  # nothing a failed run touched

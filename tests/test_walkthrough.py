@@ -357,8 +357,8 @@ def test_export_takes_out_for_every_format_and_refuses_two_folders(tmp_path):
     import export
 
     args = export.parse_args(["--ckpt", "x", "--out", str(tmp_path / "hf")])
-    assert args.format == "hf" and args.to == str(tmp_path / "hf")
-    assert export.parse_args(["--ckpt", "x", "--to", "a"]).to == "a"
-    with pytest.raises(export.cli.UsageError, match="--out and --to name the same folder"):
+    assert args.format == "hf" and args.out == str(tmp_path / "hf")
+    assert export.parse_args(["--ckpt", "x", "--to", "a"]).out == "a"  # --to: the older spelling of --out
+    with pytest.raises(export.ConfigError, match="--to and --out are two spellings of out"):
         export.parse_args(["--ckpt", "x", "--to", "a", "--out", "b"])
 
