@@ -60,10 +60,10 @@ class ServeConfig(DecodeSettings):
     # who may call it (gptkit/serving/access.py)
     api_key: str = setting("", "the key every /v1 request must send ('Authorization: Bearer KEY', an OpenAI "
                                "client's api_key); '' = none, or the GPTKIT_API_KEY environment variable's")
-    allowed_origins: str = setting("", "web pages other than the server's own that may call it, comma-separated "
-                                       "origins (http://localhost:3000), or * for any; they get CORS headers")
-    allowed_hosts: str = setting("", "host names the server may be reached by besides its address, "
-                                     "comma-separated (on 127.0.0.1 any other Host header is refused)")
+    allowed_origins: list[str] = setting([], "web pages other than the server's own that may call it, "
+                                             "origins (http://localhost:3000), or * for any; they get CORS headers")
+    allowed_hosts: list[str] = setting([], "host names the server may be reached by besides its address (on "
+                                           "127.0.0.1 any other Host header is refused)")
     # how much at once
     max_batch: int = setting(16, "requests decoded together (rows of the KV cache)")
     max_queue: int = setting(64, "requests waiting for a row; beyond it a request gets 429 at once")
@@ -91,10 +91,10 @@ class ServeConfig(DecodeSettings):
             raise ConfigError("allowed_hosts takes host names (example.test or example.test:8000), not URLs")
 
     def origins(self) -> list[str]:
-        return [o.strip() for o in self.allowed_origins.split(",") if o.strip()]
+        return [o for o in self.allowed_origins if o]
 
     def hosts(self) -> list[str]:
-        return [h.strip() for h in self.allowed_hosts.split(",") if h.strip()]
+        return [h for h in self.allowed_hosts if h]
 
     def key(self) -> str:
         """--api_key, else the GPTKIT_API_KEY environment variable (a key kept out of the process list)."""
