@@ -12,6 +12,9 @@ forward over the whole context. On CUDA the weights are cast to bf16 (decoding i
 per token) and, with compile on, the single-token step (the forward and the token's draw) runs as one CUDA
 graph. Compiling takes tens of seconds, so --compile=auto (the default) compiles only a decode long enough to
 repay that (generate.compile_decision) and says on stderr which it chose. `python bench.py` times it.
+Past block_size each token is predicted from exactly the last block_size tokens, as in nanoGPT (the same tokens:
+a forward over the whole window per token there); --window_shift=N moves the window N tokens at a time instead,
+faster and approximate.
 """
 
 from __future__ import annotations
@@ -55,6 +58,9 @@ class SampleConfig:
     top_k: int = setting(200, "sample only from the k most likely tokens; 0 = no limit")
     top_p: float = setting(1.0, "sample only from the most likely tokens whose probabilities add up to p; 1.0 = off")
     seed: int = setting(1337, "random seed: the same seed, options and device give the same samples")
+    window_shift: int = setting(1, "past block_size, move the context window this many tokens at a time: 1 is "
+                                   "exact (nanoGPT's tokens); more decodes faster but approximately (e.g. "
+                                   "block_size // 4)")
     # how to run
     device: str = setting("auto", "auto (cuda > mps > cpu), cpu, cuda, cuda:N or mps")
     dtype: str = setting(
@@ -102,7 +108,8 @@ class SampleConfig:
         """The sampling options these settings mean (--top_k=0 is no limit; --top_p=1.0 is off)."""
         try:
             return SamplingOptions(
-                temperature=self.temperature, top_k=self.top_k or None, top_p=self.top_p, stop_token=stop_token
+                temperature=self.temperature, top_k=self.top_k or None, top_p=self.top_p, stop_token=stop_token,
+                window_shift=self.window_shift,
             )
         except ValueError as e:  # SamplingOptions names the field and the values it takes
             raise ConfigError(str(e)) from None
@@ -241,6 +248,9 @@ def run(cfg: SampleConfig, out: TextIO | None = None, err: TextIO | None = None)
     rt = inference.rt
     model, tokenizer, what = load_model(cfg)
     ids = prompt_ids(prompt_text, tokenizer)  # before moving weights: a bad prompt should fail fast
+    if cfg.window_shift > model.config.block_size:
+        raise ConfigError(f"window_shift must be at most the model's block_size, {model.config.block_size}; "
+                          f"got {cfg.window_shift}")
     params = model.num_params(non_embedding=False)  # all of them, as train.py and --plan count (before place():
     # packed weights are buffers, not parameters)
     # The weights themselves are cast (bf16 on CUDA halves the bytes each token reads) or packed for the
