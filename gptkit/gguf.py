@@ -84,7 +84,7 @@ def export_gguf(
     if dtype not in GGUF_DTYPES:
         raise GGUFExportError(f"unknown GGUF dtype {dtype!r}; use one of {', '.join(GGUF_DTYPES)}")
     differing = unsupported_options(model.config)
-    if differing == ["activation='gelu'"]:  # a nanoGPT checkpoint's: the rest of its block is GPT-2's
+    if model.config.activation == "gelu" and len(differing) == 1:  # a nanoGPT checkpoint's: otherwise GPT-2's
         raise GGUFExportError(
             "this model cannot be exported to GGUF: its MLP uses the exact (erf) GELU, as nanoGPT's checkpoints "
             "do, and llama.cpp's gpt2 architecture computes only GPT-2's tanh GELU (its logits would differ); "

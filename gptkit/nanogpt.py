@@ -13,8 +13,8 @@ beside the checkpoint first (copy it there to keep them together), then there; w
 to use GPT-2's BPE, as nanoGPT's sample.py does, unless its vocabulary is too small for it.
 
 nanoGPT's MLP uses the exact (erf) GELU (nn.GELU()), where GPT-2 uses the tanh approximation: the converted
-model config says activation="gelu", so the logits are nanoGPT's (the tanh form would move them by up to ~1e-3
-and change greedy samples), and every checkpoint saved from it (a fine-tuned run) keeps it.
+model config says activation="gelu", so the logits are nanoGPT's (the tanh form moves a trained model's by
+~1e-4 to 1e-3, enough to change greedy samples), and every checkpoint saved from it (a fine-tuned run) keeps it.
 """
 
 from __future__ import annotations
