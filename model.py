@@ -132,7 +132,13 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
 
 
-ACTIVATIONS = {"gelu_tanh": gelu_tanh, "relu2": relu_squared}  # GPTConfig.activation -> the MLP's nonlinearity
+def gelu_exact(x: torch.Tensor) -> torch.Tensor:
+    # nanoGPT's MLP (nn.GELU()): x * Phi(x) with the erf. Its checkpoints' logits move by ~1e-4 to 1e-3 with tanh.
+    return F.gelu(x)
+
+
+# GPTConfig.activation -> the MLP's nonlinearity
+ACTIVATIONS = {"gelu_tanh": gelu_tanh, "gelu": gelu_exact, "relu2": relu_squared}
 
 
 def rotary_angles(pos: torch.Tensor, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -243,7 +249,8 @@ def option(default, help: str, choices: tuple | None = None, *, setting: bool = 
     help: the one-line description that train.py --help shows; choices: the allowed values (None: any).
     setting: a training run sets it, train.py --NAME=VALUE (False: the data or the loaded weights set it).
     shape: a resumed run must keep it (False: it may change between runs, like dropout).
-    gpt2: a Hugging Face GPT-2 can hold any value of it (False: only GPT-2's, ARCH_PRESETS["gpt2"]).
+    gpt2: a Hugging Face GPT-2 can hold any value of it (False: only GPT-2's, ARCH_PRESETS["gpt2"], and for
+        the activation also exact gelu: gptkit/hf_gpt2.py's HF_ACTIVATIONS).
     """
     return field(default=default, metadata=dict(help=help, choices=choices, setting=setting, shape=shape,
                                                 gpt2=gpt2))
@@ -278,8 +285,11 @@ class GPTConfig:
                               gpt2=False)
     # Unit-RMS queries and keys: the attention logits cannot blow up.
     qk_norm: bool | None = option(None, "RMS-normalise queries and keys per head before attention", gpt2=False)
-    activation: str | None = option(None, "MLP nonlinearity: gelu_tanh (GPT-2) or relu2 (relu(x)**2)",
-                                    tuple(ACTIVATIONS), gpt2=False)
+    # GPT-2's weights need gelu_tanh; nanoGPT's checkpoints were trained with gelu. A Hugging Face GPT-2 holds
+    # either (activation_function gelu_new / gelu), llama.cpp's gpt2 graph only gelu_tanh.
+    activation: str | None = option(None, "MLP nonlinearity: gelu_tanh (GPT-2's tanh approximation), gelu "
+                                          "(exact erf, nanoGPT's) or relu2 (relu(x)**2)", tuple(ACTIVATIONS),
+                                    gpt2=False)
     # Untied, the head starts at zero: the first predictions are exactly uniform.
     tie_embeddings: bool | None = option(None, "the head is the token embedding (GPT-2); False: its own, "
                                                "zero-initialised weight", gpt2=False)

@@ -12,6 +12,9 @@ forward over the whole context. On CUDA the weights are cast to bf16 (decoding i
 per token) and, with compile on, the single-token step (the forward and the token's draw) runs as one CUDA
 graph. Compiling takes tens of seconds, so --compile=auto (the default) compiles only a decode long enough to
 repay that (generate.compile_decision) and says on stderr which it chose. `python bench.py` times it.
+Past block_size each token is predicted from exactly the last block_size tokens, as in nanoGPT (the same tokens:
+a forward over the whole window per token there); --window_shift=N moves the window N tokens at a time instead,
+faster and approximate.
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ class SampleConfig(SamplingSettings):
     prompt_file: str = setting("", "read the prompt from this UTF-8 file instead (kept byte for byte, newlines too)")
     num_samples: int = setting(1, "samples to draw; they are decoded together, as one batch")
     max_new_tokens: int = setting(500, "tokens to generate per sample (fewer when the end-of-text token is drawn)")
+    window_shift: int = setting(1, "past block_size, move the context window this many tokens at a time: 1 is "
+                                   "exact (nanoGPT's tokens); more decodes faster but approximately (e.g. "
+                                   "block_size // 4)")
     # how to run
     compile: bool | None = setting(
         None, "compile the one-token decode step: True, False or auto (None: on a GPU when max_new_tokens repays compiling)"
@@ -71,6 +77,9 @@ class SampleConfig(SamplingSettings):
             raise ConfigError(f"num_samples must be >= 1, got {self.num_samples}")
         if self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    def sampling(self, stop_token: int | None = None) -> SamplingOptions:
+        return super().sampling(stop_token, window_shift=self.window_shift)
 
 
 # ----------------------------------------------------------------------------- loading
@@ -206,6 +215,9 @@ def run(cfg: SampleConfig, out: TextIO | None = None, err: TextIO | None = None)
     rt = inference.rt
     model, tokenizer, what = load_model(cfg)
     ids = prompt_ids(prompt_text, tokenizer)  # before moving weights: a bad prompt should fail fast
+    if cfg.window_shift > model.config.block_size:
+        raise ConfigError(f"window_shift must be at most the model's block_size, {model.config.block_size}; "
+                          f"got {cfg.window_shift}")
     params = model.num_params(non_embedding=False)  # all of them, as train.py and --plan count (before place():
     # packed weights are buffers, not parameters)
     # The weights themselves are cast (bf16 on CUDA halves the bytes each token reads) or packed for the

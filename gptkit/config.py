@@ -311,11 +311,13 @@ class SamplingSettings(DecodeSettings):
         if not 0 <= self.seed < 2**63:
             raise ConfigError(f"seed must be in [0, 2**63), got {self.seed}")
 
-    def sampling(self, stop_token: int | None = None) -> SamplingOptions:
-        """The sampling options these settings mean (--top_k=0 is no limit; --top_p=1.0 is off)."""
+    def sampling(self, stop_token: int | None = None, **more) -> SamplingOptions:
+        """The sampling options these settings mean (--top_k=0 is no limit; --top_p=1.0 is off); `more`: a
+        script's own SamplingOptions fields (sample.py's window_shift)."""
         try:
             return SamplingOptions(
-                temperature=self.temperature, top_k=self.top_k or None, top_p=self.top_p, stop_token=stop_token
+                temperature=self.temperature, top_k=self.top_k or None, top_p=self.top_p, stop_token=stop_token,
+                **more,
             )
         except ValueError as e:  # SamplingOptions names the field and the values it takes
             raise ConfigError(str(e)) from None

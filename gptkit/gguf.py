@@ -18,7 +18,8 @@ holds, and why it computes what our GPT computes:
     are the characters, merges only joining the bytes of a multi-byte character.
 
 What cannot be carried is a one-line GGUFExportError: the modern block's options (llama.cpp has no
-architecture with exactly that block; see unsupported_options), a model without a tokenizer, a BPE whose
+architecture with exactly that block; see unsupported_options), the exact erf GELU of nanoGPT's checkpoints
+(llama.cpp's gpt2 graph computes the tanh GELU only), a model without a tokenizer, a BPE whose
 split pattern llama.cpp does not have (every tokenizer this project makes has one: see _pre_tokenizer).
 """
 
@@ -83,6 +84,11 @@ def export_gguf(
     if dtype not in GGUF_DTYPES:
         raise GGUFExportError(f"unknown GGUF dtype {dtype!r}; use one of {', '.join(GGUF_DTYPES)}")
     differing = unsupported_options(model.config)
+    if model.config.activation == "gelu" and len(differing) == 1:  # a nanoGPT checkpoint's: otherwise GPT-2's
+        raise GGUFExportError(
+            "this model cannot be exported to GGUF: its MLP uses the exact (erf) GELU, as nanoGPT's checkpoints "
+            "do, and llama.cpp's gpt2 architecture computes only GPT-2's tanh GELU (its logits would differ); "
+            "export it as a Hugging Face folder instead (--format hf), which keeps the exact GELU")
     if differing:
         raise GGUFExportError(
             f"this model cannot be exported to GGUF: {', '.join(differing)} "

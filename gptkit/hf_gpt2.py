@@ -55,6 +55,10 @@ _HF_BUFFER = re.compile(r"^h\.\d+\.attn\.(bias|masked_bias)$")
 TIED_HEAD = "lm_head.weight"
 TIED_TO = "transformer.wte.weight"
 EXPORT_MARKER = "gptkit_tokenizer.json"  # written by export.py beside the weights (hf_tokenizer.GPTKIT_FILE)
+# GPTConfig.activation -> the HF activation_function computing the same GELU: GPT-2's tanh approximation
+# ("gelu_new") and the exact erf one ("gelu", nanoGPT's) both export. "gelu_pytorch_tanh" reads as gelu_tanh.
+HF_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu"}
+_FROM_HF_ACTIVATION = {**{hf: ours for ours, hf in HF_ACTIVATIONS.items()}, "gelu_pytorch_tanh": "gelu_tanh"}
 
 
 def hf_to_ours(key: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor] | None:
@@ -106,10 +110,10 @@ def config_from_hf(hf: dict, source: str = "config.json") -> GPTConfig:
         raise HFGPT2Error(f"{where}: the field n_positions is missing; is this a GPT-2 config?")
 
     activation = get("activation_function", "gelu_new")
-    if activation not in ("gelu_new", "gelu_pytorch_tanh"):
+    if activation not in _FROM_HF_ACTIVATION:
         raise HFGPT2Error(
-            f"{where}: activation_function is {activation!r}; this GPT uses the tanh GELU only "
-            f"(gelu_new or gelu_pytorch_tanh)"
+            f"{where}: activation_function is {activation!r}; this GPT computes only the GELUs "
+            f"{', '.join(_FROM_HF_ACTIVATION)}"
         )
     n_inner = get("n_inner")
     if n_inner is not None and n_inner != 4 * hf["n_embd"]:
@@ -138,6 +142,7 @@ def config_from_hf(hf: dict, source: str = "config.json") -> GPTConfig:
             dropout=0.0,
             bias=True,
             ln_eps=float(get("layer_norm_epsilon", 1e-5)),
+            activation=_FROM_HF_ACTIVATION[activation],
         )
     except (TypeError, ValueError) as e:
         raise HFGPT2Error(f"{where}: {e}") from None
@@ -145,9 +150,11 @@ def config_from_hf(hf: dict, source: str = "config.json") -> GPTConfig:
 
 def non_gpt2_options(config: GPTConfig) -> list[str]:
     """The options of `config` that a Hugging Face GPT-2 cannot express, as 'name=value' strings: those that
-    change the function GPT-2 computes (model.py's GPTConfig marks them), set differently from GPT-2."""
+    change the function GPT-2 computes (model.py's GPTConfig marks them), set differently from GPT-2 (bar an
+    activation that HF_ACTIVATIONS maps)."""
     gpt2 = ARCH_PRESETS["gpt2"]
-    return [f"{k}={getattr(config, k)!r}" for k in GPTConfig.non_gpt2_names() if getattr(config, k) != gpt2[k]]
+    return [f"{k}={getattr(config, k)!r}" for k in GPTConfig.non_gpt2_names() if getattr(config, k) != gpt2[k]
+            and not (k == "activation" and config.activation in HF_ACTIVATIONS)]
 
 
 def hf_config(config: GPTConfig, bos_eos_id: int | None) -> dict:
@@ -167,7 +174,7 @@ def hf_config(config: GPTConfig, bos_eos_id: int | None) -> dict:
         "n_layer": config.n_layer,
         "n_head": config.n_head,
         "n_inner": None,  # 4 * n_embd
-        "activation_function": "gelu_new",  # the tanh GELU
+        "activation_function": HF_ACTIVATIONS[config.activation],  # gelu_new: the tanh GELU; gelu: erf
         # Our one dropout acts after the embeddings, on the attention weights and on both residual branches.
         "resid_pdrop": config.dropout,
         "embd_pdrop": config.dropout,

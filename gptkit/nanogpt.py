@@ -12,8 +12,9 @@ its dataset, which nanoGPT reads from data/DATASET/meta.pkl relative to the work
 beside the checkpoint first (copy it there to keep them together), then there; without one the model is taken
 to use GPT-2's BPE, as nanoGPT's sample.py does, unless its vocabulary is too small for it.
 
-One difference remains: nanoGPT's MLP uses the exact (erf) GELU, GPT-2's and ours the tanh approximation; the
-two differ by under 1e-3 per activation, so samples and losses barely move.
+nanoGPT's MLP uses the exact (erf) GELU (nn.GELU()), where GPT-2 uses the tanh approximation: the converted
+model config says activation="gelu", so the logits are nanoGPT's (the tanh form moves a trained model's by
+~1e-4 to 1e-3, enough to change greedy samples), and every checkpoint saved from it (a fine-tuned run) keeps it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ CKPT_NAME = "ckpt.pt"  # the one checkpoint file nanoGPT's train.py writes into 
 GPT2_VOCAB = 50257
 _MASK_BUFFER = re.compile(r"^transformer\.h\.\d+\.attn\.bias$")
 _ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size")
+NANOGPT_ACTIVATION = "gelu"  # its MLP's nn.GELU(): the exact erf form (GPTConfig.activation)
 
 
 class NanoGPTError(UserError):
@@ -62,6 +64,7 @@ def convert(obj: dict, path: Path) -> dict:
             n_layer=int(args["n_layer"]), n_head=int(args["n_head"]), n_embd=int(args["n_embd"]),
             block_size=int(args["block_size"]), bias=bool(args["bias"]), dropout=float(args.get("dropout", 0.0)),
             vocab_size=vocab if multiple > 1 else model_vocab, vocab_multiple=multiple, arch="gpt2",
+            activation=NANOGPT_ACTIVATION,
         )
     except (TypeError, ValueError) as e:
         raise NanoGPTError(f"{path}: its model_args do not describe a GPT ({e})") from None

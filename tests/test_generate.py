@@ -76,7 +76,7 @@ def test_eager_steps_read_only_the_filled_cache_slots(tiny_model, tiny_config, m
                                      use_cache=False))
 
 
-@pytest.mark.parametrize("shift", [None, 1, 5])
+@pytest.mark.parametrize("shift", [1, 5])
 def test_generation_past_block_size(tiny_model, tiny_config, shift):
     torch.manual_seed(5)
     prompt = torch.randint(0, tiny_config.vocab_size, (2, 10))
@@ -100,6 +100,43 @@ def test_sliding_window_of_one_is_the_last_block_size_tokens(tiny_model, tiny_co
         logits, _ = tiny_model(seq[:, -bs:])
         seq = torch.cat([seq, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(out, seq)
+
+
+def window_reference(model: GPT, prompt: torch.Tensor, n: int, shift: int) -> torch.Tensor:
+    """Greedy decoding written out: no cache, a full forward per token over the window, which starts at 0 and
+    moves `shift` tokens forward whenever the next token would not fit in block_size (shift=1: nanoGPT's loop,
+    the last block_size tokens every time)."""
+    bs, seq, start = model.config.block_size, prompt, 0
+    for _ in range(n):
+        if seq.size(1) - start > bs:
+            start += shift
+        logits, _ = model(seq[:, start:])
+        seq = torch.cat([seq, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return seq
+
+
+def test_the_default_window_slides_one_token_as_model_generate_does(tiny_model, tiny_config):
+    """Past block_size the default is exact: nanoGPT's window (the last block_size tokens), the same tokens as
+    model.generate, with the KV cache (which it must rebuild every token) or without it."""
+    prompt = torch.randint(0, tiny_config.vocab_size, (2, 5), generator=torch.Generator().manual_seed(9))
+    n = 2 * tiny_config.block_size
+    assert SamplingOptions().window_shift == 1
+    expected = window_reference(tiny_model, prompt, n, shift=1)
+    assert torch.equal(generate(tiny_model, prompt, n, SamplingOptions(temperature=0)), expected)
+    assert torch.equal(generate(tiny_model, prompt, n, SamplingOptions(temperature=0), use_cache=False), expected)
+    assert torch.equal(tiny_model.generate(prompt, n, temperature=0), expected)
+
+
+def test_a_larger_window_shift_moves_the_window_that_many_tokens(tiny_model, tiny_config):
+    """window_shift=N (sample.py --window_shift): the faster approximation. Up to block_size tokens it is the
+    exact window; past it, each token sees the window as it stood after the last move of N tokens."""
+    bs = tiny_config.block_size
+    prompt = torch.randint(0, tiny_config.vocab_size, (2, 5), generator=torch.Generator().manual_seed(10))
+    n, shift = 2 * bs, bs // 4
+    out = generate(tiny_model, prompt, n, SamplingOptions(temperature=0, window_shift=shift))
+    assert torch.equal(out, window_reference(tiny_model, prompt, n, shift))
+    exact = generate(tiny_model, prompt, n, SamplingOptions(temperature=0))
+    assert torch.equal(out[:, : bs + 1], exact[:, : bs + 1])  # the first token predicted past a full window too
 
 
 def test_stop_token_pads_finished_sequences(tiny_model, tiny_config):

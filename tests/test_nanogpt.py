@@ -1,22 +1,36 @@
 """nanoGPT's users: its setting names work here (ours, an alias, or an error naming ours), and its checkpoint
-(out/ckpt.pt, with its dataset's meta.pkl) is read wherever a checkpoint is. The checkpoints are written here,
-in nanoGPT's key layout, from a tiny random transformers GPT-2 (no nanoGPT code); transformers is the oracle."""
+(out/ckpt.pt, with its dataset's meta.pkl) is read wherever a checkpoint is.
+
+Two oracles. nanoGPT's own code (../shared/anchors/nanoGPT, copied into a temporary folder): its train.py
+trains its shakespeare_char config a few steps on the CPU, and its model.py and sample.py give the logits and
+greedy text ours must equal, past block_size. And transformers: checkpoints written here in nanoGPT's key
+layout from a tiny random GPT-2 with the exact GELU (activation_function="gelu", nanoGPT's nn.GELU()) cover
+the layouts (compiled keys, mask buffers, GPT-2's padded vocabulary, where meta.pkl is looked for)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import pickle
-from dataclasses import fields
+import shutil
+import subprocess
+import sys
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import SHARED_DATA
 
 import export
 import sample
 import train
-from gptkit import checkpoint
+from gptkit import checkpoint, cpu_decode
 from gptkit.config import ConfigError, TrainConfig, parse_args
+from gptkit.generate import SamplingOptions, decode_one_token, generate, prefill
+from gptkit.hf_gpt2 import load_pretrained
+from model import GPT, GPTConfig
 
 transformers = pytest.importorskip("transformers")
 
@@ -52,6 +66,7 @@ def test_sample_help_lists_the_aliases(capsys):
     assert "aliases (nanoGPT's spellings)" in out
     lines = {line.split()[0]: line for line in out.splitlines() if line.strip().startswith("--")}
     assert "alias  same as --ckpt" in lines["--out_dir=..."] and "alias  same as --prompt" in lines["--start=..."]
+    assert "1 is exact (nanoGPT's tokens)" in lines["--window_shift=1"]  # and more is approximate, it says
 
 
 def test_start_with_file_is_prompt_file_and_out_dir_is_ckpt():
@@ -67,8 +82,8 @@ def test_start_with_file_is_prompt_file_and_out_dir_is_ckpt():
 def tiny_hf(vocab: int, seed: int = 0, n_embd: int = 32):
     torch.manual_seed(seed)
     config = transformers.GPT2Config(vocab_size=vocab, n_positions=32, n_embd=n_embd, n_layer=2, n_head=2,
-                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                                     bos_token_id=None, eos_token_id=None)
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, activation_function="gelu",
+                                     bos_token_id=None, eos_token_id=None)  # gelu: the exact one, nanoGPT's
     model = transformers.GPT2LMHeadModel(config).eval()
     with torch.no_grad():  # biases and LayerNorms away from their 0/1 init, so a mix-up shows
         for name, p in model.named_parameters():
@@ -166,6 +181,7 @@ def test_export_and_fine_tune_from_a_nanogpt_checkpoint(tmp_path, char_dataset):
     write_nanogpt(tmp_path / "out", hf, dataset=str(char_dataset))
     write_meta_pkl(tmp_path / "out" / "meta.pkl", chars)
     export.main(["--ckpt", str(tmp_path / "out"), "--to", str(tmp_path / "hf")])
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["activation_function"] == "gelu"
     back = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
     x = torch.randint(len(chars), (1, 16))
     with torch.no_grad():
@@ -175,7 +191,8 @@ def test_export_and_fine_tune_from_a_nanogpt_checkpoint(tmp_path, char_dataset):
                           "--gradient_accumulation_steps=1", "--max_iters=2", "--eval_interval=2", "--eval_iters=1",
                           "--warmup_iters=0", "--lr_decay_iters=2", "--device=cpu", "--compile=False"])
     assert summary["step"] == 2
-    assert checkpoint.load_checkpoint(tmp_path / "ft")["model_config"]["n_embd"] == 32
+    saved = checkpoint.load_checkpoint(tmp_path / "ft")["model_config"]
+    assert saved["n_embd"] == 32 and saved["activation"] == "gelu"  # the fine-tuned model keeps nanoGPT's GELU
 
 
 def test_resuming_a_nanogpt_out_dir_says_how_to_continue_from_it(tmp_path):
@@ -184,3 +201,135 @@ def test_resuming_a_nanogpt_out_dir_says_how_to_continue_from_it(tmp_path):
         train.main(["--init_from=resume", f"--out_dir={tmp_path / 'out'}"])
     message = str(e.value.code)
     assert "nanoGPT's checkpoint" in message and f"--init_from={tmp_path / 'out'} --out_dir=NEW_DIR" in message
+
+
+# ----------------------------------------------------------------------------- nanoGPT's own code as the oracle
+
+NANOGPT = SHARED_DATA.parent / "anchors" / "nanoGPT"  # nanoGPT's repository (MIT), beside the shared data
+# nanoGPT's shakespeare_char config, shrunk to train in seconds on a CPU: ~0.1M parameters, 32 characters of
+# context (a 200-character sample runs far past it), no dropout, a checkpoint at the last step. The high learning
+# rate takes the loss from 4.2 to ~2.75 in 300 steps: enough for a greedy text that depends on its context (so
+# that the window's moves show in it) and for the tanh GELU to move the logits well past the tolerance; both
+# are checked below, so that the tests can see what they test.
+BLOCK = 32
+STEPS = 300
+NANOGPT_TRAIN = ["config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--dtype=float32",
+                 "--n_layer=2", "--n_head=2", "--n_embd=64", f"--block_size={BLOCK}", "--batch_size=16",
+                 "--dropout=0.0", f"--max_iters={STEPS}", f"--eval_interval={STEPS}", "--eval_iters=1",
+                 f"--log_interval={STEPS}", "--always_save_checkpoint=True", "--warmup_iters=0",
+                 "--learning_rate=1e-2", f"--lr_decay_iters={STEPS}", "--min_lr=1e-3", "--out_dir=out"]
+PROMPT = "ROMEO:"
+NEW_TOKENS = 200  # past block_size: the window slides 175 times
+
+
+def run_nanogpt(root: Path, *args: str) -> str:
+    """One of nanoGPT's scripts, run as nanoGPT's README says (from its folder, so that its `import model` is
+    its own model.py and data/ is its data); its stdout. One thread: the model is tiny."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, *args], cwd=root, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, f"nanoGPT's {args[0]} failed:\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def nanogpt_run(tmp_path_factory) -> Path:
+    """A copy of nanoGPT whose out/ckpt.pt its own train.py wrote, from data its own prepare.py made."""
+    text = SHARED_DATA / "tinyshakespeare.txt"
+    if not (NANOGPT / "train.py").is_file() or not text.is_file():
+        pytest.skip(f"nanoGPT's code ({NANOGPT}) or {text} is not present")
+    root = tmp_path_factory.mktemp("nanogpt") / "nanoGPT"
+    shutil.copytree(NANOGPT, root, ignore=shutil.ignore_patterns("out*", "*.bin", "*.pkl", "__pycache__"))
+    shutil.copy(text, root / "data" / "shakespeare_char" / "input.txt")  # else prepare.py downloads it
+    run_nanogpt(root, "data/shakespeare_char/prepare.py")
+    run_nanogpt(root, "train.py", *NANOGPT_TRAIN)
+    assert (root / "out" / "ckpt.pt").is_file()
+    return root
+
+
+def nanogpt_model(root: Path):
+    """nanoGPT's own GPT (its model.py, imported under another name: ours is `model`) with the weights of
+    root/out/ckpt.pt, loaded as its sample.py loads them."""
+    spec = importlib.util.spec_from_file_location("nanogpt_model", root / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    ckpt = torch.load(root / "out" / "ckpt.pt", map_location="cpu")
+    model = module.GPT(module.GPTConfig(**ckpt["model_args"]))
+    model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
+    return model.eval()
+
+
+def test_a_checkpoint_of_nanogpts_train_py_gives_its_model_py_logits(nanogpt_run, monkeypatch):
+    monkeypatch.chdir(nanogpt_run)  # its meta.pkl is where nanoGPT keeps it, data/shakespeare_char/
+    ours, tokenizer, _ = checkpoint.load_model("out")
+    assert ours.config.activation == "gelu" and tokenizer.kind == "char" and ours.config.block_size == BLOCK
+    theirs = nanogpt_model(nanogpt_run)
+    x = torch.randint(tokenizer.vocab_size, (2, BLOCK), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected, _ = theirs(x, x)  # with targets nanoGPT returns every position's logits
+        torch.testing.assert_close(ours(x)[0], expected, atol=1e-5, rtol=0)
+        # The test can see the activation: GPT-2's tanh GELU on these weights misses by more than the tolerance.
+        tanh = GPT(replace(ours.config, activation="gelu_tanh"))
+        tanh.load_state_dict(ours.state_dict())
+        assert (tanh.eval()(x)[0] - expected).abs().max() > 1e-4
+        # sample.py's CPU default: packed float32 weights, one-token steps through the KV cache (whose fused
+        # kernel computes the tanh GELU: a gelu block must not take it)
+        cpu_decode.pack_for_cpu(ours, "float32")
+        ours.setup_kv_cache(2)
+        steps = [prefill(ours, x[:, :1], torch.arange(1))]
+        steps += [decode_one_token(ours, x[:, t : t + 1], torch.tensor([t])) for t in range(1, BLOCK)]
+        torch.testing.assert_close(torch.stack(steps, dim=1), expected, atol=1e-5, rtol=0)
+
+
+def test_greedy_samples_past_block_size_are_nanogpts_sample_py_text(nanogpt_run, monkeypatch, capsys):
+    """nanoGPT's sample.py with top_k=1 is greedy (its multinomial draws the one token left); ours with
+    temperature 0 and the default window prints the same 200 characters, far past the 32-character context."""
+    out = run_nanogpt(nanogpt_run, "sample.py", "--out_dir=out", "--device=cpu", "--dtype=float32",
+                      f"--start={PROMPT}", "--num_samples=1", f"--max_new_tokens={NEW_TOKENS}", "--top_k=1")
+    theirs = out.split("Loading meta from data/shakespeare_char/meta.pkl...\n", 1)[1].rsplit("\n" + "-" * 15, 1)[0]
+    assert theirs.startswith(PROMPT) and len(theirs) == len(PROMPT) + NEW_TOKENS
+    monkeypatch.chdir(nanogpt_run)
+    sample.main(["--ckpt=out", f"--prompt={PROMPT}", "--temperature=0", f"--max_new_tokens={NEW_TOKENS}",
+                 "--device=cpu", "--stream=False"])
+    assert capsys.readouterr().out == theirs + "\n"
+    # model.generate and generate's default window give the same tokens; a faster window_shift the same text
+    # up to a full window and the token after it, then its own approximation: here another text, which shows
+    # that the comparisons above see the window.
+    model, tokenizer, _ = checkpoint.load_model("out")
+    idx = torch.tensor([tokenizer.encode(PROMPT)])
+    assert tokenizer.decode(model.generate(idx, NEW_TOKENS, temperature=0)[0].tolist()) == theirs
+    assert tokenizer.decode(generate(model, idx, NEW_TOKENS, SamplingOptions(temperature=0))[0].tolist()) == theirs
+    sample.main(["--ckpt=out", f"--prompt={PROMPT}", "--temperature=0", f"--max_new_tokens={NEW_TOKENS}",
+                 "--device=cpu", "--stream=False", f"--window_shift={BLOCK // 4}"])
+    fast = capsys.readouterr().out
+    assert fast[: BLOCK + 1] == theirs[: BLOCK + 1] and fast != theirs + "\n" and len(fast) == len(theirs) + 1
+    with pytest.raises(SystemExit) as e:
+        sample.main(["--ckpt=out", "--device=cpu", f"--window_shift={BLOCK + 1}"])
+    assert f"window_shift must be at most the model's block_size, {BLOCK}; got {BLOCK + 1}" in str(e.value.code)
+
+
+def test_a_nanogpt_checkpoint_exports_to_transformers_with_the_exact_gelu_and_not_to_gguf(nanogpt_run, tmp_path,
+                                                                                          monkeypatch):
+    monkeypatch.chdir(nanogpt_run)
+    export.main(["--ckpt", "out", "--out", str(tmp_path / "hf")])
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    assert hf.config.activation_function == "gelu"
+    back = load_pretrained(str(tmp_path / "hf"))  # and read back here, as gelu
+    assert back.config.activation == "gelu"
+    x = torch.randint(65, (1, BLOCK), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected, _ = nanogpt_model(nanogpt_run)(x, x)
+        torch.testing.assert_close(hf(x).logits, expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(back(x)[0], expected, atol=1e-5, rtol=0)
+    pytest.importorskip("gguf", reason="the GGUF export needs the gguf package: pip install gguf")
+    with pytest.raises(SystemExit) as e:
+        export.main(["--ckpt", "out", "--format", "gguf", "--out", str(tmp_path / "m.gguf")])
+    message = str(e.value.code)
+    assert "\n" not in message and "exact (erf) GELU" in message and "--format hf" in message
+    assert not (tmp_path / "m.gguf").exists()
+
+
+def test_a_checkpoint_from_before_the_activation_setting_loads_with_gpt2s_gelu(tiny_config):
+    config = GPTConfig.to_dict(tiny_config)
+    del config["activation"]
+    model = checkpoint.model_from_checkpoint({"model_config": config, "model": GPT(tiny_config).state_dict()})
+    assert model.config.activation == "gelu_tanh" and GPT(tiny_config).config.to_dict()["activation"] == "gelu_tanh"
