@@ -1,45 +1,57 @@
 """The one command for whoever has a GPU: the GPU figures BENCHMARKS.md lacks, measured in one go.
 
+    PYTHONPATH=. python benchmarks/gpu_check.py --dry_run   # the plan: each part, its seconds, what it runs
     PYTHONPATH=. python benchmarks/gpu_check.py --out benchmarks/gpu_check_2026-11-26.json   # one H100 / H200
-    PYTHONPATH=. python benchmarks/gpu_check.py --smoke --out /tmp/smoke.json   # a rehearsal on the CPU, ~1 min
-    PYTHONPATH=. python benchmarks/gpu_check.py --parts=train,decode --total_s=900   # some parts, more time
+    PYTHONPATH=. python benchmarks/gpu_check.py --smoke --out /tmp/smoke.json   # a rehearsal on the CPU
+    PYTHONPATH=. python benchmarks/gpu_check.py --parts=plan,serve,train_more --total_s=480   # the other parts
 
 It runs from a fresh clone on a machine with only torch, numpy, tiktoken, tqdm, pytest and transformers
 (nothing is installed): this file imports only Python's standard library (and gptkit.cli, which does too),
-and every part runs the project's own scripts as subprocesses, each with a time limit, so that a crash or a
-hang loses that run only. The parts, in order (the most decisive first), each with its share of --total_s
-(8 minutes by default; a part that runs out of time says which of its runs it did not finish):
+and every part runs scripts as subprocesses, each with a time limit, so that a crash or a hang loses that run
+only. The device is read first, on its own budget; then each asked part gets its planned seconds (measured on
+the H200 run of 2026-11-26, see BUDGETS), scaled to --total_s (8 minutes by default), plus what earlier parts
+left unused. A --total_s that would give a part less than its floor is refused before anything runs, naming
+the least that fits; --dry_run prints the plan and runs nothing. The parts, in order (the default run: device
+to decode; every figure of its summary is measured in it):
 
-  peak         the device and its versions (torch, CUDA, cuDNN, Triton), and the measured dense bf16 peak: an
+  device       the device and its versions (torch, CUDA, cuDNN, Triton), and the measured dense bf16 peak: an
                8192 x 8192 x 8192 bf16 matmul timed, in TFLOP/s, beside the datasheet's (gptkit/metrics.py)
+  tests        the tests that skip without CUDA (pytest -k cuda on the test files that hold such a skip): the
+               graphed training step against the plain one among them
+  train        bench.py's training rows: GPT-2 124M without biases (gpt2nobias: the shape nanoGPT's bench.py
+               times) at micro-batch 12 as train.py runs it and as one CUDA graph. Each run has --keep_going and
+               writes its rows as it goes: a run stopped at its limit keeps the rows it finished
+  nanogpt      nanoGPT's own code beside ours, in this call on this device (shared/anchors/nanoGPT in the
+               checkout or beside it, or --nanogpt; "no anchor" without it): its bench.py (the denominator of the
+               speed-up at 12 x 1024) and its train_shakespeare_char until its first val loss <= --val_loss (or
+               step 1,750), with each evaluation's wall seconds from its start and its median ms per iteration
   shakespeare  python train.py configs/shakespeare.py until its first val loss <= 1.47 (--val_loss): the time
                from the process' start (metrics.jsonl's elapsed_s, which counts from it) and the wall's; then
                the run is stopped. The text comes from --shakespeare_text, data/shakespeare_char,
                shared/data/tinyshakespeare.txt (in the checkout or beside it), or a download; it is prepared in
                a temporary folder
-  steps        the same small model's ms per step at step 100 and at step 3,000 (no evaluations between), as
-               train.py runs it and with --cuda_graphs=True: is the step flat, and what do graphs give
-  train        bench.py's training rows, one bench.py run per group, most wanted first: GPT-2 124M without
-               biases (gpt2nobias: the shape nanoGPT's bench.py times) at micro-batch 12 as train.py runs it and
-               as one CUDA graph; at 16 and 32; each block compiled on its own (with the first step's time, the
-               compile's); compile's autotuned kernels; the optimizer step compiled; GPT-2 with biases and the
-               modern model. Each run has --keep_going and writes its rows as it goes: a run stopped at the time
-               limit keeps the rows it finished
-  decode       bench.py's batch-1 decode rows, eager then compiled (with the compile time), and the
-               1,000-token prefill
-  serve        benchmarks/serve_load.py, only where starlette, uvicorn and openai are installed (else skipped)
-  tests        the tests that skip without CUDA (pytest -k cuda on the test files that hold such a skip)
-  plan         python -m benchmarks.plan_memory --device=cuda: the plan's peak memory against the allocator's
+  steps        the same small model's ms per step over steps 101-200 (after the graphed run's warm-up and
+               capture) and 1,401-1,500 (no evaluations between), as train.py runs it and with
+               --cuda_graphs=True: is the step flat, and what do graphs give
+  decode       bench.py's batch-1 decode rows, eager (beside transformers' eager generate) then compiled (with
+               the compile time), and the 1,000-token prefill
+  plan         (not in the default run) python -m benchmarks.plan_memory --device=cuda: the plan's peak memory
+               against the allocator's
+  serve        (not in the default run) benchmarks/serve_load.py, where starlette, uvicorn and openai are
+               installed (else skipped)
+  train_more   (not in the default run) bench.py's other training rows: micro-batches 32 and 16; each block
+               compiled on its own; compile's autotuned kernels; the optimizer step compiled; GPT-2 with biases,
+               the modern model
 
 It writes --out, a JSON file (rewritten after every part): the date, the command, the device, torch, the git
-commit; every part's status (ok, failed, timeout or skipped), seconds, time budget and reason, and its runs
-(command, exit code, seconds); every bench.py row, each with mfu_measured_peak (MFU against the measured
-peak, beside mfu against the datasheet's); the tests' outcomes, the Shakespeare run, the plan's rows; and a
-summary against BENCHMARKS.md's targets. Beside it, the log (--log): every subprocess's output.
+commit, the budgets; every part's status (ok, failed, timeout or skipped), seconds, time budget and reason, and
+its runs (command, exit code, seconds); every bench.py row, each with mfu_measured_peak (MFU against the
+measured peak, beside mfu against the datasheet's); the tests' outcomes, the Shakespeare runs, the plan's rows;
+and a summary against BENCHMARKS.md's targets. Beside it, the log (--log): every subprocess's output.
 
---smoke runs the same parts on the CPU in about a minute (tiny models, a few steps, configs/shakespeare_cpu.py
-shrunk, val loss 3.6): a rehearsal of the machinery, none of its figures means anything. The memory plan and
-serving are skipped there (minutes on a CPU), saying so.
+--smoke runs the same parts on the CPU in about a minute or two (tiny models, a few steps,
+configs/shakespeare_cpu.py shrunk, val loss 3.6, nanoGPT's training shrunk and without its bench.py, which
+needs CUDA): a rehearsal of the machinery, none of its figures means anything.
 """
 
 from __future__ import annotations
@@ -74,8 +86,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # CUDA tests 26 s; a bench.py training row ~29 s (87.5 s for three in one process, its compile ~20 s each);
 # decode 74 s (eager with transformers beside it 47 s, compiled 27 s); configs/shakespeare.py to val 1.47 60 s;
 # the memory plan 38 s; serving GPT-2's shape compiles 6 buckets at ~12 s each before its load. Not measured
-# yet, estimated: the steps part (two 2,000-step runs of the 12.6 ms/step model, ~25 s each with the start and
-# compile) and nanoGPT (its bench.py ~30 s with its compile; its train_shakespeare_char ~57 s to its best val).
+# yet, estimated: the tests now hold the engine's compiled buckets (~25 s) and the graphed training step (~10 s)
+# besides those 26 s; the steps part (two 1,500-step runs of the 12.6 ms/step model, ~30 s each with the start
+# and compile); nanoGPT (its bench.py ~30 s with its compile; its train_shakespeare_char ~57 s to step 1,750).
 # The device read comes first, on its own budget: no other part's share can skip it.
 @dataclass(frozen=True)
 class Budget:
@@ -89,9 +102,9 @@ class Budget:
 
 
 DEVICE_BUDGET = Budget(15, 10, 25, 15)
-BUDGETS = {"tests": Budget(40, 30, 30, 20), "train": Budget(95, 65, 50, 25), "decode": Budget(78, 50, 40, 20),
-           "shakespeare": Budget(62, 55, 60, 30), "steps": Budget(85, 40, 45, 20),
-           "nanogpt": Budget(95, 60, 40, 15),
+BUDGETS = {"tests": Budget(70, 45, 30, 20), "train": Budget(70, 60, 50, 25), "decode": Budget(78, 50, 40, 20),
+           "shakespeare": Budget(62, 55, 60, 30), "steps": Budget(65, 40, 45, 20),
+           "nanogpt": Budget(90, 60, 40, 15),
            # not in the default run (--parts=...,plan,serve,train_more): their figures are not in its summary
            "plan": Budget(45, 40, 10, 5), "serve": Budget(160, 90, 10, 5), "train_more": Budget(200, 35, 10, 5)}
 DEFAULT_PARTS = ("tests", "train", "nanogpt", "shakespeare", "steps", "decode")  # (in PARTS' order)
@@ -102,18 +115,17 @@ MIN_RUN_S = 8
 # budgets, so that stopping the last run still ends within --total_s).
 GRACE_S = 5
 
-# bench.py's training runs in the default run: the rows the summary needs, the most decisive first. On a GPU:
-# nanoGPT's shape (no biases) at 12 x 1024, plain and as one CUDA graph, against nanoGPT's bench.py; then 32, the
-# best tokens/s measured so far. (The attention kernels are left out: at 12 x 1024 the default, cuDNN's, was the
-# fastest on the H200.)
+# bench.py's training runs in the default run, the most decisive: nanoGPT's shape (no biases) at 12 x 1024, plain
+# and as one CUDA graph, against nanoGPT's bench.py. (The attention kernels are left out: at 12 x 1024 the
+# default, cuDNN's, was the fastest on the H200.)
 TRAIN_RUNS = (
     ("nanoGPT's shape (no biases) at 12, plain and as one CUDA graph",
      ["--models=gpt2nobias", "--batch_size=12", "--cuda_graphs=False,True"]),
-    ("micro-batch 32", ["--models=gpt2nobias", "--batch_size=32"]),
 )
-# ... and the rest, the train_more part (--parts=train_more, with its own time).
+# ... and the rest, the train_more part (--parts=train_more, with its own time): first the larger micro-batches
+# (32 gave the best tokens/s on the H200).
 TRAIN_MORE_RUNS = (
-    ("micro-batch 16", ["--models=gpt2nobias", "--batch_size=16"]),
+    ("micro-batches 32, 16", ["--models=gpt2nobias", "--batch_size=32,16"]),
     ("each block compiled on its own", ["--models=gpt2nobias", "--batch_size=12", "--compile_scope=blocks"]),
     ("compile's autotuned kernels", ["--models=gpt2nobias", "--batch_size=12",
                                      "--compile_mode=max-autotune-no-cudagraphs"]),
@@ -131,7 +143,7 @@ SMOKE_TRAIN_MORE_RUNS = (("tiny, blocks compiled on their own", ["--models=tinyn
 # (each over the log interval before it) it reports. The early window starts after the graphed run's warm-up
 # steps and capture (gptkit/cudagraph.py: 3 warm-up steps, captured at the 4th), which the first interval holds.
 STEP_RUNS = (("as train.py runs it", []), ("one CUDA graph", ["--cuda_graphs=True"]))
-STEP_LOG, STEP_AT = 100, (200, 2000)
+STEP_LOG, STEP_AT = 100, (200, 1500)
 SMOKE_STEP_LOG, SMOKE_STEP_AT = 50, (100, 300)
 # (eager, with transformers' eager generate of the same shape beside it: the reference eager decoding must meet)
 DECODE_RUNS = (("eager", ["--compile=False", "--hf_reference"]), ("compiled", ["--compile=True"]))
@@ -139,11 +151,11 @@ SMOKE_DECODE_RUNS = (("eager", ["--compile=False", "--hf_reference"]),)
 
 # nanoGPT, run beside ours in the same call (its own code, from shared/anchors/nanoGPT): its bench.py (GPT-2 124M
 # without biases at 12 x 1024, compiled, random tokens) and its train_shakespeare_char config, stopped at the first
-# val loss at or below --val_loss or at NANOGPT_ITERS (its best val, ~1.473, comes at step ~1,750 on an H200).
+# val loss at or below --val_loss or at step 1,750 (its best val, ~1.473 on an H200, came there).
 NANOGPT_FILES = ("bench.py", "train.py", "model.py", "configurator.py", "config/train_shakespeare_char.py",
                  "data/shakespeare_char/prepare.py")
 NANOGPT_BENCH = ("bench.py", "--real_data=False", "--compile=True")
-NANOGPT_TRAIN = ("train.py", "config/train_shakespeare_char.py", "--max_iters=2000")
+NANOGPT_TRAIN = ("train.py", "config/train_shakespeare_char.py", "--max_iters=1750")
 # ... in --smoke: no bench.py (it needs CUDA), its training shrunk to seconds on the CPU
 SMOKE_NANOGPT_TRAIN = ("train.py", "config/train_shakespeare_char.py", "--device=cpu", "--compile=False",
                        "--dtype=float32", "--max_iters=60", "--eval_interval=20", "--eval_iters=2", "--log_interval=5",
@@ -586,7 +598,7 @@ def nanogpt_results(output: str) -> dict:
 
 def part_nanogpt(check: Check, args) -> dict:
     """nanoGPT beside ours in this call: its bench.py (the denominator of vs_nanogpt) and its
-    train_shakespeare_char until its first val loss <= --val_loss (or NANOGPT_ITERS), timed from its start."""
+    train_shakespeare_char until its first val loss <= --val_loss (or step 1,750), timed from its start."""
     source = nanogpt_dir(args.nanogpt)
     if source is None:
         return {"status": "skipped", "runs": [], "reason": "no anchor: nanoGPT's code is not at "

@@ -37,7 +37,7 @@ def test_cuda_graphed_training_equals_the_plain_step(char_dataset, tmp_path, mon
     monkeypatch.setattr(optim, "get_lr", lambda step, cfg: torch.tensor(real_lr(step, cfg)).item())
     captured = count_captures(monkeypatch)
     plain, graphed = tmp_path / "plain", tmp_path / "graphed"
-    args = dict(ON_GPU, max_iters=30, lr_decay_iters=30, seed=1234)
+    args = dict(ON_GPU, max_iters=30, lr_decay_iters=30, seed=1234, learning_rate=1e-2, min_lr=1e-3)
     train.main(tiny_args(char_dataset, plain, cuda_graphs=False, **args))
     assert captured == []
     train.main(tiny_args(char_dataset, graphed, cuda_graphs=True, **args))
@@ -46,7 +46,7 @@ def test_cuda_graphed_training_equals_the_plain_step(char_dataset, tmp_path, mon
     assert sorted(a) == sorted(b) == list(range(1, 31))
     for step in a:
         assert b[step] == pytest.approx(a[step], rel=2e-2), step
-    assert a[30] < a[1] - 0.3  # it trained
+    assert sum(a[s] for s in range(26, 31)) < sum(a[s] for s in range(1, 6)) - 1.0  # it trained
     wa, wb = weights(plain), weights(graphed)
     assert wa.keys() == wb.keys()
     for name in wa:
@@ -72,7 +72,8 @@ def test_cuda_a_nan_after_the_capture_masks_that_step_and_every_later_one(char_d
         kept = poisoned.detach().clone()
         with torch.no_grad():
             poisoned.fill_(float("nan"))
-            outputs = real_call(self, loader, stop_requested)
+        outputs = real_call(self, loader, stop_requested)
+        with torch.no_grad():
             poisoned.copy_(kept)  # (on the same stream: after this replay, before the next)
         return outputs
 
