@@ -86,7 +86,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gptkit import cli
 from gptkit.config import ConfigError, TrainConfig, load_config, setting
-from gptkit.cudagraph import GraphedStep
+from gptkit.cudagraph import GraphedStep, refuse_uncapturable
 from gptkit.generate import SamplingOptions, compile_decode_step, generate_stream, prefill
 from gptkit.metrics import peak_flops
 from gptkit.optim import make_optimizer, set_lr
@@ -891,6 +891,7 @@ def train_rows(name: str, rt: Runtime, args) -> Iterator[dict]:
 @cli.entry_point(oom_hint="use a smaller --batch_size or --models, or --keep_going")
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    refuse_uncapturable(True in args.cuda_graphs, compile_modes=args.compile_mode)  # before any row runs
     rt = setup_runtime(args.device, args.dtype)  # a DeviceError (a UserError) is the one-line exit
     on_gpu = rt.device_type == "cuda"
     models = args.models or (["baby", "gpt2"] if on_gpu else ["baby"])

@@ -42,7 +42,7 @@ from gptkit.config import ConfigError, InferenceSettings, load_config, setting
 from gptkit.runtime import Dist, Runtime, distributed, resolve_compile
 from gptkit.shards import TokenDataset, require_dataset
 from gptkit.tokenizer import Tokenizer
-from model import GPT
+from model import GPT, bucketed_forward
 
 LOGITS_BUDGET = 1 << 26  # floats of logits at a time when scoring windows (256 MB in fp32)
 
@@ -106,7 +106,7 @@ def window_losses(model: GPT, x: torch.Tensor, y: torch.Tensor, rt: Runtime, hid
     """Cross-entropy of every target in y (B, T) given x (B, T), float32 (B * T,). The head runs in float32 over
     a few rows at a time, so a 50K-word vocabulary never needs the whole (B, T, V) logits at once."""
     with rt.autocast():
-        h = hidden(x).flatten(0, 1)  # (B * T, C)
+        h = bucketed_forward(hidden, x, model.config.block_size).flatten(0, 1)  # (B * T, C)
     targets = y.flatten()
     rows = max(1, LOGITS_BUDGET // model.config.vocab_size)
     out = torch.empty(len(targets), device=h.device)

@@ -112,6 +112,20 @@ def bucketed_length(length: int, max_len: int) -> int:
     return min(max_len, -(-length // KV_LENGTH_BUCKET) * KV_LENGTH_BUCKET)
 
 
+def bucketed_forward(hidden, idx: torch.Tensor, block_size: int) -> torch.Tensor:
+    """hidden(idx) for an uncached forward of idx (B, T) of any length (hidden: model.hidden_states or a compiled
+    one), with the decode's policy for the attention's shapes: the rows are right-padded with token 0 to
+    bucketed_length(T, block_size) and the padding's outputs cut off, so that prompts and windows of every
+    length give attention at most block_size / KV_LENGTH_BUCKET shapes, not one per length (cuDNN's attention
+    plans per shape: ~45 ms per new length for GPT-2 on an H200). Causal attention never lets a later position
+    change an earlier one: the T outputs are those of the unpadded forward (to float rounding)."""
+    T = idx.size(-1)
+    padded = max(T, bucketed_length(T, block_size))  # (T > block_size: hidden_states' own error)
+    if padded > T:
+        idx = F.pad(idx, (0, padded - T))
+    return hidden(idx)[:, :T]
+
+
 # The modern block's pieces (GPTConfig's options; all off for GPT-2): small functions, so that the blocks below
 # read as GPT-2 with a few one-line choices.
 

@@ -48,7 +48,7 @@ from gptkit.checkpoint import (
 )
 from gptkit.cli import UserError
 from gptkit.config import TrainConfig, build_config, config_to_dict, lora_settings, parse_args, print_config
-from gptkit.cudagraph import GraphedStep
+from gptkit.cudagraph import GraphedStep, graph_batch_reserve
 from gptkit.files import OutDirBusyError, OutDirLock
 from gptkit.hf_gpt2 import GPT2_NAMES
 from gptkit.loader import BatchLoader, ValBatches
@@ -340,9 +340,12 @@ def choose_batch_size(cfg: TrainConfig, model: GPT, ckpt: dict | None, d: Dist, 
         batch = max([b for b in candidates if b <= fits], default=None)
         how = f"under FSDP, the plan's largest for this GPU's free memory is {fits}"
     elif rt.device_type == "cuda":
-        estimate = plan.largest_batch(model, setup, gpu_free_bytes(rt))
-        batch = plan.search_batch(candidates, estimate, lambda b: fits_on_gpu(model, cfg, rt, b))
-        how = f"the largest that ran a training step here; the plan estimated {estimate}"
+        # replayed as one CUDA graph, the step's memory stays in the graph's pool: a margin is held back
+        reserve = graph_batch_reserve(gpu_free_bytes(rt)) if cfg.cuda_graphs else 0
+        estimate = plan.largest_batch(model, setup, gpu_free_bytes(rt) - reserve)
+        batch = plan.search_batch(candidates, estimate, lambda b: fits_on_gpu(model, cfg, rt, b, reserve))
+        how = (f"the largest that ran a training step here{' with the CUDA graph margin held back' if reserve else ''}"
+               f"; the plan estimated {estimate}")
     else:
         # the processes of a CPU job share the machine's RAM
         fits = plan.largest_batch(model, setup, plan.cpu_device().capacity / d.world_size, limit=candidates[-1])
@@ -377,19 +380,22 @@ def trial_step(model: GPT, optimizer, rt: Runtime, batch: int, block_size: int) 
     optimizer.step()
 
 
-def fits_on_gpu(model: GPT, cfg: TrainConfig, rt: Runtime, batch: int) -> bool:
-    """Whether a real training step at `batch` sequences fits: its optimizer steps at learning rate 0, so the
-    weights stay as they were; everything it allocated is released before the next try."""
+def fits_on_gpu(model: GPT, cfg: TrainConfig, rt: Runtime, batch: int, reserve: int = 0) -> bool:
+    """Whether a real training step at `batch` sequences fits, with `reserve` bytes held aside: its optimizer
+    steps at learning rate 0, so the weights stay as they were; everything it allocated is released before the
+    next try."""
     optimizer = make_optimizer(model, cfg, rt.device_type)
     for group in optimizer.param_groups:
         group["lr"] = 0.0
+    held = None
     try:
+        held = torch.empty(reserve, dtype=torch.uint8, device=rt.device)  # (0 bytes: nothing)
         trial_step(model, optimizer, rt, batch, cfg.block_size)
         fits = True
     except torch.OutOfMemoryError:  # (its traceback, which holds the step's tensors, is gone after this block)
         fits = False
     optimizer.zero_grad(set_to_none=True)
-    del optimizer
+    del optimizer, held
     gc.collect()
     if rt.device_type == "cuda":
         torch.cuda.empty_cache()

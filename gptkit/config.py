@@ -209,6 +209,10 @@ class TrainConfig(ModelSettings):
             raise ConfigError(f"lora_rank must be >= 0 (0 = off), got {self.lora_rank}")
         if self.lora_rank:
             lora_settings(self)  # names a bad lora_targets, lora_alpha or lora_dropout
+        if self.cuda_graphs:  # what a capture of the whole step cannot record: refused now, not at the capture
+            from gptkit.cudagraph import refuse_uncapturable  # (here: gptkit.cudagraph imports this module)
+
+            refuse_uncapturable(self.cuda_graphs, activation_checkpointing=self.activation_checkpointing)
         self.model_config(vocab_size=1)  # the model's shape is checked by GPTConfig, its one validator
 
     def validate_tokens_per_step(self) -> None:

@@ -13,9 +13,14 @@ removes that. What a graph needs, this module provides:
   through a device tensor. The optimizer step is masked on the device by the first (optim.step_unless), so a
   non-finite step is never applied, nor any step after it, until train.py reads the flags and stops.
 
-The first `warmup` steps run the same step eagerly on a side stream (they are real training steps, and
-torch.compile compiles in them), then it is captured, and replayed from there on. On a device other than CUDA
-the step always runs eagerly: the same arithmetic, which is how the tests check it on a CPU.
+The first `warmup` steps run the same step eagerly on a side stream, one stream made once (they are real
+training steps, and torch.compile compiles in them), then it is captured, and replayed from there on. (The
+capture itself hands the warm-up's cached blocks back first, torch.cuda.graph's empty_cache.) From then on the
+graph's private pool keeps a whole step's gradients and working memory for good, beside the regular pool, where
+the evaluations then run: batch_size=auto keeps a margin for that (graph_batch_reserve). On a device other than
+CUDA the step always runs eagerly: the same arithmetic, which is how the tests check it on a CPU.
+
+Settings that cannot be captured are refused before the first step (refuse_uncapturable), not at the capture.
 """
 
 from __future__ import annotations
@@ -23,7 +28,42 @@ from __future__ import annotations
 import torch
 
 from gptkit import parallel
+from gptkit.cli import UsageError
 from gptkit.optim import step_unless
+
+# torch.compile's modes that record CUDA graphs of their own: not inside a capture of the whole step.
+GRAPHING_COMPILE_MODES = ("reduce-overhead", "max-autotune")
+
+# batch_size=auto with cuda_graphs: the share of the free memory held back from the trial step (train.py's
+# fits_on_gpu). A margin, not a trial with graphs: a trial capture per candidate batch would cost three warm-up
+# steps and a capture each, and a capture that runs out of memory leaves the device in a state a clean retry
+# cannot count on. What the margin covers: the graph's pool keeps the step's memory for good, so an evaluation's
+# forward (in the regular pool) comes on top of it instead of reusing it, and the two pools cannot share
+# blocks (rounding, fragmentation). 10% is an estimate, not a measurement: a GPU run with --cuda_graphs=True and
+# batch_size=auto (its peak memory, metrics.jsonl's peak_mem_mb) is what should set it.
+GRAPH_MEMORY_MARGIN = 0.10
+
+
+def refuse_uncapturable(cuda_graphs: bool | None, *, activation_checkpointing: bool = False,
+                        compile_modes: tuple[str, ...] | list[str] = ()) -> None:
+    """A one-line UsageError, before the first step, for settings the whole-step capture cannot record:
+    activation checkpointing (recomputing a block saves and restores the CUDA random state, which a capture
+    refuses) and torch.compile's modes that record CUDA graphs of their own (no graph inside a capture)."""
+    if not cuda_graphs:
+        return
+    if activation_checkpointing:
+        raise UsageError("--activation_checkpointing=True cannot run with --cuda_graphs=True (recomputing a block "
+                         "reads the CUDA random state, which a graph capture refuses); drop one of the two")
+    graphing = [mode for mode in compile_modes if mode in GRAPHING_COMPILE_MODES]
+    if graphing:
+        raise UsageError(f"--compile_mode={graphing[0]} records CUDA graphs of its own, which cannot sit inside "
+                         f"--cuda_graphs=True's capture of the whole step; use --compile_mode=default or "
+                         f"max-autotune-no-cudagraphs with --cuda_graphs=True, or --cuda_graphs=False")
+
+
+def graph_batch_reserve(free_bytes: int) -> int:
+    """Bytes to hold back from a batch_size=auto trial step when the run replays its step as a CUDA graph."""
+    return int(free_bytes * GRAPH_MEMORY_MARGIN)
 
 
 class GraphedStep:
@@ -38,6 +78,7 @@ class GraphedStep:
         self.halted = torch.zeros((), device=device)  # 1.0 once any step was non-finite: every later one is masked
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.capture = device.type == "cuda"
+        self.side = torch.cuda.Stream(device) if self.capture else None  # the warm-up steps' stream, made once
         self.graph: torch.cuda.CUDAGraph | None = None
         self.outputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.steps = 0
@@ -83,7 +124,7 @@ class GraphedStep:
     def _warm_up_step(self):
         """An eager step on a side stream (as CUDA graphs want their warm-up: the caching allocator and cuBLAS
         settle there, away from the capture)."""
-        side = torch.cuda.Stream(self.device)
+        side = self.side
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             outputs = self.body()

@@ -42,6 +42,7 @@ from gptkit.cli import UserError, one_line
 from gptkit.files import atomic_write
 from gptkit.runtime import Dist, Runtime
 from gptkit.tokenizer import Tokenizer
+from model import bucketed_forward
 
 URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 FILENAME = "hellaswag_val.jsonl"
@@ -219,7 +220,7 @@ def ending_losses(model, batch: Sequence[Encoded], rt: Runtime,
         scored[i, t - n : t] = True
     x, y, scored = x.to(rt.device), y.to(rt.device), scored.to(rt.device)
     with rt.autocast():
-        h = (hidden or model.hidden_states)(x)  # (R, T, C)
+        h = bucketed_forward(hidden or model.hidden_states, x, model.config.block_size)  # (R, T, C)
     logits = model.head(h[scored], fp32=True)  # (N, V) in full float32, no TF32: the scored positions only
     losses = F.cross_entropy(logits, y[scored], reduction="none")
     row_of = scored.nonzero()[:, 0]

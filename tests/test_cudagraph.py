@@ -249,3 +249,25 @@ def test_the_run_clock_starts_at_the_process_start(char_dataset, tmp_path):
     train.main(tiny_args(char_dataset, out, max_iters=1))
     first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert first["elapsed_s"] >= age > 0
+
+
+def test_settings_a_capture_cannot_record_are_refused_before_the_first_step(char_dataset, tmp_path):
+    """--cuda_graphs=True with --activation_checkpointing=True (train.py) or with a compile mode that records its
+    own CUDA graphs (bench.py): one line each, before anything is built or run; auto graphs stay quietly off."""
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match=r"^error: --activation_checkpointing=True cannot run with "
+                                         r"--cuda_graphs=True \(.*\); drop one of the two$"):
+        train.main(tiny_args(char_dataset, out, cuda_graphs=True, activation_checkpointing=True))
+    assert not out.exists()
+    train.main(tiny_args(char_dataset, out, max_iters=1, activation_checkpointing=True))  # (auto: graphs off)
+    import bench
+
+    for mode in ("reduce-overhead", "max-autotune"):
+        with pytest.raises(SystemExit, match=rf"^error: --compile_mode={mode} records CUDA graphs of its own, .*"
+                                             rf"or --cuda_graphs=False$"):
+            bench.main(["--device=cpu", "--models=tiny", "--skip_decode", "--compile=True",
+                        f"--compile_mode=default,{mode}", "--cuda_graphs=False,True"])
+    with pytest.raises(SystemExit, match="needs the model compiled"):  # (without graphs: bench's own check)
+        bench.main(["--device=cpu", "--models=tiny", "--skip_decode", "--compile=False",
+                    "--compile_mode=reduce-overhead"])
+

@@ -55,7 +55,7 @@ import torch.nn.functional as F
 
 from gptkit.generate import SamplingOptions, decode_one_token, logits_to_probs, prefill, sample_token
 from gptkit.runtime import resolve_compile
-from model import GPT, bucketed_length, no_tf32
+from model import GPT, bucketed_forward, bucketed_length, no_tf32
 
 # ----------------------------------------------------------------------------- what the engine says
 
@@ -549,7 +549,7 @@ class Engine:
         KV cache alone (the prefill filled it already), its head taken a slice of positions at a time."""
         n = len(request.prompt)
         prompt = torch.tensor([request.prompt], dtype=torch.long, device=self.device)  # (1, n)
-        h = self.model.hidden_states(prompt)[0]  # (n, C): position i predicts token i + 1
+        h = bucketed_forward(self.model.hidden_states, prompt, self.block_size)[0]  # (n, C): i predicts i + 1
         found: list[Logprob | None] = [None]
         chunk = max(1, (1 << 24) // self.model.config.vocab_size)  # positions whose float32 logits take 64 MB
         for lo in range(0, n - 1, chunk):

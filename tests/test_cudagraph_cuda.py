@@ -1,0 +1,88 @@
+"""train.py's whole step as one CUDA graph, on a GPU (tests/test_cudagraph.py checks the same arithmetic eagerly
+on the CPU; only here is the step captured and replayed): 30 steps equal to the plain step's from one seed, and
+a NaN that enters after the capture masks that step and every later one. gpu_check's tests part runs these."""
+
+import pytest
+import torch
+
+import train
+from gptkit import optim
+from gptkit.cudagraph import GraphedStep
+from tests.test_train import tiny_args, train_losses, weights
+
+pytestmark = pytest.mark.cuda  # skipped without a CUDA GPU (tests/ci_skips.py)
+
+# the tiny model on the GPU, eager (no compile: the capture of the plain step is what is tested, in seconds)
+ON_GPU = dict(device="cuda", compile=False, dropout=0.0, eval_interval=100)
+
+
+def count_captures(monkeypatch) -> list[int]:
+    """Every capture from now on appends the step count at which it happened."""
+    captured = []
+    real = GraphedStep._capture
+
+    def capture(self):
+        captured.append(self.steps)
+        real(self)
+
+    monkeypatch.setattr(GraphedStep, "_capture", capture)
+    return captured
+
+
+def test_cuda_graphed_training_equals_the_plain_step(char_dataset, tmp_path, monkeypatch):
+    """30 steps from one seed, dropout 0, bf16: the graphed run's loss at every step is the plain run's to bf16
+    rounding, and so are its final weights (each tensor's difference small against the tensor: a step replayed
+    on stale inputs or a lost update would change the weights by as much as training does)."""
+    real_lr = optim.get_lr  # the graph's learning rate is a float32 tensor: the same rounding for both runs
+    monkeypatch.setattr(optim, "get_lr", lambda step, cfg: torch.tensor(real_lr(step, cfg)).item())
+    captured = count_captures(monkeypatch)
+    plain, graphed = tmp_path / "plain", tmp_path / "graphed"
+    args = dict(ON_GPU, max_iters=30, lr_decay_iters=30, seed=1234, learning_rate=1e-2, min_lr=1e-3)
+    train.main(tiny_args(char_dataset, plain, cuda_graphs=False, **args))
+    assert captured == []
+    train.main(tiny_args(char_dataset, graphed, cuda_graphs=True, **args))
+    assert captured == [3]  # captured once, after the three warm-up steps, and replayed from there on
+    a, b = train_losses(plain), train_losses(graphed)
+    assert sorted(a) == sorted(b) == list(range(1, 31))
+    for step in a:
+        assert b[step] == pytest.approx(a[step], rel=2e-2), step
+    assert sum(a[s] for s in range(26, 31)) < sum(a[s] for s in range(1, 6)) - 1.0  # it trained
+    wa, wb = weights(plain), weights(graphed)
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        diff = (wa[name].float() - wb[name].float()).norm() / wa[name].float().norm()
+        assert diff < 2e-2, (name, float(diff))
+
+
+def test_cuda_a_nan_after_the_capture_masks_that_step_and_every_later_one(char_dataset, tmp_path, monkeypatch):
+    """A weight made NaN on the device for the 7th step only (step 6, the third replay): that step's update is
+    masked inside the graph, and so is every later one although the weight is finite again (the flag on the
+    device stays set), until train.py reads the flag and stops with the one-line error. The weights at the end
+    are those from before step 6, exactly."""
+    captured = count_captures(monkeypatch)
+    seen = {}
+    real_call = GraphedStep.__call__
+
+    def call(self, loader, stop_requested):
+        seen["calls"] = seen.get("calls", 0) + 1
+        if seen["calls"] != 7:
+            return real_call(self, loader, stop_requested)
+        seen["step"], seen["before"] = self, [p.detach().clone() for p in self.params]
+        poisoned = self.params[0]  # read by the graph at its address: the replay sees the NaN
+        kept = poisoned.detach().clone()
+        with torch.no_grad():
+            poisoned.fill_(float("nan"))
+        outputs = real_call(self, loader, stop_requested)
+        with torch.no_grad():
+            poisoned.copy_(kept)  # (on the same stream: after this replay, before the next)
+        return outputs
+
+    monkeypatch.setattr(GraphedStep, "__call__", call)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match="non-finite loss or gradient norm at step 6"):
+        train.main(tiny_args(char_dataset, out, cuda_graphs=True, max_iters=20, lr_decay_iters=20, **ON_GPU))
+    assert captured == [3] and seen["calls"] >= 8  # the replays after the NaN ran (the flag is read a step late)
+    step = seen["step"]
+    assert float(step.halted) == 1.0
+    for p, before in zip(step.params, seen["before"]):
+        assert torch.equal(p, before)
