@@ -185,28 +185,28 @@ def test_checkpoint_interval_s_saves_on_rank_0s_clock(char_dataset, tmp_path, mo
 
 # ----------------------------------------------------------------------------- torchrun: restarts, two nodes
 
-# A torchrun worker: train.py, except that on the first attempt (TORCHELASTIC_RESTART_COUNT 0) the process of
-# rank KILL_RANK kills itself (SIGKILL) in the middle of step KILL_STEP, or with KILL_SAVE in the middle of
-# writing its KILL_SAVE-th last.pt (half of it written), as the OOM killer or a lost node would.
+# A torchrun worker: train.py, except that it kills itself (SIGKILL), as the OOM killer or a lost node would:
+# with KILL_STEP=ATTEMPT:RANK:N, the process of that rank on that attempt (TORCHELASTIC_RESTART_COUNT) in the
+# middle of its N-th step; with KILL_SAVE=ATTEMPT:RANK:N, in the middle of writing its N-th last.pt (half of
+# it written).
 KILLING_WORKER = """
-import os, signal, sys
+import io, os, signal, sys
 sys.path.insert(0, {repo!r})
 import torch
 import train
-first = os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" and os.environ["RANK"] == os.environ["KILL_RANK"]
+here = os.environ["TORCHELASTIC_RESTART_COUNT"] + ":" + os.environ["RANK"] + ":"
 steps, last_saves = [0], [0]
 real_step, real_save = train.forward_backward, torch.save
 
 def forward_backward(*args, **kwargs):
     steps[0] += 1
-    if first and steps[0] == int(os.environ.get("KILL_STEP", -1)):
+    if os.environ.get("KILL_STEP") == here + str(steps[0]):
         os.kill(os.getpid(), signal.SIGKILL)
     return real_step(*args, **kwargs)
 
 def save(obj, f, *args, **kwargs):
     last_saves[0] += "last" in str(getattr(f, "name", f))
-    if first and last_saves[0] == int(os.environ.get("KILL_SAVE", -1)):
-        import io
+    if os.environ.get("KILL_SAVE") == here + str(last_saves[0]):
         whole = io.BytesIO()
         real_save(obj, whole, *args, **kwargs)
         f.write(whole.getvalue()[: len(whole.getvalue()) // 2])
@@ -227,13 +227,12 @@ def torchrun(args: list[str], *options: str, script: Path = REPO / "train.py", e
     return res
 
 
-def killed_and_restarted(tmp_path, args: list[str], **kill) -> str:
-    """torchrun --max-restarts=2 of the killing worker: the group is restarted once; its output."""
+def killed_and_restarted(tmp_path, args: list[str], kills: int, **kill: str) -> str:
+    """torchrun --max-restarts=2 of the killing worker, killed `kills` times (and so restarted); its output."""
     worker = tmp_path / "killing_worker.py"
     worker.write_text(KILLING_WORKER.format(repo=str(REPO)))
-    env = {"KILL_RANK": "0", **{k.upper(): str(v) for k, v in kill.items()}}
-    res = torchrun(args, "--max-restarts=2", script=worker, env=env)
-    assert "exitcode: -9" in res.stderr, res.stderr  # the first attempt was killed
+    res = torchrun(args, "--max-restarts=2", script=worker, env={k.upper(): v for k, v in kill.items()})
+    assert res.stderr.count("exitcode: -9") == kills, res.stderr
     return res.stdout
 
 
@@ -241,23 +240,21 @@ RESTART_RUN = dict(max_iters=6, eval_interval=2, lr_decay_iters=6, n_layer=1, dr
 
 
 def test_torchrun_restarts_a_killed_ddp_run_from_its_last_checkpoint(char_dataset, tmp_path):
-    """DDP on 2 processes, torchrun --max-restarts=2. A process killed in the middle of a random step past a
-    checkpoint (3 or 5: last.pt at 2 or 4): the group restarts, continues from last.pt and ends with the weights
-    of the uninterrupted run, bit for bit. Killed in the middle of writing last.pt at step 4 (rank 0): the
-    previous last.pt (step 2) is whole, and the restart continues from it."""
+    """DDP on 2 processes, torchrun --max-restarts=2; last.pt at steps 2, 4 and 6. On the first attempt rank 1
+    is killed in the middle of a random step past a checkpoint (3 or 5): the group restarts and continues from
+    last.pt. On that second attempt rank 0 is killed halfway through writing its first last.pt (step 4 or 6):
+    the previous last.pt is whole, and the third attempt continues from it. The run ends with the weights of
+    the uninterrupted run, bit for bit."""
     full = tmp_path / "full"
     torchrun(tiny_args(char_dataset, full, **RESTART_RUN))
     kill_step = random.choice([3, 5])
-    out = killed_and_restarted(tmp_path, tiny_args(char_dataset, tmp_path / "step", **RESTART_RUN),
-                               kill_rank=1, kill_step=kill_step)
-    assert f"holds step {kill_step - 1} of this run: continuing it" in out, (kill_step, out)
-    assert_same_weights(weights(tmp_path / "step"), weights(full))
-    assert train_losses(tmp_path / "step") == train_losses(full)
-    # rank 0 writes last.pt at step 2, then is killed halfway through writing it at step 4
-    out = killed_and_restarted(tmp_path, tiny_args(char_dataset, tmp_path / "save", **RESTART_RUN),
-                               kill_rank=0, kill_save=2)
-    assert "holds step 2 of this run: continuing it" in out and "took over the lock" in out
-    assert_same_weights(weights(tmp_path / "save"), weights(full))
+    out = killed_and_restarted(tmp_path, tiny_args(char_dataset, tmp_path / "killed", **RESTART_RUN), kills=2,
+                               kill_step=f"0:1:{kill_step}", kill_save="1:0:1")
+    resumed = re.findall(r"last.pt holds step (\d+) of this run: continuing it", out)
+    assert resumed == [str(kill_step - 1)] * 2, (kill_step, out)
+    assert "took over the lock" in out  # the one rank 0 left when it was killed
+    assert_same_weights(weights(tmp_path / "killed"), weights(full))
+    assert train_losses(tmp_path / "killed") == train_losses(full)
 
 
 def test_torchrun_restarts_a_killed_fsdp_run(char_dataset, tmp_path):
@@ -266,7 +263,7 @@ def test_torchrun_restarts_a_killed_fsdp_run(char_dataset, tmp_path):
     run = dict(RESTART_RUN, parallel="fsdp", max_iters=4, lr_decay_iters=4)
     full, killed = tmp_path / "full", tmp_path / "killed"
     torchrun(tiny_args(char_dataset, full, **run))
-    out = killed_and_restarted(tmp_path, tiny_args(char_dataset, killed, **run), kill_rank=1, kill_step=3)
+    out = killed_and_restarted(tmp_path, tiny_args(char_dataset, killed, **run), kills=1, kill_step="0:1:3")
     assert f"resume=auto: {killed}/last holds step 2 of this run: continuing it" in out
     assert_same_weights(load_checkpoint(killed / "last")["model"], load_checkpoint(full / "last")["model"])
 
