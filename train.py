@@ -2,10 +2,12 @@
 
     python train.py configs/shakespeare.py                      # one GPU, CPU or MPS
     python train.py configs/shakespeare.py --init_from=resume   # continue exactly where out_dir stopped
+    python train.py configs/shakespeare.py --resume=auto        # continue if out_dir holds this run, else start
     python train.py configs/gpt2_124m.py --plan                 # memory, time and cost per device; trains nothing
     torchrun --standalone --nproc_per_node=8 train.py configs/gpt2_124m.py
     torchrun --standalone --nproc_per_node=8 train.py configs/gpt2_124m.py --parallel=fsdp  # sharded (auto: if needed)
-    torchrun --nnodes=2 --node_rank=0 --master_addr=10.0.0.1 --master_port=29500 --nproc_per_node=8 train.py ...
+    torchrun --nnodes=2 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=NODE0:29500 --rdzv-id=gpt2 \
+        --max-restarts=3 train.py configs/gpt2_124m.py --resume=auto            # on each node; restarts continue
 
 Following one batch: `gptkit/loader.py` reads a window of tokens from the memory-mapped shards (x, y = the window and
 the window shifted by one) -> `model.py` turns x into logits and the cross-entropy against y -> backward ->
@@ -57,8 +59,12 @@ from gptkit.optim import can_mask, describe, load_optimizer_state, make_optimize
 from gptkit.prepare.tiny_shakespeare import DATASETS as SHAKESPEARE_DATASETS
 from gptkit.prepare.tiny_shakespeare import prepare_shakespeare
 from gptkit.runtime import (
+    GO_ON,
+    SAVE,
+    STOP,
     Dist,
     Runtime,
+    StepRequests,
     StopFlag,
     code_version,
     distributed,
@@ -92,9 +98,12 @@ def resolve_config(argv: list[str]) -> tuple[TrainConfig, dict | None]:
     """The run's config and, when resuming, the checkpoint. A resumed run starts from the checkpoint's config;
     what argv sets explicitly overrides it, except the model's shape, which must match."""
     values = parse_args(TrainConfig, argv)
-    if values.get("init_from") != "resume":
-        return build_config(TrainConfig, values), None
     out_dir = Path(values.get("out_dir", TrainConfig.out_dir))
+    auto = values.get("init_from") != "resume" and values.get("resume") == "auto"
+    if values.get("init_from") != "resume":
+        asked = build_config(TrainConfig, values)  # the run as the command starts it
+        if not (auto and auto_resumes(asked, out_dir)):
+            return asked, None
     last = saved_checkpoint(out_dir, "last")  # last.pt, or a sharded last/ (a run under FSDP)
     if last is None:
         if (out_dir / "ckpt.pt").is_file():  # nanoGPT's: no data position or RNG state to resume exactly
@@ -109,6 +118,13 @@ def resolve_config(argv: list[str]) -> tuple[TrainConfig, dict | None]:
     if missing:
         raise TrainError(f"{out_dir}/last.pt cannot be resumed: it has no {', '.join(missing)} (a weights-only "
                          f"checkpoint?); start a new run, or fine-tune from it")
+    if auto:
+        check_same_run(asked, values, ckpt, out_dir)
+        if os.environ.get("RANK", "0") == "0":
+            print(f"resume=auto: {last} holds step {ckpt['step']} of this run: continuing it", flush=True)
+        if asked.init_from != "scratch":  # a fine-tune's block_size may have been fitted to its data: kept
+            values.pop("block_size", None)
+        values["init_from"] = "resume"
     base = dict(ckpt["config"])
     # Through GPTConfig: a checkpoint older than an option has its default, and `auto` options their values.
     saved_model = GPTConfig.from_dict(ckpt["model_config"]).to_dict()
@@ -130,6 +146,36 @@ def resolve_config(argv: list[str]) -> tuple[TrainConfig, dict | None]:
         for line in resume_notes(cfg, values, ckpt, out_dir):
             print(f"note: {line}")
     return cfg, ckpt
+
+
+def auto_resumes(asked: TrainConfig, out_dir: Path) -> bool:
+    """resume=auto: whether out_dir holds a checkpoint to continue (last.pt, or a sharded last/), said in the
+    run's first line (rank 0)."""
+    last = saved_checkpoint(out_dir, "last")
+    if last is None and os.environ.get("RANK", "0") == "0":
+        start = "from scratch" if asked.init_from == "scratch" else f"from {asked.init_from}"
+        print(f"resume=auto: no checkpoint in {out_dir}/ (no last.pt or last/): starting {start}", flush=True)
+    return last is not None
+
+
+def check_same_run(asked: TrainConfig, values: dict, ckpt: dict, out_dir: Path) -> None:
+    """resume=auto continues a checkpoint of this run only: one of another dataset, or another model shape
+    (all of it for a run from scratch; what the command sets explicitly for a fine-tune, whose base decides the
+    rest) is a one-line error naming the difference. (The tokenizer is checked against the dataset's later.)"""
+    saved = ckpt["config"]
+    diffs = []
+    here = dataset_dir(asked.dataset, asked.data_root).resolve()
+    there = dataset_dir(saved.get("dataset", ""), saved.get("data_root", TrainConfig.data_root)).resolve()
+    if here != there:
+        diffs.append(f"dataset (checkpoint {str(there)!r}, this run {str(here)!r})")
+    saved_model = GPTConfig.from_dict(ckpt["model_config"]).to_dict()
+    wanted = asked.model_config(vocab_size=1).to_dict() if asked.init_from == "scratch" else values
+    keys = [k for k in MODEL_KEYS if k in wanted and not (k == "block_size" and asked.init_from != "scratch")]
+    diffs += [f"{k} (checkpoint {saved_model[k]!r}, this run {wanted[k]!r})"
+              for k in keys if wanted[k] is not None and wanted[k] != saved_model[k]]
+    if diffs:
+        raise TrainError(f"resume=auto: {out_dir}/ holds a checkpoint of another run: {'; '.join(diffs)}; choose "
+                         f"another --out_dir (or, to replace it, drop --resume=auto and pass --overwrite=True)")
 
 
 def resume_notes(cfg: TrainConfig, values: dict, ckpt: dict, out_dir: Path) -> list[str]:
@@ -266,6 +312,21 @@ def build_model(cfg: TrainConfig, meta: dict, ckpt: dict | None) -> tuple[GPT, i
         raise TrainError(f"dataset {cfg.dataset!r} is not tokenized with the tokenizer {cfg.init_from} was "
                          f"trained with ({tokenizer}); {hint}")
     return model, added
+
+
+def with_base_shape(cfg: TrainConfig, model: GPT, argv: list[str]) -> TrainConfig:
+    """A fine-tune's model has its base's shape (block_size aside, which may crop it): a shape setting that the
+    command or its config files set to another value is a one-line error, and the run's config (config.json,
+    the checkpoints) records the base's values, what ran."""
+    values, ran = parse_args(TrainConfig, argv), model.config.to_dict()
+    keys = [k for k in MODEL_KEYS if k != "block_size"]
+    differing = [f"{k}={values[k]!r} (the base has {ran[k]!r})" for k in keys
+                 if values.get(k) is not None and values[k] != ran[k]]
+    if differing:
+        raise TrainError(f"{cfg.init_from} decides the model's shape, and this run sets another: "
+                         f"{'; '.join(differing)}; drop these settings to fine-tune it, or train a new model with "
+                         f"--init_from=scratch")
+    return dataclasses.replace(cfg, **{k: ran[k] for k in keys})
 
 
 def added_special_tokens(base_spec: dict | None, meta: dict) -> bool:
@@ -458,6 +519,8 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
                          f"the number of processes ({d.world_size})")
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     model, added_tokens = build_model(cfg, meta, ckpt)
+    if ckpt is None and cfg.init_from != "scratch":
+        cfg = with_base_shape(cfg, model, argv)
     check_vocab(data_dir, meta, model)
     lora_info = attach_lora(cfg, model, ckpt, added_tokens)
     if lora_info and rt.device_type == "cuda" and rt.dtype == torch.bfloat16:
@@ -524,9 +587,12 @@ def restore_state(run: Run, ckpt: dict) -> tuple[int, float]:
     return int(ckpt["step"]), float(ckpt["best_val_loss"])
 
 
-def save(run: Run, name: str, step: int, best_val: float) -> None:
+def save(run: Run, name: str, step: int, best_val: float, requests: StepRequests | None = None) -> None:
     """Every rank calls this at the same steps: each contributes its RNG state; rank 0 writes, or under FSDP
-    every rank writes its shards of a sharded checkpoint, the folder `name` without .pt (rank 0 the rest)."""
+    every rank writes its shards of a sharded checkpoint, the folder `name` without .pt (rank 0 the rest).
+    `requests`: a save of last.pt restarts the clock of checkpoint_interval_s."""
+    if requests is not None:
+        requests.saved()
     rt, d = run.rt, run.d
     rng = {"torch": torch.get_rng_state(),
            "cuda": torch.cuda.get_rng_state(rt.device) if rt.device_type == "cuda" else None}
@@ -617,9 +683,10 @@ def forward_backward(model, optimizer, scaler, next_batch, accum: int, rt: Runti
     return loss_sum, grad_norm
 
 
-def step_flags(loss: torch.Tensor, grad_norm: torch.Tensor, stop_requested: bool, rt: Runtime,
+def step_flags(loss: torch.Tensor, grad_norm: torch.Tensor, request: float, rt: Runtime,
                d: Dist) -> torch.Tensor:
-    """The step's flags on the device, (2,) float32: [a NaN/inf anywhere, a stop signal on any rank], one small
+    """The step's flags on the device, (2,) float32: [a NaN/inf anywhere, the largest request of any rank for
+    the step boundary (runtime.StepRequests: GO_ON, SAVE or STOP; a bool: a stop signal or none)], one small
     reduction deciding for all ranks. Nothing is read to the host here. With fp16 an inf gradient is routine
     (the GradScaler skips that step and lowers its scale): only a non-finite loss is an error there."""
     bad = ~torch.isfinite(loss)
@@ -627,7 +694,7 @@ def step_flags(loss: torch.Tensor, grad_norm: torch.Tensor, stop_requested: bool
         bad = bad | ~torch.isfinite(grad_norm)
     flags = torch.zeros(2, device=rt.device)
     flags[0] = bad
-    flags[1].fill_(float(stop_requested))  # a scalar fill: no host-to-device copy
+    flags[1].fill_(float(request))  # a scalar fill: no host-to-device copy
     if d.enabled:
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
     return flags
@@ -636,12 +703,14 @@ def step_flags(loss: torch.Tensor, grad_norm: torch.Tensor, stop_requested: bool
 @dataclass
 class Verdict:
     """What a step's flags say, once read: `bad_step` the step whose loss or gradients were not finite (its
-    update was not applied), with its loss and gradient norm on this rank; `stop` a stop signal on any rank."""
+    update was not applied), with its loss and gradient norm on this rank; `stop` a stop signal on any rank;
+    `save` a save asked for on any rank (SIGUSR1, or rank 0's clock: checkpoint_interval_s), and no stop."""
 
     bad_step: int | None = None
     loss: float = 0.0
     grad_norm: float = 0.0
     stop: bool = False
+    save: bool = False
 
 
 class StepGuard:
@@ -666,12 +735,12 @@ class StepGuard:
         self.host = torch.zeros(4, pin_memory=cuda) if self.deferred else None
         self.event = torch.cuda.Event() if self.deferred and cuda else None
 
-    def check(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, stop_requested: bool = False,
+    def check(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, request: float = GO_ON,
               flags: torch.Tensor | None = None) -> Verdict:
         """Called after the step's backward, before its optimizer step: what is known so far (this step's
         flags, or when deferred the previous step's). `flags`: the step's own, when it computed them (a CUDA
         graph's step, already applied or masked)."""
-        self.flags = step_flags(loss, grad_norm, stop_requested, self.rt, self.d) if flags is None else flags
+        self.flags = step_flags(loss, grad_norm, request, self.rt, self.d) if flags is None else flags
         values = torch.cat([self.flags, loss.detach().float().reshape(1), grad_norm.detach().float().reshape(1)])
         if not self.deferred:
             self.pending = (step, values, None)
@@ -700,8 +769,9 @@ class StepGuard:
         self.pending = None
         if event is not None:
             event.synchronize()
-        bad, stop, loss, grad_norm = host.tolist()
-        return Verdict(bad_step=step if bad else None, loss=loss, grad_norm=grad_norm, stop=bool(stop))
+        bad, request, loss, grad_norm = host.tolist()
+        return Verdict(bad_step=step if bad else None, loss=loss, grad_norm=grad_norm, stop=request >= STOP,
+                       save=SAVE <= request < STOP)
 
 
 # Where the flags are read a step late (the step masked on the device instead): where the host would wait.
@@ -789,8 +859,9 @@ def stop_run(run: Run, step: int, best_val: float, start_step: int) -> None:
     if not run.d.master:
         return
     last = f"{run.cfg.out_dir}/last.pt"
+    again = rerun_command(run.argv, resume=run.cfg.resume != "auto")  # (resume=auto: the same command)
     if step > start_step or run.cfg.init_from == "resume":  # (resumed: last.pt holds the start step already)
-        print(f"stopped at step {step}; {last} holds it; continue with: {rerun_command(run.argv, resume=True)}")
+        print(f"stopped at step {step}; {last} holds it; continue with: {again}")
     else:
         print(f"stopped at step {step}, before the first step finished: nothing was saved (no {last}); start "
               f"again with: {rerun_command(run.argv)}")
@@ -809,9 +880,9 @@ def rerun_command(argv: list[str], resume: bool = False) -> str:
     return shlex.join(["python", "train.py", *args, *(["--init_from=resume"] if resume else [])])
 
 
-def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, stop: StopFlag) -> dict:
-    cfg, rt, d = run.cfg, run.rt, run.d
-    start_step, val_loss, stopped = step, None, False
+def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, requests: StepRequests) -> dict:
+    cfg, rt, d, stop = run.cfg, run.rt, run.d, requests.stop
+    start_step, val_loss, stopped, save_asked = step, None, False, False
     guard = StepGuard(run.optimizer, rt, d)
     while True:
         # ---- evaluate and checkpoint
@@ -819,12 +890,9 @@ def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, stop: Sto
             verdict = guard.settle()  # the last step's flags, before anything is evaluated or saved
             if verdict.bad_step is not None:
                 raise non_finite_error(verdict)
-            if verdict.stop:
-                stop_run(run, step, best_val, start_step)
-                stopped = True
-                break
-            val_loss = evaluate(run.model, run.val, rt, d, stop)
-            if val_loss is None:  # a signal during the evaluation: the resumed run evaluates this step again
+            save_asked |= verdict.save
+            val_loss = None if verdict.stop else evaluate(run.model, run.val, rt, d, stop)
+            if val_loss is None:  # a stop signal, before or during the evaluation (evaluated again on resume)
                 stop_run(run, step, best_val, start_step)
                 stopped = True
                 break
@@ -835,8 +903,9 @@ def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, stop: Sto
             # step whose evaluation the stopped run never did: an improvement there is saved too.
             if improved and step > 0:
                 save(run, "best.pt", step, best_val)
-            if step > start_step and (improved or cfg.always_save_checkpoint or step >= cfg.max_iters):
-                save(run, "last.pt", step, best_val)  # (on the start step last.pt already holds this state)
+            if step > start_step and (improved or cfg.always_save_checkpoint or step >= cfg.max_iters or save_asked):
+                save(run, "last.pt", step, best_val, requests)  # (on the start step last.pt holds this state)
+            save_asked = False
             if step > start_step:
                 metrics.start_timing()  # keep the evaluation out of the step timings
         if cfg.eval_only or step >= cfg.max_iters:
@@ -847,15 +916,15 @@ def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, stop: Sto
         if run.graphed is None:
             loss, grad_norm = forward_backward(run.model, run.optimizer, run.scaler, run.loader.next_batch,
                                                run.accum, rt, cfg.grad_clip, prefetch=run.loader.prefetch)
-            # ---- NaN/inf or a stop signal on any rank (this step's flags, or on a GPU the previous step's)
-            verdict = guard.check(step, loss, grad_norm, stop.requested)
+            # ---- NaN/inf, a stop or a save asked for on any rank (this step's flags, or on a GPU the previous step's)
+            verdict = guard.check(step, loss, grad_norm, requests.next())
             if verdict.bad_step is not None:
                 raise non_finite_error(verdict)
             # ---- the optimizer step (on a GPU skipped on the device if this step's flag is set)
             guard.optimizer_step(run.optimizer, run.scaler)
             run.optimizer.zero_grad(set_to_none=True)
         else:  # ---- the same step as one CUDA graph: the update masked on the device from a bad step on
-            loss, grad_norm, flags = run.graphed(run.loader, stop.requested)
+            loss, grad_norm, flags = run.graphed(run.loader, requests.next())
             verdict = guard.check(step, loss, grad_norm, flags=flags)
             if verdict.bad_step is not None:
                 raise non_finite_error(verdict)
@@ -871,6 +940,10 @@ def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, stop: Sto
             stop_run(run, step, best_val, start_step)
             stopped = True
             break
+        save_asked = verdict.save  # SIGUSR1 or the clock, on any rank: save last.pt, then go on
+        if save_asked and step % cfg.eval_interval and step < cfg.max_iters:  # (else with the evaluation)
+            save(run, "last.pt", step, best_val, requests)
+            save_asked = False
     return {"step": step, "val_loss": val_loss, "best_val_loss": best_val, "stopped": stopped}
 
 
@@ -886,7 +959,8 @@ def train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Run
         metrics = make_metrics(run, step)
         try:
             with StopFlag() as stop:
-                summary = train_loop(run, step, best_val, metrics, stop)
+                requests = StepRequests(stop, cfg.checkpoint_interval_s, owns_clock=d.master)
+                summary = train_loop(run, step, best_val, metrics, requests)
         except torch.OutOfMemoryError:
             raise TrainError(oom_message(run)) from None
         finally:

@@ -93,6 +93,12 @@ class TrainConfig(ModelSettings):
         "scratch", "'scratch', 'resume' (from out_dir), a GPT-2 name (gpt2, gpt2-medium, ...) or a local HF folder"
     )
     overwrite: bool = setting(False, "allow a scratch run to replace the checkpoints already in out_dir")
+    # The same command for the first start and every restart (torchrun --max-restarts, a requeued SLURM job):
+    # "auto" continues out_dir's last checkpoint when it holds one of this run (as init_from="resume" would; a
+    # checkpoint of another model shape, dataset or tokenizer is an error), else starts as init_from says.
+    resume: str = setting("off", "auto: continue out_dir's last checkpoint if it holds one of this run, else "
+                                 "start as init_from says (one command for the first start and every restart); "
+                                 "off: start as init_from says", ("off", "auto"))
     eval_interval: int = setting(2000, "evaluate on the validation batches every this many steps")
     eval_iters: int = setting(200, "validation batches per evaluation (a fixed, seeded set)")
     eval_only: bool = setting(False, "evaluate once and exit, without training")
@@ -101,6 +107,9 @@ class TrainConfig(ModelSettings):
     )
     hellaswag_limit: int = setting(0, "HellaSwag items per evaluation: the first N of the 10,042 (0 = all)")
     always_save_checkpoint: bool = setting(True, "save last.pt at every evaluation, not only when val improves")
+    checkpoint_interval_s: float = setting(0.0, "also save last.pt every this many seconds of wall time (rank 0's "
+                                                "clock decides for every process), so that a preemption loses "
+                                                "minutes, not an eval_interval; 0 = only at evaluations")
     log_interval: int = setting(1, "print and record training metrics every this many steps")
     # Weights & Biases
     wandb_log: bool = setting(False, "also log metrics to Weights & Biases (WANDB_MODE=offline works)")
@@ -180,7 +189,9 @@ class TrainConfig(ModelSettings):
             if getattr(self, name) is not None and getattr(self, name) <= 0:  # batch_size None: auto
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         self.validate_tokens_per_step()
-        for name in ("plan_gpus", "device_memory_gb", "usd_per_gpu_hour"):
+        if self.resume == "auto" and self.overwrite:
+            raise ConfigError("resume=auto continues the run in out_dir and overwrite=True replaces it: drop one")
+        for name in ("plan_gpus", "device_memory_gb", "usd_per_gpu_hour", "checkpoint_interval_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0 (0 = unset), got {getattr(self, name)}")
         if self.learning_rate <= 0:  # first: a config's min_lr is often learning_rate / 10, blamed otherwise

@@ -322,7 +322,8 @@ def distributed(device: str = "auto", dtype: str = "auto", backend: str = "auto"
     if backend == "auto":
         backend = "nccl" if rt.device_type == "cuda" else "gloo"
     # device_id binds the group to this GPU at once (NCCL then sets up eagerly and never guesses the device).
-    dist.init_process_group(backend=backend, device_id=rt.device if rt.device_type == "cuda" else None)
+    dist.init_process_group(backend=backend, device_id=rt.device if rt.device_type == "cuda" else None,
+                            **attempt_store(d))
     finished = False
     try:
         yield d, rt
@@ -337,6 +338,22 @@ def distributed(device: str = "auto", dtype: str = "auto", backend: str = "auto"
             leave_in_order(d)
         else:
             dist.destroy_process_group()
+
+
+def attempt_store(d: Dist) -> dict:
+    """init_process_group's store and ranks for an attempt restarted by torchrun (--max-restarts), else nothing
+    (env://, as torchrun's variables say). torchrun keeps one key-value store for every attempt of a job, and
+    the process group's keys (where each process listens) are not renamed per attempt: a restarted process could
+    read the address of a process that died with the last attempt, and its connection is refused. Here every
+    attempt has keys of its own: the same store (torchrun's agent holds it, or else rank 0), under a prefix."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if attempt == "0":
+        return {}
+    agent_holds_it = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), d.world_size,
+                          is_master=d.master and not agent_holds_it, multi_tenant=not agent_holds_it)
+    return {"store": dist.PrefixStore(f"gptkit_attempt_{attempt}", store), "rank": d.rank,
+            "world_size": d.world_size}
 
 
 def leave_in_order(d: Dist) -> None:
@@ -358,11 +375,13 @@ def leave_in_order(d: Dist) -> None:
 
 class StopFlag:
     """SIGTERM / Ctrl-C set a flag instead of killing the process: a training loop finishes its step (or cuts
-    an evaluation short), saves and exits with `exit_code`. A second Ctrl-C interrupts at once."""
+    an evaluation short), saves and exits with `exit_code`. A second Ctrl-C interrupts at once. SIGUSR1 asks for
+    a save and no stop: `save_requested`, until a StepRequests sends it (Unix only)."""
 
     def __init__(self):
         self.requested = False
-        self.signum: int | None = None  # the signal that asked, once one has
+        self.save_requested = False
+        self.signum: int | None = None  # the signal that asked to stop, once one has
         self.previous = {}
 
     @property
@@ -374,6 +393,8 @@ class StopFlag:
     def __enter__(self):
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.previous[sig] = signal.signal(sig, self._handle)
+        if hasattr(signal, "SIGUSR1"):
+            self.previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, self._handle_save)
         return self
 
     def _handle(self, signum, frame):
@@ -383,9 +404,44 @@ class StopFlag:
         print(f"\n{signal.Signals(signum).name} received: finishing this step (or cutting the evaluation short), "
               f"then saving last.pt (once a step has finished)", flush=True)
 
+    def _handle_save(self, signum, frame):
+        self.save_requested = True
+        print("\nSIGUSR1 received: saving last.pt after this step, then going on", flush=True)
+
     def __exit__(self, *exc):
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
+
+
+# What a process asks of the next step boundary, sent with the step's flags (gptkit's train.py: step_flags): the
+# largest request over the processes wins, so every process saves, or stops, after the same step.
+GO_ON, SAVE, STOP = 0.0, 0.5, 1.0
+
+
+class StepRequests:
+    """This process' request for the next step boundary: STOP after a stop signal; SAVE (last.pt, then go on)
+    after a SIGUSR1 here or, on the process that owns the clock (rank 0: one clock decides for the job), once
+    `interval_s` seconds have passed since the last save; else GO_ON. A request is sent once: `next()` forgets
+    a SIGUSR1 and restarts the clock as it returns SAVE. `clock`: seconds, monotonic (tests pass their own)."""
+
+    def __init__(self, stop: StopFlag, interval_s: float = 0.0, owns_clock: bool = True, clock=time.monotonic):
+        self.stop, self.interval_s, self.owns_clock, self.clock = stop, interval_s, owns_clock, clock
+        self.since = clock() if owns_clock and interval_s else 0.0
+
+    def next(self) -> float:
+        if self.stop.requested:
+            return STOP
+        due = self.owns_clock and self.interval_s > 0 and self.clock() - self.since >= self.interval_s
+        if self.stop.save_requested or due:
+            self.stop.save_requested = False
+            self.saved()
+            return SAVE
+        return GO_ON
+
+    def saved(self) -> None:
+        """last.pt was just saved (or a save is on its way): the clock starts again."""
+        if self.owns_clock and self.interval_s:
+            self.since = self.clock()
 
 
 def library_versions() -> dict[str, str]:
