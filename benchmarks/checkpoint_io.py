@@ -27,7 +27,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gptkit import checksum  # noqa: E402
-from gptkit.checkpoint import _zip_damage, load_checkpoint, model_from_checkpoint, save_checkpoint  # noqa: E402
+from gptkit.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint  # noqa: E402
+from gptkit.checkpoint.damage import container_problem  # noqa: E402
 from gptkit.files import atomic_write  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
         def verify(mmap: bool) -> float:  # the verification alone, on a fresh load (mmap: pages not yet read)
             ckpt = torch.load(checked, map_location="cpu", weights_only=True, mmap=mmap)
             t0 = time.perf_counter()
-            _zip_damage(checked)
+            container_problem(checked)
             assert checksum.mismatch(ckpt, ckpt[checksum.KEY], ("optimizer",) if mmap else ()) is None
             return time.perf_counter() - t0
 

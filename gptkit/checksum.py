@@ -3,10 +3,10 @@ resumed, a sync gone wrong) is an error at load time instead of a silently diffe
 
 Every tensor gets a CRC-32C of its raw bytes (in its own dtype, element order row-major), named by its path in
 the checkpoint ("model/transformer.h.0.attn.c_attn.weight", "optimizer/state/3/exp_avg"); everything else (the
-keys, the config, the step, the tensors' dtypes and shapes) gets one CRC of its printed form. CRC-32C because it
-is fast: the `crc32c` package computes it with the CPU's CRC instruction, straight from the tensor's memory (no
-copy; on a memory-mapped tensor this is what reads it from disk), and releases the GIL, so several tensors are
-checked at once. benchmarks/checkpoint_io.py measures it against zlib.crc32 (BENCHMARKS.md).
+keys, the config, the step, the tensors' dtypes and shapes) gets one CRC of its printed form (canonical(): the
+same in every process, whatever PYTHONHASHSEED). CRC-32C because it is fast: the `crc32c` package computes
+it with the CPU's CRC instruction, straight from the tensor's memory (no copy; on a memory-mapped tensor this
+is what reads it from disk), and releases the GIL, so several tensors are checked at once. benchmarks/checkpoint_io.py measures it against zlib.crc32 (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -64,8 +64,34 @@ def _skeleton(obj):
     return obj
 
 
+def canonical(obj) -> str:
+    """repr() of a nest of dicts, lists, tuples, sets and plain values, but the same in every process: a set's
+    elements in sorted order (repr's follows their hashes, which PYTHONHASHSEED changes from run to run for
+    strings). For a nest without sets it is repr() itself, so checkpoints saved before match as they were.
+    repr is exact for the floats, ints and strings saved."""
+    if isinstance(obj, dict):
+        return "{" + ", ".join(f"{canonical(k)}: {canonical(v)}" for k, v in obj.items()) + "}"
+    if isinstance(obj, list):
+        return "[" + ", ".join(canonical(v) for v in obj) + "]"
+    if isinstance(obj, tuple):
+        return "(" + ", ".join(canonical(v) for v in obj) + ("," if len(obj) == 1 else "") + ")"
+    if isinstance(obj, (set, frozenset)):
+        inner = ", ".join(sorted(canonical(v) for v in obj))
+        if isinstance(obj, frozenset):
+            return f"frozenset({{{inner}}})" if obj else "frozenset()"
+        return f"{{{inner}}}" if obj else "set()"
+    return repr(obj)
+
+
 def structure_crc(obj: dict) -> int:
-    """CRC-32C of everything but the tensors' bytes (repr is exact for the floats, ints and strings saved)."""
+    """CRC-32C of everything but the tensors' bytes: the canonical form of the nest, each tensor as its dtype and
+    shape."""
+    return crc(canonical(_skeleton({k: v for k, v in obj.items() if k != KEY})).encode("utf-8"))
+
+
+def _repr_crc(obj: dict) -> int:
+    """The structure's CRC as it was computed before canonical() (repr: a set in its process' order), so that
+    a checkpoint with a set saved then loads where it loaded before."""
     return crc(repr(_skeleton({k: v for k, v in obj.items() if k != KEY})).encode("utf-8"))
 
 
@@ -92,14 +118,17 @@ def record(obj: dict) -> dict:
     return {"algorithm": ALGORITHM, "structure": structure_crc(obj), "tensors": tensor_crcs(named)}
 
 
-def mismatch(obj: dict, rec, skip: tuple[str, ...] = ()) -> str | None:
+def mismatch(obj: dict, rec, skip: tuple[str, ...] = (), only: tuple[str, ...] | None = None,
+             structure: bool = True) -> str | None:
     """What in `obj` does not match its record `rec` (None when everything does): 'its metadata' or
-    'tensor PATH'. Tensors under the top-level keys `skip` are not read (nor checked)."""
+    'tensor PATH'. Tensors under the top-level keys `skip` are not read (nor checked); with `only`, only those
+    under these keys are. structure=False leaves the metadata out (checked by an earlier call)."""
     if not isinstance(rec, dict) or rec.get("algorithm") != ALGORITHM or not isinstance(rec.get("tensors"), dict):
         return "its checksum record"
-    if rec.get("structure") != structure_crc(obj):
+    if structure and rec.get("structure") != structure_crc(obj) and rec.get("structure") != _repr_crc(obj):
         return "its metadata (keys, settings, or a tensor's shape)"
-    named = [(p, t) for p, t in tensors(obj) if p.partition("/")[0] not in skip and not p.startswith(KEY + "/")]
+    named = [(p, t) for p, t in tensors(obj) if p.partition("/")[0] not in skip and not p.startswith(KEY + "/")
+             and (only is None or p.partition("/")[0] in only)]
     expected = rec["tensors"]
     missing = [p for p, _ in named if p not in expected]
     if missing:
