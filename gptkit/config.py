@@ -92,6 +92,8 @@ class TrainConfig(ModelSettings):
     )
     hellaswag_limit: int = setting(0, "HellaSwag items per evaluation: the first N of the 10,042 (0 = all)")
     always_save_checkpoint: bool = setting(True, "save last.pt at every evaluation, not only when val improves")
+    async_save: bool = setting(False, "write checkpoints from a background thread: the loop waits only for the "
+                               "copy of the state to CPU memory, not for the write (the file stays atomic)")
     log_interval: int = setting(1, "print and record training metrics every this many steps")
     # Weights & Biases
     wandb_log: bool = setting(False, "also log metrics to Weights & Biases (WANDB_MODE=offline works)")

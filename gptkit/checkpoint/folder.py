@@ -82,8 +82,11 @@ def save_sharded(folder: str | Path, record: dict | None, model: torch.nn.Module
         _finish(folder, tmp, old, record)
 
     if asynchronous:
+        import torch.distributed as dist
+
+        alone = not (dist.is_available() and dist.is_initialized())
         with _alone_quietly():
-            future = dcp.async_save(state, checkpoint_id=tmp, process_group=_cpu_group())
+            future = dcp.async_save(state, checkpoint_id=tmp, process_group=_cpu_group(), no_dist=alone)
         return future, (finish if record is not None else None)
     with _alone_quietly():  # (one process alone: no process group)
         dcp.save(state, checkpoint_id=tmp)  # each process its part; .metadata last, once all have written
