@@ -95,8 +95,31 @@ def _repr_crc(obj: dict) -> int:
     return crc(repr(_skeleton({k: v for k, v in obj.items() if k != KEY})).encode("utf-8"))
 
 
-def tensor_crcs(named: list[tuple[str, torch.Tensor]]) -> dict[str, int]:
-    """{path: CRC} of the tensors, computed in parallel, each storage once (a tied weight appears twice)."""
+COPY_CHUNK = 4 << 20  # bytes read, checked and copied at a time by copy_and_crc: they stay in the CPU's cache
+
+
+def copy_and_crc(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """A copy of a CPU tensor in ordinary memory and the CRC-32C of its bytes, both from one pass over it, a
+    cache-sized chunk at a time: for a memory-mapped tensor, one read of its pages instead of a copy and then a
+    second pass for the CRC."""
+    t = t.detach()
+    if t.device.type != "cpu" or not t.is_contiguous() or t.numel() == 0:
+        return t.clone(), tensor_crc(t)
+    copy = torch.empty_like(t)
+    src, dst = t.reshape(-1).view(torch.uint8), copy.reshape(-1).view(torch.uint8)
+    value = 0
+    for i in range(0, src.numel(), COPY_CHUNK):
+        part = src[i: i + COPY_CHUNK]
+        value = crc(part.numpy(), value)
+        dst[i: i + COPY_CHUNK].copy_(part)
+    return copy, value
+
+
+def tensor_crcs(named: list[tuple[str, torch.Tensor]], copies: dict[str, torch.Tensor] | None = None
+                ) -> dict[str, int]:
+    """{path: CRC} of the tensors, computed in parallel, each storage once (a tied weight appears twice). Given
+    a dict `copies`, each tensor is also copied in the same pass (copy_and_crc) into copies[path] (a tied
+    weight's paths share their copy)."""
     unique: dict[tuple, torch.Tensor] = {}
     keys = {}
     for path, t in named:
@@ -104,12 +127,26 @@ def tensor_crcs(named: list[tuple[str, torch.Tensor]]) -> dict[str, int]:
         keys[path] = key
         unique.setdefault(key, t)
     order = sorted(unique, key=lambda k: -unique[k].numel() * unique[k].element_size())  # the big ones first
+    work = (lambda k: copy_and_crc(unique[k])) if copies is not None else (lambda k: (None, tensor_crc(unique[k])))
     if THREADS > 1 and len(order) > 1:
         with ThreadPoolExecutor(THREADS) as pool:
-            done = dict(zip(order, pool.map(lambda k: tensor_crc(unique[k]), order)))
+            done = dict(zip(order, pool.map(work, order)))
     else:
-        done = {k: tensor_crc(unique[k]) for k in order}
-    return {path: done[keys[path]] for path, _ in named}
+        done = {k: work(k) for k in order}
+    if copies is not None:
+        copies.update({path: done[keys[path]][0] for path, _ in named})
+    return {path: done[keys[path]][1] for path, _ in named}
+
+
+def replace_tensors(obj, new: dict[str, torch.Tensor], prefix: str = ""):
+    """The nest `obj` with the tensor at each path of `new` (paths as tensors() names them) replaced."""
+    if isinstance(obj, torch.Tensor):
+        return new.get(prefix, obj)
+    if isinstance(obj, dict):
+        return {k: replace_tensors(v, new, f"{prefix}/{k}" if prefix else str(k)) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(replace_tensors(v, new, f"{prefix}/{i}" if prefix else str(i)) for i, v in enumerate(obj))
+    return obj
 
 
 def record(obj: dict) -> dict:
@@ -119,10 +156,11 @@ def record(obj: dict) -> dict:
 
 
 def mismatch(obj: dict, rec, skip: tuple[str, ...] = (), only: tuple[str, ...] | None = None,
-             structure: bool = True) -> str | None:
+             structure: bool = True, copies: dict[str, torch.Tensor] | None = None) -> str | None:
     """What in `obj` does not match its record `rec` (None when everything does): 'its metadata' or
     'tensor PATH'. Tensors under the top-level keys `skip` are not read (nor checked); with `only`, only those
-    under these keys are. structure=False leaves the metadata out (checked by an earlier call)."""
+    under these keys are. structure=False leaves the metadata out (checked by an earlier call). Given a dict
+    `copies`, the tensors checked are copied into it in the same pass (tensor_crcs)."""
     if not isinstance(rec, dict) or rec.get("algorithm") != ALGORITHM or not isinstance(rec.get("tensors"), dict):
         return "its checksum record"
     if structure and rec.get("structure") != structure_crc(obj) and rec.get("structure") != _repr_crc(obj):
@@ -133,7 +171,7 @@ def mismatch(obj: dict, rec, skip: tuple[str, ...] = (), only: tuple[str, ...] |
     missing = [p for p, _ in named if p not in expected]
     if missing:
         return f"tensor {missing[0]} (it has no checksum)"
-    found = tensor_crcs(named)
+    found = tensor_crcs(named, copies)
     bad = [p for p, _ in named if found[p] != expected[p]]
     return f"tensor {bad[0]}" if bad else None
 

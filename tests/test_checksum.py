@@ -90,7 +90,23 @@ def test_a_clean_round_trip_is_bit_exact_and_says_nothing(tmp_path, capsys):
         assert saved.keys() == got.keys()
         for k, t in saved.items():
             assert got[k].dtype == t.dtype and torch.equal(got[k], t), k
+        # the tied head shares its storage, as it was saved
+        assert loaded["model"]["lm_head.weight"].data_ptr() == \
+            loaded["model"]["transformer.wte.weight"].data_ptr()
     assert capsys.readouterr().err == ""
+
+
+def test_a_resume_load_holds_its_tensors_in_memory_not_in_the_file(tmp_path):
+    """mmap=False maps the file and copies each tensor while checking it (one read): what it returns must not
+    be tied to the file, which the run's next save replaces."""
+    state, _ = tiny_state()
+    path = tmp_path / "last.pt"
+    save_checkpoint(state, path)
+    loaded = load_checkpoint(path, mmap=False)
+    with open(path, "r+b") as f:  # the same file, its bytes overwritten in place
+        f.write(bytes(path.stat().st_size))
+    for k, t in checksum.tensors(state):
+        assert torch.equal(dict(checksum.tensors(loaded))[k], t), k
 
 
 @pytest.mark.parametrize("lora_rank", [0, 4])

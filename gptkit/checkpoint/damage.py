@@ -110,26 +110,32 @@ def first_sentence(e: BaseException) -> str:
     return text.split(". ")[0].rstrip(".")
 
 
-def verify(ckpt: dict, p: Path, damaged_optimizer: str = "error") -> None:
+def verify(ckpt: dict, p: Path, damaged_optimizer: str = "error", copy: bool = False) -> None:
     """Check a loaded checkpoint dict against its checksums, removing them from it. A change in the weights or
     the metadata is a CorruptCheckpointError; one in the optimizer state too with damaged_optimizer="error" (a
     resumed run), and with "note" (a reader of the weights alone) a one-line note, the optimizer state dropped
     from the dict (so that no later save stamps it with fresh checksums). One written before checksums were
-    recorded gets a note."""
+    recorded gets a note. copy: the dict's tensors (memory-mapped) are replaced by copies in ordinary memory,
+    made in the same pass as their checksums (a resumed run's load reads the file once)."""
     if checksum.KEY not in ckpt:
         print(f"note: {p} carries no checksums (it was saved before they were recorded): damage to it cannot be "
               f"detected; saving it again (e.g. export.py --format pt) adds them", file=sys.stderr)
+        if copy:
+            ckpt.update(checksum.replace_tensors(ckpt, {k: t.clone() for k, t in checksum.tensors(ckpt)}))
         return
     rec = ckpt.pop(checksum.KEY)
-    wrong = checksum.mismatch(ckpt, rec, skip=("optimizer",))
+    copies = {} if copy else None
+    wrong = checksum.mismatch(ckpt, rec, skip=("optimizer",), copies=copies)
     if wrong is None:
-        wrong = checksum.mismatch(ckpt, rec, only=("optimizer",), structure=False)
+        wrong = checksum.mismatch(ckpt, rec, only=("optimizer",), structure=False, copies=copies)
         if wrong is not None and damaged_optimizer == "note":
             del ckpt["optimizer"]
             print(damaged_optimizer_note(p, f"{wrong} does not match the checksum saved with it"), file=sys.stderr)
-            return
+            wrong = None
     if wrong is not None:
         raise corrupt(p, f"{wrong} does not match the checksum saved with it")
+    if copies:
+        ckpt.update(checksum.replace_tensors(ckpt, copies))
 
 
 def damaged_optimizer_note(p: Path, what: str) -> str:

@@ -79,8 +79,10 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     if p.is_dir():
         return folder.read(p, map_location, damaged_optimizer)
     check_container(p)
+    # Reading everything into memory: mapped, then copied and checked in one pass (damage.verify's copy)
+    read_once = not mmap and torch.device(map_location).type == "cpu"
     try:
-        ckpt = torch.load(p, map_location=map_location, weights_only=True, mmap=mmap)
+        ckpt = torch.load(p, map_location=map_location, weights_only=True, mmap=mmap or read_once)
     except pickle.UnpicklingError as e:
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         # torch's message is long; the line naming the refused global is the useful one
@@ -97,5 +99,5 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
         raise CheckpointError(f"{p} is not a checkpoint written by train.py (no model/model_config keys)")
     if ckpt.get("format", 0) > FORMAT_VERSION:
         raise CheckpointError(f"{p} has checkpoint format {ckpt['format']}; this code reads up to {FORMAT_VERSION}")
-    verify(ckpt, p, damaged_optimizer)
+    verify(ckpt, p, damaged_optimizer, copy=read_once)
     return ckpt
