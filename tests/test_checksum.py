@@ -302,6 +302,27 @@ def test_the_hf_export_records_its_tensors_checksums(tmp_path, capsys):
         load_pretrained(str(tmp_path / "hf"))
 
 
+def test_a_safetensors_file_without_checksums_loads_with_a_note(tmp_path, capsys):
+    """Weights from elsewhere (save_pretrained, the Hub) carry no checksums: they load, and the user is told
+    that damage to them cannot be detected; an export of this project without them says it is an old one."""
+    from safetensors.torch import load_file, save_file
+
+    import export
+
+    _, model = tiny_state()
+    export.export_hf(model, tmp_path / "hf", META)
+    weights = tmp_path / "hf" / "model.safetensors"
+    save_file(load_file(str(weights)), str(weights), metadata={"format": "pt"})  # the CRCs' metadata gone
+    capsys.readouterr()
+    load_pretrained(str(tmp_path / "hf"))
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "carries no checksums (exported before they were recorded)" in err
+    (tmp_path / "hf" / "gptkit_tokenizer.json").unlink()  # no longer recognisable as an export of ours
+    load_pretrained(str(tmp_path / "hf"))
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"note: {weights} carries no checksums of this project" in err
+
+
 # ----------------------------------------------------------------------------- through the scripts
 
 
