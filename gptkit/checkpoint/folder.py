@@ -99,14 +99,13 @@ _CPU_GROUP = {}
 
 
 def _cpu_group():
-    """A process group that can talk over the CPU, which DCP's async_save needs: the default one when it can
-    (gloo), else a gloo group of the same processes, made once (every process calls this at the same point)."""
+    """The process group for DCP's async_save: a gloo group of the same processes (async_save needs one that
+    talks over the CPU), made once (every process calls this at the same point), and not the default group,
+    whose collectives the training steps issue meanwhile from the main thread (two threads' collectives on one
+    group could be matched in different orders on different processes). None without a process group."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
-        return None
-    default = dist.distributed_c10d._get_default_group()
-    if torch.device("cpu") in default._device_types:
         return None
     if "gloo" not in _CPU_GROUP:
         _CPU_GROUP["gloo"] = dist.new_group(backend="gloo")
