@@ -9,7 +9,7 @@
 
 Following one batch: `gptkit/loader.py` reads a window of tokens from the memory-mapped shards (x, y = the window and
 the window shifted by one) -> `model.py` turns x into logits and the cross-entropy against y -> backward ->
-after the last micro-batch, clip and `gptkit/optim.py`'s AdamW step -> `gptkit/metrics.py` logs -> `gptkit/checkpoint.py` saves.
+after the last micro-batch, clip and `gptkit/optim.py`'s AdamW step -> `gptkit/metrics.py` logs -> `gptkit/checkpoint/` saves.
 
 This file: build the run from the config (`setup_run`), then `train_loop`, the whole loop on one screen.
 """

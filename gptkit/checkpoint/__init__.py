@@ -1,10 +1,11 @@
 """Checkpoints: what a run saves, and every way it is read back. One module per topic:
 
-    layout.py   where a run's checkpoints are (best.pt, last.pt, a sharded best/ or last/, nanoGPT's ckpt.pt)
-    damage.py   what is wrong with one: checksums checked, the zip container inspected, every message about it
-    file.py     the checkpoint dict, saved atomically with its checksums, loaded safely in any of its forms
-    folder.py   the sharded folder of a run under FSDP (torch.distributed.checkpoint), with its checksums
-    models.py   the model a checkpoint holds, a fine-tuning base, and a model with its tokenizer (load_model)
+    layout.py      where a run's checkpoints are (best.pt, last.pt, a sharded best/ or last/, nanoGPT's ckpt.pt)
+    damage.py      what is wrong with one: checksums checked, the zip container inspected, every message about it
+    file.py        the checkpoint dict, saved atomically with its checksums, loaded safely in any of its forms
+    folder.py      the sharded folder of a run under FSDP (torch.distributed.checkpoint), with its checksums
+    models.py      the model a checkpoint holds, a fine-tuning base, and a model with its tokenizer (load_model)
+    background.py  saves that write from a background thread (train.py --async_save)
 
 The names the scripts use are importable from here: `from gptkit.checkpoint import load_checkpoint`.
 """
