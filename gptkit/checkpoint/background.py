@@ -54,6 +54,8 @@ class CheckpointSaver:
         change what is copied."""
         seen: dict[tuple, torch.Tensor] = {}
         devices: set[torch.device] = set()
+        kept = self._buffers
+        self._buffers = {}  # this save's buffers only: a state of another shape does not keep the old ones
 
         def copy(t: torch.Tensor) -> torch.Tensor:
             key = (t.device, t.data_ptr(), t.dtype, tuple(t.shape), t.stride(), t.storage_offset())
@@ -61,10 +63,10 @@ class CheckpointSaver:
                 return seen[key]
             t = t.detach()
             slot = (len(seen), t.dtype, tuple(t.shape))
-            buf = self._buffers.get(slot)
-            if buf is None:
+            buf = kept.get(slot)
+            if buf is None or buf.is_pinned() != (t.device.type == "cuda"):
                 buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.device.type == "cuda")
-                self._buffers[slot] = buf
+            self._buffers[slot] = buf
             if t.device.type == "cuda":
                 devices.add(t.device)
             buf.copy_(t, non_blocking=t.device.type == "cuda")
