@@ -159,3 +159,37 @@ def test_fsdp_with_async_save_trains_and_saves_as_one_process(char_dataset, tmp_
     assert load_checkpoint(fsdp)["step"] == 6 and want.keys() == got.keys()
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+# train.py stopped by SIGTERM in the middle of step 4 with --async_save, every background write slowed down so that
+# the save of the stop is still being written when the loop ends.
+SIGTERM_WITH_A_SLOW_WRITER = r"""
+import os, signal, sys, time
+import train
+import gptkit.checkpoint.background as background
+real_save, real_step = background.save_checkpoint, train.forward_backward
+calls = {"n": 0}
+def slow_save(obj, path):
+    time.sleep(0.5)  # (a delay, not a measurement: the write is pending when the loop ends)
+    real_save(obj, path)
+def forward_backward(*args, **kwargs):
+    calls["n"] += 1
+    if calls["n"] == 5:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real_step(*args, **kwargs)
+background.save_checkpoint, train.forward_backward = slow_save, forward_backward
+train.main(sys.argv[1:])
+"""
+
+
+def test_sigterm_with_async_save_waits_for_the_write_and_resumes_exactly(char_dataset, tmp_path):
+    from tests.test_train import assert_resume_matches_uninterrupted
+
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    args = dict(max_iters=8, eval_interval=3, lr_decay_iters=8, async_save=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    res = subprocess.run([sys.executable, "-c", SIGTERM_WITH_A_SLOW_WRITER, *tiny_args(char_dataset, cut, **args)],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 143, res.stdout + res.stderr
+    assert load_checkpoint(cut / "last.pt", mmap=False)["step"] == 5 and not (cut / "last.pt.tmp").exists()
+    assert_resume_matches_uninterrupted(char_dataset, full, cut, **args)
