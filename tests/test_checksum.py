@@ -184,7 +184,7 @@ else:
     assert load_checkpoint(path)["config"]["tags"] == tags
 """
     path = tmp_path / "last.pt"
-    for i, seed in enumerate(("1", "2", "3")):
+    for i, seed in enumerate(("1", "2")):  # (40 strings: their set's order differs between the two seeds)
         env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(REPO)}
         subprocess.run([sys.executable, "-c", code, "load" if i else "save", str(path)], env=env, check=True,
                        cwd=REPO)
