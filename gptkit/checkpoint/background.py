@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from gptkit.checkpoint import folder
 from gptkit.checkpoint.file import save_checkpoint
+from gptkit.checkpoint.folder import save_sharded
 
 
 class CheckpointSaver:
@@ -98,15 +98,16 @@ class CheckpointSaver:
 
     def save_sharded(self, path: str | Path, record: dict | None, model: torch.nn.Module, optimizer, *,
                      adapters_only: bool = False) -> None:
-        """folder.save_sharded, every process at once; in the background, DCP's async_save stages each
-        process' shards to CPU memory and writes them from a thread, and rank 0 (which passes `record`)
-        finishes the folder (checksums, record, renames) in the background once every process has written."""
+        """save_sharded (gptkit/checkpoint/folder.py), every process at once; in the background, DCP's
+        async_save stages each process' shards to CPU memory and writes them from a thread, and rank 0 (which
+        passes `record`) finishes the folder (checksums, record, renames) in the background once every process
+        has written."""
         self.wait()
         if not self.background:
-            folder.save_sharded(path, record, model, optimizer, adapters_only=adapters_only)
+            save_sharded(path, record, model, optimizer, adapters_only=adapters_only)
             return
-        future, finish = folder.save_sharded(path, record, model, optimizer, adapters_only=adapters_only,
-                                             asynchronous=True)
+        future, finish = save_sharded(path, record, model, optimizer, adapters_only=adapters_only,
+                                      asynchronous=True)
         self._future = future
         if finish is not None:
             self._start(lambda: (future.result(), finish()))
