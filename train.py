@@ -11,7 +11,7 @@
 
 Following one batch: `gptkit/loader.py` reads a window of tokens from the memory-mapped shards (x, y = the window and
 the window shifted by one) -> `model.py` turns x into logits and the cross-entropy against y -> backward ->
-after the last micro-batch, clip and `gptkit/optim.py`'s AdamW step -> `gptkit/metrics.py` logs -> `gptkit/checkpoint.py` saves.
+after the last micro-batch, clip and `gptkit/optim.py`'s AdamW step -> `gptkit/metrics.py` logs -> `gptkit/checkpoint/` saves.
 
 This file: build the run from the config (`setup_run`), then `train_loop`, the whole loop on one screen.
 """
@@ -26,7 +26,7 @@ import os
 import shlex
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -44,10 +44,9 @@ from gptkit.checkpoint import (
     load_whole_optimizer,
     lora_model,
     remove_checkpoint,
-    save_checkpoint,
-    save_sharded,
     saved_checkpoint,
 )
+from gptkit.checkpoint.background import CheckpointSaver
 from gptkit.cli import UserError
 from gptkit.config import TrainConfig, build_config, config_to_dict, lora_settings, parse_args, print_config
 from gptkit.cudagraph import GraphedStep, graph_batch_reserve
@@ -504,6 +503,7 @@ class Run:
     lora: dict | None = None  # a LoRA run's settings and base (checkpoint.build_checkpoint's lora_info)
     graphed: GraphedStep | None = None  # with cuda_graphs: the whole step, replayed as one CUDA graph
     hellaswag: list[hellaswag.Encoded] | None = None  # HellaSwag's items, when hellaswag_interval is set
+    saver: CheckpointSaver = field(default_factory=CheckpointSaver)  # writes in the background with async_save
 
     @property
     def tokens_per_step(self) -> int:
@@ -608,10 +608,10 @@ def save(run: Run, name: str, step: int, best_val: float, requests: StepRequests
                                  step=step, best_val_loss=best_val, rng=rngs, versions=library_versions(),
                                  lora_info=run.lora, sharded=sharded)
     if sharded:
-        save_sharded(Path(run.cfg.out_dir) / Path(name).stem, state, run.raw_model, run.optimizer,
-                     adapters_only=bool(run.lora))
+        run.saver.save_sharded(Path(run.cfg.out_dir) / Path(name).stem, state, run.raw_model, run.optimizer,
+                               adapters_only=bool(run.lora))
     elif d.master:
-        save_checkpoint(state, Path(run.cfg.out_dir) / name)
+        run.saver.save(state, Path(run.cfg.out_dir) / name)
 
 
 def make_metrics(run: Run, start_step: int = 0) -> Metrics:
@@ -957,8 +957,9 @@ def train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Run
         run, step, best_val = setup_run(cfg, ckpt, argv, d, rt, data_dir, meta)
         run.hellaswag = hellaswag_items
         metrics = make_metrics(run, step)
+        run.saver = CheckpointSaver(background=cfg.async_save)
         try:
-            with StopFlag() as stop:
+            with StopFlag() as stop, run.saver:  # (leaving, on a signal or an error too: waits for a pending save)
                 requests = StepRequests(stop, cfg.checkpoint_interval_s, owns_clock=d.master)
                 summary = train_loop(run, step, best_val, metrics, requests)
         except torch.OutOfMemoryError:

@@ -3,10 +3,10 @@ resumed, a sync gone wrong) is an error at load time instead of a silently diffe
 
 Every tensor gets a CRC-32C of its raw bytes (in its own dtype, element order row-major), named by its path in
 the checkpoint ("model/transformer.h.0.attn.c_attn.weight", "optimizer/state/3/exp_avg"); everything else (the
-keys, the config, the step, the tensors' dtypes and shapes) gets one CRC of its printed form. CRC-32C because it
-is fast: the `crc32c` package computes it with the CPU's CRC instruction, straight from the tensor's memory (no
-copy; on a memory-mapped tensor this is what reads it from disk), and releases the GIL, so several tensors are
-checked at once. benchmarks/checkpoint_io.py measures it against zlib.crc32 (BENCHMARKS.md).
+keys, the config, the step, the tensors' dtypes and shapes) gets one CRC of its printed form (canonical(): the
+same in every process, whatever PYTHONHASHSEED). CRC-32C because it is fast: the `crc32c` package computes
+it with the CPU's CRC instruction, straight from the tensor's memory (no copy; on a memory-mapped tensor this
+is what reads it from disk), and releases the GIL, so several tensors are checked at once. benchmarks/checkpoint_io.py measures it against zlib.crc32 (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -64,13 +64,62 @@ def _skeleton(obj):
     return obj
 
 
+def canonical(obj) -> str:
+    """repr() of a nest of dicts, lists, tuples, sets and plain values, but the same in every process: a set's
+    elements in sorted order (repr's follows their hashes, which PYTHONHASHSEED changes from run to run for
+    strings). For a nest without sets it is repr() itself, so checkpoints saved before match as they were.
+    repr is exact for the floats, ints and strings saved."""
+    if isinstance(obj, dict):
+        return "{" + ", ".join(f"{canonical(k)}: {canonical(v)}" for k, v in obj.items()) + "}"
+    if isinstance(obj, list):
+        return "[" + ", ".join(canonical(v) for v in obj) + "]"
+    if isinstance(obj, tuple):
+        return "(" + ", ".join(canonical(v) for v in obj) + ("," if len(obj) == 1 else "") + ")"
+    if isinstance(obj, (set, frozenset)):
+        inner = ", ".join(sorted(canonical(v) for v in obj))
+        if isinstance(obj, frozenset):
+            return f"frozenset({{{inner}}})" if obj else "frozenset()"
+        return f"{{{inner}}}" if obj else "set()"
+    return repr(obj)
+
+
 def structure_crc(obj: dict) -> int:
-    """CRC-32C of everything but the tensors' bytes (repr is exact for the floats, ints and strings saved)."""
+    """CRC-32C of everything but the tensors' bytes: the canonical form of the nest, each tensor as its dtype and
+    shape."""
+    return crc(canonical(_skeleton({k: v for k, v in obj.items() if k != KEY})).encode("utf-8"))
+
+
+def _repr_crc(obj: dict) -> int:
+    """The structure's CRC as it was computed before canonical() (repr: a set in its process' order), so that
+    a checkpoint with a set saved then loads where it loaded before."""
     return crc(repr(_skeleton({k: v for k, v in obj.items() if k != KEY})).encode("utf-8"))
 
 
-def tensor_crcs(named: list[tuple[str, torch.Tensor]]) -> dict[str, int]:
-    """{path: CRC} of the tensors, computed in parallel, each storage once (a tied weight appears twice)."""
+COPY_CHUNK = 4 << 20  # bytes read, checked and copied at a time by copy_and_crc: they stay in the CPU's cache
+
+
+def copy_and_crc(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """A copy of a CPU tensor in ordinary memory and the CRC-32C of its bytes, both from one pass over it, a
+    cache-sized chunk at a time: for a memory-mapped tensor, one read of its pages instead of a copy and then a
+    second pass for the CRC."""
+    t = t.detach()
+    if t.device.type != "cpu" or not t.is_contiguous() or t.numel() == 0:
+        return t.clone(), tensor_crc(t)
+    copy = torch.empty_like(t)
+    src, dst = t.reshape(-1).view(torch.uint8), copy.reshape(-1).view(torch.uint8)
+    value = 0
+    for i in range(0, src.numel(), COPY_CHUNK):
+        part = src[i: i + COPY_CHUNK]
+        value = crc(part.numpy(), value)
+        dst[i: i + COPY_CHUNK].copy_(part)
+    return copy, value
+
+
+def tensor_crcs(named: list[tuple[str, torch.Tensor]], copies: dict[str, torch.Tensor] | None = None
+                ) -> dict[str, int]:
+    """{path: CRC} of the tensors, computed in parallel, each storage once (a tied weight appears twice). Given
+    a dict `copies`, each tensor is also copied in the same pass (copy_and_crc) into copies[path] (a tied
+    weight's paths share their copy)."""
     unique: dict[tuple, torch.Tensor] = {}
     keys = {}
     for path, t in named:
@@ -78,12 +127,26 @@ def tensor_crcs(named: list[tuple[str, torch.Tensor]]) -> dict[str, int]:
         keys[path] = key
         unique.setdefault(key, t)
     order = sorted(unique, key=lambda k: -unique[k].numel() * unique[k].element_size())  # the big ones first
+    work = (lambda k: copy_and_crc(unique[k])) if copies is not None else (lambda k: (None, tensor_crc(unique[k])))
     if THREADS > 1 and len(order) > 1:
         with ThreadPoolExecutor(THREADS) as pool:
-            done = dict(zip(order, pool.map(lambda k: tensor_crc(unique[k]), order)))
+            done = dict(zip(order, pool.map(work, order)))
     else:
-        done = {k: tensor_crc(unique[k]) for k in order}
-    return {path: done[keys[path]] for path, _ in named}
+        done = {k: work(k) for k in order}
+    if copies is not None:
+        copies.update({path: done[keys[path]][0] for path, _ in named})
+    return {path: done[keys[path]][1] for path, _ in named}
+
+
+def replace_tensors(obj, new: dict[str, torch.Tensor], prefix: str = ""):
+    """The nest `obj` with the tensor at each path of `new` (paths as tensors() names them) replaced."""
+    if isinstance(obj, torch.Tensor):
+        return new.get(prefix, obj)
+    if isinstance(obj, dict):
+        return {k: replace_tensors(v, new, f"{prefix}/{k}" if prefix else str(k)) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(replace_tensors(v, new, f"{prefix}/{i}" if prefix else str(i)) for i, v in enumerate(obj))
+    return obj
 
 
 def record(obj: dict) -> dict:
@@ -92,19 +155,23 @@ def record(obj: dict) -> dict:
     return {"algorithm": ALGORITHM, "structure": structure_crc(obj), "tensors": tensor_crcs(named)}
 
 
-def mismatch(obj: dict, rec, skip: tuple[str, ...] = ()) -> str | None:
+def mismatch(obj: dict, rec, skip: tuple[str, ...] = (), only: tuple[str, ...] | None = None,
+             structure: bool = True, copies: dict[str, torch.Tensor] | None = None) -> str | None:
     """What in `obj` does not match its record `rec` (None when everything does): 'its metadata' or
-    'tensor PATH'. Tensors under the top-level keys `skip` are not read (nor checked)."""
+    'tensor PATH'. Tensors under the top-level keys `skip` are not read (nor checked); with `only`, only those
+    under these keys are. structure=False leaves the metadata out (checked by an earlier call). Given a dict
+    `copies`, the tensors checked are copied into it in the same pass (tensor_crcs)."""
     if not isinstance(rec, dict) or rec.get("algorithm") != ALGORITHM or not isinstance(rec.get("tensors"), dict):
         return "its checksum record"
-    if rec.get("structure") != structure_crc(obj):
+    if structure and rec.get("structure") != structure_crc(obj) and rec.get("structure") != _repr_crc(obj):
         return "its metadata (keys, settings, or a tensor's shape)"
-    named = [(p, t) for p, t in tensors(obj) if p.partition("/")[0] not in skip and not p.startswith(KEY + "/")]
+    named = [(p, t) for p, t in tensors(obj) if p.partition("/")[0] not in skip and not p.startswith(KEY + "/")
+             and (only is None or p.partition("/")[0] in only)]
     expected = rec["tensors"]
     missing = [p for p, _ in named if p not in expected]
     if missing:
         return f"tensor {missing[0]} (it has no checksum)"
-    found = tensor_crcs(named)
+    found = tensor_crcs(named, copies)
     bad = [p for p, _ in named if found[p] != expected[p]]
     return f"tensor {bad[0]}" if bad else None
 

@@ -110,6 +110,8 @@ class TrainConfig(ModelSettings):
     checkpoint_interval_s: float = setting(0.0, "also save last.pt every this many seconds of wall time (rank 0's "
                                                 "clock decides for every process), so that a preemption loses "
                                                 "minutes, not an eval_interval; 0 = only at evaluations")
+    async_save: bool = setting(False, "write checkpoints from a background thread: the loop waits only for the "
+                               "copy of the state to CPU memory, not for the write (the file stays atomic)")
     log_interval: int = setting(1, "print and record training metrics every this many steps")
     # Weights & Biases
     wandb_log: bool = setting(False, "also log metrics to Weights & Biases (WANDB_MODE=offline works)")

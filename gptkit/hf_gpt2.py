@@ -339,7 +339,7 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
 
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     """A .safetensors file's tensors, checked against the CRCs that export.py records in its metadata (a file
-    from elsewhere has none and is taken as it is)."""
+    from elsewhere has none: it is taken as it is, with a note saying so)."""
     from safetensors import safe_open
     from safetensors.torch import load_file
 
@@ -354,6 +354,9 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     elif (path.parent / EXPORT_MARKER).is_file():  # exported by this project before checksums were recorded
         print(f"note: {path} carries no checksums (exported before they were recorded): damage to it cannot be "
               f"detected; export it again to add them", file=sys.stderr)
+    else:  # from elsewhere (the Hub, save_pretrained)
+        print(f"note: {path} carries no checksums of this project (it was not written by export.py): damage to "
+              f"it cannot be detected", file=sys.stderr)
     return state
 
 

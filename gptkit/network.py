@@ -1,27 +1,26 @@
-"""Whether the Hugging Face Hub can be reached, asked once per process in about a second.
+"""Whether the Hugging Face Hub can be reached, asked once per process: a connection that opens within
+TIMEOUT_S (3 s; well under a second where there is a network).
 
 Offline, the Hub's clients (huggingface_hub, datasets) retry every request with growing waits, ~25 s for one
-file, before they fail. A script that asks `hub_unreachable()` first works from the local cache alone when the
-answer is no (what HF_HUB_OFFLINE=1 does): a file that is cached is used, one that is not fails at once.
+file, before they fail. A script that asks `hub_unreachable()` first reads the local cache alone when the answer
+is no, through each library's own switch for one call (huggingface_hub's `local_files_only=True`, datasets'
+cache reader): a file that is cached is used, one that is not fails at once. Nothing here changes the process'
+settings (os.environ, the libraries' constants); HF_HUB_OFFLINE is read, never written.
 
     reason = hub_unreachable()        # None: reachable (or HF_HUB_OFFLINE set, or a proxy to go through)
-    with cache_only():                # the Hub's clients in this process use their caches only, meanwhile
-        ...
+    hf_hub_download(..., local_files_only=reason is not None)
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
-import sys
 import threading
-from collections.abc import Iterator
 from functools import cache
 from urllib.parse import urlsplit
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
-TIMEOUT_S = 3.0  # a connection to the Hub takes well under a second where there is a network
+TIMEOUT_S = 3.0  # how long to wait for a connection; one takes well under a second where there is a network
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 
 
@@ -67,24 +66,3 @@ def _cannot_connect(host: str, port: int, timeout: float) -> str | None:
     thread.start()
     thread.join(timeout)
     return answer[0] if answer else f"{host}:{port}: no answer in {timeout:g} s"
-
-
-@contextlib.contextmanager
-def cache_only() -> Iterator[None]:
-    """Inside the block the Hub's clients (huggingface_hub, datasets) use their local caches only, as with
-    HF_HUB_OFFLINE=1: the variable and the settings the imported clients read it into. All as before after it."""
-    modules = [sys.modules.get(name) for name in ("huggingface_hub.constants", "datasets.config")]
-    before = [(m, "HF_HUB_OFFLINE", m.HF_HUB_OFFLINE) for m in modules if m is not None]
-    variable = os.environ.get("HF_HUB_OFFLINE")
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    for obj, name, _ in before:
-        setattr(obj, name, True)
-    try:
-        yield
-    finally:
-        for obj, name, value in before:
-            setattr(obj, name, value)
-        if variable is None:
-            os.environ.pop("HF_HUB_OFFLINE", None)
-        else:
-            os.environ["HF_HUB_OFFLINE"] = variable

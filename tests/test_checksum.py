@@ -5,7 +5,10 @@ byte with a one-line error that names the file and the tensor, says what to try 
 from __future__ import annotations
 
 import hashlib
+import os
 import random
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -19,6 +22,7 @@ from gptkit.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from gptkit.hf_gpt2 import HFGPT2Error, load_pretrained
 from model import GPT, GPTConfig
 
+REPO = Path(__file__).resolve().parents[1]
 CHARS = sorted(set("\n !',.:;?abcdefghijklmnopqrstuvwxyz"))
 META = {"tokenizer": {"kind": "char", "chars": CHARS}, "vocab_size": len(CHARS)}
 
@@ -86,7 +90,23 @@ def test_a_clean_round_trip_is_bit_exact_and_says_nothing(tmp_path, capsys):
         assert saved.keys() == got.keys()
         for k, t in saved.items():
             assert got[k].dtype == t.dtype and torch.equal(got[k], t), k
+        # the tied head shares its storage, as it was saved
+        assert loaded["model"]["lm_head.weight"].data_ptr() == \
+            loaded["model"]["transformer.wte.weight"].data_ptr()
     assert capsys.readouterr().err == ""
+
+
+def test_a_resume_load_holds_its_tensors_in_memory_not_in_the_file(tmp_path):
+    """mmap=False maps the file and copies each tensor while checking it (one read): what it returns must not
+    be tied to the file, which the run's next save replaces."""
+    state, _ = tiny_state()
+    path = tmp_path / "last.pt"
+    save_checkpoint(state, path)
+    loaded = load_checkpoint(path, mmap=False)
+    with open(path, "r+b") as f:  # the same file, its bytes overwritten in place
+        f.write(bytes(path.stat().st_size))
+    for k, t in checksum.tensors(state):
+        assert torch.equal(dict(checksum.tensors(loaded))[k], t), k
 
 
 @pytest.mark.parametrize("lora_rank", [0, 4])
@@ -150,6 +170,82 @@ def test_truncated_and_random_files_are_one_line_errors_without_torchs_text(tmp_
     refused(path, "not a complete checkpoint file")
 
 
+def test_a_set_in_the_config_loads_under_another_hash_seed(tmp_path):
+    """A set's order follows PYTHONHASHSEED: the metadata's checksum must not. Saved in one process, loaded in
+    others with other seeds."""
+    code = """
+import sys, torch
+from gptkit.checkpoint import load_checkpoint, save_checkpoint
+path = sys.argv[2]
+tags = {f"tag{i}" for i in range(40)}
+if sys.argv[1] == "save":
+    save_checkpoint({"format": 1, "model_config": {}, "model": {"w": torch.ones(3)}, "config": {"tags": tags}}, path)
+else:
+    assert load_checkpoint(path)["config"]["tags"] == tags
+"""
+    path = tmp_path / "last.pt"
+    for i, seed in enumerate(("1", "2")):  # (40 strings: their set's order differs between the two seeds)
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(REPO)}
+        subprocess.run([sys.executable, "-c", code, "load" if i else "save", str(path)], env=env, check=True,
+                       cwd=REPO)
+
+
+def test_the_structure_checksum_is_repr_without_sets():
+    """Checkpoints saved before the canonical encoding hashed repr(): for everything but sets it is the same."""
+    state, _ = tiny_state()
+    state["config"] = {"x": (1,), "y": [1.5, None, True], "z": ("a", 2), "e": ()}
+    skeleton = checksum._skeleton(state)
+    assert checksum.canonical(skeleton) == repr(skeleton)
+    assert checksum.canonical({"s": {3, 1, 2}, "f": frozenset(), "t": set()}) == \
+        "{'s': {1, 2, 3}, 'f': frozenset(), 't': set()}"
+
+
+def test_a_damaged_optimizer_state_is_a_note_to_readers_of_the_weights_and_dropped(tmp_path, capsys):
+    """A memory-mapped load (sample, export) verifies the optimizer state too: damage there is a note, and the
+    state is left out of the dict so that a later save cannot stamp it with fresh checksums; resume refuses it."""
+    state, _ = tiny_state()
+    path = tmp_path / "last.pt"
+    save_checkpoint(state, path)
+    flip(path, offset_of(path, state["optimizer"]["state"][1]["exp_avg"]))
+    loaded = load_checkpoint(path)  # mmap: what sample.py and export.py do
+    assert "optimizer" not in loaded and torch.equal(loaded["model"]["lm_head.weight"], state["model"]["lm_head.weight"])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{path} is damaged in its optimizer state (tensor optimizer/state/1/exp_avg" in err
+    assert "resuming from it will be refused" in err
+    save_checkpoint(loaded, tmp_path / "again.pt")  # what export.py --format pt does: no optimizer to stamp
+    assert "optimizer" not in load_checkpoint(tmp_path / "again.pt", mmap=False)
+    refused(path, "tensor optimizer/state/1/exp_avg does not match", mmap=False)
+
+
+def test_sample_and_export_note_a_damaged_optimizer_state(tmp_path, capsys):
+    import export
+
+    state, _ = tiny_state()
+    path = tmp_path / "out" / "last.pt"
+    save_checkpoint(state, path)
+    flip(path, offset_of(path, state["optimizer"]["state"][2]["exp_avg_sq"]))
+    sample.main(["--device=cpu", f"--ckpt={path}", "--max_new_tokens=4", "--num_samples=1"])
+    export.main([f"--ckpt={path}", "--format=pt", f"--out={tmp_path / 'exported.pt'}"])
+    notes = [line for line in capsys.readouterr().err.splitlines() if "is damaged in its optimizer state" in line]
+    assert len(notes) == 2 and all("resuming from it will be refused" in line for line in notes)
+
+
+def test_a_file_that_is_not_a_checkpoint_is_named_as_such(tmp_path):
+    """sample.py --ckpt out/config.json: not a corrupt checkpoint, but no checkpoint at all."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "config.json").write_text('{"n_layer": 4}\n')
+    (out / "notes.txt").write_text("trained on a Tuesday\n")
+    (out / "model.safetensors").write_bytes((16).to_bytes(8, "little") + b'{"__metadata__":{}}')
+    for name, what in [("config.json", "a JSON file"), ("notes.txt", "a text file"),
+                       ("model.safetensors", "a safetensors file")]:
+        with pytest.raises(SystemExit) as e:
+            sample.main(["--device=cpu", f"--ckpt={out / name}", "--max_new_tokens=4"])
+        message = str(e.value.code)
+        assert message.startswith(f"error: {out / name} is not a checkpoint ({what}") and "corrupt" not in message
+        assert f"pass the run's folder ({out}/)" in message and "\n" not in message
+
+
 # ----------------------------------------------------------------------------- the sharded folder
 
 
@@ -204,6 +300,27 @@ def test_the_hf_export_records_its_tensors_checksums(tmp_path, capsys):
     flip(weights, offset_of(weights, model.transformer.h[1].ln_2.weight + 0))
     with pytest.raises(HFGPT2Error, match="is corrupt: tensor transformer.h.1.ln_2.weight does not match"):
         load_pretrained(str(tmp_path / "hf"))
+
+
+def test_a_safetensors_file_without_checksums_loads_with_a_note(tmp_path, capsys):
+    """Weights from elsewhere (save_pretrained, the Hub) carry no checksums: they load, and the user is told
+    that damage to them cannot be detected; an export of this project without them says it is an old one."""
+    from safetensors.torch import load_file, save_file
+
+    import export
+
+    _, model = tiny_state()
+    export.export_hf(model, tmp_path / "hf", META)
+    weights = tmp_path / "hf" / "model.safetensors"
+    save_file(load_file(str(weights)), str(weights), metadata={"format": "pt"})  # the CRCs' metadata gone
+    capsys.readouterr()
+    load_pretrained(str(tmp_path / "hf"))
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "carries no checksums (exported before they were recorded)" in err
+    (tmp_path / "hf" / "gptkit_tokenizer.json").unlink()  # no longer recognisable as an export of ours
+    load_pretrained(str(tmp_path / "hf"))
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"note: {weights} carries no checksums of this project" in err
 
 
 # ----------------------------------------------------------------------------- through the scripts

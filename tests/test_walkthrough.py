@@ -261,15 +261,22 @@ def test_a_gpt2_name_offline_fails_at_once_in_one_line(hub_unreachable, capsys):
 
 def test_a_hub_dataset_offline_fails_at_once_in_one_line(hub_unreachable, monkeypatch):
     datasets = pytest.importorskip("datasets")
+    from datasets.packaged_modules.cache import cache
+    from huggingface_hub import constants
+
     from gptkit.prepare import hub
     from gptkit.shards import DataError
 
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    settings = lambda: (os.environ.get("HF_HUB_OFFLINE"), constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE)
+    before, seen = settings(), []
+    real_init = cache.Cache.__init__
+    monkeypatch.setattr(cache.Cache, "__init__", lambda self, *a, **k: seen.append(settings()) or real_init(self, *a, **k))
     with pytest.raises(DataError, match=r"cannot reach the Hugging Face Hub .* and dataset someone/corpus is not "
                                         r"in the local cache"):
         hub.load_hf_dataset("someone/corpus")
-    # the clients were offline for that call only
-    assert os.environ["HF_HUB_OFFLINE"] == "0" and datasets.config.HF_HUB_OFFLINE is False
+    # the cache was read through the library's own reader, the process' settings untouched during and after
+    assert seen == [before] and settings() == before == ("0", False, False)
 
 
 def test_the_hub_is_asked_once(monkeypatch):

@@ -15,7 +15,6 @@ tokenising, up to the row.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from typing import Any
 from tqdm import tqdm
 
 from gptkit.cli import one_line
-from gptkit.network import cache_only, hub_unreachable
+from gptkit.network import hub_unreachable
 from gptkit.prepare import pipeline
 from gptkit.prepare.local import distinct_chars
 from gptkit.prepare.parallel import ordered_map
@@ -91,9 +90,9 @@ def load_hf_dataset(path: str, name: str | None = None, *, split: str = "train",
     label = path + (f" (config {name})" if name else "")
     offline = None if Path(path).exists() else hub_unreachable()  # a local folder needs no network
     try:
-        # unreachable: the local cache only, so that a miss fails at once, not after a minute of retries
-        with cache_only() if offline is not None else contextlib.nullcontext():
-            return datasets.load_dataset(path, name, split=split, streaming=streaming, revision=revision)
+        if offline is not None:  # the local cache only, so that a miss fails at once, not after a minute of retries
+            return _cached_dataset(path, name, split, streaming)
+        return datasets.load_dataset(path, name, split=split, streaming=streaming, revision=revision)
     except Exception as e:
         msg = one_line(e)
         if offline is not None:
@@ -103,6 +102,15 @@ def load_hf_dataset(path: str, name: str | None = None, *, split: str = "train",
         if "scripts are no longer supported" in msg:
             hint = "this dataset still uses a loading script; try --revision refs/convert/parquet"
         raise DataError(f"could not load Hugging Face dataset {label} ({type(e).__name__}: {msg}); {hint}") from None
+
+
+def _cached_dataset(path: str, name: str | None, split: str, streaming: bool) -> Any:
+    """A Hub dataset from datasets' local cache alone, read by the library's own cache reader (what
+    load_dataset falls back to offline), without changing any of the process' settings; an error if absent."""
+    from datasets.packaged_modules.cache.cache import Cache
+
+    builder = Cache(repo_id=path, dataset_name=path.split("/")[-1], config_name=name, version="auto", hash="auto")
+    return builder.as_streaming_dataset(split=split) if streaming else builder.as_dataset(split=split)
 
 
 def write_hf_corpus(
