@@ -163,7 +163,7 @@ def inverse_cdf_draw(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor
     by top-k/top-p) are never drawn. One random number per row instead of sample_token's noise over the whole
     row: what a server drawing each row from its own generator wants (the serving engine's sampler).
     Cumulated in float64, so that the last of 50K probabilities still moves the sum."""
-    cdf = probs.double().cumsum(dim=-1)  # (B, n)
+    cdf = probs.cumsum(dim=-1, dtype=torch.float64)  # (B, n)
     total = cdf[:, -1:]
     # u * total rounds up to total itself for u within 2^-53 of 1: the largest double below it stays inside.
     target = torch.minimum(uniform.double()[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
