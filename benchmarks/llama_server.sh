@@ -20,7 +20,9 @@ jobs="${JOBS:-$(nproc)}"
 
 mkdir -p "$out"
 if [ ! -d "$out/src/vendor/llama.cpp" ]; then
-  "$python" -m pip download --no-binary :all: --no-deps "llama-cpp-python==$version" -d "$out/sdist"
+  # Only llama-cpp-python comes as source (its build tools as wheels), and --no-cache-dir keeps the
+  # download and anything pip builds to read its metadata out of pip's caches.
+  "$python" -m pip download --no-cache-dir --no-binary llama-cpp-python --no-deps "llama-cpp-python==$version" -d "$out/sdist"
   rm -rf "$out/src" && mkdir -p "$out/src"
   tar xzf "$out/sdist/llama_cpp_python-$version.tar.gz" -C "$out/src" --strip-components=1
 fi

@@ -234,10 +234,11 @@ async def one_request(client, model: str, max_tokens: int, seed: int, extra: dic
 
 
 async def run_level(url: str, model: str, clients: int, requests: int, seconds: float,
-                    max_tokens: int, extra: dict | None = None) -> tuple[list[Result], float]:
+                    max_tokens: int, extra: dict | None = None, timeout: float = 600
+                    ) -> tuple[list[Result], float]:
     import openai
 
-    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=seconds + 60)
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=timeout)
     results: list[Result] = []
     start = time.perf_counter()
 
@@ -267,16 +268,18 @@ def served_model(url: str) -> str:
         return client.models.list().data[0].id
 
 
-def measure(url: str, levels: list[int], args: argparse.Namespace, extra: dict | None = None
-            ) -> tuple[str, list[tuple]]:
-    """The served model's id and one row per level: (clients, requests, tokens, seconds, tokens/s, TTFT
-    median, TTFT p99). extra: more fields for every request's body."""
+def measure(url: str, levels: list[int], args: argparse.Namespace, table: list[tuple], setting: str,
+            extra: dict | None = None) -> None:
+    """Append (setting, the served model's id, rows) to `table`, and one row per level to its rows as each is
+    measured (a level that fails keeps the ones before it): (clients, requests, tokens, seconds, tokens/s,
+    TTFT median, TTFT p99). extra: more fields for every request's body."""
     model = served_model(url)
-    asyncio.run(run_level(url, model, 1, 1, args.seconds, 8, extra))  # warm-up: a first request's one-off costs
-    rows = []
+    asyncio.run(run_level(url, model, 1, 1, args.seconds, 8, extra, args.timeout))  # warm-up: one-off costs
+    rows: list[tuple] = []
+    table.append((setting, model, rows))
     for clients in levels:
         results, wall = asyncio.run(run_level(url, model, clients, args.requests, args.seconds, args.max_tokens,
-                                              extra))
+                                              extra, args.timeout))
         tokens = sum(r.tokens for r in results)
         firsts = [r.first_token_s for r in results if r.first_token_s is not None]
         rows.append((clients, len(results), tokens, wall, tokens / wall,
@@ -284,7 +287,6 @@ def measure(url: str, levels: list[int], args: argparse.Namespace, extra: dict |
                      percentile(firsts, 99) if firsts else float("nan")))
         print(f"  {clients} clients: {len(results)} requests, {tokens} tokens in {wall:.1f} s",
               file=sys.stderr, flush=True)
-    return model, rows
 
 
 def compile_settings(text: str) -> list[str]:
@@ -303,6 +305,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--requests", type=int, default=4, help="requests per client per level (at most)")
     p.add_argument("--seconds", type=float, default=60, help="no new request after this long in a level")
     p.add_argument("--max_tokens", type=int, default=128, help="tokens per reply")
+    p.add_argument("--timeout", type=float, default=600, help="seconds a request may take (a busy machine's "
+                   "64 clients wait long for a row)")
     p.add_argument("--max_batch", type=int, default=16, help="the started server's --max_batch")
     p.add_argument("--model", choices=("baby", "gpt2", "gpt2-random"), default="baby",
                    help="the started server's model shape (gpt2-random: GPT-2's without its BPE files)")
@@ -324,9 +328,9 @@ def main(argv: list[str] | None = None) -> None:
         levels = [int(c) for c in args.clients.split(",")]
     except ValueError:
         raise LoadError(f"--clients {args.clients!r}: comma-separated integers, e.g. 1,4,16") from None
-    if min(levels) < 1 or args.requests < 1 or args.seconds <= 0 or args.max_tokens < 1 or \
+    if min(levels) < 1 or args.requests < 1 or args.seconds <= 0 or args.max_tokens < 1 or args.timeout <= 0 or \
             (args.n_layer is not None and args.n_layer < 1):
-        raise LoadError("--clients, --requests, --seconds, --max_tokens and --n_layer must be positive")
+        raise LoadError("--clients, --requests, --seconds, --max_tokens, --timeout and --n_layer must be positive")
     settings = compile_settings(args.compile)
     if importlib.util.find_spec("openai") is None:
         raise LoadError("the load generator's clients need the openai package: pip install -e \".[dev]\"")
@@ -335,8 +339,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         run_settings(table, settings, levels, args)
     finally:  # what was measured, even if a later server failed
-        if table:
-            print_table(table, args.max_tokens)
+        if any(rows for _, _, rows in table):
+            print_table([t for t in table if t[2]], args.max_tokens)
 
 
 def run_settings(table: list[tuple], settings: list[str], levels: list[int], args: argparse.Namespace) -> None:
@@ -347,22 +351,22 @@ def run_settings(table: list[tuple], settings: list[str], levels: list[int], arg
                 raise LoadError("--serve_args, --model, --n_layer and --compile are for the server this "
                                 "benchmark starts, not for --url")
             url = check_url(args.url)
-            table.append(("?", *measure(url, levels, args)))
+            measure(url, levels, args, table, "?")
         else:
             folder = Path(scratch) / f"{args.model.removesuffix('-random')}-random"
             ckpt = write_checkpoint(folder, args.model, args.n_layer)
             for setting in settings:
                 server = LocalServer(ckpt, args.max_batch, [f"--compile={setting}", *shlex.split(args.serve_args)])
                 try:
-                    table.append((setting, *measure(server.url, levels, args)))
+                    measure(server.url, levels, args, table, setting)
                 finally:
                     server.stop()
             if args.llama_server:
                 llama = LlamaServer(args.llama_server, ckpt, args.llama_type, args.max_batch,
                                     shlex.split(args.llama_args))
                 try:
-                    table.append((f"llama-server {args.llama_type}",
-                                  *measure(llama.url, levels, args, {"ignore_eos": True, "cache_prompt": False})))
+                    measure(llama.url, levels, args, table, f"llama-server {args.llama_type}",
+                            {"ignore_eos": True, "cache_prompt": False})
                 finally:
                     llama.stop()
 
@@ -371,7 +375,8 @@ def print_table(table: list[tuple], max_tokens: int) -> None:
     """One row per (compile setting, level), with its tokens/s against the setting's first level and against
     the first setting's at the same level (1.00x when there is one setting)."""
     model = table[0][1]
-    print(f"serve_load: {model}, {max_tokens} tokens per reply, cpu count {os.cpu_count()}")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())  # a busy machine's figures are not a quiet one's
+    print(f"serve_load: {model}, {max_tokens} tokens per reply, cpu count {os.cpu_count()}, load average {load}")
     first = {row[0]: row[4] for row in table[0][2]}  # clients -> the first setting's tokens/s
     print("| compile | clients | requests | tokens | seconds | tokens/s | vs first level | vs first compile "
           "setting | TTFT median | TTFT p99 |")
@@ -380,7 +385,7 @@ def print_table(table: list[tuple], max_tokens: int) -> None:
         base = rows[0][4]
         for clients, n, tokens, wall, rate, median, p99 in rows:
             print(f"| {setting} | {clients} | {n} | {tokens} | {wall:.1f} | {rate:.0f} | {rate / base:.2f}x | "
-                  f"{rate / first[clients]:.2f}x | {median * 1000:.0f} ms | {p99 * 1000:.0f} ms |")
+                  f"{rate / first.get(clients, rate):.2f}x | {median * 1000:.0f} ms | {p99 * 1000:.0f} ms |")
 
 
 if __name__ == "__main__":

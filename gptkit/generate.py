@@ -5,6 +5,7 @@
     candidates               the same, as the candidate tokens (most likely first) and their probabilities
     exponential_noise        the randomness of one step: Exp(1) noise (B, V), drawn from a seeded generator
     sample_token             probabilities (B, V) and noise (B, V) -> one drawn token per row (B,)
+    inverse_cdf_draw         probabilities (B, n) and one uniform per row (B,) -> one drawn index per row (B,)
     next_token               logits (B, V) -> the next token (B,): the argmax at temperature 0, else a draw
     prefill                  one forward over a window (B, T) that fills the KV cache -> logits (B, V)
     decode_one_token         one cached step: tokens (B, 1) at position pos (1,) or (B, 1) -> logits (B, V)
@@ -162,6 +163,20 @@ def sample_token(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     probability 0 (cut by top-k/top-p) are never drawn. All on the device: no host synchronisation."""
     # An Exp(1) draw can be exactly 0 on some devices: 0/0 would be a NaN, which argmax would pick.
     return (probs / noise.clamp_min(1e-30)).argmax(dim=-1)
+
+
+def inverse_cdf_draw(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """Draw one index per row from probs (B, n) with one uniform draw in [0, 1) per row, uniform (B,): the
+    first index whose cumulative probability exceeds u times the row's total (inverse transform sampling), so
+    index i with probability probs_i / total. The rows need not sum to 1, and indices of probability 0 (cut
+    by top-k/top-p) are never drawn. One random number per row instead of sample_token's noise over the whole
+    row: what a server drawing each row from its own generator wants (the serving engine's sampler).
+    Cumulated in float64, so that the last of 50K probabilities still moves the sum."""
+    cdf = probs.cumsum(dim=-1, dtype=torch.float64)  # (B, n)
+    total = cdf[:, -1:]
+    # u * total rounds up to total itself for u within 2^-53 of 1: the largest double below it stays inside.
+    target = torch.minimum(uniform.double()[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True)[:, 0]
 
 
 def next_token(logits: torch.Tensor, options: SamplingOptions, noise: torch.Tensor | None = None) -> torch.Tensor:

@@ -274,3 +274,127 @@ def test_cuda_graph_buckets_reply_as_the_eager_step(monkeypatch):
         engine._warm_up()
         assert engine.compiled and engine.decode_mode.startswith("decode step compiled in")
         assert staggered(engine) == eager
+
+
+# ----------------------------------------------------------------------------- batched prefill, the draw
+
+
+def admitted_together(engine: Engine, requests: list[Request], join: list[Request], prefills: list) -> list:
+    """Submit `requests` at once (admitted in one step), step twice, then submit `join` (into the running
+    batch) and step until all are done, on this thread; each request's events. Every prefill's rows (their
+    prompt lengths) are appended to `prefills`."""
+    events = [[] for _ in requests + join]
+    for r, box in zip(requests + join, events):
+        r.emit = box.append
+    real = engine._prefill
+    engine._prefill = lambda rows: prefills.append([r.length for r in rows]) or real(rows)
+    for r in requests:
+        engine.submit(r)
+    for step in range(200):
+        if step == 2:
+            for r in join:
+                engine.submit(r)
+        engine.step()
+        if all(e and isinstance(e[-1], Finished) for e in events):
+            return events
+    raise AssertionError("the requests did not finish")
+
+
+@pytest.mark.parametrize("fmt", [None, "float32", "int8"])
+def test_prompts_admitted_together_are_prefilled_together_and_reply_as_alone(model, fmt):
+    """Five prompts of different lengths arrive together and three join the running batch two steps later:
+    the prompts of similar lengths share one forward (each in its own row, at its own positions), and every
+    reply, greedy or seeded, equals the one the request gets alone; also on the packed CPU model (the fused
+    one-token steps after a prefill through the block's own forward)."""
+    from copy import deepcopy
+
+    from gptkit.cpu_decode import pack_for_cpu
+
+    net = model if fmt is None else pack_for_cpu(deepcopy(model), fmt)
+    mixed = [SamplingOptions(temperature=0), SamplingOptions(temperature=0.8, top_k=5),
+             SamplingOptions(temperature=1.0, top_p=0.9), SamplingOptions(temperature=1.0)]
+    lengths = [7, 9, 30, 8, 29, 5, 12, 11]
+    torch.manual_seed(4)
+    prompt_of = [counting_sequences(1, n, VOCAB, "cpu")[0].tolist() for n in lengths]
+
+    def requests():
+        return [Request(p, 10 + i, emit=None, sampling=mixed[i % 4], seed=70 + i) for i, p in enumerate(prompt_of)]
+
+    single = Engine(net, max_batch=1).start()
+    alone = [run(single, r)[0] for r in requests()]
+    single.stop()
+    prefills = []
+    fresh = requests()
+    together = admitted_together(Engine(net, max_batch=8), fresh[:5], fresh[5:], prefills)
+    assert [[e.id for e in ev if isinstance(e, Token)] for ev in together] == alone
+    assert [ev[-1] for ev in together] == [Finished("length", 10 + i) for i in range(8)]
+    # 7, 8, 9 together and 29, 30 together; then the three that joined (5, 11, 12): 5 alone, 11 and 12
+    assert prefills == [[7, 8, 9], [29, 30], [5], [11, 12]]
+
+
+def test_prefill_groups_bound_the_padding():
+    from gptkit.serving.engine import prefill_groups
+
+    assert prefill_groups([10, 10, 10]) == [[0, 1, 2]]
+    assert prefill_groups([100, 10, 12]) == [[1, 2], [0]]  # padding 10 and 12 to 100 would be 8x the work
+    assert prefill_groups([]) == []
+    for lengths in ([3, 50, 4, 48, 20, 1, 1, 2], [16] * 5 + [17] * 3):
+        groups = prefill_groups(lengths)
+        assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+        for g in groups:
+            assert len(g) * max(lengths[i] for i in g) <= 1.25 * sum(lengths[i] for i in g)
+
+
+# Chi-square's 0.999 quantiles, by degrees of freedom: a correct sampler exceeds them once in 1,000 seeds.
+CHI2_999 = {2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32}
+
+
+def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson's statistic of the observed counts against probs, over the tokens probs allows; a count on a
+    token it forbids is infinitely wrong."""
+    expected = probs * counts.sum()
+    allowed = probs > 0
+    if counts[~allowed].sum() > 0:
+        return float("inf")
+    return float(((counts[allowed] - expected[allowed]) ** 2 / expected[allowed]).sum())
+
+
+@pytest.mark.parametrize("options", [SamplingOptions(temperature=0.7), SamplingOptions(temperature=1.0, top_k=3),
+                                     SamplingOptions(temperature=1.3, top_p=0.8)])
+def test_the_draws_follow_the_filtered_softmax(options):
+    """16,000 draws (64 seeded rows x 250 steps) of the engine's sampler from fixed logits over 8 tokens: the
+    counts fit the softmax at the temperature, cut to the top-k / top-p tokens and renormalised (chi-square
+    under its 0.999 quantile; deterministic seeds), never a token outside the cut; and the same counts
+    against the uncut softmax at temperature 1 are far off (the check can tell them apart)."""
+    tiny = GPT(GPTConfig(block_size=8, vocab_size=8, n_layer=1, n_head=1, n_embd=8))
+    engine = Engine(tiny, max_batch=1)
+    logits = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, 0.25])
+    probs = torch.softmax(logits / options.temperature, dim=0)
+    order = probs.argsort(descending=True)
+    keep = torch.zeros(8, dtype=torch.bool)
+    if options.top_k is not None:
+        keep[order[: options.top_k]] = True
+    elif options.top_p is not None:  # the likeliest tokens while the mass before them is below top_p
+        before = probs[order].cumsum(0) - probs[order]
+        keep[order[before < options.top_p]] = True
+    else:
+        keep[:] = True
+    expected = torch.where(keep, probs, 0.0) / probs[keep].sum()
+    rows = [engine_module._Row(Request([0], 250, emit=None, sampling=options), 1,
+                               torch.Generator().manual_seed(1000 + i)) for i in range(64)]
+    counts = torch.zeros(8)
+    for _ in range(250):
+        counts += torch.bincount(torch.tensor(engine._sample(logits.expand(64, 8), rows)), minlength=8)
+    assert counts.sum() == 16_000 and counts[~keep].sum() == 0
+    assert chi_square(counts, expected) < CHI2_999[int(keep.sum()) - 1]
+    assert chi_square(counts, torch.softmax(logits, dim=0)) > 10 * CHI2_999[7]
+
+
+def test_a_seed_gives_the_same_draws_and_another_seed_others(model):
+    sampling = SamplingOptions(temperature=1.0)
+    prompt = prompts(1)[0]
+    engine = Engine(model, max_batch=2).start()
+    first, again, other = (run(engine, Request(prompt, 20, emit=None, sampling=sampling, seed=s))[0]
+                           for s in (5, 5, 6))
+    engine.stop()
+    assert first == again and first != other

@@ -7,10 +7,12 @@ batch between two decode steps and leaves it as soon as it is done, so nobody wa
     engine.stop()                                                  # finish what was accepted, then end
 
 One iteration of the loop (`Engine.step`):
-    1. admit   waiting requests take the free rows of the KV cache: each prompt is prefilled alone into its
-               row, and the request's first token is drawn from the prompt's last logits;
+    1. admit   waiting requests take the free rows of the KV cache: the prompts admitted together are
+               prefilled together, one forward over them all (right-padded, in groups of similar lengths),
+               each into its own row, and each request's first token is drawn from its prompt's last logits;
     2. decode  one forward over all active rows, each row at its own position (one token each), then one
-               token per row, drawn with that request's own options and random stream;
+               token per row, drawn with that request's own options and random stream: one uniform number
+               from the request's generator, placed in its filtered distribution (inverse_cdf_draw);
     3. retire  finished and cancelled requests leave; the last active row moves into the hole, so the active
                rows are always rows 0..A-1 of the cache and the forward reads views of it, never copies.
 Each request is told its tokens, one by one, and then how it finished, through its `emit` callback (called on
@@ -53,7 +55,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from gptkit.generate import SamplingOptions, decode_one_token, logits_to_probs, prefill, sample_token
+from gptkit.generate import SamplingOptions, candidates, decode_one_token, inverse_cdf_draw
 from gptkit.runtime import resolve_compile
 from model import GPT, bucketed_forward, bucketed_length, no_tf32
 
@@ -203,6 +205,22 @@ def length_buckets(block_size: int) -> tuple[int, ...]:
     """The compiled step's numbers of slots: a quarter of the context (in the model's length buckets) and all
     of it (1,024: 256, 1,024): a reply of ~100 tokens reads a quarter of the cache, not all of it."""
     return tuple(sorted({bucketed_length(max(1, block_size // 4), block_size), block_size}))
+
+
+def prefill_groups(lengths: list[int], waste: float = 0.25) -> list[list[int]]:
+    """The prompts admitted together (their lengths), as groups to prefill together (indices into lengths):
+    shortest first, a group taking the next prompt while padding every prompt to the longest adds at most
+    `waste` of the group's real tokens (a prompt of 1,000 tokens does not make fifteen of 10 cost 1,000)."""
+    groups: list[list[int]] = []
+    real = 0
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+        if groups and (len(groups[-1]) + 1) * lengths[i] <= (1 + waste) * (real + lengths[i]):
+            groups[-1].append(i)
+            real += lengths[i]
+        else:
+            groups.append([i])
+            real = lengths[i]
+    return groups
 
 
 def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, k: int) -> list[Logprob]:
@@ -379,24 +397,41 @@ class Engine:
         self._retire()
 
     def _admit(self) -> None:
-        while len(self.active) < self.max_batch:
-            with self._cond:
-                if not self.waiting:
-                    return
+        """Waiting requests take the free rows; the prompts admitted together are prefilled together
+        (_prefill, in groups of similar lengths: prefill_groups), and each one's first token is drawn from
+        its prompt's last logits."""
+        admitted, cancelled = [], []
+        with self._cond:
+            while self.waiting and len(self.active) + len(admitted) < self.max_batch:
                 request = self.waiting.popleft()
-            if request.cancelled:
-                request.emit(Finished("cancelled", 0))
-                continue
-            row, n = len(self.active), len(request.prompt)
-            prompt = torch.tensor([request.prompt], dtype=torch.long, device=self.device)  # (1, n)
-            # The prompt alone into its row, attending over its own n slots: (1, V) logits of its last token.
-            logits = prefill(self.model, prompt, torch.arange(n, device=self.device), rows=slice(row, row + 1),
-                             length=n)
-            seed = request.seed if request.seed is not None else int(torch.randint(2**62, (1,),
-                                                                                   generator=self._seeds))
-            state = _Row(request, n, torch.Generator(self.device).manual_seed(seed))
-            self.active.append(state)
-            self._deliver(state, self._sample(logits, [state])[0])
+                (cancelled if request.cancelled else admitted).append(request)
+        for request in cancelled:
+            request.emit(Finished("cancelled", 0))
+        for group in prefill_groups([len(r.prompt) for r in admitted]):
+            rows = []
+            for request in (admitted[i] for i in group):
+                seed = request.seed if request.seed is not None else int(torch.randint(2**62, (1,),
+                                                                                       generator=self._seeds))
+                rows.append(_Row(request, len(request.prompt), torch.Generator(self.device).manual_seed(seed)))
+            logits = self._prefill(rows)
+            self.active += rows
+            for row, token in zip(rows, self._sample(logits, rows)):
+                self._deliver(row, token)
+
+    def _prefill(self, rows: list[_Row]) -> torch.Tensor:
+        """One forward over the prompts of `rows` into the next free rows of the cache, each prompt at
+        positions 0.. of its own row -> the (k, V) logits of each prompt's last token. The prompts are
+        right-padded to the longest: attention is causal, so a prompt's tokens never see the padding after
+        them, and the padding's slots are rewritten by the row's next steps before anything reads them."""
+        first, lengths = len(self.active), [r.length for r in rows]
+        tokens = torch.zeros(len(rows), max(lengths), dtype=torch.long)
+        for i, r in enumerate(rows):
+            tokens[i, : r.length] = torch.tensor(r.request.prompt)
+        tokens = tokens.to(self.device)
+        h = self.model.hidden_states(tokens, torch.arange(tokens.size(1), device=self.device),
+                                     rows=slice(first, first + len(rows)), length=tokens.size(1))  # (k, T, C)
+        last = torch.tensor(lengths, device=self.device) - 1
+        return self.model.head(h[torch.arange(len(rows), device=self.device), last], fp32=True)  # (k, V)
 
     def _decode(self) -> None:
         rows = [r for r in self.active if r.finish is None and not r.request.cancelled]
@@ -498,16 +533,26 @@ class Engine:
         for i, r in enumerate(rows):
             o = r.request.sampling
             groups[(o.temperature, o.top_k, o.top_p)].append(i)
-        for (temperature, top_k, top_p), idx in groups.items():
-            sel = torch.tensor(idx, device=logits.device)
-            if temperature == 0:
-                out[sel] = logits[sel].argmax(dim=-1)
-                continue
-            probs = logits_to_probs(logits[sel], SamplingOptions(temperature=temperature, top_k=top_k,
-                                                                 top_p=top_p))
-            noise = torch.stack([torch.empty(logits.size(1), device=logits.device).exponential_(
-                generator=rows[i].generator) for i in idx])  # each request's own stream, (m, V)
-            out[sel] = sample_token(probs, noise)
+        for idx in groups.values():
+            options = rows[idx[0]].request.sampling
+            alike = len(idx) == len(rows)  # (every row: no gathering, no scattering)
+            sel = None if alike else torch.tensor(idx, device=logits.device)
+            group = logits if alike else logits[sel]
+            if options.temperature == 0:
+                picked = group.argmax(dim=-1)
+            else:
+                # One uniform per row from its own generator, and the token where it falls in the row's
+                # filtered distribution (its candidates, likeliest first, or the whole vocabulary).
+                probs, order = candidates(group, options)
+                uniform = torch.cat([torch.rand(1, generator=rows[i].generator, dtype=torch.float64,
+                                                device=logits.device) for i in idx])
+                picked = inverse_cdf_draw(probs, uniform)
+                if order is not None:
+                    picked = order.gather(-1, picked[:, None])[:, 0]
+            if alike:
+                out = picked
+            else:
+                out[sel] = picked
         tokens = out.tolist()
         for r, token in zip(rows, tokens):
             if r.counts is not None:
