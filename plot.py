@@ -22,6 +22,7 @@ import numpy as np
 
 from gptkit import cli
 from gptkit.files import atomic_write
+from gptkit.options import ConfigError, load_config, setting
 
 REFERENCES = {"chance": 0.25, "GPT-2 124M": 0.2955}  # HellaSwag acc_norm, completion scoring (gptkit/hellaswag.py)
 
@@ -155,15 +156,23 @@ def labels_for(folders: list[str]) -> list[str]:
     return names if len(set(names)) == len(names) else [f.rstrip("/") for f in folders]
 
 
+@dataclass
+class PlotConfig:
+    runs: list[str] = setting([], "run folders (train.py's out_dir) holding metrics.jsonl; the bare arguments")
+    out: str = setting("loss.png", "the PNG to write")
+    x: str = setting("step", "x axis: optimizer steps, tokens seen, or training time", ("step", "tokens", "time"))
+    logy: bool = setting(False, "logarithmic loss axis")
+    POSITIONAL = "runs"  # python plot.py out-a/ out-b/
+
+    def validate(self) -> None:
+        if not self.runs:
+            raise ConfigError("give at least one run folder: python plot.py OUT_DIR [OUT_DIR ...]")
+
+
 @cli.entry_point()
 def main(argv: list[str] | None = None) -> Path:
-    parser = cli.ArgumentParser(prog="plot.py", description="Loss curves of train.py runs as a PNG.")
-    parser.add_argument("runs", nargs="+", metavar="OUT_DIR", help="run folders holding metrics.jsonl")
-    parser.add_argument("--out", default="loss.png", help="the PNG to write (default: loss.png)")
-    parser.add_argument("--x", choices=("step", "tokens", "time"), default="step",
-                        help="x axis: optimizer steps, tokens seen, or training time")
-    parser.add_argument("--logy", action="store_true", help="logarithmic loss axis")
-    args = parser.parse_args(argv)
+    args = load_config(PlotConfig, sys.argv[1:] if argv is None else list(argv), allow_files=False,
+                       prog="plot.py", description=__doc__)
     runs = [read_run(folder, label) for folder, label in zip(args.runs, labels_for(args.runs))]
     for folder, run in zip(args.runs, runs):
         if run.skipped:
@@ -173,7 +182,6 @@ def main(argv: list[str] | None = None) -> Path:
     draw(runs, out, x=args.x, logy=args.logy)
     print(f"wrote {out} ({len(runs)} run{'s' if len(runs) > 1 else ''})", file=sys.stderr)
     return out
-
 
 if __name__ == "__main__":
     main()

@@ -19,10 +19,12 @@ fine-tune will use; longer conversations are cut there. --train_on all puts loss
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from gptkit import cli
 from gptkit.checkpoint import load_checkpoint
+from gptkit.options import ConfigError, setting
 from gptkit.prepare import conversations, script
 from gptkit.prepare.local import check_fraction
 from gptkit.prepare.writer import DEFAULT_SHARD_TOKENS
@@ -30,25 +32,21 @@ from gptkit.shards import DataError
 from gptkit.tokenizer import CHAT_SPECIALS, Tokenizer, resolve_tokenizer
 
 
-def build_parser() -> cli.ArgumentParser:
-    parser = script.make_parser(__doc__)
-    parser.add_argument("--input", required=True, help="a JSONL file, one conversation per line")
-    parser.add_argument("--name", default=None, help="output goes to DATA_ROOT/NAME (default: the input's name)")
-    parser.add_argument("--tokenizer", default="gpt2",
-                        help="gpt2, char, a trained tokenizer's NAME or PATH, or a checkpoint (out_dir or .pt) whose "
-                             "tokenizer to use (default: gpt2)")
-    parser.add_argument("--block_size", type=int, default=1024, help="the fine-tune's context: longer "
-                        "conversations are cut there (default: 1024, GPT-2's)")
-    parser.add_argument("--train_on", choices=conversations.TRAIN_ON, default="assistant",
-                        help="which tokens carry loss: the assistant's replies (default) or all")
-    parser.add_argument("--val_fraction", type=float, default=0.05, help="share of the conversations for val")
-    parser.add_argument("--shard_tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard")
-    parser.add_argument("--data_root", default="data", help="the folder of datasets (DATA_ROOT/NAME) and of "
-                        "trained tokenizers (DATA_ROOT/tokenizers)")
-    parser.add_argument("--out_dir", default=None, help="output folder (default: DATA_ROOT/NAME)")
-    parser.add_argument("--overwrite", action="store_true", help="prepare again even if the folder already "
-                        "holds this dataset (or replace a different one)")
-    return parser
+@dataclass
+class ChatDataConfig(script.OutputSettings):
+    input: str = setting("", "a JSONL file, one conversation per line (required)")
+    name: str = setting("", "output goes to DATA_ROOT/NAME; '' = the input's name")
+    tokenizer: str = setting("gpt2", "gpt2, char, a trained tokenizer's NAME or PATH, or a checkpoint (out_dir or "
+                                     ".pt) whose tokenizer to use")
+    block_size: int = setting(1024, "the fine-tune's context (1024 is GPT-2's): longer conversations are cut there")
+    train_on: str = setting("assistant", "which tokens carry loss: the assistant's replies or all",
+                            conversations.TRAIN_ON)
+    val_fraction: float = setting(0.05, "share of the conversations for val")
+    shard_tokens: int = setting(DEFAULT_SHARD_TOKENS, "tokens per shard")
+
+    def validate(self) -> None:
+        if not self.input:
+            raise ConfigError("--input is required: a JSONL file with one conversation per line")
 
 
 def chat_tokenizer(arg: str, input_path: Path, data_root: str) -> Tokenizer:
@@ -69,20 +67,19 @@ def chat_tokenizer(arg: str, input_path: Path, data_root: str) -> Tokenizer:
 
 @cli.entry_point()
 def main(argv: Sequence[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    check_fraction(args.val_fraction)
-    path = Path(args.input)
-    name = args.name or path.stem
+    cfg = script.load(ChatDataConfig, argv, "prepare/chat.py", __doc__)
+    check_fraction(cfg.val_fraction)
+    path = Path(cfg.input)
+    name = cfg.name or path.stem
     if "/" in name or "\\" in name or name in ("", ".", ".."):
         raise DataError(f"--name {name!r} must be a plain folder name; use --out_dir for a path")
-    out_dir = Path(args.out_dir or Path(args.data_root) / name)
+    out_dir = cfg.output(name)
     if not path.is_file():
         raise DataError(f"--input {path} is not a file; give a JSONL file with one conversation per line")
-    tokenizer = chat_tokenizer(args.tokenizer, path, args.data_root)
-    conversations.prepare_conversations(out_dir, path, tokenizer, block_size=args.block_size,
-                                        val_fraction=args.val_fraction, train_on=args.train_on,
-                                        shard_tokens=args.shard_tokens, overwrite=args.overwrite)
-
+    tokenizer = chat_tokenizer(cfg.tokenizer, path, cfg.data_root)
+    conversations.prepare_conversations(out_dir, path, tokenizer, block_size=cfg.block_size,
+                                        val_fraction=cfg.val_fraction, train_on=cfg.train_on,
+                                        shard_tokens=cfg.shard_tokens, overwrite=cfg.overwrite)
 
 if __name__ == "__main__":
     main()

@@ -13,35 +13,31 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from pathlib import Path
+from dataclasses import dataclass
 
 from gptkit import cli
+from gptkit.options import setting
 from gptkit.prepare import hub, script
 
 SAMPLES = ("sample-10BT", "sample-100BT", "sample-350BT")
 
 
-def build_parser() -> cli.ArgumentParser:
-    parser = script.make_parser(__doc__)
-    parser.add_argument("--edu", action="store_true", help="use FineWeb-Edu (HuggingFaceFW/fineweb-edu)")
-    parser.add_argument("--sample", choices=SAMPLES, default="sample-10BT", help="which published sample")
-    hub.add_corpus_args(parser)
-    script.add_tokenizer_arg(parser, "gpt2")
-    script.add_common_args(parser, "fineweb (or fineweb_edu with --edu)")
-    return parser
+@dataclass
+class FinewebConfig(script.CorpusSettings):
+    edu: bool = setting(False, "use FineWeb-Edu (HuggingFaceFW/fineweb-edu); the output goes to DATA_ROOT/fineweb_edu")
+    sample: str = setting("sample-10BT", "which published sample", SAMPLES)
 
 
 @cli.entry_point()
 def main(argv: Sequence[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    cfg = script.load(FinewebConfig, argv, "prepare/fineweb.py", __doc__)
     started = time.perf_counter()
-    name = "fineweb_edu" if args.edu else "fineweb"
-    out_dir = Path(args.out_dir or Path(args.data_root) / name)
+    name = "fineweb_edu" if cfg.edu else "fineweb"
     hub.prepare_hub_corpus(
-        out_dir, "HuggingFaceFW/fineweb-edu" if args.edu else "HuggingFaceFW/fineweb", args.sample,
-        streaming=args.streaming, revision=args.revision, num_proc=args.num_proc,
-        shard_tokens=args.shard_tokens, val_tokens=args.val_tokens, tokenizer=args.tokenizer,
-        overwrite=args.overwrite, data_root=args.data_root, started=started,
+        cfg.output(name), "HuggingFaceFW/fineweb-edu" if cfg.edu else "HuggingFaceFW/fineweb", cfg.sample,
+        streaming=cfg.streaming, revision=cfg.revision or None, num_proc=cfg.processes(),
+        shard_tokens=cfg.shard_tokens, val_tokens=cfg.val_tokens, tokenizer=cfg.tokenizer,
+        overwrite=cfg.overwrite, data_root=cfg.data_root, started=started,
     )
 
 

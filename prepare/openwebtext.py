@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from pathlib import Path
+from dataclasses import dataclass
 
 from gptkit import cli
 from gptkit.prepare import hub, script
@@ -25,23 +25,19 @@ NAME = "openwebtext"
 HF_PATH = "Skylion007/openwebtext"
 
 
-def build_parser() -> cli.ArgumentParser:
-    parser = script.make_parser(__doc__)
-    hub.add_corpus_args(parser)
-    script.add_tokenizer_arg(parser, "gpt2")
-    script.add_common_args(parser, NAME)
-    return parser
+@dataclass
+class OpenWebTextConfig(script.CorpusSettings):
+    """The Hub corpus's options; nothing of its own."""
 
 
 @cli.entry_point()
 def main(argv: Sequence[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    cfg = script.load(OpenWebTextConfig, argv, "prepare/openwebtext.py", __doc__)
     started = time.perf_counter()
-    out_dir = Path(args.out_dir or Path(args.data_root) / NAME)
     hub.prepare_hub_corpus(
-        out_dir, HF_PATH, streaming=args.streaming, revision=args.revision, num_proc=args.num_proc,
-        shard_tokens=args.shard_tokens, val_tokens=args.val_tokens, tokenizer=args.tokenizer,
-        overwrite=args.overwrite, data_root=args.data_root, started=started,
+        cfg.output(NAME), HF_PATH, streaming=cfg.streaming, revision=cfg.revision or None,
+        num_proc=cfg.processes(), shard_tokens=cfg.shard_tokens, val_tokens=cfg.val_tokens,
+        tokenizer=cfg.tokenizer, overwrite=cfg.overwrite, data_root=cfg.data_root, started=started,
     )
 
 

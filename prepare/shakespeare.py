@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from gptkit import cli
 from gptkit.prepare import tiny_shakespeare
+from gptkit.prepare.tiny_shakespeare import ShakespeareConfig
 
 NAME = "shakespeare"
 URL = tiny_shakespeare.URL
@@ -23,7 +24,7 @@ URL = tiny_shakespeare.URL
 
 @cli.entry_point()
 def main(argv: Sequence[str] | None = None) -> None:
-    tiny_shakespeare.run_script(argv, NAME, description=__doc__)
+    tiny_shakespeare.run_script(argv, NAME, ShakespeareConfig, __doc__)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from gptkit import cli
 from gptkit.prepare import tiny_shakespeare
+from gptkit.prepare.tiny_shakespeare import ShakespeareCharConfig
 
 NAME = "shakespeare_char"
 URL = tiny_shakespeare.URL
@@ -22,7 +23,7 @@ URL = tiny_shakespeare.URL
 
 @cli.entry_point()
 def main(argv: Sequence[str] | None = None) -> None:
-    tiny_shakespeare.run_script(argv, NAME, description=__doc__)
+    tiny_shakespeare.run_script(argv, NAME, ShakespeareCharConfig, __doc__)
 
 
 if __name__ == "__main__":

@@ -25,64 +25,59 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from gptkit import cli
+from gptkit.options import setting
 from gptkit.prepare import hub, local, script
 from gptkit.prepare.writer import DEFAULT_SHARD_TOKENS, make_fingerprint
 from gptkit.shards import DataError
 from gptkit.tokenizer import resolve_tokenizer
 
 
-def build_parser() -> cli.ArgumentParser:
-    parser = script.make_parser(__doc__)
-    parser.add_argument("--input", default=None, help="a text file, or a folder of .txt files")
-    parser.add_argument("--hf_dataset", default=None, help="a Hugging Face dataset name (instead of --input)")
-    parser.add_argument("--hf_config", default=None, help="the dataset's configuration name, if it has several")
-    parser.add_argument("--hf_split", default="train", help="which split of the dataset to read")
-    parser.add_argument("--text_column", default="text", help="the dataset column holding the text")
-    script.add_tokenizer_arg(parser, "gpt2")
-    parser.add_argument("--name", default=None, help="output goes to DATA_ROOT/NAME (default: the input's name)")
-    parser.add_argument("--val_fraction", type=float, default=0.1, help="share of the data used for val")
-    parser.add_argument("--shard_tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard")
-    script.add_common_args(parser, "NAME")
-    return parser
+@dataclass
+class TextConfig(script.PrepareSettings, script.TextSource):
+    name: str = setting("", "output goes to DATA_ROOT/NAME; '' = the input's name")
+    val_fraction: float = setting(0.1, "share of the data used for val")
+    shard_tokens: int = setting(DEFAULT_SHARD_TOKENS, "tokens per shard")
 
 
 @cli.entry_point()
 def main(argv: Sequence[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    cfg = script.load(TextConfig, argv, "prepare/text.py", __doc__)
     started = time.perf_counter()
-    if (args.input is None) == (args.hf_dataset is None):
-        raise DataError("give exactly one of --input PATH (file or folder) or --hf_dataset NAME")
-    if args.input is not None:
-        path = Path(args.input)
+    cfg.check_source()
+    if cfg.input:
+        path = Path(cfg.input)
         default_name = path.resolve().name if path.is_dir() else path.stem
     else:
-        default_name = args.hf_dataset.rstrip("/").split("/")[-1]
-    name = args.name or default_name
+        default_name = cfg.hf_dataset.rstrip("/").split("/")[-1]
+    name = cfg.name or default_name
     if "/" in name or "\\" in name or name in ("", ".", ".."):
         raise DataError(f"--name {name!r} must be a plain folder name; use --out_dir for a path")
-    out_dir = Path(args.out_dir or Path(args.data_root) / name)
-    if args.input is not None:
-        local.prepare_local(out_dir, args.input, args.tokenizer, val_fraction=args.val_fraction,
-                            num_proc=args.num_proc, shard_tokens=args.shard_tokens, overwrite=args.overwrite,
-                            data_root=args.data_root, started=started)
+    out_dir = cfg.output(name)
+    num_proc = cfg.processes()
+    if cfg.input:
+        local.prepare_local(out_dir, cfg.input, cfg.tokenizer, val_fraction=cfg.val_fraction, num_proc=num_proc,
+                            shard_tokens=cfg.shard_tokens, overwrite=cfg.overwrite, data_root=cfg.data_root,
+                            started=started)
         return
-    local.check_fraction(args.val_fraction)
-    tok = None if args.tokenizer == "char" else resolve_tokenizer(args.tokenizer, data_root=args.data_root)
-    ds = hub.load_hf_dataset(args.hf_dataset, args.hf_config, split=args.hf_split)
-    if args.text_column not in ds.column_names:
-        raise DataError(f"{args.hf_dataset} has no column {args.text_column!r} (columns: "
+    local.check_fraction(cfg.val_fraction)
+    tok = None if cfg.tokenizer == "char" else resolve_tokenizer(cfg.tokenizer, data_root=cfg.data_root)
+    hf_config = cfg.hf_config or None
+    ds = hub.load_hf_dataset(cfg.hf_dataset, hf_config, split=cfg.hf_split)
+    if cfg.text_column not in ds.column_names:
+        raise DataError(f"{cfg.hf_dataset} has no column {cfg.text_column!r} (columns: "
                         f"{', '.join(ds.column_names)}); pass --text_column")
     if tok is None:
-        tok = resolve_tokenizer("char", chars=hub.dataset_chars(ds, args.text_column, args.num_proc))
-    fp = make_fingerprint(hub=[args.hf_dataset, args.hf_config, args.hf_split, args.text_column],
-                          tokenizer=tok.to_meta(), val_fraction=args.val_fraction, shard_tokens=args.shard_tokens,
+        tok = resolve_tokenizer("char", chars=hub.dataset_chars(ds, cfg.text_column, num_proc))
+    fp = make_fingerprint(hub=[cfg.hf_dataset, hf_config, cfg.hf_split, cfg.text_column],
+                          tokenizer=tok.to_meta(), val_fraction=cfg.val_fraction, shard_tokens=cfg.shard_tokens,
                           rows_per_task=hub.ROWS_PER_TASK)
-    hub.write_hf_corpus(out_dir, ds, tok, source=f"hf:{args.hf_dataset}", text_column=args.text_column,
-                        num_proc=args.num_proc, shard_tokens=args.shard_tokens, val_fraction=args.val_fraction,
-                        fingerprint=fp, overwrite=args.overwrite, started=started)
+    hub.write_hf_corpus(out_dir, ds, tok, source=f"hf:{cfg.hf_dataset}", text_column=cfg.text_column,
+                        num_proc=num_proc, shard_tokens=cfg.shard_tokens, val_fraction=cfg.val_fraction,
+                        fingerprint=fp, overwrite=cfg.overwrite, started=started)
 
 
 if __name__ == "__main__":

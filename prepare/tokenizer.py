@@ -16,38 +16,36 @@ running again finds its folder and leaves it as it is.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
 
 from gptkit import bpe, cli
+from gptkit.options import ConfigError, setting
+from gptkit.prepare import script
 from gptkit.shards import DataError
 from gptkit.tokenizer import CHAT_SPECIALS
 
 PIECE_CHARS = 1 << 20  # a long file is given to the trainer in pieces of about this many characters
 
 
-def build_parser() -> cli.ArgumentParser:
-    parser = cli.ArgumentParser(prog="prepare/tokenizer.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--input", default=None, help="a text file, or a folder of .txt files (read recursively)")
-    parser.add_argument("--hf_dataset", default=None, help="a Hugging Face dataset name (instead of --input)")
-    parser.add_argument("--hf_config", default=None, help="the dataset's configuration name, if it has several")
-    parser.add_argument("--hf_split", default="train", help="which split of the dataset to read")
-    parser.add_argument("--text_column", default="text", help="the dataset column holding the text")
-    parser.add_argument("--vocab_size", type=int, required=True,
-                        help="all ids: 256 bytes + merges + special tokens (e.g. 8192)")
-    parser.add_argument("--name", required=True, help="the tokenizer's name (letters, digits, . _ -)")
-    parser.add_argument("--special", default=",".join(CHAT_SPECIALS),
-                        help="comma-separated special tokens to reserve, in id order (default: %(default)s); "
-                        "'' for none")
-    parser.add_argument("--max_chars", type=int, default=0, help="train on at most this many characters (0: all)")
-    parser.add_argument("--data_root", default="data", help="tokenizers go to DATA_ROOT/tokenizers/ (default: data)")
-    return parser
+@dataclass
+class TokenizerConfig(script.TextSource):
+    vocab_size: int = setting(0, "all ids: 256 bytes + merges + special tokens, e.g. 8192 (required)")
+    name: str = setting("", "the tokenizer's name: letters, digits, . _ - (required)")
+    special: list[str] = setting(list(CHAT_SPECIALS), "the special tokens to reserve, in id order; '' for none")
+    max_chars: int = setting(0, "train on at most this many characters; 0 = all")
+    data_root: str = setting("data", "tokenizers go to DATA_ROOT/tokenizers/")
+
+    def validate(self) -> None:
+        if not self.vocab_size:
+            raise ConfigError("--vocab_size is required: all ids, 256 bytes + merges + special tokens (e.g. 8192)")
+        if not self.name:
+            raise ConfigError("--name is required: the tokenizer's name (letters, digits, . _ -)")
 
 
 def file_texts(path: Path) -> Iterator[str]:
@@ -81,15 +79,14 @@ def _last_cut(text: str) -> int:
     return 0
 
 
-def input_texts(args: argparse.Namespace) -> tuple[Iterator[str], str, int | None]:
+def input_texts(args: TokenizerConfig) -> tuple[Iterator[str], str, int | None]:
     """(the texts, a description of the source, their size in bytes where known) from --input or
     --hf_dataset."""
-    if (args.input is None) == (args.hf_dataset is None):
-        raise DataError("give exactly one of --input PATH (file or folder) or --hf_dataset NAME")
-    if args.hf_dataset is not None:
+    args.check_source()
+    if args.hf_dataset:
         from gptkit.prepare.hub import load_hf_dataset
 
-        ds = load_hf_dataset(args.hf_dataset, args.hf_config, split=args.hf_split)
+        ds = load_hf_dataset(args.hf_dataset, args.hf_config or None, split=args.hf_split)
         if args.text_column not in ds.column_names:
             raise DataError(f"{args.hf_dataset} has no column {args.text_column!r} (columns: "
                             f"{', '.join(ds.column_names)}); pass --text_column")
@@ -128,9 +125,9 @@ def counted(texts: Iterator[str], bar: tqdm, max_chars: int, seen: list[int]) ->
 
 @cli.entry_point()
 def main(argv: Sequence[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    args = script.load(TokenizerConfig, argv, "prepare/tokenizer.py", __doc__)
     bpe.check_name(args.name)
-    special = list(dict.fromkeys(s for s in (part.strip() for part in args.special.split(",")) if s))
+    special = list(dict.fromkeys(s for s in args.special if s))
     bpe.merges_for(args.vocab_size, len(special))  # a bad --vocab_size fails before reading anything
     if args.max_chars < 0:
         raise DataError(f"--max_chars must be 0 (all) or positive, got {args.max_chars}")

@@ -279,10 +279,42 @@ def test_an_alias_and_its_setting_may_not_disagree():
         load_config(Lists, ["--out=a", "--to", "b"])
 
 
+@dataclass
+class Folders:
+    runs: list[str] = setting([], "the folders, the bare arguments")
+    depth: list[int] = setting([0], "depths")
+    out: str = setting("o.png", "what to write")
+    logy: bool = setting(False, "a flag")
+    POSITIONAL = "runs"
+
+
+def test_a_positional_list_field_takes_the_bare_arguments(tmp_path, capsys):
+    cfg = load_config(Folders, ["a/", "--out", "x.png", "b,c/", "--logy", "d", "--depth=1,2"], allow_files=False)
+    assert (cfg.runs, cfg.out, cfg.logy, cfg.depth) == (["a/", "b,c/", "d"], "x.png", True, [1, 2])  # taken whole
+    assert load_config(Folders, ["--runs=a,b"], allow_files=False).runs == ["a", "b"]
+    with pytest.raises(ConfigError, match=r"runs given twice: as bare arguments and as --runs; give one of them"):
+        load_config(Folders, ["a", "--runs=b"], allow_files=False)
+    with pytest.raises(ConfigError, match="unknown config key 'outt'"):
+        load_config(Folders, ["a", "--outt=x"], allow_files=False)
+    with pytest.raises(SystemExit):
+        load_config(Folders, ["--help"], allow_files=False, prog="x.py")
+    assert capsys.readouterr().out.startswith("usage: python x.py [--key=value ...] RUNS [RUNS ...]\n")
+    # where a script takes config files (train.py), the bare arguments stay config files
+    f = tmp_path / "c.py"
+    f.write_text('out = "from_file.png"\n')
+    assert load_config(Folders, [str(f)], allow_files=True).out == "from_file.png"
+    with pytest.raises(ConfigError, match="unexpected argument 'a'"):  # a class without POSITIONAL: an error
+        load_config(Lists, ["a"], allow_files=False)
+
+
 # ----------------------------------------------------------------------------- the scripts' settings, declared once
 
 SCRIPTS = {"train": "TrainConfig", "sample": "SampleConfig", "chat": "ChatConfig", "serve": "ServeConfig",
-           "eval": "EvalConfig", "export": "ExportConfig", "bench": "BenchConfig"}
+           "eval": "EvalConfig", "export": "ExportConfig", "bench": "BenchConfig", "plot": "PlotConfig",
+           "prepare.chat": "ChatDataConfig", "prepare.fineweb": "FinewebConfig",
+           "prepare.openwebtext": "OpenWebTextConfig", "prepare.shakespeare": "ShakespeareConfig",
+           "prepare.shakespeare_char": "ShakespeareCharConfig", "prepare.text": "TextConfig",
+           "prepare.tokenizer": "TokenizerConfig"}
 
 
 def script_config(script: str) -> type:
@@ -320,7 +352,7 @@ def test_every_scripts_help_comes_from_the_one_parser(script, capsys):
         importlib.import_module(script).main(["--help"])
     assert e.value.code == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"usage: python {script}.py ")
+    assert out.startswith(f"usage: python {script.replace('.', '/')}.py ")
     lines = [line.strip() for line in out.partition("options (default, type, description):")[2].splitlines()]
     for f in fields(script_config(script)):  # every setting, documented where it is defined, shown once
         assert f.metadata["help"], f.name
@@ -336,8 +368,18 @@ def test_every_scripts_help_comes_from_the_one_parser(script, capsys):
     ("bench", ["--accum=two"], "accum expects int, got 'two'"),
     ("bench", ["--decode_batch=1,eight"], "decode_batch expects a comma-separated list of int, got '1,eight'"),
     ("bench", ["--compile_scope=model,everything"], "compile_scope must be one of model, blocks; got 'everything'"),
+    ("plot", ["out/", "--logyy"], "unknown config key 'logyy' (in the command line); did you mean 'logy'?"),
+    ("prepare.chat", ["--input=c.jsonl", "--train_on=everything"], "train_on must be one of assistant, all"),
+    ("prepare.chat", ["--name=x"], "--input is required"),
+    ("prepare.fineweb", ["--sampel=sample-10BT"], "unknown config key 'sampel' (in the command line); did you mean"),
+    ("prepare.openwebtext", ["--streaming=maybe"], "streaming expects bool, got 'maybe'"),
+    ("prepare.shakespeare", ["--val_fraction=a"], "val_fraction expects float, got 'a'"),
+    ("prepare.shakespeare_char", ["--tokeniser=char"], "unknown config key 'tokeniser' (in the command line)"),
+    ("prepare.text", ["--num_proc=-1"], "num_proc must be >= 0"),
+    ("prepare.tokenizer", ["--name=x"], "--vocab_size is required"),
+    ("prepare.tokenizer", ["--vocab_size=500", "--name=x", "in.txt"], "unexpected argument 'in.txt'"),
 ])
-def test_export_and_bench_name_a_bad_key_or_value_in_one_line(script, argv, fragment):
+def test_every_script_names_a_bad_key_or_value_in_one_line(script, argv, fragment):
     with pytest.raises(SystemExit) as e:
         importlib.import_module(script).main(argv)
     message = e.value.code

@@ -83,7 +83,9 @@ def test_errors_are_one_line(tmp_path, capsys):
     expect([str(tmp_path / "missing")], "does not exist")
     run = write_run(tmp_path / "noconfig", config=False)
     expect([str(run), "--x", "tokens", "--out", str(tmp_path / "x.png")], "config.json")
-    expect([str(run), "--x", "hours"], "invalid choice")
+    expect([str(run), "--x", "hours"], "x must be one of step, tokens, time; got 'hours'")
+    expect(["--x", "step"], "give at least one run folder")
+    expect([str(run), "--ot", "a.png"], "unknown config key 'ot' (in the command line); did you mean 'out'?")
     (run / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{oops\n{"step": 2, "loss": 1.0}\n')
     expect([str(run)], "line 2")
 

@@ -14,7 +14,6 @@ tokenising, up to the row.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -35,14 +34,6 @@ from gptkit.tokenizer import Tokenizer, resolve_tokenizer
 
 ROWS_PER_TASK = 256  # ~1 MB of web text
 PARALLEL_MIN_BYTES = 16 << 20  # a smaller downloaded dataset is tokenised in this process (see local.py)
-
-
-def add_corpus_args(parser: argparse.ArgumentParser) -> None:
-    """Options shared by openwebtext.py and fineweb.py."""
-    parser.add_argument("--streaming", action="store_true", help="stream from the Hub instead of downloading first")
-    parser.add_argument("--shard_tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard")
-    parser.add_argument("--val_tokens", type=int, default=None, help="val split size (default: one shard)")
-    parser.add_argument("--revision", default=None, help="dataset revision on the Hub (branch, tag or commit)")
 
 
 def prepare_hub_corpus(

@@ -1,36 +1,83 @@
-"""What every prepare script's command line shares: the parser, --tokenizer, --out_dir/--num_proc/--overwrite."""
+"""What the prepare scripts' command lines share, as settings classes that each script's config extends (the
+one parser, gptkit/options.py): where the dataset goes, the tokenizer, the processes; the Hub corpora's options.
+
+    @dataclass
+    class TextConfig(PrepareSettings):
+        name: str = setting("", "...")
+
+    cfg = script.load(TextConfig, argv, "prepare/text.py", __doc__)
+"""
 
 from __future__ import annotations
 
-import argparse
 import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
-from gptkit import cli
+from gptkit.options import ConfigError, load_config, setting
+from gptkit.prepare.writer import DEFAULT_SHARD_TOKENS
 
-
-def make_parser(description: str) -> cli.ArgumentParser:
-    """The script's parser, its module docstring (with the command lines) as the --help text."""
-    return cli.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-
-
-def add_tokenizer_arg(parser: argparse.ArgumentParser, default: str) -> None:
-    parser.add_argument(
-        "--tokenizer", default=default,
-        help=f"gpt2 (GPT-2's BPE), char (the text's characters), or the NAME (in DATA_ROOT/tokenizers) or "
-             f"PATH of a tokenizer trained with prepare/tokenizer.py (default: {default})",
-    )
+TOKENIZER_HELP = ("gpt2 (GPT-2's BPE), char (the text's characters), or the NAME (in DATA_ROOT/tokenizers) or PATH "
+                  "of a tokenizer trained with prepare/tokenizer.py")
 
 
-def add_common_args(parser: argparse.ArgumentParser, name: str) -> None:
-    """--data_root, --out_dir, --num_proc and --overwrite, which every script has."""
-    parser.add_argument("--data_root", default="data", help="the folder of datasets (DATA_ROOT/NAME) and of "
-                        "trained tokenizers (DATA_ROOT/tokenizers)")
-    parser.add_argument("--out_dir", default=None, help=f"output folder (default: DATA_ROOT/{name})")
-    parser.add_argument(
-        "--num_proc", type=int, default=os.cpu_count() or 1,
-        help="tokenizer processes (default: all CPU cores); the shards are the same whatever it is",
-    )
-    parser.add_argument(
-        "--overwrite", action="store_true",
-        help="prepare again even if the folder already holds this dataset (or replace a different one)",
-    )
+def load(cls: type, argv: Sequence[str] | None, prog: str, description: str):
+    """The script's settings from argv (sys.argv's when None); --help shows the module docstring, then them."""
+    return load_config(cls, list(sys.argv[1:] if argv is None else argv), allow_files=False, prog=prog,
+                       description=description)
+
+
+@dataclass
+class OutputSettings:
+    """Where a prepared dataset goes."""
+
+    data_root: str = setting("data", "the folder of datasets (DATA_ROOT/NAME) and of trained tokenizers "
+                                     "(DATA_ROOT/tokenizers)")
+    out_dir: str = setting("", "output folder; '' = DATA_ROOT/NAME, NAME the dataset's")
+    overwrite: bool = setting(False, "prepare again even if the folder already holds this dataset (or replace a "
+                                     "different one)")
+
+    def output(self, name: str) -> Path:
+        return Path(self.out_dir or Path(self.data_root) / name)
+
+
+@dataclass
+class PrepareSettings(OutputSettings):
+    """...and how the text is tokenised (every script but prepare/chat.py, whose tokenizer is its own)."""
+
+    tokenizer: str = setting("gpt2", TOKENIZER_HELP)
+    num_proc: int = setting(0, "tokenizer processes; 0 = all CPU cores; the shards are the same whatever it is")
+
+    def validate(self) -> None:
+        if self.num_proc < 0:
+            raise ConfigError(f"num_proc must be >= 0 (0 = all CPU cores), got {self.num_proc}")
+
+    def processes(self) -> int:
+        return self.num_proc or os.cpu_count() or 1
+
+
+@dataclass
+class CorpusSettings(PrepareSettings):
+    """...and a Hub corpus's options (prepare/openwebtext.py, prepare/fineweb.py)."""
+
+    streaming: bool = setting(False, "stream from the Hub instead of downloading first")
+    shard_tokens: int = setting(DEFAULT_SHARD_TOKENS, "tokens per shard")
+    val_tokens: int | None = setting(None, "val split size in tokens; auto = one shard")
+    revision: str = setting("", "dataset revision on the Hub (branch, tag or commit); '' = the latest")
+
+
+@dataclass
+class TextSource:
+    """Text to read: a file or folder, or a Hugging Face dataset (prepare/text.py, prepare/tokenizer.py)."""
+
+    input: str = setting("", "a text file, or a folder of .txt files (read recursively, in sorted order)")
+    hf_dataset: str = setting("", "a Hugging Face dataset name (instead of --input)")
+    hf_config: str = setting("", "the dataset's configuration name, if it has several")
+    hf_split: str = setting("train", "which split of the dataset to read")
+    text_column: str = setting("text", "the dataset column holding the text")
+
+    def check_source(self) -> None:
+        if bool(self.input) == bool(self.hf_dataset):
+            raise ConfigError("give exactly one of --input PATH (file or folder) or --hf_dataset NAME")

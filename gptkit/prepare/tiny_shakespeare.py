@@ -5,7 +5,7 @@
     meta = prepare_shakespeare(path, DATASETS[path.name])          # train.py: a dataset name's tokenizer
 
 The one implementation behind train.py's preparing of the two datasets on the fly and the scripts
-prepare/shakespeare_char.py and prepare/shakespeare.py (whose command line is ``run_script``). The first 90%
+prepare/shakespeare_char.py and prepare/shakespeare.py (whose command line is ``run_script``, with ShakespeareConfig or ShakespeareCharConfig). The first 90%
 of the characters are train and the rest val; the text is a single document, so no end-of-text token is
 inserted.
 """
@@ -15,10 +15,12 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gptkit import cli
+from gptkit.options import redefault, setting
 from gptkit.prepare import local, script
 from gptkit.shards import DataError
 from gptkit.tokenizer import resolve_tokenizer
@@ -62,16 +64,25 @@ def prepare_shakespeare(
         raise DataError(cli.describe_os_error(e)) from None
 
 
-def run_script(argv: Sequence[str] | None, name: str, description: str) -> None:
-    """The command line of both scripts (`name`: a key of DATASETS): --input, --val_fraction, --tokenizer and
-    the common options (--out_dir default DATA_ROOT/NAME)."""
-    parser = script.make_parser(description)
-    parser.add_argument("--input", default=None, help="local copy of the text (default: download it)")
-    parser.add_argument("--val_fraction", type=float, default=0.1, help="share of characters for val")
-    script.add_tokenizer_arg(parser, DATASETS[name])
-    script.add_common_args(parser, name)
-    args = parser.parse_args(argv)
+@dataclass
+class ShakespeareConfig(script.PrepareSettings):
+    """prepare/shakespeare.py's command line: the text with GPT-2's BPE (by default)."""
+
+    input: str = setting("", "local copy of the text; '' = download it once into the output folder")
+    val_fraction: float = setting(0.1, "share of the characters for val (the end of the text)")
+
+
+@dataclass
+class ShakespeareCharConfig(ShakespeareConfig):
+    """prepare/shakespeare_char.py's: the same, character-level by default."""
+
+    tokenizer: str = redefault(script.PrepareSettings, "tokenizer", DATASETS["shakespeare_char"])
+
+
+def run_script(argv: Sequence[str] | None, name: str, config: type, description: str) -> None:
+    """The command line of both scripts (`name`: a key of DATASETS; `config`: its settings class)."""
+    cfg = script.load(config, argv, f"prepare/{name}.py", description)
     started = time.perf_counter()
-    prepare_shakespeare(Path(args.out_dir or Path(args.data_root) / name), args.tokenizer, args.input,
-                        val_fraction=args.val_fraction, num_proc=args.num_proc, overwrite=args.overwrite,
-                        data_root=args.data_root, started=started)
+    prepare_shakespeare(cfg.output(name), cfg.tokenizer, cfg.input or None, val_fraction=cfg.val_fraction,
+                        num_proc=cfg.processes(), overwrite=cfg.overwrite, data_root=cfg.data_root,
+                        started=started)
