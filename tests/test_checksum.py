@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_args
 
 import sample
 import train
@@ -327,10 +328,9 @@ def test_a_safetensors_file_without_checksums_loads_with_a_note(tmp_path, capsys
 
 
 def tiny_run(data: Path, out: Path) -> list[str]:
-    args = dict(dataset=str(data), out_dir=str(out), n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4,
-                gradient_accumulation_steps=1, max_iters=4, eval_interval=2, eval_iters=1, warmup_iters=1,
-                lr_decay_iters=4, always_save_checkpoint=True, device="cpu", compile=False)
-    argv = [f"--{k}={v}" for k, v in args.items()]
+    """The suite's tiny run (conftest.tiny_args), 4 steps saving at 2 and 4; returns its arguments."""
+    argv = tiny_args(data, out, gradient_accumulation_steps=1, max_iters=4, eval_interval=2, eval_iters=1,
+                     warmup_iters=1, lr_decay_iters=4, always_save_checkpoint=True)
     train.main(argv)
     return argv
 

@@ -4,6 +4,7 @@ import copy
 
 import pytest
 import torch
+from conftest import tiny_args
 
 from gptkit import lora
 from gptkit.lora import LoRAError, LoRASettings
@@ -96,12 +97,10 @@ def test_fingerprint_tells_bases_apart(tiny_model, tiny_config):
 # ---- through train.py, sample.py and export.py: a LoRA run on a char model this project trained
 
 def run_args(data, out, **over):
-    args = dict(dataset=str(data), out_dir=str(out), n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4,
-                gradient_accumulation_steps=2, max_iters=4, eval_interval=2, eval_iters=2, log_interval=1,
-                warmup_iters=1, lr_decay_iters=4, learning_rate=1e-2, min_lr=1e-3, dropout=0.0, device="cpu",
-                compile=False)
-    args.update(over)
-    return [f"--{k}={v}" for k, v in args.items()]
+    """The suite's tiny run (conftest.tiny_args), 4 steps at a learning rate LoRA's few weights learn at."""
+    return tiny_args(data, out, **{"max_iters": 4, "eval_interval": 2, "eval_iters": 2, "warmup_iters": 1,
+                                   "lr_decay_iters": 4, "learning_rate": 1e-2, "min_lr": 1e-3, "dropout": 0.0,
+                                   **over})
 
 
 @pytest.fixture
