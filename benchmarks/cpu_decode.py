@@ -335,7 +335,12 @@ class LlamaBuild:
         self.conn, child = context.Pipe()
         self.process = context.Process(target=llama_worker, args=(child, path), daemon=True)
         self.process.start()
-        self.info = self.call("info")
+        self.missing = ""  # why this build cannot run, if it cannot: its rows say so
+        try:
+            self.info = self.call("info")
+        except BenchError as e:
+            self.info, self.missing = "missing", f"{e} (pip install llama-cpp-python: it builds llama.cpp " \
+                                                  "from source, ~10-20 minutes)"
 
     def call(self, *message):
         self.conn.send(message)
@@ -362,7 +367,10 @@ def llama_worker(conn, path: str) -> None:
         sys.path.insert(0, path)
     contenders: dict[int, Contender] = {}
     while True:
-        command, *args = conn.recv()
+        try:
+            command, *args = conn.recv()
+        except EOFError:  # the main process is gone
+            return
         if command == "exit":
             return
         try:
@@ -462,6 +470,9 @@ def measure(shape: Shape, threads: int, repeats: int, folder: Path, engines: set
             path = folder / f"model-{gguf_type}.gguf"
             export_gguf(model, path, shape.tokenizer, dtype=gguf_type)
             for build in builds:
+                if build.missing:
+                    shape.rows.append(Row(f"llama.cpp {build.name}", gguf_type, note=build.missing))
+                    continue
                 log(f"{shape.name}: llama.cpp {build.name} {gguf_type}")
                 contenders.append(build.contender(shape, path, gguf_type, threads, reference))
 
@@ -613,18 +624,20 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(threads)
     cpu_decode.kernels()  # compiled (or loaded from the cache) before anything is timed
     began = time.perf_counter()
-    builds = [LlamaBuild(name, path) for name, path in args.llama] if "llama.cpp" in args.engines else []
-    bandwidth = read_bandwidth(threads)
+    builds: list[LlamaBuild] = []
 
     def log(message: str) -> None:
         print(f"[{time.perf_counter() - began:5.0f} s] {message}", file=sys.stderr, flush=True)
 
+    for name, path in args.llama if "llama.cpp" in args.engines else []:
+        builds.append(LlamaBuild(name, path))
+    bandwidth = read_bandwidth(threads)
     llamas = "; ".join(f"llama.cpp {b.name}: {b.info}" for b in builds) or "no llama.cpp"
     variants = ", ".join(cpu_decode.VARIANTS[v][1] for v in args.variants)
-    print(f"torch {torch.__version__}, {threads} thread(s) for every engine ({why}); gptkit's packed products: "
-          f"{variants} kernels; {llamas}; the machine's read bandwidth with {threads} thread(s): "
-          f"{bandwidth:.1f} GB/s; medians of {args.repeats} interleaved rounds\n")
     try:
+        print(f"torch {torch.__version__}, {threads} thread(s) for every engine ({why}); gptkit's packed "
+              f"products: {variants} kernels; {llamas}; the machine's read bandwidth with {threads} thread(s): "
+              f"{bandwidth:.1f} GB/s; medians of {args.repeats} interleaved rounds\n")
         with tempfile.TemporaryDirectory(prefix="cpu_decode_") as tmp:
             for i, shape in enumerate(models):
                 measure(shape, threads, args.repeats, Path(tmp) / str(i), args.engines, log, args.variants, builds)

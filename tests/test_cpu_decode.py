@@ -360,11 +360,13 @@ def test_the_packed_model_keeps_its_embedding_and_packs_the_real_vocabulary():
 
 # ----------------------------------------------------------------------------- building the kernels
 
-# A library as small as the kernels' own build allows (torch's operator registration: a few seconds to compile),
-# built through the same function, each test into its own TORCH_EXTENSIONS_DIR.
-DUMMY = """
-#include <torch/library.h>
-TORCH_LIBRARY(gptkit_build_test, m) { m.def("answer() -> int"); }
+# A library as small as can be, built through the same function as the kernels, each test into its own
+# TORCH_EXTENSIONS_DIR. A compiler that holds each compile until the test lets it (it says so on one FIFO,
+# then waits to read a line from another) makes "killed mid-compile" an event, not a matter of timing.
+DUMMY = "int gptkit_build_test() { return 42; }\n"
+HELD_COMPILER = """#!/bin/sh
+case " $* " in *" -c "*) echo compiling > "$STARTED"; read line < "$GATE";; esac
+exec c++ "$@"
 """
 BUILD_DUMMY = """
 import sys
@@ -374,47 +376,51 @@ print(build_library("dummy", [Path(sys.argv[1])], ["-O0"]), flush=True)
 """
 
 
-def build_dummy(source: Path, extensions: Path, **popen) -> subprocess.Popen:
+def build_dummy(source: Path, extensions: Path, env: dict | None = None, **popen) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", BUILD_DUMMY, str(source)], cwd=REPO, text=True,
-                            env={**os.environ, "TORCH_EXTENSIONS_DIR": str(extensions)}, **popen)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "TORCH_EXTENSIONS_DIR": str(extensions), **(env or {})}, **popen)
 
 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
 def test_a_build_killed_mid_compile_never_blocks_the_next(tmp_path, how):
-    """A first start killed while it compiles (SIGKILL to the Python process alone, as a timeout kills a
+    """A first start killed while its compiler runs (SIGKILL to the Python process alone, as a timeout kills a
     child; SIGINT to the whole process group, as Ctrl-C does): the next build does not wait on it, builds,
     and leaves no half-built folder."""
-    source = tmp_path / "dummy.cpp"
+    source, extensions = tmp_path / "dummy.cpp", tmp_path / "extensions"
     source.write_text(DUMMY)
-    extensions = tmp_path / "extensions"
-    first = build_dummy(source, extensions, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    compiler, started, gate = tmp_path / "held-c++", tmp_path / "started", tmp_path / "gate"
+    compiler.write_text(HELD_COMPILER)
+    compiler.chmod(0o755)
+    os.mkfifo(started)
+    os.mkfifo(gate)
+    held = {"CXX": str(compiler), "STARTED": str(started), "GATE": str(gate)}
+    first = build_dummy(source, extensions, held, start_new_session=True)
     try:
         line = first.stderr.readline()  # printed just before the compile starts
         assert "compiling the CPU kernels for this machine, once" in line, line + first.stderr.read()
-        (building,) = extensions.glob("dummy_*.build-*")  # its private folder: the compile is under way
+        compiling: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=lambda: compiling.put(started.read_text()), daemon=True).start()
+        assert compiling.get(timeout=300) == "compiling\n"  # the compiler runs (held): kill the build now
+        (building,) = extensions.glob("dummy_*.build-*")  # its private folder
         if how == "SIGKILL":
             first.kill()
         else:
             os.killpg(first.pid, signal.SIGINT)
         first.communicate(timeout=120)
         assert first.returncode != 0
-        assert not list(extensions.glob("dummy_*/*.so"))  # nothing built, the lock file left behind
-        assert list(extensions.glob("dummy_*.lock"))
-        # The next start: a hang would show as this timeout, not as a slow pass.
-        second = build_dummy(source, extensions, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert not list(extensions.glob("dummy_*/*.so")) and list(extensions.glob("dummy_*.lock"))
+        # The next start, with the real compiler: a hang would show as this timeout, not as a slow pass.
+        second = build_dummy(source, extensions)
         out, err = second.communicate(timeout=300)
         assert second.returncode == 0, err
         assert "compiling the CPU kernels" in err and "waiting" not in err
         library = Path(out.strip().splitlines()[-1])
         assert library.is_file() and library.parent.parent == extensions
         assert not building.exists() and not list(extensions.glob("dummy_*.build-*"))
-        # A third start finds it built: no compile, no line.
-        third = build_dummy(source, extensions, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        out, err = third.communicate(timeout=300)
-        assert third.returncode == 0 and out.strip() == str(library) and err == ""
     finally:
         try:
-            os.killpg(first.pid, signal.SIGKILL)  # the killed build's compiler, if it outlived its parent
+            os.killpg(first.pid, signal.SIGKILL)  # the held compiler, if it outlived its parent
         except ProcessLookupError:
             pass
 
