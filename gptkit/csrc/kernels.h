@@ -1,7 +1,7 @@
 // The CPU kernels of gptkit/cpu_decode.py, written once and compiled once per instruction set: cpu_decode.cpp
 // includes this file twice, inside namespace gptkit_avx2 (AVX2, FMA, F16C) and namespace gptkit_avx512
 // (GPTKIT_AVX512 defined: AVX-512 F/BW/VL and VNNI), each under its own `#pragma GCC target`. Where the two
-// differ (the weight products: 16 floats a step, VNNI's int8 dot products) the AVX-512 code is under
+// differ (float16's products: 16 floats a step; VNNI's int8 dot products) the AVX-512 code is under
 // `#ifdef GPTKIT_AVX512`; the rest (norms, attention, GELU) is the same source compiled for either.
 // No includes here: cpu_decode.cpp includes what this needs before opening the namespace.
 
@@ -17,48 +17,6 @@ static inline void hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3, float* out)
   _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1)));
 }
 
-#ifdef GPTKIT_AVX512
-// 16 weights as floats: float32 loaded as they are, float16 widened.
-static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-static inline __m512 load16(const at::Half* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-
-// The dot product of one weight row and one activation row, K a multiple of 32: 64 values a step in four
-// independent chains of fused multiply-adds, then the last 32 if K is not a multiple of 64.
-template <typename T>
-static inline float dot(const T* w, const float* x, int64_t K) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  int64_t k = 0;
-  for (; k + 64 <= K; k += 64) {
-    a0 = _mm512_fmadd_ps(load16(w + k), _mm512_loadu_ps(x + k), a0);
-    a1 = _mm512_fmadd_ps(load16(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
-    a2 = _mm512_fmadd_ps(load16(w + k + 32), _mm512_loadu_ps(x + k + 32), a2);
-    a3 = _mm512_fmadd_ps(load16(w + k + 48), _mm512_loadu_ps(x + k + 48), a3);
-  }
-  if (k < K) {
-    a0 = _mm512_fmadd_ps(load16(w + k), _mm512_loadu_ps(x + k), a0);
-    a1 = _mm512_fmadd_ps(load16(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
-  }
-  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-}
-
-// One weight row against four rows of activations (x, x + K, x + 2K, x + 3K), each weight vector loaded once.
-template <typename T>
-static inline void dot4x(const T* w, const float* x, int64_t K, float* out) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  for (int64_t k = 0; k < K; k += 16) {
-    __m512 wv = load16(w + k);
-    a0 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + k), a0);
-    a1 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + K + k), a1);
-    a2 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + 2 * K + k), a2);
-    a3 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + 3 * K + k), a3);
-  }
-  out[0] = _mm512_reduce_add_ps(a0); out[1] = _mm512_reduce_add_ps(a1);
-  out[2] = _mm512_reduce_add_ps(a2); out[3] = _mm512_reduce_add_ps(a3);
-}
-
-#else
 // 8 weights as floats: float32 loaded as they are, float16 widened (F16C). The products below are written
 // once, for either weight type.
 static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
@@ -96,7 +54,68 @@ static inline void dot4x(const T* w, const float* x, int64_t K, float* out) {
   hsum4(a0, a1, a2, a3, out);
 }
 
+#ifdef GPTKIT_AVX512
+// AVX-512: 16 weights as floats: float32 loaded as they are, float16 widened.
+static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+static inline __m512 load16(const at::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// The dot product of one weight row and one activation row, K a multiple of 32: 64 values a step in four
+// independent chains of fused multiply-adds, then the last 32 if K is not a multiple of 64.
+template <typename T>
+static inline float dot_wide(const T* w, const float* x, int64_t K) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t k = 0;
+  for (; k + 64 <= K; k += 64) {
+    a0 = _mm512_fmadd_ps(load16(w + k), _mm512_loadu_ps(x + k), a0);
+    a1 = _mm512_fmadd_ps(load16(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
+    a2 = _mm512_fmadd_ps(load16(w + k + 32), _mm512_loadu_ps(x + k + 32), a2);
+    a3 = _mm512_fmadd_ps(load16(w + k + 48), _mm512_loadu_ps(x + k + 48), a3);
+  }
+  if (k < K) {
+    a0 = _mm512_fmadd_ps(load16(w + k), _mm512_loadu_ps(x + k), a0);
+    a1 = _mm512_fmadd_ps(load16(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+}
+
+// One weight row against four rows of activations (x, x + K, x + 2K, x + 3K), each weight vector loaded once.
+template <typename T>
+static inline void dot4x_wide(const T* w, const float* x, int64_t K, float* out) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t k = 0; k < K; k += 16) {
+    __m512 wv = load16(w + k);
+    a0 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + k), a0);
+    a1 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + K + k), a1);
+    a2 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + 2 * K + k), a2);
+    a3 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + 3 * K + k), a3);
+  }
+  out[0] = _mm512_reduce_add_ps(a0); out[1] = _mm512_reduce_add_ps(a1);
+  out[2] = _mm512_reduce_add_ps(a2); out[3] = _mm512_reduce_add_ps(a3);
+}
+
 #endif
+
+// Which loop a weight type runs. AVX-512's 16-float steps pay for float16 (half the widening instructions)
+// but not for float32 on the CPU this was measured on (a Zen 4 runs 512-bit operations as two 256-bit halves:
+// 0.87-0.91x of the 256-bit loop, BENCHMARKS.md), so float32 keeps the 256-bit loop in both variants.
+template <typename T>
+static inline float row_dot(const T* w, const float* x, int64_t K) {
+#ifdef GPTKIT_AVX512
+  if constexpr (std::is_same_v<T, at::Half>) return dot_wide(w, x, K);
+#endif
+  return dot(w, x, K);
+}
+
+template <typename T>
+static inline void row_dot4x(const T* w, const float* x, int64_t K, float* out) {
+#ifdef GPTKIT_AVX512
+  if constexpr (std::is_same_v<T, at::Half>) return dot4x_wide(w, x, K, out);
+#endif
+  dot4x(w, x, K, out);
+}
+
 
 // float32 or float16 weights W (N, K): Y (M, N) = X (M, K) @ W^T + b. The rows of W are split over torch's
 // threads; each weight row is read once from memory and, while it sits in the L1 cache, used for all M rows
@@ -109,10 +128,10 @@ static void wide_rows(const float* X, int64_t M, int64_t K, const T* W, int64_t 
       const float bn = b ? b[n] : 0.f;
       int64_t m = 0;
       for (; m + 4 <= M; m += 4) {
-        dot4x(W + n * K, X + m * K, K, out);
+        row_dot4x(W + n * K, X + m * K, K, out);
         for (int r = 0; r < 4; r++) Y[(m + r) * N + n] = out[r] + bn;
       }
-      for (; m < M; m++) Y[m * N + n] = dot(W + n * K, X + m * K, K) + bn;
+      for (; m < M; m++) Y[m * N + n] = row_dot(W + n * K, X + m * K, K) + bn;
     }
   });
 }
