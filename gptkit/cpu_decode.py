@@ -32,8 +32,9 @@ four rows side by side (interleave4): the kernel reads one activation block for 
 sequential stream (one token's int8 products: 1.5-2x the one-row kernel's speed, measured).
 
 The CPU at hand. gptkit/csrc/kernels.h is compiled twice into one library (gptkit/csrc/cpu_decode.cpp):
-for AVX-512 (F, BW, VL and VNNI: 16 floats a step, int8 dot products in one instruction) and for AVX2 + FMA
-+ F16C; kernels() picks the best one the CPU has, from /proc/cpuinfo (GPTKIT_CPU_KERNELS=avx2 forces one).
+for AVX-512 (F, BW, VL and VNNI: float16 16 values a step, int8 dot products in one instruction) and for
+AVX2 + FMA + F16C; kernels() picks the best one the CPU has, from /proc/cpuinfo (GPTKIT_CPU_KERNELS=avx2
+forces one).
 
 Built once, in plain sight. The library is compiled with the machine's C++ compiler by torch's extension
 loader on first use (~15 s of CPU time: ~1 min on 2 busy cores; `python -m gptkit.cpu_decode --build` does
