@@ -7,6 +7,8 @@ random-weight models, batch 1. Prints markdown tables.
     python benchmarks/cpu_decode.py --profile                # + where a decode step's time goes, by op
     python benchmarks/cpu_decode.py --threads 1
     python benchmarks/cpu_decode.py --models gpt2 --engines gptkit,llama.cpp --new_tokens 128   # the comparison
+    python benchmarks/cpu_decode.py --models gpt2 --engines gptkit,llama.cpp --threads 2 \
+        --llama native=/path/to/llama-native,avx2=                 # two llama-cpp-python builds side by side
 
 The models: GPT-2 small's shape (124M, 12 x 768, block 1024, GPT-2's BPE vocabulary) and the baby model of
 configs/shakespeare.py (6 x 384, block 256, its 65 characters), random weights (speed does not depend on
@@ -30,6 +32,15 @@ where the engine's next-token argmax is gptkit fp32's. gptkit's packed formats a
 time (their decode kernels, int8's quantized activations included); transformers and llama.cpp take the
 sequence as one batch.
 
+Builds and variants. --llama NAME=PATH,...: llama-cpp-python builds to compare, each from a folder that
+holds its `llama_cpp` package (pip install --target PATH ...; an empty PATH: the installed one), each in a
+process of its own (two builds cannot share one) driven over a pipe, so the rounds still interleave. gptkit's
+packed rows are repeated for each kernel variant this CPU runs (--variants; default: all of them).
+
+Bandwidth: beside each decode rate, the weights read per second (GB/s: the bytes of the products' weights,
+the blocks' Linear layers and the head, in that engine's format, times tokens/s), and as the limit the
+machine's read bandwidth measured at the start with the same threads (torch summing a 512 MB tensor).
+
 --profile: torch.profiler over 20 decode steps of GPT-2 small's shape, for the model as loaded and for each
 packed format: each op's share of the step (self CPU time).
 """
@@ -39,6 +50,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import inspect
+import multiprocessing
 import os
 import statistics
 import sys
@@ -67,6 +79,10 @@ FORMATS = cpu_decode.FORMATS  # gptkit's packed formats
 LLAMA_TYPES = ("f32", "f16", "q8_0")  # llama.cpp's, in the same order: the same bytes per weight, about
 SAME_BYTES = dict(zip(FORMATS, LLAMA_TYPES))
 ENGINES = ("gptkit", "transformers", "llama.cpp")
+# Bytes per weight of each format as the products read it (int8: ours stores a float32 scale per 32 weights,
+# llama.cpp's q8_0 an fp16 one).
+WEIGHT_BYTES = {"fp32": 4.0, "float32": 4.0, "float16": 2.0, "int8": 36 / 32, "f32": 4.0, "f16": 2.0,
+                "q8_0": 34 / 32}
 
 
 class BenchError(cli.UserError):
@@ -86,6 +102,7 @@ class Row:
     agreement: float | None = None
     note: str = ""
     ratio: str = ""
+    gbps: float | None = None  # weights read per second at the decode rate
 
 
 @dataclass
@@ -306,6 +323,72 @@ def llama_build() -> str:
     return f"llama-cpp-python {llama_cpp.__version__} (ggml CPU: {' '.join(wide) or 'no AVX'})"
 
 
+
+class LlamaBuild:
+    """A llama-cpp-python build (the `llama_cpp` package in the folder `path`, or the installed one) in a
+    process of its own, driven over a pipe: two builds cannot be loaded into one process. Its contenders'
+    timings run in that process when asked, so the rounds interleave as the others' do."""
+
+    def __init__(self, name: str, path: str):
+        self.name = name
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=llama_worker, args=(child, path), daemon=True)
+        self.process.start()
+        self.missing = ""  # why this build cannot run, if it cannot: its rows say so
+        try:
+            self.info = self.call("info")
+        except BenchError as e:
+            self.info, self.missing = "missing", f"{e} (pip install llama-cpp-python: it builds llama.cpp " \
+                                                  "from source, ~10-20 minutes)"
+
+    def call(self, *message):
+        self.conn.send(message)
+        ok, value = self.conn.recv()
+        if not ok:
+            raise BenchError(f"llama.cpp build {self.name!r}: {value}")
+        return value
+
+    def contender(self, shape: Shape, path: Path, gguf_type: str, threads: int, reference: list[int]) -> Contender:
+        i, row = self.call("open", shape, path, gguf_type, threads, reference)
+        row.engine = f"llama.cpp {self.name}"
+        return Contender(row, lambda: self.call("prefill", i), lambda: self.call("decode", i),
+                         lambda: self.call("free", i))
+
+    def close(self) -> None:
+        self.conn.send(("exit",))
+        self.process.join(timeout=60)
+
+
+def llama_worker(conn, path: str) -> None:
+    """LlamaBuild's process: llama_cpp imported from `path` (else the installed one), then requests until
+    "exit"; each answered (True, value) or (False, the error in a line)."""
+    if path:
+        sys.path.insert(0, path)
+    contenders: dict[int, Contender] = {}
+    while True:
+        try:
+            command, *args = conn.recv()
+        except EOFError:  # the main process is gone
+            return
+        if command == "exit":
+            return
+        try:
+            if command == "info":
+                if importlib.util.find_spec("llama_cpp") is None:
+                    raise BenchError(f"no llama_cpp package {'in ' + path if path else 'installed'}")
+                value = llama_build()
+            elif command == "open":
+                contenders[len(contenders)] = contender = measure_llama(*args)
+                value = (len(contenders) - 1, contender.row)
+            elif command == "free":
+                value = contenders.pop(args[0]).close()
+            else:
+                value = getattr(contenders[args[0]], f"{command}_s")()
+            conn.send((True, value))
+        except Exception as e:  # reported to the main process, which stops with it
+            conn.send((False, cli.one_line(f"{type(e).__name__}: {e}")))
+
 def missing(module: str, why: str) -> str | None:
     """`why`, when `module` is not installed."""
     return None if importlib.util.find_spec(module) is not None else why
@@ -314,7 +397,38 @@ def missing(module: str, why: str) -> str | None:
 # ----------------------------------------------------------------------------- one model
 
 
-def measure(shape: Shape, threads: int, repeats: int, folder: Path, engines: set[str], log) -> None:
+def weight_bytes(config: GPTConfig, fmt: str) -> float:
+    """Bytes of the weights one decode step's products read: the blocks' Linear layers and the head."""
+    c = config
+    per_block = 12 * c.n_embd * c.n_embd  # c_attn 3C x C, attn c_proj C x C, c_fc 4C x C, mlp c_proj C x 4C
+    return (c.n_layer * per_block + c.vocab_size * c.n_embd) * WEIGHT_BYTES[fmt]
+
+
+def read_bandwidth(threads: int, gigabytes: float = 0.5, repeats: int = 5) -> float:
+    """The machine's read bandwidth in GB/s with `threads` torch threads: the median of `repeats` sums of a
+    float32 tensor of `gigabytes` (far larger than the caches), as a decode step reads its weights."""
+    x = torch.ones(int(gigabytes * 1e9 / 4))
+    x.sum()  # the pages touched once before timing
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        x.sum()
+        times.append(time.perf_counter() - start)
+    return gigabytes / statistics.median(times)
+
+
+def with_variant(variant: str, timing: Callable[[], float]) -> Callable[[], float]:
+    """`timing` with the packed layers calling the kernels of `variant`."""
+
+    def timed() -> float:
+        cpu_decode.use_variant(variant)
+        return timing()
+
+    return timed
+
+
+def measure(shape: Shape, threads: int, repeats: int, folder: Path, engines: set[str], log,
+            variants: list[str], builds: list[LlamaBuild]) -> None:
     """Every engine on one model, in interleaved rounds (each engine once per round, one after the other: a
     machine whose speed drifts slows every engine of a round alike); appends the rows, with the medians of
     the rounds, to shape.rows."""
@@ -333,8 +447,14 @@ def measure(shape: Shape, threads: int, repeats: int, folder: Path, engines: set
         for fmt in FORMATS:
             packed = cpu_decode.pack_for_cpu(copy.deepcopy(model), fmt)
             weights = f"packed {fmt}" + (" (the default: --quantize=auto)" if fmt == "float32" else "")
-            contenders.append(measure_gptkit(shape, packed, weights))
-            contenders[-1].row.agreement = agreement(gptkit_teacher_forced(packed, forced, n), reference)
+            for variant in variants:
+                cpu_decode.use_variant(variant)
+                contender = measure_gptkit(shape, packed, weights)
+                contender.row.engine = f"gptkit {cpu_decode.VARIANTS[variant][1]}"
+                contender.prefill_s = with_variant(variant, contender.prefill_s)
+                contender.decode_s = with_variant(variant, contender.decode_s)
+                contender.row.agreement = agreement(gptkit_teacher_forced(packed, forced, n), reference)
+                contenders.append(contender)
 
     if "transformers" in engines:
         why = missing("transformers", "transformers is not installed (pip install transformers)")
@@ -346,16 +466,15 @@ def measure(shape: Shape, threads: int, repeats: int, folder: Path, engines: set
             shape.rows.append(Row("transformers", "fp32", note=why))
 
     if "llama.cpp" in engines:
-        why = missing("llama_cpp", "llama-cpp-python is not installed (pip install llama-cpp-python: it builds "
-                                   "llama.cpp from source, ~10-20 minutes)")
         for gguf_type in LLAMA_TYPES:
-            if why is not None:
-                shape.rows.append(Row("llama.cpp", gguf_type, note=why))
-                continue
-            log(f"{shape.name}: llama.cpp {gguf_type}")
             path = folder / f"model-{gguf_type}.gguf"
             export_gguf(model, path, shape.tokenizer, dtype=gguf_type)
-            contenders.append(measure_llama(shape, path, gguf_type, threads, reference))
+            for build in builds:
+                if build.missing:
+                    shape.rows.append(Row(f"llama.cpp {build.name}", gguf_type, note=build.missing))
+                    continue
+                log(f"{shape.name}: llama.cpp {build.name} {gguf_type}")
+                contenders.append(build.contender(shape, path, gguf_type, threads, reference))
 
     prefills: dict[int, list[float]] = {i: [] for i in range(len(contenders))}
     decodes: dict[int, list[float]] = {i: [] for i in range(len(contenders))}
@@ -364,15 +483,21 @@ def measure(shape: Shape, threads: int, repeats: int, folder: Path, engines: set
         for i, contender in enumerate(contenders):
             prefills[i].append(contender.prefill_s())
             decodes[i].append(contender.decode_s())
-    llama = {ct.row.weights: decodes[i] for i, ct in enumerate(contenders) if ct.row.engine == "llama.cpp"}
+    llama = {(ct.row.engine, ct.row.weights): decodes[i] for i, ct in enumerate(contenders)
+             if ct.row.engine.startswith("llama.cpp")}
     for i, contender in enumerate(contenders):
         row = contender.row
         row.prefill, row.decode = statistics.median(prefills[i]), statistics.median(decodes[i])
-        if row.engine == "gptkit":
-            same = "f32" if "as loaded" in row.weights else SAME_BYTES[row.weights.split()[1]]
-            if same in llama:  # the ratio of each round's pair, then the median
-                ratios = [a / b for a, b in zip(decodes[i], llama[same])]
-                row.ratio = f"{statistics.median(ratios):.2f}x {same}"
+        fmt = row.weights.split()[0 if row.engine.startswith("llama.cpp") or "as loaded" in row.weights else 1]
+        row.gbps = weight_bytes(shape.config, fmt) * row.decode / 1e9
+        if row.engine.startswith("gptkit"):
+            same = "f32" if "as loaded" in row.weights else SAME_BYTES[fmt]
+            ratios = []
+            for build in builds:  # the ratio of each round's pair, then the median
+                if (key := (f"llama.cpp {build.name}", same)) in llama:
+                    ratio = statistics.median(a / b for a, b in zip(decodes[i], llama[key]))
+                    ratios.append(f"{ratio:.2f}x {build.name} {same}")
+            row.ratio = ", ".join(ratios)
         shape.rows.append(row)
         contender.close()
 
@@ -438,16 +563,16 @@ def table(shape: Shape) -> str:
     prefill_tokens = min(PREFILL, shape.config.block_size)
     lines = [f"**{shape.name}**: batch 1, a {PROMPT}-token prompt, {shape.new_tokens} greedy tokens",
              "",
-             f"| engine, weights | prefill {prefill_tokens} tok/s | decode tok/s | decode vs llama.cpp "
-             f"(same bytes; median of the rounds' ratios) | argmax agreement with gptkit fp32 |",
-             "|---|---|---|---|---|"]
+             f"| engine, weights | prefill {prefill_tokens} tok/s | decode tok/s | weights read, GB/s | decode vs "
+             f"llama.cpp (same bytes; median of the rounds' ratios) | argmax agreement with gptkit fp32 |",
+             "|---|---|---|---|---|---|"]
     for r in shape.rows:
         agree = "" if r.agreement is None else f"{r.agreement:.3f}"
         if r.note:
-            lines.append(f"| {r.engine}, {r.weights} | - | - | | {r.note} |")
+            lines.append(f"| {r.engine}, {r.weights} | - | - | | | {r.note} |")
         else:
-            lines.append(f"| {r.engine}, {r.weights} | {fmt_rate(r.prefill)} | {fmt_rate(r.decode)} | {r.ratio} | "
-                         f"{agree} |")
+            lines.append(f"| {r.engine}, {r.weights} | {fmt_rate(r.prefill)} | {fmt_rate(r.decode)} | "
+                         f"{r.gbps:.1f} | {r.ratio} | {agree} |")
     return "\n".join(lines)
 
 
@@ -460,11 +585,24 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--engines", default=",".join(ENGINES), help=f"which of {', '.join(ENGINES)} to run "
                         "(default: all)")
     parser.add_argument("--threads", type=int, default=0, help="threads for every engine; 0 = choose_threads()")
+    parser.add_argument("--variants", default="", help="gptkit's kernel variants to run, of those this CPU "
+                        "runs (avx512, avx2; default: all of them)")
+    parser.add_argument("--llama", default="installed=", help="llama-cpp-python builds: NAME=PATH,... (PATH: a "
+                        "folder holding the llama_cpp package, as pip install --target makes; empty: the "
+                        "installed one)")
     parser.add_argument("--profile", action="store_true", help="also profile 20 decode steps of GPT-2 small's "
                         "shape, as loaded and packed")
     args = parser.parse_args(argv)
     if args.new_tokens < 2 or args.repeats < 1 or args.threads < 0:
         parser.error("--new_tokens must be >= 2, --repeats >= 1 and --threads >= 0")
+    runnable = cpu_decode.runnable_variants()
+    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()] or runnable
+    if not set(args.variants) <= set(runnable):
+        parser.error(f"--variants takes some of this CPU's kernel variants: {', '.join(runnable) or 'none'}")
+    builds = [b.split("=", 1) for b in args.llama.split(",") if b.strip()]
+    if any(len(b) != 2 or not b[0].strip() for b in builds):
+        parser.error("--llama takes NAME=PATH,... (an empty PATH: the installed llama-cpp-python)")
+    args.llama = [(name.strip(), path.strip()) for name, path in builds]
     args.engines = {e.strip() for e in args.engines.split(",") if e.strip()}
     if not args.engines or not args.engines <= set(ENGINES):
         parser.error(f"--engines takes a comma-separated list of {', '.join(ENGINES)}")
@@ -486,16 +624,29 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(threads)
     cpu_decode.kernels()  # compiled (or loaded from the cache) before anything is timed
     began = time.perf_counter()
+    builds: list[LlamaBuild] = []
 
     def log(message: str) -> None:
         print(f"[{time.perf_counter() - began:5.0f} s] {message}", file=sys.stderr, flush=True)
 
-    print(f"torch {torch.__version__}, {threads} thread(s) for every engine ({why}); gptkit's packed products: "
-          f"{cpu_decode.kernels_status()}; {llama_build()}; medians of {args.repeats} interleaved rounds\n")
-    with tempfile.TemporaryDirectory(prefix="cpu_decode_") as tmp:
-        for i, shape in enumerate(models):
-            measure(shape, threads, args.repeats, Path(tmp) / str(i), args.engines, log)
-            print(table(shape) + "\n", flush=True)
+    for name, path in args.llama if "llama.cpp" in args.engines else []:
+        builds.append(LlamaBuild(name, path))
+    bandwidth = read_bandwidth(threads)
+    llamas = "; ".join(f"llama.cpp {b.name}: {b.info}" for b in builds) or "no llama.cpp"
+    variants = ", ".join(cpu_decode.VARIANTS[v][1] for v in args.variants)
+    try:
+        print(f"torch {torch.__version__}, {threads} thread(s) for every engine ({why}); gptkit's packed "
+              f"products: {variants} kernels; {llamas}; the machine's read bandwidth with {threads} thread(s): "
+              f"{bandwidth:.1f} GB/s; medians of {args.repeats} interleaved rounds\n")
+        with tempfile.TemporaryDirectory(prefix="cpu_decode_") as tmp:
+            for i, shape in enumerate(models):
+                measure(shape, threads, args.repeats, Path(tmp) / str(i), args.engines, log, args.variants, builds)
+                print(table(shape) + "\n", flush=True)
+    finally:
+        for build in builds:
+            build.close()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"load average {load:.1f} at the end\n")
     if args.profile:
         log("profile")
         print("**Where a decode step's time goes** (GPT-2 small's shape, torch.profiler over 20 steps: each op's "

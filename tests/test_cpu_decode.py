@@ -3,14 +3,18 @@ GPT packed and not (logits, greedy tokens through generate, the serving engine a
 fallback where the kernels cannot run, the thread choice, and --quantize / --threads in sample.py, chat.py and
 serve.py.
 
-The kernels are compiled once per machine (~30 s, then cached under ~/.cache/torch_extensions): only the
-session fixture `kernels` waits for that; the tests that need them skip, saying why, where they cannot run.
+The kernels are compiled once per machine (~15 s of CPU time, then cached under torch's extension folder): only
+the session fixture `kernels` waits for that; the tests that need them skip, saying why, where the CPU cannot
+run them, and fail where it could but they did not build, when CI=true. The products are tested on every
+variant this CPU runs (AVX-512, AVX2); the build's safety (a killed build never blocks the next) on a dummy
+source through the same build function.
 """
 
 import copy
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -47,12 +51,31 @@ TOKENIZER = Tokenizer({"kind": "char", "chars": CHARS}).with_special(CHAT_SPECIA
 PROMPT = TOKENIZER.decode([10, 13, 16, 19])  # ids counting in steps of 3: what the trained model continues
 
 
-@pytest.fixture(scope="session")
-def kernels():
+def require_kernels():
+    """The kernels' operators; where they are missing, a skip that says why, or, under CI (CI=true) on a CPU
+    that can run them, a failure: a build that broke must not leave the suite green on torch's slow path."""
     k = cpu_decode.kernels()
     if k is None:
-        pytest.skip(f"the kernels cannot run here: {cpu_decode.kernels_status()}")
+        message = f"the kernels cannot run here: {cpu_decode.kernels_status()}"
+        if os.environ.get("CI") == "true" and cpu_decode.runnable_variants():
+            pytest.fail(f"{message} (CI=true: this CPU can run them, so they must build)")
+        pytest.skip(message)
     return k
+
+
+@pytest.fixture(scope="session")
+def kernels():
+    return require_kernels()
+
+
+@pytest.fixture(params=cpu_decode.runnable_variants())
+def variant(request, kernels, monkeypatch):
+    """Each instruction-set variant this CPU can run (AVX-512, AVX2) in turn as the one the packed layers
+    call; the default one back afterwards."""
+    monkeypatch.setattr(cpu_decode, "_active", cpu_decode._active)
+    monkeypatch.setattr(cpu_decode, "_status", cpu_decode._status)
+    cpu_decode.use_variant(request.param)
+    return request.param
 
 
 @pytest.fixture(autouse=True)
@@ -109,7 +132,7 @@ def fp32_slack(x, w, b):
 
 @pytest.mark.parametrize("threads", [1, 2])  # 2: the weight's rows split over threads
 @pytest.mark.parametrize("M", [1, 3, 4, 16, 40])  # 4: four rows at a time; 16 and 40: torch's product
-def test_float32_equals_f_linear(kernels, M, threads):
+def test_float32_equals_f_linear(variant, M, threads):
     torch.set_num_threads(threads)
     x, w, b = operands(M)
     got = PackedLinear(w, b, "float32")(x)
@@ -117,7 +140,7 @@ def test_float32_equals_f_linear(kernels, M, threads):
 
 
 @pytest.mark.parametrize("M", [1, 5, 16])  # 5: four rows at a time and one; 16: four times four
-def test_float16_is_the_product_of_the_rounded_weights(kernels, M):
+def test_float16_is_the_product_of_the_rounded_weights(variant, M):
     x, w, b = operands(M)
     got = PackedLinear(w, b, "float16")(x)
     # Each weight moves by at most U16 of itself (F16_TINY below fp16's normal range); the rest is fp32's.
@@ -138,7 +161,7 @@ def q8_bound(x, w):
 
 @pytest.mark.parametrize("N", [80, 78])  # 78: the last group of four weight rows padded
 @pytest.mark.parametrize("M", [1, 7, 16])
-def test_int8_is_within_the_rounding_of_its_blocks(kernels, M, N):
+def test_int8_is_within_the_rounding_of_its_blocks(variant, M, N):
     x, w, b = operands(M, N)
     layer = PackedLinear(w, b, "int8")
     assert layer.weight.dtype == torch.int8 and layer.scale.shape == (80, 96 // BLOCK)  # groups of 4 rows
@@ -204,7 +227,7 @@ def batch_logits(model, prompts: torch.Tensor, pos: list[int]) -> torch.Tensor:
 
 @pytest.mark.parametrize("rows", [1, 5, 16, 17])  # 5: float32's torch product and int8's groups; 17: unfused
 @pytest.mark.parametrize("threads", [1, 2])
-def test_the_fused_block_equals_the_blocks_ops(kernels, trained, rows, threads):
+def test_the_fused_block_equals_the_blocks_ops(variant, trained, rows, threads):
     """block_decode (one call per block: norms, products, the cache's writes, attention, GELU, residuals) gives
     the logits of the plain model's ops, for rows at their own positions; above SMALL_BATCH rows the block's
     own forward runs, with the same result."""
@@ -228,7 +251,7 @@ def test_the_fused_block_equals_the_blocks_ops(kernels, trained, rows, threads):
             assert (a - b).abs().max() <= 1e-5 * a.abs().max(), name
 
 
-def test_the_fused_attention_at_gpt2s_head_size(kernels):
+def test_the_fused_attention_at_gpt2s_head_size(variant):
     """Heads of 64 channels (GPT-2's; the tiny model's are 16), the fused attention's wide path: the plain
     model's logits, rows at their own positions (keys four at a time and the rest)."""
     torch.manual_seed(0)
@@ -335,6 +358,121 @@ def test_the_packed_model_keeps_its_embedding_and_packs_the_real_vocabulary():
     assert "transformer.h.0.attn.c_attn.weight" in model.state_dict()
 
 
+# ----------------------------------------------------------------------------- building the kernels
+
+# A library as small as can be, built through the same function as the kernels, each test into its own
+# TORCH_EXTENSIONS_DIR. A compiler that holds each compile until the test lets it (it says so on one FIFO,
+# then waits to read a line from another) makes "killed mid-compile" an event, not a matter of timing.
+DUMMY = "int gptkit_build_test() { return 42; }\n"
+HELD_COMPILER = """#!/bin/sh
+case " $* " in *" -c "*) echo compiling > "$STARTED"; read line < "$GATE";; esac
+exec c++ "$@"
+"""
+BUILD_DUMMY = """
+import sys
+from pathlib import Path
+from gptkit.cpu_decode import build_library
+print(build_library("dummy", [Path(sys.argv[1])], ["-O0"]), flush=True)
+"""
+
+
+def build_dummy(source: Path, extensions: Path, env: dict | None = None, **popen) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", BUILD_DUMMY, str(source)], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "TORCH_EXTENSIONS_DIR": str(extensions), **(env or {})}, **popen)
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
+def test_a_build_killed_mid_compile_never_blocks_the_next(tmp_path, how):
+    """A first start killed while its compiler runs (SIGKILL to the Python process alone, as a timeout kills a
+    child; SIGINT to the whole process group, as Ctrl-C does): the next build does not wait on it, builds,
+    and leaves no half-built folder."""
+    source, extensions = tmp_path / "dummy.cpp", tmp_path / "extensions"
+    source.write_text(DUMMY)
+    compiler, started, gate = tmp_path / "held-c++", tmp_path / "started", tmp_path / "gate"
+    compiler.write_text(HELD_COMPILER)
+    compiler.chmod(0o755)
+    os.mkfifo(started)
+    os.mkfifo(gate)
+    held = {"CXX": str(compiler), "STARTED": str(started), "GATE": str(gate)}
+    first = build_dummy(source, extensions, held, start_new_session=True)
+    try:
+        line = first.stderr.readline()  # printed just before the compile starts
+        assert "compiling the CPU kernels for this machine, once" in line, line + first.stderr.read()
+        compiling: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=lambda: compiling.put(started.read_text()), daemon=True).start()
+        assert compiling.get(timeout=300) == "compiling\n"  # the compiler runs (held): kill the build now
+        (building,) = extensions.glob("dummy_*.build-*")  # its private folder
+        if how == "SIGKILL":
+            first.kill()
+        else:
+            os.killpg(first.pid, signal.SIGINT)
+        first.communicate(timeout=120)
+        assert first.returncode != 0
+        assert not list(extensions.glob("dummy_*/*.so")) and list(extensions.glob("dummy_*.lock"))
+        # The next start, with the real compiler: a hang would show as this timeout, not as a slow pass.
+        second = build_dummy(source, extensions)
+        out, err = second.communicate(timeout=300)
+        assert second.returncode == 0, err
+        assert "compiling the CPU kernels" in err and "waiting" not in err
+        library = Path(out.strip().splitlines()[-1])
+        assert library.is_file() and library.parent.parent == extensions
+        assert not building.exists() and not list(extensions.glob("dummy_*.build-*"))
+    finally:
+        try:
+            os.killpg(first.pid, signal.SIGKILL)  # the held compiler, if it outlived its parent
+        except ProcessLookupError:
+            pass
+
+
+def test_a_missing_compiler_is_a_one_line_answer(tmp_path, monkeypatch):
+    source = tmp_path / "dummy.cpp"
+    source.write_text(DUMMY)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    with pytest.raises(cpu_decode.KernelBuildError) as e:
+        cpu_decode.build_library("dummy", [source], ["-O0"])
+    assert str(e.value) == ("no C++ compiler ('no-such-compiler' not found): install one (Debian/Ubuntu: apt "
+                            "install g++) or set CXX")
+
+
+def test_build_ahead_from_the_command_line(kernels):
+    """python -m gptkit.cpu_decode --build: the kernels this session built, found (not compiled again)."""
+    done = subprocess.run([sys.executable, "-m", "gptkit.cpu_decode", "--build"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("CPU kernels ready: ") and done.stderr == ""
+    assert "compiling" not in done.stderr
+
+
+def test_under_ci_kernels_that_do_not_build_fail_the_suite(monkeypatch):
+    monkeypatch.setattr(cpu_decode, "kernels", lambda: None)
+    monkeypatch.setattr(cpu_decode, "kernels_status", lambda: "no kernels (a compile error)")
+    monkeypatch.setattr(cpu_decode, "runnable_variants", lambda: ["avx2"])
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true"):
+        require_kernels()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="a compile error"):
+        require_kernels()
+    monkeypatch.setenv("CI", "true")  # a CPU without AVX2: nothing to build, a skip even under CI
+    monkeypatch.setattr(cpu_decode, "runnable_variants", lambda: [])
+    with pytest.raises(pytest.skip.Exception):
+        require_kernels()
+
+
+def test_the_variants_follow_the_cpus_flags(monkeypatch, tmp_path):
+    """/proc/cpuinfo's flags pick the variants: AVX-512 needs F, BW, VL and VNNI; AVX2 needs FMA and F16C."""
+    cpuinfo = {"avx512": "fpu avx f16c fma avx2 avx512f avx512bw avx512vl avx512_vnni avx512_bf16",
+               "no vnni": "fpu avx f16c fma avx2 avx512f avx512bw avx512vl", "no fma": "fpu avx f16c avx2"}
+    real_read = Path.read_text
+    for case, expected in (("avx512", ["avx512", "avx2"]), ("no vnni", ["avx2"]), ("no fma", [])):
+        monkeypatch.setattr(Path, "read_text", lambda self, *a, c=case, **k: (
+            f"processor\t: 0\nflags\t\t: {cpuinfo[c]}\n" if str(self) == "/proc/cpuinfo" else real_read(self, *a, **k)))
+        monkeypatch.setattr(cpu_decode.platform, "machine", lambda: "x86_64")
+        assert cpu_decode.runnable_variants() == expected, case
+
+
 # ----------------------------------------------------------------------------- threads and the default dtype
 
 
@@ -406,11 +544,12 @@ def test_sample_py_quantize_and_threads(kernels, ckpt, capsys):
     reference, err = sample_text(capsys, ckpt, "--quantize=none")
     assert "weights" not in err and "thread" in err  # --quantize=none: the model as loaded
     out, err = sample_text(capsys, ckpt)
-    assert out == reference and "float32 weights (AVX2 kernels)" in err  # the default: packed float32
+    status = cpu_decode.kernels_status()  # e.g. AVX-512 kernels
+    assert out == reference and f"float32 weights ({status})" in err  # the default: packed float32
     for fmt in cpu_decode.FORMATS:
         out, err = sample_text(capsys, ckpt, f"--quantize={fmt}", "--threads=2")
         assert out == reference, fmt
-        assert f"cpu float32, {fmt} weights (AVX2 kernels), 2 threads (--threads)" in err
+        assert f"cpu float32, {fmt} weights ({status}), 2 threads (--threads)" in err
     assert torch.get_num_threads() == 2
 
 
@@ -419,7 +558,7 @@ def test_chat_py_quantize(kernels, trained, ckpt):
                            "--device=cpu", "--quantize=int8"], input="hi there\n", capture_output=True, text=True,
                           cwd=REPO, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr
-    assert "int8 weights (AVX2 kernels), 1 thread (OMP_NUM_THREADS)" in done.stderr
+    assert f"int8 weights ({cpu_decode.kernels_status()}), 1 thread (OMP_NUM_THREADS)" in done.stderr
     ids = prompt_ids([{"role": "user", "content": "hi there"}], TOKENIZER)
     reply = cut(engine_replies(packed(trained, "int8"), [ids], 12)[0], ChatTokens.of(TOKENIZER).stop_ids)
     assert done.stdout.split("\n\n")[0] == TOKENIZER.decode(reply)
@@ -441,7 +580,8 @@ def test_serve_py_quantize(kernels, trained, ckpt):
                 seen.append(lines.get(timeout=1))
             except queue.Empty:
                 pass
-        assert any("float16 weights (AVX2 kernels), 1 thread (--threads)" in line for line in seen), seen
+        expected = f"float16 weights ({cpu_decode.kernels_status()}), 1 thread (--threads)"
+        assert any(expected in line for line in seen), seen
         url = seen[-1].split("http://")[1].split()[0]
         body = json.dumps({"model": "out", "prompt": PROMPT, "max_tokens": 10, "temperature": 0}).encode()
         request = urllib.request.Request(f"http://{url}/completions", body, {"Content-Type": "application/json"})

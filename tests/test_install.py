@@ -45,6 +45,7 @@ def test_wheel_holds_the_package_and_model_only(wheel):
     assert top == {"gptkit", "model.py"}
     assert "gptkit/prepare/tiny_shakespeare.py" in names  # subpackages are found, not listed by hand
     assert "gptkit/serving/page.html" in names  # the chat page: package data
+    assert {"gptkit/csrc/cpu_decode.cpp", "gptkit/csrc/kernels.h"} <= set(names)  # the CPU kernels' C++
 
 
 def test_every_module_imports_from_a_plain_install_outside_the_checkout(wheel, tmp_path):

@@ -1,0 +1,464 @@
+// The CPU kernels of gptkit/cpu_decode.py, written once and compiled once per instruction set: cpu_decode.cpp
+// includes this file twice, inside namespace gptkit_avx2 (AVX2, FMA, F16C) and namespace gptkit_avx512
+// (GPTKIT_AVX512 defined: AVX-512 F/BW/VL and VNNI), each under its own `#pragma GCC target`. Where the two
+// differ (float16's products: 16 floats a step; VNNI's int8 dot products) the AVX-512 code is under
+// `#ifdef GPTKIT_AVX512`; the rest (norms, attention, GELU) is the same source compiled for either.
+// No includes here: cpu_decode.cpp includes what this needs before opening the namespace.
+
+static inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi); lo = _mm_hadd_ps(lo, lo); lo = _mm_hadd_ps(lo, lo);
+  return _mm_cvtss_f32(lo);
+}
+
+// The four sums of a0..a3's lanes at once, into out[0..3].
+static inline void hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3, float* out) {
+  __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));  // per 128-bit half
+  _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1)));
+}
+
+// 8 weights as floats: float32 loaded as they are, float16 widened (F16C). The products below are written
+// once, for either weight type.
+static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+static inline __m256 load8(const at::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// The dot product of one weight row and one activation row, K a multiple of 32: four accumulators, so four
+// independent chains of fused multiply-adds keep the loads in flight (one chain waits on its own latency).
+template <typename T>
+static inline float dot(const T* w, const float* x, int64_t K) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t k = 0; k < K; k += 32) {
+    a0 = _mm256_fmadd_ps(load8(w + k), _mm256_loadu_ps(x + k), a0);
+    a1 = _mm256_fmadd_ps(load8(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
+    a2 = _mm256_fmadd_ps(load8(w + k + 16), _mm256_loadu_ps(x + k + 16), a2);
+    a3 = _mm256_fmadd_ps(load8(w + k + 24), _mm256_loadu_ps(x + k + 24), a3);
+  }
+  return hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+}
+
+// One weight row against four rows of activations (x, x + K, x + 2K, x + 3K): each weight vector is loaded
+// (for float16, widened) once for the four rows. With a batch of rows (serve.py's) this keeps the products
+// from being bound by the instructions rather than by memory.
+template <typename T>
+static inline void dot4x(const T* w, const float* x, int64_t K, float* out) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t k = 0; k < K; k += 8) {
+    __m256 wv = load8(w + k);
+    a0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + k), a0);
+    a1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + K + k), a1);
+    a2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 2 * K + k), a2);
+    a3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 3 * K + k), a3);
+  }
+  hsum4(a0, a1, a2, a3, out);
+}
+
+#ifdef GPTKIT_AVX512
+// AVX-512: 16 weights as floats: float32 loaded as they are, float16 widened.
+static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+static inline __m512 load16(const at::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// The dot product of one weight row and one activation row, K a multiple of 32: 64 values a step in four
+// independent chains of fused multiply-adds, then the last 32 if K is not a multiple of 64.
+template <typename T>
+static inline float dot_wide(const T* w, const float* x, int64_t K) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t k = 0;
+  for (; k + 64 <= K; k += 64) {
+    a0 = _mm512_fmadd_ps(load16(w + k), _mm512_loadu_ps(x + k), a0);
+    a1 = _mm512_fmadd_ps(load16(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
+    a2 = _mm512_fmadd_ps(load16(w + k + 32), _mm512_loadu_ps(x + k + 32), a2);
+    a3 = _mm512_fmadd_ps(load16(w + k + 48), _mm512_loadu_ps(x + k + 48), a3);
+  }
+  if (k < K) {
+    a0 = _mm512_fmadd_ps(load16(w + k), _mm512_loadu_ps(x + k), a0);
+    a1 = _mm512_fmadd_ps(load16(w + k + 16), _mm512_loadu_ps(x + k + 16), a1);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+}
+
+// One weight row against four rows of activations (x, x + K, x + 2K, x + 3K), each weight vector loaded once.
+template <typename T>
+static inline void dot4x_wide(const T* w, const float* x, int64_t K, float* out) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t k = 0; k < K; k += 16) {
+    __m512 wv = load16(w + k);
+    a0 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + k), a0);
+    a1 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + K + k), a1);
+    a2 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + 2 * K + k), a2);
+    a3 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + 3 * K + k), a3);
+  }
+  out[0] = _mm512_reduce_add_ps(a0); out[1] = _mm512_reduce_add_ps(a1);
+  out[2] = _mm512_reduce_add_ps(a2); out[3] = _mm512_reduce_add_ps(a3);
+}
+
+#endif
+
+// Which loop a weight type runs. AVX-512's 16-float steps pay for float16 (half the widening instructions)
+// but not for float32 on the CPU this was measured on (a Zen 4 runs 512-bit operations as two 256-bit halves:
+// 0.87-0.91x of the 256-bit loop, BENCHMARKS.md), so float32 keeps the 256-bit loop in both variants.
+template <typename T>
+static inline float row_dot(const T* w, const float* x, int64_t K) {
+#ifdef GPTKIT_AVX512
+  if constexpr (std::is_same_v<T, at::Half>) return dot_wide(w, x, K);
+#endif
+  return dot(w, x, K);
+}
+
+template <typename T>
+static inline void row_dot4x(const T* w, const float* x, int64_t K, float* out) {
+#ifdef GPTKIT_AVX512
+  if constexpr (std::is_same_v<T, at::Half>) return dot4x_wide(w, x, K, out);
+#endif
+  dot4x(w, x, K, out);
+}
+
+
+// float32 or float16 weights W (N, K): Y (M, N) = X (M, K) @ W^T + b. The rows of W are split over torch's
+// threads; each weight row is read once from memory and, while it sits in the L1 cache, used for all M rows
+// of X, four at a time and the rest one by one.
+template <typename T>
+static void wide_rows(const float* X, int64_t M, int64_t K, const T* W, int64_t N, const float* b, float* Y) {
+  at::parallel_for(0, N, 16, [&](int64_t lo, int64_t hi) {
+    float out[4];
+    for (int64_t n = lo; n < hi; n++) {
+      const float bn = b ? b[n] : 0.f;
+      int64_t m = 0;
+      for (; m + 4 <= M; m += 4) {
+        row_dot4x(W + n * K, X + m * K, K, out);
+        for (int r = 0; r < 4; r++) Y[(m + r) * N + n] = out[r] + bn;
+      }
+      for (; m < M; m++) Y[m * N + n] = row_dot(W + n * K, X + m * K, K) + bn;
+    }
+  });
+}
+
+static inline __m256i load32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+#ifdef GPTKIT_AVX512
+// int8 weights are stored in groups of four rows, interleaved (PackedLinear's layout, as llama.cpp repacks
+// its q8_0 weights): for each 32-value block b, the four rows' blocks one after another, (N / 4, B, 4, 32),
+// and their scales likewise, (N / 4, B, 4). The dot products of one group w, ws with one quantized activation
+// row x, xs (B blocks), two rows' blocks per 64-byte load: VNNI's dpbusd multiplies unsigned by signed bytes
+// and sums each four into an int32, so the weights' magnitudes meet the activations with the weights' signs.
+// Lanes 0-7 of a01 are row 0's partial sums, lanes 8-15 row 1's (a23: rows 2 and 3); two blocks a step, in
+// independent chains.
+static inline __m512i q8_dp(__m512i w, __m512i x) {
+  const __m512i signed_x = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x);
+  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(w), signed_x);
+}
+
+static inline __m256 high8(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
+
+static inline void dot_group_q8(const int8_t* w, const float* ws, int64_t B, const int8_t* x, const float* xs,
+                                float* out) {
+  const __m512i lo_hi01 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  const __m512i lo_hi23 = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  __m512 a01 = _mm512_setzero_ps(), a23 = a01, b01 = a01, b23 = a01;
+  auto step = [&](int64_t b, __m512& c01, __m512& c23) {
+    const __m512i xv = _mm512_broadcast_i64x4(load32(x + 32 * b));
+    const __m512 s = _mm512_castps128_ps512(_mm_mul_ps(_mm_loadu_ps(ws + 4 * b), _mm_set1_ps(xs[b])));
+    const int8_t* wb = w + 128 * b;
+    const __m512i d01 = q8_dp(_mm512_loadu_si512(wb), xv), d23 = q8_dp(_mm512_loadu_si512(wb + 64), xv);
+    c01 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d01), _mm512_permutexvar_ps(lo_hi01, s), c01);
+    c23 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d23), _mm512_permutexvar_ps(lo_hi23, s), c23);
+  };
+  int64_t b = 0;
+  for (; b + 2 <= B; b += 2) { step(b, a01, a23); step(b + 1, b01, b23); }
+  if (b < B) step(b, a01, a23);
+  a01 = _mm512_add_ps(a01, b01); a23 = _mm512_add_ps(a23, b23);
+  hsum4(_mm512_castps512_ps256(a01), high8(a01), _mm512_castps512_ps256(a23), high8(a23), out);
+}
+
+#else
+// 32 int8 weights wv times 32 int8 activations xv: 8 partial sums, as floats. maddubs needs one unsigned
+// operand: the weights' magnitudes, their signs moved onto xv.
+static inline __m256 q8_sums(__m256i wv, __m256i xv) {
+  __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
+// int8 weights are stored in groups of four rows, interleaved (PackedLinear's layout, as llama.cpp repacks
+// its q8_0 weights): for each 32-value block b, the four rows' blocks one after another, (N / 4, B, 4, 32),
+// and their scales likewise, (N / 4, B, 4). The dot products of one group w, ws with one quantized activation
+// row x, xs (B blocks): the activation block and its scale are loaded once for the four rows, four
+// independent accumulators, and the weights are one sequential stream (four rows read side by side from
+// four places in memory defeat the hardware's prefetching: 4x slower measured).
+static inline void dot_group_q8(const int8_t* w, const float* ws, int64_t B, const int8_t* x, const float* xs,
+                                float* out) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t b = 0; b < B; b++) {
+    const __m256i xv = load32(x + 32 * b);
+    const float s = xs[b];
+    const int8_t* wb = w + 128 * b; const float* sb = ws + 4 * b;
+    a0 = _mm256_fmadd_ps(q8_sums(load32(wb), xv), _mm256_set1_ps(sb[0] * s), a0);
+    a1 = _mm256_fmadd_ps(q8_sums(load32(wb + 32), xv), _mm256_set1_ps(sb[1] * s), a1);
+    a2 = _mm256_fmadd_ps(q8_sums(load32(wb + 64), xv), _mm256_set1_ps(sb[2] * s), a2);
+    a3 = _mm256_fmadd_ps(q8_sums(load32(wb + 96), xv), _mm256_set1_ps(sb[3] * s), a3);
+  }
+  hsum4(a0, a1, a2, a3, out);
+}
+
+#endif
+
+// Activations X (M, K) quantized as q8_0: a scale per 32 values (largest magnitude / 127), into XQ, XS; the
+// values rounded to the nearest integer (ties to even, as std::nearbyint), eight at a time.
+static void quantize_rows(const float* X, int64_t M, int64_t K, int8_t* XQ, float* XS) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // packs work per 128-bit half
+  for (int64_t i = 0; i < M * K / 32; i++) {
+    const float* v = X + 32 * i;
+    __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8), v2 = _mm256_loadu_ps(v + 16);
+    __m256 v3 = _mm256_loadu_ps(v + 24);
+    __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                              _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    XS[i] = amax / 127.f;
+    const __m256 mul = _mm256_set1_ps(inv);
+    auto q = [&](__m256 x) {
+      return _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(x, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    };
+    __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q(v0), q(v1)), _mm256_packs_epi32(q(v2), q(v3)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(XQ + 32 * i), _mm256_permutevar8x32_epi32(packed, order));
+  }
+}
+
+// int8 weights (groups of four rows, above; N real rows of the 4 ceil(N / 4) stored): the groups are split
+// over torch's threads; each group is read once from memory and, from the L1 cache, used for all M rows.
+static void q8_rows(const int8_t* XQ, const float* XS, int64_t M, int64_t K, const int8_t* W, const float* WS,
+                    int64_t N, const float* b, float* Y) {
+  const int64_t B = K / 32;
+  at::parallel_for(0, (N + 3) / 4, 4, [&](int64_t lo, int64_t hi) {
+    float out[4];
+    for (int64_t g = lo; g < hi; g++) {
+      const int rows = static_cast<int>(std::min<int64_t>(4, N - 4 * g));
+      for (int64_t m = 0; m < M; m++) {
+        dot_group_q8(W + 4 * g * K, WS + 4 * g * B, B, XQ + m * K, XS + m * B, out);
+        for (int r = 0; r < rows; r++) Y[m * N + 4 * g + r] = out[r] + (b ? b[4 * g + r] : 0.f);
+      }
+    }
+  });
+}
+
+// A packed weight: float32, float16 or int8 (with its scales; n: its real rows), and its bias (or none).
+struct Packed {
+  at::Tensor w;
+  c10::optional<at::Tensor> s, b;
+  int64_t n;
+};
+
+// Y (M, n) = X (M, K) @ W^T + b into Y. xq, xs: room for int8's quantized activations (M K bytes, M K / 32
+// floats). float32 batches of more than 4 rows go to torch's matrix product (faster there).
+static void linear_into(const float* X, int64_t M, int64_t K, const Packed& p, float* Y, int8_t* xq, float* xs) {
+  const int64_t N = p.n;
+  const float* b = p.b.has_value() ? p.b->data_ptr<float>() : nullptr;
+  if (p.w.scalar_type() == at::kFloat && M > 4) {
+    auto opts = at::TensorOptions().dtype(at::kFloat);
+    auto x = at::from_blob(const_cast<float*>(X), {M, K}, opts), y = at::from_blob(Y, {M, N}, opts);
+    if (b) at::addmm_out(y, *p.b, x, p.w.t()); else at::mm_out(y, x, p.w.t());
+  } else if (p.w.scalar_type() == at::kFloat) {
+    wide_rows(X, M, K, p.w.data_ptr<float>(), N, b, Y);
+  } else if (p.w.scalar_type() == at::kHalf) {
+    wide_rows(X, M, K, p.w.data_ptr<at::Half>(), N, b, Y);
+  } else {
+    quantize_rows(X, M, K, xq, xs);
+    q8_rows(xq, xs, M, K, p.w.data_ptr<int8_t>(), p.s->data_ptr<float>(), N, b, Y);
+  }
+}
+
+static void check_packed(const at::Tensor& x, const Packed& p) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x: contiguous float32 (M, K)");
+  TORCH_CHECK(p.w.dim() == 2 && p.w.is_contiguous() && p.w.size(1) == x.size(1) && x.size(1) % 32 == 0,
+              "w: contiguous (N, K), K a multiple of 32");
+  TORCH_CHECK(p.w.scalar_type() != at::kChar ||
+              (p.s.has_value() && p.s->is_contiguous() && p.w.size(0) % 4 == 0 && p.n <= p.w.size(0) &&
+               p.s->numel() == p.w.numel() / 32), "int8 w: groups of 4 rows and their scales");
+  TORCH_CHECK(p.w.scalar_type() == at::kChar || p.n == p.w.size(0), "n: w's rows");
+  TORCH_CHECK(!p.b.has_value() || (p.b->is_contiguous() && p.b->numel() == p.n), "bias: (n,)");
+}
+
+// The Linear layers' products as operators: y (M, n) = x (M, K) @ w (N, K)^T + bias.
+static at::Tensor linear(at::Tensor x, Packed p) {
+  check_packed(x, p);
+  const int64_t M = x.size(0), K = x.size(1);
+  auto y = at::empty({M, p.n}, x.options());
+  auto xq = at::empty({p.s.has_value() ? M * K : 0}, x.options().dtype(at::kChar));
+  auto xs = at::empty({p.s.has_value() ? M * K / 32 : 0}, x.options());
+  linear_into(x.data_ptr<float>(), M, K, p, y.data_ptr<float>(), xq.data_ptr<int8_t>(), xs.data_ptr<float>());
+  return y;
+}
+
+at::Tensor linear_f32(at::Tensor x, at::Tensor w, c10::optional<at::Tensor> bias) {
+  return linear(x, {w, c10::nullopt, bias, w.size(0)});
+}
+at::Tensor linear_f16(at::Tensor x, at::Tensor w, c10::optional<at::Tensor> bias) {
+  return linear(x, {w, c10::nullopt, bias, w.size(0)});
+}
+at::Tensor linear_q8(at::Tensor x, at::Tensor w, at::Tensor ws, c10::optional<at::Tensor> bias,
+                        int64_t n) {
+  return linear(x, {w, ws, bias, n});
+}
+
+// ------------------------------------------------------------------------------------------ the fused block
+
+// e^x for 8 floats (Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2, e^r by a degree-6 polynomial; relative error
+// ~1e-7), x clamped to [-87.3, 88.3] so that 2^n stays a normal float.
+static inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+// GPT-2's GELU (tanh form), in place on n values (n a multiple of 8):
+// 0.5 x (1 + tanh(u)) = x sigmoid(2u) = x / (1 + e^(-2u)), u = sqrt(2 / pi) (x + 0.044715 x^3).
+static void gelu_tanh(float* y, int64_t n) {
+  const __m256 c = _mm256_set1_ps(-2.f * 0.7978845608028654f), c3 = _mm256_set1_ps(0.044715f);
+  const __m256 one = _mm256_set1_ps(1.f);
+  for (int64_t i = 0; i < n; i += 8) {
+    __m256 x = _mm256_loadu_ps(y + i);
+    __m256 u = _mm256_mul_ps(c, _mm256_fmadd_ps(_mm256_mul_ps(c3, x), _mm256_mul_ps(x, x), x));
+    _mm256_storeu_ps(y + i, _mm256_div_ps(x, _mm256_add_ps(one, exp8(u))));
+  }
+}
+
+// LayerNorm of M rows of C values (x -> y), gain w and bias b (or none).
+static void layer_norm(const float* x, int64_t M, int64_t C, const float* w, const float* b, float eps, float* y) {
+  for (int64_t m = 0; m < M; m++) {
+    const float* v = x + m * C; float* out = y + m * C;
+    double mean = 0.0, var = 0.0;
+    for (int64_t i = 0; i < C; i++) mean += v[i];
+    mean /= C;
+    for (int64_t i = 0; i < C; i++) var += (v[i] - mean) * (v[i] - mean);
+    const float mu = static_cast<float>(mean), rstd = static_cast<float>(1.0 / std::sqrt(var / C + eps));
+    for (int64_t i = 0; i < C; i++) out[i] = (v[i] - mu) * rstd * w[i] + (b ? b[i] : 0.f);
+  }
+}
+
+static inline float dot_f32(const float* a, const float* b, int64_t D) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t d = 0; d < D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
+  return hsum(acc);
+}
+
+// One GPT-2 block for M rows of one token each, row i at position pos[i] of cache row row0 + i:
+//   x + attn(ln_1(x)), then + mlp(ln_2(x)), the attention over each row's slots 0..pos[i] (its own token's
+//   key and value written there first).
+// p: ln_1 gain, bias; c_attn w, s, b; attn c_proj w, s, b; ln_2 gain, bias; c_fc w, s, b; mlp c_proj w, s, b
+// (s: int8's scales, else none; biases may be none). k, v: the layer's cache (R, H, L, D), float32.
+at::Tensor block_decode(at::Tensor x, c10::List<c10::optional<at::Tensor>> p, at::Tensor k,
+                           at::Tensor v, int64_t row0, at::Tensor pos, int64_t n_head, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x: contiguous float32 (M, C)");
+  TORCH_CHECK(p.size() == 16, "16 block parameters");
+  TORCH_CHECK(k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat && k.is_contiguous() &&
+              v.is_contiguous() && k.dim() == 4 && k.sizes() == v.sizes(), "k, v: float32 caches (R, H, L, D)");
+  const int64_t M = x.size(0), C = x.size(1), H = n_head, D = C / H, L = k.size(2), F = p.get(10)->size(0);
+  TORCH_CHECK(k.size(1) == H && k.size(3) == D && D % 8 == 0 && row0 >= 0 && row0 + M <= k.size(0),
+              "the cache's rows and heads");
+  TORCH_CHECK(pos.scalar_type() == at::kLong && (pos.numel() == 1 || pos.numel() == M), "pos: (1,) or (M,)");
+  auto P = [&](int i) { return p.get(i); };
+  auto ptr = [&](int i) -> const float* { auto t = p.get(i); return t.has_value() ? t->data_ptr<float>() : nullptr; };
+  Packed qkv{*P(2), P(3), P(4), 3 * C}, proj{*P(5), P(6), P(7), C}, fc{*P(10), P(11), P(12), F},
+      out{*P(13), P(14), P(15), C};
+  for (const Packed* q : {&qkv, &proj, &fc, &out}) TORCH_CHECK(q->w.size(0) == q->n, "block weights' rows");
+  auto pos_c = pos.contiguous();
+  const int64_t* ps = pos_c.data_ptr<int64_t>();
+  std::vector<int64_t> at_pos(M);
+  for (int64_t i = 0; i < M; i++) {
+    at_pos[i] = ps[pos.numel() == 1 ? 0 : i];
+    TORCH_CHECK(0 <= at_pos[i] && at_pos[i] < L, "position outside the cache");
+  }
+
+  auto y = at::empty({M, C}, x.options());
+  // Scratch: h (M C), qkv (M 3C), attention output (M C), the MLP's hidden (M F), scores (M H L).
+  auto scratch = at::empty({M * (5 * C + F) + M * H * L}, x.options());
+  float* h = scratch.data_ptr<float>(); float* q3 = h + M * C; float* att = q3 + 3 * M * C;
+  float* hid = att + M * C; float* scores = hid + M * F;
+  auto xq = at::empty({M * F}, x.options().dtype(at::kChar));
+  auto xs = at::empty({M * F / 32}, x.options());
+  int8_t* XQ = xq.data_ptr<int8_t>(); float* XS = xs.data_ptr<float>();
+  const float* X = x.data_ptr<float>(); float* Y = y.data_ptr<float>();
+  float* Kc = k.data_ptr<float>(); float* Vc = v.data_ptr<float>();
+
+  layer_norm(X, M, C, ptr(0), ptr(1), eps, h);
+  linear_into(h, M, C, qkv, q3, XQ, XS);
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  at::parallel_for(0, M * H, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; t++) {
+      const int64_t i = t / H, hd = t % H, n = at_pos[i] + 1;
+      const float* q = q3 + i * 3 * C + hd * D;
+      float* kc = Kc + ((row0 + i) * H + hd) * L * D; float* vc = Vc + ((row0 + i) * H + hd) * L * D;
+      std::memcpy(kc + at_pos[i] * D, q + C, D * sizeof(float));
+      std::memcpy(vc + at_pos[i] * D, q + 2 * C, D * sizeof(float));
+      float* s = scores + t * L;
+      float mx = -INFINITY;
+      int64_t j0 = 0;
+      for (; j0 + 4 <= n; j0 += 4) {  // four keys at a time: four independent chains
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        const float* kj = kc + j0 * D;
+        for (int64_t d = 0; d < D; d += 8) {
+          const __m256 qv = _mm256_loadu_ps(q + d);
+          a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kj + d), a0);
+          a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kj + D + d), a1);
+          a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kj + 2 * D + d), a2);
+          a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kj + 3 * D + d), a3);
+        }
+        hsum4(a0, a1, a2, a3, s + j0);
+        for (int r = 0; r < 4; r++) { s[j0 + r] *= scale; mx = std::max(mx, s[j0 + r]); }
+      }
+      for (; j0 < n; j0++) { s[j0] = dot_f32(q, kc + j0 * D, D) * scale; mx = std::max(mx, s[j0]); }
+      __m256 sum8 = _mm256_setzero_ps();
+      int64_t j = 0;
+      for (; j + 8 <= n; j += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(mx)));
+        _mm256_storeu_ps(s + j, e); sum8 = _mm256_add_ps(sum8, e);
+      }
+      float sum = hsum(sum8);
+      for (; j < n; j++) { s[j] = std::exp(s[j] - mx); sum += s[j]; }
+      const float inv = 1.f / sum;
+      float* o = att + i * C + hd * D;
+      int64_t d = 0;
+      for (; d + 64 <= D; d += 64) {  // 64 channels at a time: eight independent chains, each value row read once
+        __m256 acc[8];
+        for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
+        for (int64_t jj = 0; jj < n; jj++) {
+          const __m256 pj = _mm256_set1_ps(s[jj]);
+          const float* vr = vc + jj * D + d;
+          for (int r = 0; r < 8; r++) acc[r] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8 * r), acc[r]);
+        }
+        for (int r = 0; r < 8; r++) _mm256_storeu_ps(o + d + 8 * r, _mm256_mul_ps(acc[r], _mm256_set1_ps(inv)));
+      }
+      for (; d < D; d += 8) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t jj = 0; jj < n; jj++) acc = _mm256_fmadd_ps(_mm256_set1_ps(s[jj]), _mm256_loadu_ps(vc + jj * D + d), acc);
+        _mm256_storeu_ps(o + d, _mm256_mul_ps(acc, _mm256_set1_ps(inv)));
+      }
+    }
+  });
+  linear_into(att, M, C, proj, Y, XQ, XS);
+  for (int64_t i = 0; i < M * C; i++) Y[i] += X[i];  // the residual
+  layer_norm(Y, M, C, ptr(8), ptr(9), eps, h);
+  linear_into(h, M, C, fc, hid, XQ, XS);
+  gelu_tanh(hid, M * F);
+  linear_into(hid, M, F, out, att, XQ, XS);
+  for (int64_t i = 0; i < M * C; i++) Y[i] += att[i];
+  return y;
+}
+
