@@ -449,7 +449,7 @@ def fits_on_gpu(model: GPT, cfg: TrainConfig, rt: Runtime, batch: int, reserve: 
         group["lr"] = 0.0
     held = None
     try:
-        held = torch.empty(reserve, dtype=torch.uint8, device=rt.device)  # (0 bytes: nothing)
+        held = torch.empty(reserve, dtype=torch.uint8, device=rt.device) if reserve else None
         trial_step(model, optimizer, rt, batch, cfg.block_size)
         fits = True
     except torch.OutOfMemoryError:  # (its traceback, which holds the step's tensors, is gone after this block)
