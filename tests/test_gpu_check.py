@@ -13,12 +13,22 @@ from benchmarks import gpu_check
 NANOGPT = SHARED_DATA.parent / "anchors" / "nanoGPT"
 
 
-def test_smoke_runs_every_part_or_says_why_not(tmp_path):
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """One --smoke run of every part (the test files share it: it is the suite's costliest rehearsal): the
+    folder of its JSON and log, and its report."""
+    tmp_path = tmp_path_factory.mktemp("smoke")
     text = SHARED_DATA / "tinyshakespeare.txt"
     # Without a local copy the Shakespeare part would try a download: left out here (skipped, with the reason).
     extra = [f"--shakespeare_text={text}"] if text.is_file() else ["--parts=tests,train,decode,plan,serve"]
+    anchor = [f"--nanogpt={NANOGPT}"] if NANOGPT.is_dir() else []
+    return tmp_path, gpu_check.main(["--smoke", f"--out={tmp_path / 'check.json'}", *extra, *anchor])
+
+
+def test_smoke_runs_every_part_or_says_why_not(smoke):
+    tmp_path, report = smoke
+    text = SHARED_DATA / "tinyshakespeare.txt"
     out = tmp_path / "check.json"
-    report = gpu_check.main(["--smoke", f"--out={out}", *extra])
     assert json.loads(out.read_text()) == json.loads(json.dumps(report, default=str))
     assert {"date", "command", "smoke", "device", "torch", "git", "parts", "rows", "summary"} <= set(report)
     assert report["device"]["torch"] == report["torch"] and report["device"]["peak"]["tflops_measured"] > 0
@@ -192,15 +202,17 @@ def test_nanogpts_output_is_read():
     assert gpu_check.nanogpt_results("crashed")["bench_ms"] is None
 
 
-def test_nanogpt_runs_beside_ours_in_smoke(tmp_path):
+def test_nanogpt_runs_beside_ours_in_smoke(tmp_path, smoke):
     """The nanogpt part runs nanoGPT's own train.py (shrunk, on the CPU) from a copy of its folder with its own
     prepare.py, reads its evaluations and iter times from what it printed, and stops it at the threshold.
     Without a copy of nanoGPT the part and the summary say "no anchor"."""
     text = SHARED_DATA / "tinyshakespeare.txt"
     found = NANOGPT.is_dir() or gpu_check.nanogpt_dir(None) is not None
-    anchor = [f"--nanogpt={NANOGPT}"] if NANOGPT.is_dir() else []
-    report = gpu_check.main(["--smoke", f"--out={tmp_path / 'c.json'}", "--parts=nanogpt", *anchor,
-                             *([f"--shakespeare_text={text}"] if text.is_file() else []), "--total_s=120"])
+    if NANOGPT.is_dir() and text.is_file():
+        report = smoke[1]  # the smoke run above ran nanoGPT beside ours
+    else:
+        report = gpu_check.main(["--smoke", f"--out={tmp_path / 'c.json'}", "--parts=nanogpt",
+                                 *([f"--shakespeare_text={text}"] if text.is_file() else []), "--total_s=120"])
     part, summary = report["parts"]["nanogpt"], report["summary"]
     # no bench.py on the CPU (it needs CUDA): the speed-up has no anchor, and says so
     assert summary["train_12x1024_no_bias"]["value"] is None
