@@ -225,7 +225,10 @@ def test_nanogpt_runs_beside_ours_in_smoke(tmp_path, smoke):
     train = part["train"]
     evals = train["evaluations"]
     # it trained until its first val at or below the smoke's 3.6, and was stopped there
-    assert evals[0]["step"] == 0 and evals[-1]["val_loss"] <= 3.6 < evals[0]["val_loss"] and train["reached"] == evals[-1]
+    # the first evaluation at or below it is the one reached (the stop lands a little later, under load after
+    # an evaluation or two more)
+    first_below = next(e for e in evals if e["val_loss"] <= 3.6)
+    assert evals[0]["step"] == 0 and 3.6 < evals[0]["val_loss"] and train["reached"] == first_below
     assert all(e["wall_s"] > 0 for e in evals) and train["iter_ms_median"] > 0
     assert [r["status"] for r in part["runs"]] == ["ok", "stopped"]
     assert summary["shakespeare_s_to_val"]["nanogpt"] == train["reached"]
