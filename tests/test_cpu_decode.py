@@ -459,8 +459,9 @@ def test_build_ahead_from_the_command_line(kernels):
     done = subprocess.run([sys.executable, "-m", "gptkit.cpu_decode", "--build"], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("CPU kernels ready: ") and done.stderr == ""
-    assert "compiling" not in done.stderr
+    assert done.stdout.startswith("CPU kernels ready: ")
+    # nothing of ours on stderr: no compile, no wait (torch's CUDA build logs a warning there without a GPU)
+    assert not [line for line in done.stderr.splitlines() if line.startswith("gptkit:")], done.stderr
 
 
 def test_under_ci_kernels_that_do_not_build_fail_the_suite(monkeypatch):
