@@ -727,7 +727,8 @@ def test_a_post_that_is_not_json_is_refused_before_any_work(chat_server):
                           "unsupported_media_type")
         assert "application/json" in message
     r = chat_server.post(COMPLETIONS, body, {"Content-Type": "Application/JSON; charset=utf-8"})
-    assert r.status_code == 200 and r.json()["choices"][0]["text"]
+    # accepted and answered (a sampled reply may be empty: the end-of-text token can come first)
+    assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("stop", "length")
     assert chat_server.health()["replies"] == before["replies"] + 1  # the refused ones never reached the engine
 
 
