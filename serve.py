@@ -37,6 +37,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from gptkit import checkpoint, cli
 from gptkit.chat import ChatError, ChatTokens
 from gptkit.config import ConfigError, DecodeSettings, load_config, setting
@@ -173,12 +175,16 @@ def run(cfg: ServeConfig, sock: socket.socket) -> None:
     from gptkit.serving.access import Policy, is_loopback
     from gptkit.serving.routes import create_app  # here, after check_packages: it needs Starlette
 
-    inference = setup_inference(cfg.device, cfg.dtype, cfg.quantize, cfg.threads)
+    # The engine's thread is to be the only one with several of torch's threads (Engine says why): the model
+    # is loaded with one, and the engine sets the count chosen on its own thread.
+    inference = setup_inference(cfg.device, cfg.dtype, cfg.quantize, cfg.threads, set_threads=False)
+    torch.set_num_threads(1)
     model, tokenizer, what = checkpoint.load_model(cfg.ckpt, cfg.init_from)
     params = model.num_params(non_embedding=False)  # all of them, as train.py and --plan count (before place():
     # packed weights are buffers, not parameters)
     inference.place(model)  # the weights themselves, as sample.py: decoding reads them
-    engine = Engine(model, max_batch=cfg.max_batch, max_queue=cfg.max_queue, compile=cfg.compile)
+    engine = Engine(model, max_batch=cfg.max_batch, max_queue=cfg.max_queue, compile=cfg.compile,
+                    threads=inference.n_threads)
     host, port = sock.getsockname()[:2]
     policy = Policy.of(host, port, cfg.hosts(), cfg.origins(), cfg.key())
     app = create_app(engine, tokenizer, cfg.served_name(), policy)

@@ -9,6 +9,7 @@ p99), for each --compile setting of the server.
     python benchmarks/serve_load.py --compile False,True --clients 1,4,16,64 --max_batch 64  # on a GPU
     python benchmarks/serve_load.py --url http://127.0.0.1:8000       # a server already running here
     python benchmarks/serve_load.py --model gpt2 --llama_server build/llama-server/bin/llama-server  # beside it
+    python benchmarks/serve_load.py --model gpt2 --llama_server build/llama-native/bin/llama-server,build/llama-avx2/bin/llama-server
 
 Without --url it writes a random-weights checkpoint (speed does not depend on the weights) into a temporary
 folder, starts `serve.py --port 0` on it (127.0.0.1, --max_batch 16 by default, and --serve_args), and stops
@@ -27,16 +28,25 @@ run in this process on one event loop, so on a small machine they share its core
 
 --llama_server: after serve.py, llama.cpp's llama-server (built by `bash benchmarks/llama_server.sh` from the
 llama.cpp that llama-cpp-python vendors) on the same random model exported to GGUF (--llama_type; -np
---max_batch, --llama_args: -t 2), measured the same way; its rows in the same table.
+--max_batch, --llama_args: -t 2), measured the same way; its rows in the same table. Several binaries,
+comma-separated (a native build and an AVX2 one), are each measured in turn, named by their build folder.
 
 A level's tokens/s is all the completion tokens it received over its wall time (first request sent to last
 reply done); time to first token is from sending a request to its first piece of text, queueing included.
+--rounds R (for a machine whose speed drifts: a shared VM's memory bandwidth moves by 1.5x within minutes)
+starts every server at once and runs each level on each server in turn, R times; each row is then the
+median of its R rounds:
+
+    python benchmarks/serve_load.py --model gpt2 --clients 1,4,16,64 --requests 2 --max_tokens 64 --rounds 3 \
+        --serve_args="--threads=2 --quantize=int8" --llama_type q8_0 \
+        --llama_server build/llama-native/bin/llama-server,build/llama-avx2/bin/llama-server
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import os
 import shlex
@@ -151,13 +161,13 @@ class LocalServer:
 class LlamaServer:
     """llama.cpp's llama-server (benchmarks/llama_server.sh builds it) in a subprocess on a free 127.0.0.1
     port, serving the checkpoint in `ckpt` exported to GGUF (gguf_type: f32, f16 or q8_0) with `slots`
-    parallel sequences (-np) of the model's whole context each; its output goes to a file beside the
-    checkpoint. Its requests ask for ignore_eos (serve.py's random checkpoint has no end-of-text either) and
+    parallel sequences (-np) of the model's whole context each, and an HTTP thread for each of up to
+    `http_threads` clients; its output goes to a file beside the checkpoint. Its requests ask for ignore_eos (serve.py's random checkpoint has no end-of-text either) and
     cache_prompt false: every client sends the same prompt, which llama-server would otherwise not compute
     again (serve.py keeps no prompt cache)."""
 
     def __init__(self, binary: str, ckpt: Path, gguf_type: str, slots: int, extra: list[str],
-                 timeout: float = 300):
+                 http_threads: int = 0, timeout: float = 300):
         import socket
         import urllib.request
 
@@ -175,8 +185,11 @@ class LlamaServer:
             port = sock.getsockname()[1]
         self.url, self.log = f"http://127.0.0.1:{port}", ckpt / "llama-server.log"
         with open(self.log, "w") as log:
+            # An HTTP thread for each client: its default (-np + 2 here) drops connections beyond them under
+            # 64 clients ("Server disconnected without sending a response").
             command = [binary, "-m", str(path), "--host", "127.0.0.1", "--port", str(port), "-np", str(slots),
-                       "-c", str(slots * model.config.block_size), "-a", f"llama-server-{gguf_type}", *extra]
+                       "-c", str(slots * model.config.block_size), "-a", f"llama-server-{gguf_type}",
+                       "--threads-http", str(max(http_threads, slots + 2)), *extra]
             self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -216,21 +229,36 @@ def check_url(url: str) -> str:
 class Result:
     tokens: int
     first_token_s: float | None  # None: no text came
+    retries: int = 0  # connections closed before any answer, and the request sent again
+
+
+RETRIES = 2
 
 
 async def one_request(client, model: str, max_tokens: int, seed: int, extra: dict | None = None) -> Result:
+    """One streamed completion; its time to first token counts from the first attempt. A connection the
+    server closes before answering (llama-server, now and then, on a new connection right after a level of
+    many clients ends) is retried, at most RETRIES times: nothing was computed for it."""
+    import openai
+
     start = time.perf_counter()
     first, tokens, pieces = None, None, 0
-    stream = await client.completions.create(model=model, prompt=PROMPT, max_tokens=max_tokens,
-                                             temperature=1.0, seed=seed, stream=True,
-                                             stream_options={"include_usage": True}, extra_body=extra)
-    async for chunk in stream:
-        if chunk.choices and chunk.choices[0].text:
-            first = first if first is not None else time.perf_counter() - start
-            pieces += 1
-        if chunk.usage is not None:
-            tokens = chunk.usage.completion_tokens
-    return Result(pieces if tokens is None else tokens, first)  # (a server without usage: its pieces)
+    for attempt in range(RETRIES + 1):
+        try:
+            stream = await client.completions.create(model=model, prompt=PROMPT, max_tokens=max_tokens,
+                                                     temperature=1.0, seed=seed, stream=True,
+                                                     stream_options={"include_usage": True}, extra_body=extra)
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].text:
+                    first = first if first is not None else time.perf_counter() - start
+                    pieces += 1
+                if chunk.usage is not None:
+                    tokens = chunk.usage.completion_tokens
+            break
+        except openai.APIConnectionError:
+            if pieces or tokens is not None or attempt == RETRIES:
+                raise
+    return Result(pieces if tokens is None else tokens, first, attempt)  # (a server without usage: its pieces)
 
 
 async def run_level(url: str, model: str, clients: int, requests: int, seconds: float,
@@ -268,25 +296,48 @@ def served_model(url: str) -> str:
         return client.models.list().data[0].id
 
 
-def measure(url: str, levels: list[int], args: argparse.Namespace, table: list[tuple], setting: str,
-            extra: dict | None = None) -> None:
-    """Append (setting, the served model's id, rows) to `table`, and one row per level to its rows as each is
-    measured (a level that fails keeps the ones before it): (clients, requests, tokens, seconds, tokens/s,
-    TTFT median, TTFT p99). extra: more fields for every request's body."""
-    model = served_model(url)
-    asyncio.run(run_level(url, model, 1, 1, args.seconds, 8, extra, args.timeout))  # warm-up: one-off costs
-    rows: list[tuple] = []
-    table.append((setting, model, rows))
-    for clients in levels:
-        results, wall = asyncio.run(run_level(url, model, clients, args.requests, args.seconds, args.max_tokens,
-                                              extra, args.timeout))
-        tokens = sum(r.tokens for r in results)
-        firsts = [r.first_token_s for r in results if r.first_token_s is not None]
-        rows.append((clients, len(results), tokens, wall, tokens / wall,
-                     statistics.median(firsts) if firsts else float("nan"),
-                     percentile(firsts, 99) if firsts else float("nan")))
-        print(f"  {clients} clients: {len(results)} requests, {tokens} tokens in {wall:.1f} s",
-              file=sys.stderr, flush=True)
+def measure_level(url: str, model: str, clients: int, args: argparse.Namespace, extra: dict | None = None
+                  ) -> tuple:
+    """One level at url: (clients, requests, tokens, seconds, tokens/s, TTFT median, TTFT p99)."""
+    results, wall = asyncio.run(run_level(url, model, clients, args.requests, args.seconds, args.max_tokens,
+                                          extra, args.timeout))
+    tokens = sum(r.tokens for r in results)
+    firsts = [r.first_token_s for r in results if r.first_token_s is not None]
+    retried = sum(r.retries for r in results)
+    print(f"  {clients} clients: {len(results)} requests, {tokens} tokens in {wall:.1f} s"
+          + (f" ({retried} sent again: the connection was closed before any answer)" if retried else ""),
+          file=sys.stderr, flush=True)
+    return (clients, len(results), tokens, wall, tokens / wall,
+            statistics.median(firsts) if firsts else float("nan"), percentile(firsts, 99) if firsts else float("nan"))
+
+
+def measure(servers: list[tuple[str, str, dict | None]], levels: list[int], args: argparse.Namespace,
+            table: list[tuple]) -> None:
+    """Measure every level on every server (setting, url, extra: more fields for every request's body), and
+    append (setting, the served model's id, rows) to `table` for each, one row per level (a level that fails
+    keeps the rows before it). With --rounds R the levels run R times, each level on every server in turn
+    before the next (a busy machine's drift falls on all of them alike), and a row holds the median of the
+    rounds' tokens/s, TTFT median and TTFT p99, and their requests, tokens and seconds summed."""
+    models, rounds = [], []
+    for setting, url, extra in servers:
+        models.append(served_model(url))
+        asyncio.run(run_level(url, models[-1], 1, 1, args.seconds, 8, extra, args.timeout))  # one-off costs
+        rows: list[tuple] = []
+        table.append((setting, models[-1], rows))
+        rounds.append([])
+    for _ in range(args.rounds):
+        for clients in levels:
+            for (_, url, extra), model, measured, (_, _, rows) in zip(servers, models, rounds,
+                                                                     table[-len(servers):]):
+                measured.append(measure_level(url, model, clients, args, extra))
+                runs = [m for m in measured if m[0] == clients]
+                row = (clients, *(sum(m[i] for m in runs) for i in (1, 2, 3)),
+                       *(statistics.median(m[i] for m in runs) for i in (4, 5, 6)))
+                done = [r[0] for r in rows]
+                if clients in done:  # a later round: the medians so far
+                    rows[done.index(clients)] = row
+                else:
+                    rows.append(row)
 
 
 def compile_settings(text: str) -> list[str]:
@@ -305,6 +356,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--requests", type=int, default=4, help="requests per client per level (at most)")
     p.add_argument("--seconds", type=float, default=60, help="no new request after this long in a level")
     p.add_argument("--max_tokens", type=int, default=128, help="tokens per reply")
+    p.add_argument("--rounds", type=int, default=1, help="run the levels this many times, every server started "
+                   "at once and each level on each in turn; rows are the rounds' medians (a noisy machine)")
     p.add_argument("--timeout", type=float, default=600, help="seconds a request may take (a busy machine's "
                    "64 clients wait long for a row)")
     p.add_argument("--max_batch", type=int, default=16, help="the started server's --max_batch")
@@ -316,21 +369,26 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--serve_args", default="", help="more options for the started serve.py, e.g. "
                    "\"--quantize=int8 --threads=2\"")
     p.add_argument("--llama_server", default="", help="also measure llama.cpp's llama-server, this binary "
-                   "(bash benchmarks/llama_server.sh builds it), on the same model exported to GGUF, -np max_batch")
+                   "(bash benchmarks/llama_server.sh builds it; several: comma-separated), on the same model "
+                   "exported to GGUF, -np max_batch")
     p.add_argument("--llama_type", choices=("f32", "f16", "q8_0"), default="f32",
                    help="llama-server's weights (f32 beside --quantize=float32, q8_0 beside int8)")
     p.add_argument("--llama_args", default="-t 2", help="more options for llama-server (default: -t 2)")
     args = p.parse_args(argv)
-    if args.llama_server and (args.url or not Path(args.llama_server).is_file()):
-        raise LoadError(f"--llama_server {args.llama_server!r}: the llama-server binary (bash "
-                        f"benchmarks/llama_server.sh builds it), without --url")
+    binaries = [b.strip() for b in args.llama_server.split(",") if b.strip()]
+    for binary in binaries:
+        if args.url or not Path(binary).is_file():
+            raise LoadError(f"--llama_server {binary!r}: the llama-server binary (bash "
+                            f"benchmarks/llama_server.sh builds it), without --url")
+    args.llama_server = binaries
     try:
         levels = [int(c) for c in args.clients.split(",")]
     except ValueError:
         raise LoadError(f"--clients {args.clients!r}: comma-separated integers, e.g. 1,4,16") from None
     if min(levels) < 1 or args.requests < 1 or args.seconds <= 0 or args.max_tokens < 1 or args.timeout <= 0 or \
-            (args.n_layer is not None and args.n_layer < 1):
-        raise LoadError("--clients, --requests, --seconds, --max_tokens, --timeout and --n_layer must be positive")
+            (args.n_layer is not None and args.n_layer < 1) or args.rounds < 1:
+        raise LoadError("--clients, --requests, --seconds, --max_tokens, --timeout, --n_layer and --rounds must "
+                        "be positive")
     settings = compile_settings(args.compile)
     if importlib.util.find_spec("openai") is None:
         raise LoadError("the load generator's clients need the openai package: pip install -e \".[dev]\"")
@@ -350,25 +408,42 @@ def run_settings(table: list[tuple], settings: list[str], levels: list[int], arg
             if args.serve_args or args.model != "baby" or args.compile != "auto" or args.n_layer is not None:
                 raise LoadError("--serve_args, --model, --n_layer and --compile are for the server this "
                                 "benchmark starts, not for --url")
-            url = check_url(args.url)
-            measure(url, levels, args, table, "?")
+            measure([("?", check_url(args.url), None)], levels, args, table)
         else:
             folder = Path(scratch) / f"{args.model.removesuffix('-random')}-random"
             ckpt = write_checkpoint(folder, args.model, args.n_layer)
-            for setting in settings:
-                server = LocalServer(ckpt, args.max_batch, [f"--compile={setting}", *shlex.split(args.serve_args)])
-                try:
-                    measure(server.url, levels, args, table, setting)
-                finally:
-                    server.stop()
-            if args.llama_server:
-                llama = LlamaServer(args.llama_server, ckpt, args.llama_type, args.max_batch,
-                                    shlex.split(args.llama_args))
-                try:
-                    measure(llama.url, levels, args, table, f"llama-server {args.llama_type}",
-                            {"ignore_eos": True, "cache_prompt": False})
-                finally:
-                    llama.stop()
+            starts = [lambda setting=setting: local_server(ckpt, setting, args) for setting in settings]
+            starts += [lambda binary=binary: llama_server(binary, ckpt, levels, args) for binary in args.llama_server]
+            if args.rounds == 1:  # one server at a time
+                for start in starts:
+                    with start() as server:
+                        measure([server], levels, args, table)
+            else:  # all of them at once, the levels interleaved
+                with contextlib.ExitStack() as stack:
+                    measure([stack.enter_context(start()) for start in starts], levels, args, table)
+
+
+@contextlib.contextmanager
+def local_server(ckpt: Path, setting: str, args: argparse.Namespace):
+    """serve.py with --compile=setting: (setting, url, None) while it runs."""
+    server = LocalServer(ckpt, args.max_batch, [f"--compile={setting}", *shlex.split(args.serve_args)])
+    try:
+        yield setting, server.url, None
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def llama_server(binary: str, ckpt: Path, levels: list[int], args: argparse.Namespace):
+    """llama-server: (its name in the table, url, the fields its requests add) while it runs."""
+    llama = LlamaServer(binary, ckpt, args.llama_type, args.max_batch, shlex.split(args.llama_args),
+                        http_threads=max(levels) + 2)
+    build = Path(binary).resolve().parent.parent.name  # build/llama-native/bin/llama-server
+    name = f"llama-server {args.llama_type}" + (f" ({build})" if len(args.llama_server) > 1 else "")
+    try:
+        yield name, llama.url, {"ignore_eos": True, "cache_prompt": False}
+    finally:
+        llama.stop()
 
 
 def print_table(table: list[tuple], max_tokens: int) -> None:

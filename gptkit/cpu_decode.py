@@ -13,9 +13,14 @@ about 14 GB/s on the 2-core server of BENCHMARKS.md ("CPU inference (issue 27)")
 kernels, written for exactly this shape (a few rows of activations against a weight matrix, the weight's rows
 split over torch's threads, four independent accumulators per row) draw ~28 GB/s in float32 (2x torch's,
 over all of GPT-2 small's products in a decode step), and read half or about a quarter of the bytes in
-float16 and int8; with a batch of rows (serve.py's), four rows share each load of a weight. Batches above
-SMALL_BATCH rows (a prompt's prefill), and float32 ones above FLOAT32_KERNEL_ROWS, are matrix products, where
-torch's are faster: they go to torch, the reduced formats' weights widened on the fly.
+float16 and int8. With a batch of rows (serve.py's, a prompt's prefill) the products are bound by the
+arithmetic, not by memory: float32's kernel then takes tiles of four activation rows by three weight rows
+(twelve accumulators: each weight and activation load feeds three or four multiply-adds). float32 batches
+above FLOAT32_KERNEL_ROWS, and float16 ones above SMALL_BATCH, are matrix products, where torch's are as
+fast or faster: they go to torch, float16 weights widened on the fly. int8 products of any number of
+rows stay on the kernel: each group of four weight rows is read once and used from the L1 cache for every
+row, with integer dot products, 1.3x (352 rows) to 12x (22 rows) faster than widening the weight for torch's
+product (GPT-2 small's matrices, 2 threads), so an int8 prompt's prefill is no longer dominated by widening.
 
 One call per block. A decode step of GPT-2 small is ~25 torch ops per block (norms, views, the cache's
 writes, attention, GELU, residual adds), ~300 a token, each some microseconds of dispatch: more than the gap
@@ -59,11 +64,12 @@ from gptkit import cli
 from model import ACTIVATIONS, Block, CacheSlice
 
 FORMATS = ("float32", "float16", "int8")
-SMALL_BATCH = 16  # rows of activations up to which a product is the kernel's: decoding, serve.py's batch
-# ... except for float32 weights, which torch's matrix product reads as they are: from 5 rows on it is
-# faster than the kernel (GPT-2 small's 3072 x 768, 2 threads: 547 against 711 us at 8 rows, 490 against
-# 345 us at 4). The reduced formats would first have to be widened, which costs more than that.
-FLOAT32_KERNEL_ROWS = 4
+SMALL_BATCH = 16  # rows up to which a block's decode step is one fused kernel call, and a float16 product
+# the kernel's: decoding, serve.py's batch (int8 products are the kernel's whatever their rows: see above)
+# float32 products up to this many rows are the kernel's (tiles of 4 activation rows by 3 weight rows: 1.35-2x
+# torch's product from 8 to 22 rows, about even at 64, slower at 352: GPT-2 small's matrices, 2 threads);
+# above, torch's, which reads float32 weights as they are.
+FLOAT32_KERNEL_ROWS = 64
 BLOCK = 32  # int8: weights (and activations) per scale, as llama.cpp's q8_0
 
 CSRC = Path(__file__).resolve().parent / "csrc"  # the C++: cpu_decode.cpp (the operators), kernels.h (the code)
@@ -265,8 +271,9 @@ def deinterleave4(t: torch.Tensor, rows: int, x: int) -> torch.Tensor:
 
 class PackedLinear(nn.Module):
     """An nn.Linear for inference on the CPU, its weight kept as `fmt` (float32, float16 or int8): products of
-    up to SMALL_BATCH rows (FLOAT32_KERNEL_ROWS in float32) go to the kernels, larger ones (and every one
-    where the kernels cannot run, or in_features is not a multiple of 32) to torch. Outputs are float32
+    up to FLOAT32_KERNEL_ROWS rows in float32, SMALL_BATCH in float16, and any number in int8 go to the
+    kernels, larger ones (and every one where the kernels cannot run, or in_features is not a multiple of 32)
+    to torch. Outputs are float32
     whatever the input's dtype. int8 weights and their scales are stored in the kernel's layout (interleave4),
     dense_weight() gives them back as a matrix."""
 
@@ -299,7 +306,7 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).float().contiguous()
-        rows = FLOAT32_KERNEL_ROWS if self.fmt == "float32" else SMALL_BATCH
+        rows = {"float32": FLOAT32_KERNEL_ROWS, "float16": SMALL_BATCH}.get(self.fmt, flat.size(0))
         k = kernels() if self.fast and flat.size(0) <= rows else None
         if k is None:
             y = F.linear(flat, self.dense_weight(), self.bias)

@@ -13,6 +13,7 @@ source through the same build function.
 import copy
 import json
 import os
+import platform
 import queue
 import signal
 import subprocess
@@ -131,12 +132,32 @@ def fp32_slack(x, w, b):
 
 
 @pytest.mark.parametrize("threads", [1, 2])  # 2: the weight's rows split over threads
-@pytest.mark.parametrize("M", [1, 3, 4, 16, 40])  # 4: four rows at a time; 16 and 40: torch's product
-def test_float32_equals_f_linear(variant, M, threads):
+@pytest.mark.parametrize("N", [78, 80, 79])  # groups of three weight rows: none, two and one left over
+# 1, 3: one row at a time; 4, 5, 7, 16, 64: tiles of four rows (and the rest one by one); 65: torch's product
+@pytest.mark.parametrize("M", [1, 3, 4, 5, 7, 16, 64, 65])
+def test_float32_equals_f_linear(variant, M, N, threads):
     torch.set_num_threads(threads)
-    x, w, b = operands(M)
+    x, w, b = operands(M, N)
     got = PackedLinear(w, b, "float32")(x)
     assert ((got - F.linear(x, w, b)).abs() <= fp32_slack(x, w, b)).all()
+    assert ((PackedLinear(w, None, "float32")(x) - F.linear(x, w)).abs() <= fp32_slack(x, w, 0 * b)).all()
+
+
+def test_products_up_to_their_row_limits_are_the_kernels(variant, monkeypatch):
+    """float32 up to FLOAT32_KERNEL_ROWS rows, and int8 whatever the rows (a prompt's prefill), never reach
+    torch's product; float32 above the limit does."""
+    def no_torch(*args):
+        raise AssertionError("torch's product was called")
+
+    x, w, b = operands(cpu_decode.FLOAT32_KERNEL_ROWS + 1)
+    reference = F.linear(x, w, b)
+    monkeypatch.setattr(cpu_decode.F, "linear", no_torch)
+    PackedLinear(w, b, "float32")(x[: cpu_decode.FLOAT32_KERNEL_ROWS])
+    PackedLinear(w, b, "int8")(torch.cat([x] * 4))  # 260 rows
+    with pytest.raises(AssertionError, match="torch's product"):
+        PackedLinear(w, b, "float32")(x)
+    monkeypatch.undo()
+    assert torch.allclose(PackedLinear(w, b, "float32")(x), reference)
 
 
 @pytest.mark.parametrize("M", [1, 5, 16])  # 5: four rows at a time and one; 16: four times four
@@ -160,7 +181,7 @@ def q8_bound(x, w):
 
 
 @pytest.mark.parametrize("N", [80, 78])  # 78: the last group of four weight rows padded
-@pytest.mark.parametrize("M", [1, 7, 16])
+@pytest.mark.parametrize("M", [1, 7, 16, 40])  # 40: more rows than a decode step's (a prompt's prefill)
 def test_int8_is_within_the_rounding_of_its_blocks(variant, M, N):
     x, w, b = operands(M, N)
     layer = PackedLinear(w, b, "int8")
@@ -520,6 +541,45 @@ def test_busy_cores_reads_this_machine(monkeypatch):
         pytest.skip("no /proc/stat on this platform")
     busy = cpu_decode.busy_cores(0.05)
     assert busy is not None and 0.0 <= busy <= os.cpu_count() + 1e-9
+
+
+def test_setup_inference_can_leave_the_thread_count_to_the_engine():
+    """serve.py's way: the count is chosen (n_threads) but not set on the calling thread, whose OpenMP
+    workers would otherwise start there; sample.py's: set at once."""
+    before = torch.get_num_threads()
+    try:
+        inference = runtime.setup_inference("cpu", "auto", "auto", threads=before + 1, set_threads=False)
+        assert inference.n_threads == before + 1 and torch.get_num_threads() == before
+        inference = runtime.setup_inference("cpu", "auto", "auto", threads=before + 1)
+        assert inference.n_threads == before + 1 and torch.get_num_threads() == before + 1
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator only")
+def test_freed_blocks_of_a_few_mb_are_kept_for_the_next_ones():
+    """After keep_freed_memory, the serving engine's draw for 16 rows of GPT-2's 50,257 logits, made over and
+    over, reuses the memory of its few-MB tensors: no page is mapped afresh (glibc's defaults, measured in a
+    fresh process: ~77,000 page faults over these 50 draws). A process of its own: the test's is the
+    suite's, whose allocator settings and history are not this one's."""
+    script = """
+import resource, torch
+from gptkit.generate import SamplingOptions, candidates, inverse_cdf_draw
+from gptkit.runtime import keep_freed_memory
+assert keep_freed_memory()
+logits, uniform = torch.randn(16, 50257), torch.rand(16, dtype=torch.float64)
+def draw():
+    probs, _ = candidates(logits, SamplingOptions(temperature=0.8))
+    return inverse_cdf_draw(probs, uniform)
+for _ in range(10):
+    draw()
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(50):
+    draw()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
+"""
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=True)
+    assert int(out.stdout) < 1024  # a few MB at most, once
 
 
 def test_the_cpu_default_dtype_is_float32():

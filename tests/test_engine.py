@@ -10,7 +10,7 @@ import torch
 from conftest import confident_model, counting_sequences
 
 import model as model_module
-from gptkit.generate import SamplingOptions, generate
+from gptkit.generate import SamplingOptions, generate, inverse_cdf_draw
 from gptkit.serving import engine as engine_module
 from gptkit.serving.engine import (
     Engine,
@@ -388,6 +388,63 @@ def test_the_draws_follow_the_filtered_softmax(options):
     assert counts.sum() == 16_000 and counts[~keep].sum() == 0
     assert chi_square(counts, expected) < CHI2_999[int(keep.sum()) - 1]
     assert chi_square(counts, torch.softmax(logits, dim=0)) > 10 * CHI2_999[7]
+
+
+def full_search(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """The oracle for inverse_cdf_draw: one float64 cumulative sum over the row probs (n,), searched once for
+    each uniform (k,) -> (k,) indices."""
+    cdf = probs.cumsum(dim=0, dtype=torch.float64)
+    total = cdf[-1:]
+    target = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True)
+
+
+@pytest.mark.parametrize("n", [1025, 1280, 2000, 50257])  # a last block short or whole; GPT-2's vocabulary
+def test_the_two_step_search_picks_what_one_cumulative_sum_picks(n):
+    """A long row is searched by blocks, then within the block found: for rows with many tokens of
+    probability 0 (every third, and whole blocks) and uniforms from 0 to the largest below 1, the index is
+    the one a single float64 cumulative sum over the row gives, and never one of probability 0."""
+    g = torch.Generator().manual_seed(n)
+    probs = torch.softmax(torch.randn(4, n, generator=g) * 4, dim=-1)
+    probs[:, ::3] = 0
+    probs[2, 256:1024] = 0  # whole blocks without mass
+    probs[3, :-5] = 0  # all of it in the last block's last tokens
+    uniform = torch.cat([torch.rand(250, generator=g, dtype=torch.float64),
+                         torch.tensor([0.0, 0.5, 1 - 2**-53, 1e-300, 1 - 2**-40], dtype=torch.float64)])
+    for row in probs:
+        picked = inverse_cdf_draw(row.expand(len(uniform), n), uniform)  # (a view: one row, many draws)
+        assert torch.equal(picked, full_search(row, uniform))
+        assert (row[picked] > 0).all()
+
+
+def test_the_two_step_search_draws_each_token_by_its_probability():
+    """16,000 draws over 2,000 tokens whose mass sits on 8 of them, at block edges (255 | 256, 1023 | 1024)
+    and in the last, shorter block: the counts fit (chi-square), and no other token is ever drawn."""
+    probs = torch.zeros(2000)
+    at = torch.tensor([0, 255, 256, 700, 1023, 1024, 1500, 1999])
+    probs[at] = torch.tensor([0.05, 0.2, 0.1, 0.15, 0.05, 0.25, 0.12, 0.08])
+    uniform = torch.rand(16_000, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    counts = torch.bincount(inverse_cdf_draw(probs.expand(16_000, 2000), uniform), minlength=2000).float()
+    assert counts.sum() == 16_000 and counts[probs == 0].sum() == 0
+    assert chi_square(counts[at], probs[at]) < CHI2_999[7]
+    assert chi_square(counts[at], torch.full((8,), 1 / 8)) > 10 * CHI2_999[7]  # (it can tell)
+
+
+def test_the_engine_sets_its_thread_count_on_its_own_thread(model):
+    """threads: set on the engine's thread when it starts (its requests' emit runs there), leaving the
+    thread that made the engine as it was (serve.py loads the model with one thread)."""
+    before = torch.get_num_threads()
+    seen = []
+    engine = Engine(model, max_batch=1, threads=before + 1).start()
+    try:
+        tokens, done = run(engine, Request(prompts(1)[0], 3, emit=None))
+        engine.submit(Request(prompts(1)[0], 1, emit=lambda e: seen.append(torch.get_num_threads())))
+        engine.stop()
+        assert seen and set(seen) == {before + 1} and done.reason == "length"
+        assert torch.get_num_threads() == before
+        assert Engine(model, max_batch=1).threads == before  # by default: the maker's count
+    finally:
+        torch.set_num_threads(before)  # (also what new threads take when they first run in parallel)
 
 
 def test_a_seed_gives_the_same_draws_and_another_seed_others(model):

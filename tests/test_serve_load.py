@@ -1,6 +1,12 @@
 """benchmarks/serve_load.py's GPT-2-shaped random model: GPT-2 small's shape and vocabulary, loadable by serve.py,
 with no tokenizer file to find. (The load itself starts serve.py: run by hand, see BENCHMARKS.md.)"""
 
+import asyncio
+from types import SimpleNamespace
+
+import openai
+import pytest
+
 from benchmarks import serve_load
 from gptkit.checkpoint import load_model
 
@@ -14,3 +20,48 @@ def test_the_gpt2_shaped_random_model_loads_and_takes_the_prompt(tmp_path):
     ids = tokenizer.encode(serve_load.PROMPT)
     assert tokenizer.decode(ids) == serve_load.PROMPT and max(ids) < 96  # every prompt character is a token
     assert "\ufffd" not in tokenizer.decode(range(50257))  # no token a stream would hold back
+
+
+class FakeStream:
+    """What the openai client's completions.create gives for a stream: chunks of text, then one with usage;
+    `cut_after`: the connection drops after that many chunks."""
+
+    def __init__(self, texts: list[str], cut_after: int | None = None):
+        self.texts, self.cut_after = texts, cut_after
+
+    async def __aiter__(self):
+        for i, text in enumerate(self.texts):
+            if i == self.cut_after:
+                raise openai.APIConnectionError(request=None)
+            yield SimpleNamespace(choices=[SimpleNamespace(text=text)], usage=None)
+        yield SimpleNamespace(choices=[], usage=SimpleNamespace(completion_tokens=len(self.texts)))
+
+
+class FakeClient:
+    def __init__(self, answers: list):
+        self.answers, self.calls = answers, 0
+        self.completions = self
+
+    async def create(self, **kwargs):
+        answer = self.answers[self.calls]
+        self.calls += 1
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def test_a_connection_closed_before_any_answer_is_sent_again():
+    """llama-server now and then closes a new connection without answering: the request is sent again (at most
+    RETRIES times) and counted; its time to first token counts from the first attempt. A connection that drops
+    after text has come is a failure, never a retry (the tokens would be counted twice)."""
+    closed = openai.APIConnectionError(request=None)
+    client = FakeClient([closed, closed, FakeStream(["a", "b", "c"])])
+    result = asyncio.run(serve_load.one_request(client, "m", 3, seed=0))
+    assert (result.tokens, result.retries, client.calls) == (3, 2, 3) and result.first_token_s > 0
+    client = FakeClient([closed] * (serve_load.RETRIES + 1))
+    with pytest.raises(openai.APIConnectionError):
+        asyncio.run(serve_load.one_request(client, "m", 3, seed=0))
+    client = FakeClient([FakeStream(["a", "b", "c"], cut_after=2), FakeStream(["a"])])
+    with pytest.raises(openai.APIConnectionError):
+        asyncio.run(serve_load.one_request(client, "m", 3, seed=0))
+    assert client.calls == 1

@@ -136,6 +136,48 @@ static void wide_rows(const float* X, int64_t M, int64_t K, const T* W, int64_t 
   });
 }
 
+// A tile of Y: four rows of activations (x, x + K, x + 2K, x + 3K) against three float32 weight rows (w,
+// w + K, w + 2K), into y[r * ldy + j] (plus b[j]). Twelve accumulators: each step loads three weight vectors
+// and four activation vectors for twelve fused multiply-adds, so the loop is bound by the multiply-adds, not
+// the loads (dot4x: five loads for four), and twelve independent chains hide their latency (four do not).
+static inline void tile4x3(const float* w, const float* x, int64_t K, float* y, int64_t ldy, const float* b) {
+  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
+  __m256 c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
+  for (int64_t k = 0; k < K; k += 8) {
+    const __m256 w0 = _mm256_loadu_ps(w + k), w1 = _mm256_loadu_ps(w + K + k), w2 = _mm256_loadu_ps(w + 2 * K + k);
+    __m256 xv = _mm256_loadu_ps(x + k);
+    c00 = _mm256_fmadd_ps(xv, w0, c00); c01 = _mm256_fmadd_ps(xv, w1, c01); c02 = _mm256_fmadd_ps(xv, w2, c02);
+    xv = _mm256_loadu_ps(x + K + k);
+    c10 = _mm256_fmadd_ps(xv, w0, c10); c11 = _mm256_fmadd_ps(xv, w1, c11); c12 = _mm256_fmadd_ps(xv, w2, c12);
+    xv = _mm256_loadu_ps(x + 2 * K + k);
+    c20 = _mm256_fmadd_ps(xv, w0, c20); c21 = _mm256_fmadd_ps(xv, w1, c21); c22 = _mm256_fmadd_ps(xv, w2, c22);
+    xv = _mm256_loadu_ps(x + 3 * K + k);
+    c30 = _mm256_fmadd_ps(xv, w0, c30); c31 = _mm256_fmadd_ps(xv, w1, c31); c32 = _mm256_fmadd_ps(xv, w2, c32);
+  }
+  float out[12];
+  hsum4(c00, c01, c02, c10, out); hsum4(c11, c12, c20, c21, out + 4); hsum4(c22, c30, c31, c32, out + 8);
+  for (int r = 0; r < 4; r++)
+    for (int j = 0; j < 3; j++) y[r * ldy + j] = out[3 * r + j] + (b ? b[j] : 0.f);
+}
+
+// float32 weights W (N, K) against a batch of rows: Y (M, N) = X (M, K) @ W^T + b, for any M. The rows of W
+// are split over torch's threads in groups of three; each group, read once from memory, stays in the cache
+// while every four rows of X take a tile4x3 of it (the last M % 4 rows, and the last N % 3 weight rows, one
+// dot product each). 1.35-2x torch's matrix product from 8 to 22 rows, and still ahead at 64 (GPT-2 small's
+// matrices and head, 2 threads, a Zen 4: BENCHMARKS.md); from 4 rows on it replaces dot4x's loop.
+static void tiled_rows(const float* X, int64_t M, int64_t K, const float* W, int64_t N, const float* b, float* Y) {
+  at::parallel_for(0, (N + 2) / 3, 8, [&](int64_t lo, int64_t hi) {
+    for (int64_t g = lo; g < hi; g++) {
+      const int64_t n = 3 * g, rows = std::min<int64_t>(3, N - n);
+      int64_t m = 0;
+      if (rows == 3)
+        for (; m + 4 <= M; m += 4) tile4x3(W + n * K, X + m * K, K, Y + m * N + n, N, b ? b + n : nullptr);
+      for (; m < M; m++)
+        for (int64_t j = 0; j < rows; j++) Y[m * N + n + j] = dot(W + (n + j) * K, X + m * K, K) + (b ? b[n + j] : 0.f);
+    }
+  });
+}
+
 static inline __m256i load32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
 #ifdef GPTKIT_AVX512
@@ -255,14 +297,16 @@ struct Packed {
 };
 
 // Y (M, n) = X (M, K) @ W^T + b into Y. xq, xs: room for int8's quantized activations (M K bytes, M K / 32
-// floats). float32 batches of more than 4 rows go to torch's matrix product (faster there).
+// floats). float32 batches of more than 64 rows go to torch's matrix product (as fast or faster there).
 static void linear_into(const float* X, int64_t M, int64_t K, const Packed& p, float* Y, int8_t* xq, float* xs) {
   const int64_t N = p.n;
   const float* b = p.b.has_value() ? p.b->data_ptr<float>() : nullptr;
-  if (p.w.scalar_type() == at::kFloat && M > 4) {
+  if (p.w.scalar_type() == at::kFloat && M > 64) {
     auto opts = at::TensorOptions().dtype(at::kFloat);
     auto x = at::from_blob(const_cast<float*>(X), {M, K}, opts), y = at::from_blob(Y, {M, N}, opts);
     if (b) at::addmm_out(y, *p.b, x, p.w.t()); else at::mm_out(y, x, p.w.t());
+  } else if (p.w.scalar_type() == at::kFloat && M >= 4) {
+    tiled_rows(X, M, K, p.w.data_ptr<float>(), N, b, Y);
   } else if (p.w.scalar_type() == at::kFloat) {
     wide_rows(X, M, K, p.w.data_ptr<float>(), N, b, Y);
   } else if (p.w.scalar_type() == at::kHalf) {

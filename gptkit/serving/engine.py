@@ -246,15 +246,23 @@ class Engine:
     falls back to the eager one (decode_mode says why); under True start() raises. compiler: what compiles
     decode_all_rows (default: default_compiler's torch.compile; tests pass a cheaper backend). buckets: the
     compiled step's (numbers of rows, numbers of slots), each ascending and ending at max_batch and
-    block_size (default: row_buckets and length_buckets)."""
+    block_size (default: row_buckets and length_buckets).
+
+    threads: torch's CPU threads, set on the engine's thread when it starts (default: torch.get_num_threads()
+    when the engine is made). The engine's thread should be the only one that runs torch's parallel work: a
+    second thread's OpenMP team (the main thread's, had it loaded the model with several threads) makes GNU
+    OpenMP manage more threads than there are cores, and then every parallel region of a step wakes sleeping
+    threads instead of spinning ones (GPT-2 small in int8 on 2 cores: 9 ms a token against 6). serve.py loads
+    the model with one thread and gives the engine the count."""
 
     def __init__(self, model: GPT, *, max_batch: int = 16, max_queue: int = 64, compile: bool | None = None,
                  compiler: Callable[[Callable], Callable] | None = None,
-                 buckets: tuple[tuple[int, ...], tuple[int, ...]] | None = None):
+                 buckets: tuple[tuple[int, ...], tuple[int, ...]] | None = None, threads: int | None = None):
         if max_batch < 1 or max_queue < 0:
             raise ValueError(f"max_batch must be >= 1 and max_queue >= 0, got {max_batch}, {max_queue}")
         self.model = model.eval()
         self.max_batch, self.max_queue = max_batch, max_queue
+        self.threads = threads or torch.get_num_threads()
         self.block_size = model.config.block_size
         self.device = model.transformer.wte.weight.device
         self.waiting: collections.deque[Request] = collections.deque()
@@ -339,6 +347,7 @@ class Engine:
             return len(self.active), len(self.waiting)
 
     def _run(self, ready: threading.Event, failed: list[Exception]) -> None:
+        torch.set_num_threads(self.threads)  # (per thread in OpenMP: this one's is the engine's)
         try:
             if self.device.type == "cuda":  # the current device is per thread: this one's is the model's
                 torch.cuda.set_device(self.device)
