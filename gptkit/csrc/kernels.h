@@ -143,7 +143,12 @@ static void wide_rows(const float* X, int64_t M, int64_t K, const T* W, int64_t 
 static inline void tile4x3(const float* w, const float* x, int64_t K, float* y, int64_t ldy, const float* b) {
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
   __m256 c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
+  const char* next = reinterpret_cast<const char*>(w + 3 * K);  // the next group's rows, one stream of 12 K bytes
   for (int64_t k = 0; k < K; k += 8) {
+    // Three rows read side by side are three short streams, which the hardware's prefetcher may follow late:
+    // the next group is asked for as this one is read (16 rows: 0.9x the step's time, a noisy measurement).
+    _mm_prefetch(next + 12 * k, _MM_HINT_T0);  // (past the last group: a prefetch never faults)
+    _mm_prefetch(next + 12 * k + 64, _MM_HINT_T0);
     const __m256 w0 = _mm256_loadu_ps(w + k), w1 = _mm256_loadu_ps(w + K + k), w2 = _mm256_loadu_ps(w + 2 * K + k);
     __m256 xv = _mm256_loadu_ps(x + k);
     c00 = _mm256_fmadd_ps(xv, w0, c00); c01 = _mm256_fmadd_ps(xv, w1, c01); c02 = _mm256_fmadd_ps(xv, w2, c02);
