@@ -696,3 +696,13 @@ def test_quantize_is_refused_off_the_cpu_and_with_a_16_bit_dtype(ckpt, monkeypat
     for main in (sample.main, chat.main):
         message = one_line_error(main, f"--ckpt={ckpt}", "--quantize=float16")
         assert "--quantize=float16 is for decoding on the CPU; on cuda" in message
+
+
+def test_the_products_benchmark_prints_a_row_per_matrix_and_rows(kernels, capsys):
+    from benchmarks import cpu_products
+
+    cpu_products.main(["--formats=float32", "--rows=1,5", "--repeats=1", "--threads=1"])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| float32 |")]
+    assert len(lines) == 2 * len(cpu_products.SHAPES) and all(line.count("|") == 8 for line in lines)
+    with pytest.raises(SystemExit, match="--formats 'bf16'"):
+        cpu_products.main(["--formats=bf16"])
