@@ -175,10 +175,11 @@ def run(cfg: ServeConfig, sock: socket.socket) -> None:
     from gptkit.serving.access import Policy, is_loopback
     from gptkit.serving.routes import create_app  # here, after check_packages: it needs Starlette
 
-    # The engine's thread is to be the only one with several of torch's threads (Engine says why): the model
-    # is loaded with one, and the engine sets the count chosen on its own thread.
+    # Decoding on the CPU, the engine's thread is to be the only one with several of torch's threads (Engine
+    # says why): the model is loaded with one, and the engine sets the count chosen on its own thread.
     inference = setup_inference(cfg.device, cfg.dtype, cfg.quantize, cfg.threads, set_threads=False)
-    torch.set_num_threads(1)
+    if inference.n_threads is not None:
+        torch.set_num_threads(1)
     model, tokenizer, what = checkpoint.load_model(cfg.ckpt, cfg.init_from)
     params = model.num_params(non_embedding=False)  # all of them, as train.py and --plan count (before place():
     # packed weights are buffers, not parameters)

@@ -19,8 +19,9 @@ arithmetic, not by memory: float32's kernel then takes tiles of four activation 
 above FLOAT32_KERNEL_ROWS, and float16 ones above SMALL_BATCH, are matrix products, where torch's are as
 fast or faster: they go to torch, float16 weights widened on the fly. int8 products of any number of
 rows stay on the kernel: each group of four weight rows is read once and used from the L1 cache for every
-row, with integer dot products, 1.3x (352 rows) to 12x (22 rows) faster than widening the weight for torch's
-product (GPT-2 small's matrices, 2 threads), so an int8 prompt's prefill is no longer dominated by widening.
+row, with integer dot products, 1.1x (352 rows) to 4x (22 rows; the head 14x) faster than widening the weight
+for torch's product (GPT-2 small's matrices, 2 threads: benchmarks/cpu_products.py), so an int8 prompt's
+prefill is no longer dominated by widening.
 
 One call per block. A decode step of GPT-2 small is ~25 torch ops per block (norms, views, the cache's
 writes, attention, GELU, residual adds), ~300 a token, each some microseconds of dispatch: more than the gap
@@ -66,9 +67,9 @@ from model import ACTIVATIONS, Block, CacheSlice
 FORMATS = ("float32", "float16", "int8")
 SMALL_BATCH = 16  # rows up to which a block's decode step is one fused kernel call, and a float16 product
 # the kernel's: decoding, serve.py's batch (int8 products are the kernel's whatever their rows: see above)
-# float32 products up to this many rows are the kernel's (tiles of 4 activation rows by 3 weight rows: 1.35-2x
-# torch's product from 8 to 22 rows, about even at 64, slower at 352: GPT-2 small's matrices, 2 threads);
-# above, torch's, which reads float32 weights as they are.
+# float32 products up to this many rows are the kernel's (tiles of 4 activation rows by 3 weight rows: 1.3-2.7x
+# torch's product from 8 to 22 rows, 0.9-1.75x at 64, even above: GPT-2 small's matrices, 2 threads,
+# benchmarks/cpu_products.py); above, torch's, which reads float32 weights as they are.
 FLOAT32_KERNEL_ROWS = 64
 BLOCK = 32  # int8: weights (and activations) per scale, as llama.cpp's q8_0
 
@@ -273,8 +274,7 @@ class PackedLinear(nn.Module):
     """An nn.Linear for inference on the CPU, its weight kept as `fmt` (float32, float16 or int8): products of
     up to FLOAT32_KERNEL_ROWS rows in float32, SMALL_BATCH in float16, and any number in int8 go to the
     kernels, larger ones (and every one where the kernels cannot run, or in_features is not a multiple of 32)
-    to torch. Outputs are float32
-    whatever the input's dtype. int8 weights and their scales are stored in the kernel's layout (interleave4),
+    to torch. Outputs are float32 whatever the input's dtype. int8 weights and their scales are stored in the kernel's layout (interleave4),
     dense_weight() gives them back as a matrix."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, fmt: str):

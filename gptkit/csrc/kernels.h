@@ -168,8 +168,8 @@ static inline void tile4x3(const float* w, const float* x, int64_t K, float* y, 
 // float32 weights W (N, K) against a batch of rows: Y (M, N) = X (M, K) @ W^T + b, for any M. The rows of W
 // are split over torch's threads in groups of three; each group, read once from memory, stays in the cache
 // while every four rows of X take a tile4x3 of it (the last M % 4 rows, and the last N % 3 weight rows, one
-// dot product each). 1.35-2x torch's matrix product from 8 to 22 rows, and still ahead at 64 (GPT-2 small's
-// matrices and head, 2 threads, a Zen 4: BENCHMARKS.md); from 4 rows on it replaces dot4x's loop.
+// dot product each). 1.3-2.7x torch's matrix product from 8 to 22 rows, 0.9-1.75x at 64 (GPT-2 small's
+// matrices and head, 2 threads, a Zen 4: benchmarks/cpu_products.py); from 4 rows on it replaces dot4x's loop.
 static void tiled_rows(const float* X, int64_t M, int64_t K, const float* W, int64_t N, const float* b, float* Y) {
   at::parallel_for(0, (N + 2) / 3, 8, [&](int64_t lo, int64_t hi) {
     for (int64_t g = lo; g < hi; g++) {
