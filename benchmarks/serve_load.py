@@ -318,17 +318,16 @@ def measure(servers: list[tuple[str, str, dict | None]], levels: list[int], args
     keeps the rows before it). With --rounds R the levels run R times, each level on every server in turn
     before the next (a busy machine's drift falls on all of them alike), and a row holds the median of the
     rounds' tokens/s, TTFT median and TTFT p99, and their requests, tokens and seconds summed."""
-    models, history = [], []  # each server's model id, and every level it has run so far
+    models, history, tables = [], [], []  # each server's model id, every level it has run, its table rows
     for setting, url, extra in servers:
         models.append(served_model(url))
         asyncio.run(run_level(url, models[-1], 1, 1, args.seconds, 8, extra, args.timeout))  # one-off costs
-        rows: list[tuple] = []
-        table.append((setting, models[-1], rows))
         history.append([])
+        tables.append([])
+        table.append((setting, models[-1], tables[-1]))
     for _ in range(args.rounds):
         for clients in levels:
-            for (_, url, extra), model, measured, (_, _, rows) in zip(servers, models, history,
-                                                                     table[-len(servers):]):
+            for (_, url, extra), model, measured, rows in zip(servers, models, history, tables):
                 measured.append(measure_level(url, model, clients, args, extra))
                 runs = [m for m in measured if m[0] == clients]
                 row = (clients, *(sum(m[i] for m in runs) for i in (1, 2, 3)),

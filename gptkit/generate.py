@@ -189,12 +189,13 @@ def inverse_cdf_draw(probs: torch.Tensor, uniform: torch.Tensor, block: int = 25
     target = _target(cdf[:, -1:], uniform)  # (B, 1)
     # The block whose mass holds the target: the last one that starts at or below it.
     b = (torch.searchsorted(cdf, target, right=True) - 1).clamp_(0, sums.size(1) - 1)  # (B, 1)
-    index = b * block + torch.arange(block, device=probs.device)  # (B, block): the block's indices
+    offsets = torch.arange(block, device=probs.device)
+    index = b * block + offsets  # (B, block): the block's indices
     inner = probs.gather(1, index.clamp(max=n - 1)).masked_fill_(index >= n, 0.0)
     j = torch.searchsorted(inner.cumsum(dim=-1, dtype=torch.float64), target - cdf.gather(1, b), right=True)
     # The block's sum and its running sum round differently: a target past the running sum's end takes the
     # block's last index of probability > 0 (one with some is always there: the block's mass held the target).
-    last = torch.where(inner > 0, torch.arange(block, device=probs.device), -1).amax(dim=-1, keepdim=True)
+    last = torch.where(inner > 0, offsets, -1).amax(dim=-1, keepdim=True)
     return (b * block + torch.minimum(j, last))[:, 0]
 
 
