@@ -192,6 +192,19 @@ def test_int8_is_within_the_rounding_of_its_blocks(variant, M, N):
     assert error.max() > 1e-4  # the activations are quantized too (this is not the fp32 product)
 
 
+@pytest.mark.parametrize("N", [80, 78])
+@pytest.mark.parametrize("M", [2, 7, 40])
+def test_int8_rows_of_a_batch_equal_each_row_alone(variant, M, N):
+    """A batch's rows go through the kernel's several-row path (activations made unsigned, the weights'
+    sums subtracted); one row alone through the one-row path. Both sum the same integers: equal to the bit,
+    for rows of zeros, of extremes and of mixed magnitudes."""
+    x, w, b = operands(M, N)
+    x[0] = 0.0
+    x[1, ::2], x[1, 1::2] = 1e3, -1e3  # every block at +-127 after quantization
+    layer = PackedLinear(w, b, "int8")
+    assert torch.equal(layer(x), torch.cat([layer(x[i : i + 1]) for i in range(M)]))
+
+
 def test_int8_round_trip_of_the_weights():
     w = torch.randn(7, 64) * 0.1
     w[0, :BLOCK] = 0  # a block of zeros: scale 0, no division by it

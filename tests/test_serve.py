@@ -28,7 +28,7 @@ import serve  # noqa: E402  (after the skips: the server's packages are optional
 from gptkit.chat import ChatTokens, prompt_ids  # noqa: E402
 from gptkit.checkpoint import save_checkpoint  # noqa: E402
 from gptkit.generate import SamplingOptions, generate  # noqa: E402
-from gptkit.serving.routes import ReplyText  # noqa: E402
+from gptkit.serving.routes import Job, Pieces, Reply, ReplyText, _sse  # noqa: E402
 from gptkit.tokenizer import CHAT_SPECIALS, Tokenizer  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
@@ -370,6 +370,24 @@ def test_reply_text_covers_the_tokens_whose_text_is_returned():
     assert text.push(ids[3]) == "" and text.stopped and text.covered == 2  # the stop string's tokens: none
     text = ReplyText(tokenizer, ["zzz"])
     assert "".join(text.push(t) for t in ids) + text.finish() == "Hello there, the end" and text.covered == 5
+
+
+@pytest.mark.parametrize("chat", [False, True])
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_a_text_event_is_its_chunk_rendered_as_json(chat, include_usage):
+    """A stream's text events come from a template rendered once per choice: each is, byte for byte, the
+    chunk's dict encoded as JSON, whatever the text holds (quotes, backslashes, newlines, control characters,
+    non-ASCII, the template's own mark)."""
+    tokenizer = Tokenizer({"kind": "char", "chars": CHARS})
+    job = Job(chat=chat, prompts=[[1], [2]], max_tokens=[4, 4], n=2, sampling=SamplingOptions(), stops=[],
+              stop_ids=frozenset(), seed=None, stream=True, include_usage=include_usage)
+    reply = Reply('chatcmpl-"x"', 1700000000, "served\\model", job, Pieces(tokenizer))
+    for text in ["a", " ", '"quoted" \\ back', "two\nlines\ttab\x00\x1f", "é 世界 🤖", "\x00gptkit: the text goes here\x00"]:
+        for index in range(4):
+            event = reply._text_event(index, text)
+            assert event == _sse(reply._chunk(index, text, None))
+            assert json.loads(event.removeprefix(b"data: "))["choices"][0]["delta" if chat else "text"] == (
+                {"content": text} if chat else text)
 
 
 def test_n_choices(chat_server, chat_model):

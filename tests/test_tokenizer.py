@@ -142,6 +142,22 @@ def test_special_tokens_are_never_encoded_and_decode_to_their_names(tokenizer):
         assert tokenizer.decode(ids) == VARIED[5]
 
 
+def test_a_list_of_ints_decodes_as_an_array_of_the_same_ids_does(tokenizer):
+    """decode takes a plain list of ints (what a stream decodes, token by token) without numpy: the same text
+    and the same refusals as the array path, special ids and cut characters included."""
+    texts = VARIED + STRINGS[:200]
+    if tokenizer.special:
+        texts.append(VARIED[5])
+    for text in texts:
+        ids = with_specials(tokenizer, text) if tokenizer.special else tokenizer.encode(text)
+        for cut in (ids, ids[:1], ids[1:-1], ids[-1:], []):  # a cut may end inside a character: U+FFFD
+            assert tokenizer.decode(cut) == tokenizer.decode(np.asarray(cut, dtype=np.int64)), repr(text)
+    for bad in (-1, tokenizer.vocab_size):
+        for ids in ([5, bad], np.asarray([5, bad])):
+            with pytest.raises(DataError, match=f"token id {bad} is outside this tokenizer's vocabulary"):
+                tokenizer.decode(ids)
+
+
 def test_vocab_size_counts_ordinary_and_special_ids(tokenizer):
     ids = set(tokenizer.special.values())
     assert tokenizer.vocab_size == max(ids | {len(tokenizer.chars or tokenizer.ranks) - 1}) + 1

@@ -220,6 +220,40 @@ static inline void dot_group_q8(const int8_t* w, const float* ws, int64_t B, con
   hsum4(_mm512_castps512_ps256(a01), high8(a01), _mm512_castps512_ps256(a23), high8(a23), out);
 }
 
+// The same dot products for a batch of activation rows (prefills, serve.py's steps of several rows), with the
+// activations made unsigned instead of the weights: dpbusd((x + 128), w) = x.w + 128 * (w's sum), so each
+// 64-byte unit of a group starts from corr, minus 128 times its weights' four-byte sums, made once per group
+// (group_corr_q8) for all the rows. A row then costs a dpbusd per unit instead of abs, sign and dpbusd; the
+// integer sums are the same, so the results are dot_group_q8's to the bit.
+static inline void group_corr_q8(const int8_t* w, int64_t B, int32_t* corr) {
+  const __m512i k128 = _mm512_set1_epi8(static_cast<char>(0x80));  // 128, as dpbusd's unsigned operand
+  for (int64_t u = 0; u < 2 * B; u++)
+    _mm512_storeu_si512(corr + 16 * u, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(
+                                           _mm512_setzero_si512(), k128, _mm512_loadu_si512(w + 64 * u))));
+}
+
+static inline void dot_group_q8_rows(const int8_t* w, const int32_t* corr, const float* ws, int64_t B,
+                                     const int8_t* x, const float* xs, float* out) {
+  const __m512i lo_hi01 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  const __m512i lo_hi23 = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));  // x ^ 0x80, read unsigned: x + 128
+  __m512 a01 = _mm512_setzero_ps(), a23 = a01, b01 = a01, b23 = a01;
+  auto step = [&](int64_t b, __m512& c01, __m512& c23) {
+    const __m512i xv = _mm512_xor_si512(_mm512_broadcast_i64x4(load32(x + 32 * b)), flip);
+    const __m512 s = _mm512_castps128_ps512(_mm_mul_ps(_mm_loadu_ps(ws + 4 * b), _mm_set1_ps(xs[b])));
+    const int8_t* wb = w + 128 * b;
+    const __m512i d01 = _mm512_dpbusd_epi32(_mm512_loadu_si512(corr + 32 * b), xv, _mm512_loadu_si512(wb));
+    const __m512i d23 = _mm512_dpbusd_epi32(_mm512_loadu_si512(corr + 32 * b + 16), xv, _mm512_loadu_si512(wb + 64));
+    c01 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d01), _mm512_permutexvar_ps(lo_hi01, s), c01);
+    c23 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d23), _mm512_permutexvar_ps(lo_hi23, s), c23);
+  };
+  int64_t b = 0;
+  for (; b + 2 <= B; b += 2) { step(b, a01, a23); step(b + 1, b01, b23); }
+  if (b < B) step(b, a01, a23);
+  a01 = _mm512_add_ps(a01, b01); a23 = _mm512_add_ps(a23, b23);
+  hsum4(_mm512_castps512_ps256(a01), high8(a01), _mm512_castps512_ps256(a23), high8(a23), out);
+}
+
 #else
 // 32 int8 weights wv times 32 int8 activations xv: 8 partial sums, as floats. maddubs needs one unsigned
 // operand: the weights' magnitudes, their signs moved onto xv.
@@ -284,10 +318,21 @@ static void q8_rows(const int8_t* XQ, const float* XS, int64_t M, int64_t K, con
   const int64_t B = K / 32;
   at::parallel_for(0, (N + 3) / 4, 4, [&](int64_t lo, int64_t hi) {
     float out[4];
+#ifdef GPTKIT_AVX512
+    std::vector<int32_t> corr(M > 1 ? 32 * B : 0);  // (for one row, abs and sign per unit cost no more)
+#endif
     for (int64_t g = lo; g < hi; g++) {
       const int rows = static_cast<int>(std::min<int64_t>(4, N - 4 * g));
+      const int8_t* w = W + 4 * g * K;
+      const float* ws = WS + 4 * g * B;
+#ifdef GPTKIT_AVX512
+      if (M > 1) group_corr_q8(w, B, corr.data());
+#endif
       for (int64_t m = 0; m < M; m++) {
-        dot_group_q8(W + 4 * g * K, WS + 4 * g * B, B, XQ + m * K, XS + m * B, out);
+#ifdef GPTKIT_AVX512
+        if (M > 1) dot_group_q8_rows(w, corr.data(), ws, B, XQ + m * K, XS + m * B, out); else
+#endif
+        dot_group_q8(w, ws, B, XQ + m * K, XS + m * B, out);
         for (int r = 0; r < rows; r++) Y[m * N + 4 * g + r] = out[r] + (b ? b[4 * g + r] : 0.f);
       }
     }
