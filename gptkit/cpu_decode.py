@@ -62,6 +62,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gptkit import cli
+from gptkit.runtime import huge_page_copy, in_huge_pages
 from model import ACTIVATIONS, Block, CacheSlice
 
 FORMATS = ("float32", "float16", "int8")
@@ -282,7 +283,7 @@ class PackedLinear(nn.Module):
         if fmt not in FORMATS:
             raise ValueError(f"unknown weight format {fmt!r}; use one of {', '.join(FORMATS)}")
         self.fmt, self.out_features, self.in_features = fmt, weight.size(0), weight.size(1)
-        weight = weight.detach().float().contiguous()  # float32 weights: the same storage, not a copy
+        weight = weight.detach().float().contiguous()
         self.fast = self.in_features % BLOCK == 0  # the kernels take 32 values at a time
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
         self.register_buffer("scale", None)
@@ -294,7 +295,8 @@ class PackedLinear(nn.Module):
                 self.scale = interleave4(scale.reshape(n, -1, 1))
         elif fmt == "float16":
             weight = weight.to(torch.float16)
-        self.register_buffer("weight", weight)
+        # In 2 MiB pages, read once per token (a float32 weight already there, the tied head's: as it is).
+        self.register_buffer("weight", weight if in_huge_pages(weight) else huge_page_copy(weight))
 
     def dense_weight(self) -> torch.Tensor:
         """The weight as float32 (N, K): what the format stores, widened."""
@@ -378,7 +380,10 @@ def pack_for_cpu(model: nn.Module, fmt: str = "float32") -> nn.Module:
                 if isinstance(child, nn.Linear):
                     setattr(parent, name, PackedLinear(child.weight, child.bias, fmt))
         model.transformer.h[i] = PackedBlock(block)
-    model.lm_head = PackedLinear(model.lm_head.weight[: model.config.vocab_size], None, fmt)
+    head = model.lm_head.weight
+    if fmt == "float32" and head is model.transformer.wte.weight:  # tied: wte's rows are the head's weight
+        head.data = huge_page_copy(head.data)  # so that the packed head reads them in huge pages, uncopied
+    model.lm_head = PackedLinear(head[: model.config.vocab_size], None, fmt)
     return model
 
 

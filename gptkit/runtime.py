@@ -288,6 +288,62 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(mallopt(m_trim_threshold, 256 << 20))
 
 
+_HUGE_RANGES: dict[int, tuple[int, int]] = {}  # id -> (start, end) of each live mapping huge_page_copy made
+
+
+def huge_page_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of the CPU tensor `t` (contiguous, 2 MiB or more) in a mapping of its own that starts on a
+    2 MiB boundary and that Linux is asked to back with 2 MiB pages (madvise(MADV_HUGEPAGE): transparent huge
+    pages in their usual "madvise" mode). Decoding reads every weight once per token, hundreds of MB in page
+    order: with 4 KiB pages each one costs a TLB miss (GPT-2 small, batch 1, 2 threads, in one process: float32
+    14.6 -> 11.1 ms a token, float16 ~1.1x, int8 6.45 -> 6.05 ms). The mapping ends where the data does (its
+    last part, less than 2 MiB, stays in 4 KiB pages: no page is larger than what it holds) and is unmapped
+    when the tensor, and every view of it, is gone. Where this is not Linux, `t` is smaller, or the kernel
+    refuses: `t` itself."""
+    import mmap
+    import weakref
+
+    huge, small = 2 << 20, mmap.PAGESIZE
+    nbytes = t.numel() * t.element_size()
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is None or t.device.type != "cpu" or not t.is_contiguous() or nbytes < huge:
+        return t
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype, libc.mmap.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                                               ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    reserved = nbytes + huge
+    start = libc.mmap(None, reserved, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
+                      -1, 0)
+    if start is None or start == ctypes.c_void_p(-1).value:
+        return t
+    begin, length = start + (-start % huge), nbytes + (-nbytes % small)  # aligned; whole small pages
+    for lo, hi in ((start, begin), (begin + length, start + reserved)):  # keep [begin, begin + length) only
+        if hi > lo:
+            libc.munmap(lo, hi - lo)
+    if libc.madvise(begin, length, advice) != 0:
+        libc.munmap(begin, length)
+        return t
+    buf = (ctypes.c_char * length).from_address(begin)
+    weakref.finalize(buf, _unmap, libc, begin, length)
+    _HUGE_RANGES[begin] = (begin, begin + length)
+    copy = torch.frombuffer(buf, dtype=torch.uint8)[:nbytes].view(t.dtype).view(t.shape)  # (holds buf)
+    copy.copy_(t)  # the first touch: the pages come in 2 MiB where the kernel has them
+    return copy
+
+
+def _unmap(libc: ctypes.CDLL, begin: int, length: int) -> None:
+    _HUGE_RANGES.pop(begin, None)
+    libc.munmap(begin, length)
+
+
+def in_huge_pages(t: torch.Tensor) -> bool:
+    """Whether `t`'s data lies in a mapping that huge_page_copy made (a view of its copy included)."""
+    at = t.data_ptr()
+    return any(lo <= at < hi for lo, hi in _HUGE_RANGES.values())
+
+
 def _threads(n: int) -> str:
     """'1 thread', '2 threads'."""
     return f"{n} thread{'s' * (n != 1)}"

@@ -11,6 +11,7 @@ source through the same build function.
 """
 
 import copy
+import gc
 import json
 import os
 import platform
@@ -193,10 +194,10 @@ def test_int8_is_within_the_rounding_of_its_blocks(variant, M, N):
 
 
 @pytest.mark.parametrize("N", [80, 78])
-@pytest.mark.parametrize("M", [2, 7, 40])
+@pytest.mark.parametrize("M", [2, 8, 9, 40])  # AVX-512: from 8 rows on, the batch path
 def test_int8_rows_of_a_batch_equal_each_row_alone(variant, M, N):
-    """A batch's rows go through the kernel's several-row path (activations made unsigned, the weights'
-    sums subtracted); one row alone through the one-row path. Both sum the same integers: equal to the bit,
+    """A batch of 8 rows or more goes through the AVX-512 kernel's batch path (activations made unsigned, the
+    weights' sums subtracted); one row alone through the one-row path. Both sum the same integers: equal to the bit,
     for rows of zeros, of extremes and of mixed magnitudes."""
     x, w, b = operands(M, N)
     x[0] = 0.0
@@ -604,6 +605,55 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
     default, kept = faults("default"), faults("keep")
     assert default > 50 * 785, default  # glibc's defaults map a tensor anew at least every other draw
     assert kept < default / 10, (kept, default)
+
+
+def huge_kb(t: torch.Tensor) -> int:
+    """AnonHugePages of the mapping that holds t's data (Linux's /proc/self/smaps), in kB."""
+    at, inside = t.data_ptr(), False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= at < hi
+        elif inside and head == "AnonHugePages:":
+            return int(line.split()[1])
+    raise AssertionError("no mapping holds the tensor")
+
+
+@pytest.mark.skipif(platform.system() != "Linux", reason="madvise's huge pages are Linux's")
+def test_huge_page_copies_hold_the_same_values_in_2_mib_pages():
+    """The copy is equal, starts on a 2 MiB boundary, is known as such (views too) for as long as it lives,
+    and where the kernel's transparent huge pages are not switched off it is backed by them, but for its
+    last part (less than 2 MiB: 4 KiB pages). A tensor under 2 MiB is left as it is."""
+    t = torch.randn(1024, 2048 + 100)  # 8 MiB and 400 KiB
+    kept = runtime.huge_page_copy(t)
+    assert torch.equal(kept, t) and kept.dtype == t.dtype and kept.data_ptr() % (2 << 20) == 0
+    assert runtime.in_huge_pages(kept) and runtime.in_huge_pages(kept[100:]) and not runtime.in_huge_pages(t)
+    mode = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    if "[never]" not in mode:
+        assert huge_kb(kept) == 8 * 1024, mode  # four huge pages, the last 400 KiB in small ones
+    at = kept.data_ptr()
+    del kept
+    gc.collect()
+    assert not any(lo <= at < hi for lo, hi in runtime._HUGE_RANGES.values())  # forgotten with its mapping
+    small = torch.randn(1000)
+    assert runtime.huge_page_copy(small) is small
+
+
+@pytest.mark.skipif(platform.system() != "Linux", reason="madvise's huge pages are Linux's")
+@pytest.mark.parametrize("fmt", cpu_decode.FORMATS)
+def test_packed_weights_of_2_mib_or_more_live_in_huge_pages(fmt):
+    """Every packed weight of 2 MiB or more, the tied head's included (float32: wte's own rows, moved once,
+    not copied); the smaller ones stay where they are (no huge page fits them)."""
+    cfg = GPTConfig(block_size=16, vocab_size=1000, vocab_multiple=64, n_layer=1, n_head=2, n_embd=1024)
+    model = pack_for_cpu(GPT(cfg).eval(), fmt)
+    packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    sizes = [m.weight.numel() * m.weight.element_size() for m in packed]
+    assert len(packed) == 5 and any(n >= 2 << 20 for n in sizes)  # (int8: some under 2 MiB too)
+    assert [runtime.in_huge_pages(m.weight) for m in packed] == [n >= 2 << 20 for n in sizes]
+    if fmt == "float32":
+        assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr()
+        assert runtime.in_huge_pages(model.transformer.wte.weight)
 
 
 def test_the_cpu_default_dtype_is_float32():

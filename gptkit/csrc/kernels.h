@@ -220,7 +220,7 @@ static inline void dot_group_q8(const int8_t* w, const float* ws, int64_t B, con
   hsum4(_mm512_castps512_ps256(a01), high8(a01), _mm512_castps512_ps256(a23), high8(a23), out);
 }
 
-// The same dot products for a batch of activation rows (prefills, serve.py's steps of several rows), with the
+// The same dot products for a batch of 8 activation rows or more (prefills, serve.py's larger steps), with the
 // activations made unsigned instead of the weights: dpbusd((x + 128), w) = x.w + 128 * (w's sum), so each
 // 64-byte unit of a group starts from corr, minus 128 times its weights' four-byte sums, made once per group
 // (group_corr_q8) for all the rows. A row then costs a dpbusd per unit instead of abs, sign and dpbusd; the
@@ -316,21 +316,26 @@ static void quantize_rows(const float* X, int64_t M, int64_t K, int8_t* XQ, floa
 static void q8_rows(const int8_t* XQ, const float* XS, int64_t M, int64_t K, const int8_t* W, const float* WS,
                     int64_t N, const float* b, float* Y) {
   const int64_t B = K / 32;
+#ifdef GPTKIT_AVX512
+  // From 8 rows on, dot_group_q8_rows (its group_corr_q8 pass costs about a row's work; same process, 2
+  // threads, GPT-2 small's matrices: 0.7-1.0x at 2 rows, 0.8-1.1x at 4, 0.9-1.35x at 8 to 64).
+  const bool many = M >= 8;
+#endif
   at::parallel_for(0, (N + 3) / 4, 4, [&](int64_t lo, int64_t hi) {
     float out[4];
 #ifdef GPTKIT_AVX512
-    std::vector<int32_t> corr(M > 1 ? 32 * B : 0);  // (for one row, abs and sign per unit cost no more)
+    std::vector<int32_t> corr(many ? 32 * B : 0);
 #endif
     for (int64_t g = lo; g < hi; g++) {
       const int rows = static_cast<int>(std::min<int64_t>(4, N - 4 * g));
       const int8_t* w = W + 4 * g * K;
       const float* ws = WS + 4 * g * B;
 #ifdef GPTKIT_AVX512
-      if (M > 1) group_corr_q8(w, B, corr.data());
+      if (many) group_corr_q8(w, B, corr.data());
 #endif
       for (int64_t m = 0; m < M; m++) {
 #ifdef GPTKIT_AVX512
-        if (M > 1) dot_group_q8_rows(w, corr.data(), ws, B, XQ + m * K, XS + m * B, out); else
+        if (many) dot_group_q8_rows(w, corr.data(), ws, B, XQ + m * K, XS + m * B, out); else
 #endif
         dot_group_q8(w, ws, B, XQ + m * K, XS + m * B, out);
         for (int r = 0; r < rows; r++) Y[m * N + 4 * g + r] = out[r] + (b ? b[4 * g + r] : 0.f);
