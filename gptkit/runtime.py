@@ -295,8 +295,8 @@ def huge_page_copy(t: torch.Tensor) -> torch.Tensor:
     """A copy of the CPU tensor `t` (contiguous, 2 MiB or more) in a mapping of its own that starts on a
     2 MiB boundary and that Linux is asked to back with 2 MiB pages (madvise(MADV_HUGEPAGE): transparent huge
     pages in their usual "madvise" mode). Decoding reads every weight once per token, hundreds of MB in page
-    order: with 4 KiB pages each one costs a TLB miss (GPT-2 small, batch 1, 2 threads, in one process: float32
-    14.6 -> 11.1 ms a token, float16 ~1.1x, int8 6.45 -> 6.05 ms). The mapping ends where the data does (its
+    order: with 4 KiB pages each one costs a TLB miss (GPT-2 small, batch 1, 2 threads, in one process on a
+    VM: float32 1.02-1.34x faster over runs, int8 1.07x; BENCHMARKS.md). The mapping ends where the data does (its
     last part, less than 2 MiB, stays in 4 KiB pages: no page is larger than what it holds) and is unmapped
     when the tensor, and every view of it, is gone. Where this is not Linux, `t` is smaller, or the kernel
     refuses: `t` itself."""
