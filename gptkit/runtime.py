@@ -288,7 +288,7 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(mallopt(m_trim_threshold, 256 << 20))
 
 
-_HUGE_RANGES: dict[int, tuple[int, int]] = {}  # id -> (start, end) of each live mapping huge_page_copy made
+_HUGE_RANGES: dict[int, tuple[int, int]] = {}  # start -> (start, end) of each live mapping huge_page_copy made
 
 
 def huge_page_copy(t: torch.Tensor) -> torch.Tensor:

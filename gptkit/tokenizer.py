@@ -196,7 +196,7 @@ class Tokenizer:
         if type(ids) is list and all(type(i) is int for i in ids):
             # A list of ints, as a stream decodes them token by token: no numpy. (Through numpy, one GPT-2
             # token took 6 us on a warm CPU and ~120 us in a server whose caches the model's step had just
-            # emptied; this path: 1 us.)
+            # emptied; this path: ~1 us warm.)
             if ids and (min(ids) < 0 or max(ids) >= self.vocab_size):
                 self._out_of_range(min(ids) if min(ids) < 0 else max(ids))
             if self.kind != "char":
