@@ -200,16 +200,27 @@ static inline __m512i q8_dp(__m512i w, __m512i x) {
 
 static inline __m256 high8(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
 
-static inline void dot_group_q8(const int8_t* w, const float* ws, int64_t B, const int8_t* x, const float* xs,
-                                float* out) {
+// The loop of both ways below. Unsigned: corr holds the group's weight sums times -128 (group_corr_q8) and the
+// activations are made unsigned; else the weights' signs are moved onto the activations (q8_dp).
+template <bool Unsigned>
+static inline void q8_group_dots(const int8_t* w, const int32_t* corr, const float* ws, int64_t B, const int8_t* x,
+                                 const float* xs, float* out) {
   const __m512i lo_hi01 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
   const __m512i lo_hi23 = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));  // x ^ 0x80, read unsigned: x + 128
   __m512 a01 = _mm512_setzero_ps(), a23 = a01, b01 = a01, b23 = a01;
   auto step = [&](int64_t b, __m512& c01, __m512& c23) {
     const __m512i xv = _mm512_broadcast_i64x4(load32(x + 32 * b));
     const __m512 s = _mm512_castps128_ps512(_mm_mul_ps(_mm_loadu_ps(ws + 4 * b), _mm_set1_ps(xs[b])));
-    const int8_t* wb = w + 128 * b;
-    const __m512i d01 = q8_dp(_mm512_loadu_si512(wb), xv), d23 = q8_dp(_mm512_loadu_si512(wb + 64), xv);
+    const __m512i w01 = _mm512_loadu_si512(w + 128 * b), w23 = _mm512_loadu_si512(w + 128 * b + 64);
+    __m512i d01, d23;
+    if constexpr (Unsigned) {
+      const __m512i xu = _mm512_xor_si512(xv, flip);
+      d01 = _mm512_dpbusd_epi32(_mm512_loadu_si512(corr + 32 * b), xu, w01);
+      d23 = _mm512_dpbusd_epi32(_mm512_loadu_si512(corr + 32 * b + 16), xu, w23);
+    } else {
+      d01 = q8_dp(w01, xv), d23 = q8_dp(w23, xv);
+    }
     c01 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d01), _mm512_permutexvar_ps(lo_hi01, s), c01);
     c23 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d23), _mm512_permutexvar_ps(lo_hi23, s), c23);
   };
@@ -218,6 +229,11 @@ static inline void dot_group_q8(const int8_t* w, const float* ws, int64_t B, con
   if (b < B) step(b, a01, a23);
   a01 = _mm512_add_ps(a01, b01); a23 = _mm512_add_ps(a23, b23);
   hsum4(_mm512_castps512_ps256(a01), high8(a01), _mm512_castps512_ps256(a23), high8(a23), out);
+}
+
+static inline void dot_group_q8(const int8_t* w, const float* ws, int64_t B, const int8_t* x, const float* xs,
+                                float* out) {
+  q8_group_dots<false>(w, nullptr, ws, B, x, xs, out);
 }
 
 // The same dot products for a batch of 8 activation rows or more (prefills, serve.py's larger steps), with the
@@ -234,24 +250,7 @@ static inline void group_corr_q8(const int8_t* w, int64_t B, int32_t* corr) {
 
 static inline void dot_group_q8_rows(const int8_t* w, const int32_t* corr, const float* ws, int64_t B,
                                      const int8_t* x, const float* xs, float* out) {
-  const __m512i lo_hi01 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-  const __m512i lo_hi23 = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));  // x ^ 0x80, read unsigned: x + 128
-  __m512 a01 = _mm512_setzero_ps(), a23 = a01, b01 = a01, b23 = a01;
-  auto step = [&](int64_t b, __m512& c01, __m512& c23) {
-    const __m512i xv = _mm512_xor_si512(_mm512_broadcast_i64x4(load32(x + 32 * b)), flip);
-    const __m512 s = _mm512_castps128_ps512(_mm_mul_ps(_mm_loadu_ps(ws + 4 * b), _mm_set1_ps(xs[b])));
-    const int8_t* wb = w + 128 * b;
-    const __m512i d01 = _mm512_dpbusd_epi32(_mm512_loadu_si512(corr + 32 * b), xv, _mm512_loadu_si512(wb));
-    const __m512i d23 = _mm512_dpbusd_epi32(_mm512_loadu_si512(corr + 32 * b + 16), xv, _mm512_loadu_si512(wb + 64));
-    c01 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d01), _mm512_permutexvar_ps(lo_hi01, s), c01);
-    c23 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d23), _mm512_permutexvar_ps(lo_hi23, s), c23);
-  };
-  int64_t b = 0;
-  for (; b + 2 <= B; b += 2) { step(b, a01, a23); step(b + 1, b01, b23); }
-  if (b < B) step(b, a01, a23);
-  a01 = _mm512_add_ps(a01, b01); a23 = _mm512_add_ps(a23, b23);
-  hsum4(_mm512_castps512_ps256(a01), high8(a01), _mm512_castps512_ps256(a23), high8(a23), out);
+  q8_group_dots<true>(w, corr, ws, B, x, xs, out);
 }
 
 #else
