@@ -27,6 +27,7 @@ import export
 import sample
 import train
 from gptkit import checkpoint, cpu_decode
+from gptkit import generate as gen
 from gptkit.config import ConfigError, TrainConfig, parse_args
 from gptkit.generate import SamplingOptions, decode_one_token, generate, prefill
 from gptkit.hf_gpt2 import load_pretrained
@@ -258,6 +259,42 @@ def nanogpt_model(root: Path):
     return model.eval()
 
 
+def logits_per_step(monkeypatch, model, idx: torch.Tensor, shift: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy decoding with gptkit/generate.py's window (moved `shift` tokens at a time): the tokens (prompt
+    included) and the logits each step chose from, (NEW_TOKENS, vocab)."""
+    seen, choose = [], gen.next_token
+
+    def recording(logits, options, noise=None):
+        seen.append(logits[0].float().clone())
+        return choose(logits, options, noise)
+
+    monkeypatch.setattr(gen, "next_token", recording)
+    try:
+        ids = generate(model, idx, NEW_TOKENS, SamplingOptions(temperature=0, window_shift=shift))[0]
+    finally:
+        monkeypatch.setattr(gen, "next_token", choose)
+    return ids, torch.stack(seen)
+
+
+def window_is_exact(prompt: int, block: int, shift: int) -> torch.Tensor:
+    """For each generated token: whether a window moved `shift` tokens at a time (as generate moves it) holds
+    exactly the last min(length, block) tokens before it, what the exact window sees."""
+    start, exact = max(0, prompt - block), []
+    for length in range(prompt, prompt + NEW_TOKENS):
+        if length - start > block:
+            start += shift
+        exact.append(start == max(0, length - block))
+    return torch.tensor(exact)
+
+
+@torch.no_grad()
+def windowed_logits(theirs, ids: torch.Tensor, prompt: int, block: int) -> torch.Tensor:
+    """nanoGPT's model's logits for each token after the prompt, from exactly the last `block` tokens before
+    it (what its generate does): the oracle of the exact window."""
+    rows = [theirs(ids[None, max(0, t - block): t])[0][0, -1] for t in range(prompt, len(ids))]
+    return torch.stack(rows).float()
+
+
 def test_a_checkpoint_of_nanogpts_train_py_gives_its_model_py_logits(nanogpt_run, monkeypatch):
     monkeypatch.chdir(nanogpt_run)  # its meta.pkl is where nanoGPT keeps it, data/shakespeare_char/
     ours, tokenizer, _ = checkpoint.load_model("out")
@@ -291,17 +328,29 @@ def test_greedy_samples_past_block_size_are_nanogpts_sample_py_text(nanogpt_run,
     sample.main(["--ckpt=out", f"--prompt={PROMPT}", "--temperature=0", f"--max_new_tokens={NEW_TOKENS}",
                  "--device=cpu", "--stream=False"])
     assert capsys.readouterr().out == theirs + "\n"
-    # model.generate and generate's default window give the same tokens; a faster window_shift the same text
-    # up to a full window and the token after it, then its own approximation: here another text, which shows
-    # that the comparisons above see the window.
+    # model.generate and generate's default window give the same tokens.
     model, tokenizer, _ = checkpoint.load_model("out")
     idx = torch.tensor([tokenizer.encode(PROMPT)])
     assert tokenizer.decode(model.generate(idx, NEW_TOKENS, temperature=0)[0].tolist()) == theirs
     assert tokenizer.decode(generate(model, idx, NEW_TOKENS, SamplingOptions(temperature=0))[0].tolist()) == theirs
+    # The same text could hide a wrong window when the greedy text is a loop that any context reproduces (it
+    # depends on the machine's floating-point path that trained the model). So the window is checked on the
+    # logits of every step: the default window's equal nanoGPT's model's on the last BLOCK tokens, and a faster
+    # window_shift's differ from them once its window has moved (it sees fewer tokens): the check sees the window.
+    theirs_model = nanogpt_model(nanogpt_run)
+    exact_ids, exact = logits_per_step(monkeypatch, model, idx, 1)
+    shifted_ids, shifted = logits_per_step(monkeypatch, model, idx, BLOCK // 4)
+    same = window_is_exact(idx.shape[1], BLOCK, BLOCK // 4)  # per step: does the moved window see the same tokens?
+    torch.testing.assert_close(exact, windowed_logits(theirs_model, exact_ids, idx.shape[1], BLOCK), atol=1e-4,
+                               rtol=0)
+    gap = (shifted - windowed_logits(theirs_model, shifted_ids, idx.shape[1], BLOCK)).abs().amax(dim=-1)
+    assert gap[same].max() < 1e-4 and gap[~same].min() > 1e-3 and (~same).sum() > NEW_TOKENS // 2
+    assert tokenizer.decode(exact_ids.tolist()) == theirs
+    capsys.readouterr()  # (nanoGPT's model printed its size)
     sample.main(["--ckpt=out", f"--prompt={PROMPT}", "--temperature=0", f"--max_new_tokens={NEW_TOKENS}",
                  "--device=cpu", "--stream=False", f"--window_shift={BLOCK // 4}"])
-    fast = capsys.readouterr().out
-    assert fast[: BLOCK + 1] == theirs[: BLOCK + 1] and fast != theirs + "\n" and len(fast) == len(theirs) + 1
+    fast = capsys.readouterr().out  # sample.py's approximate window: the same text up to a full window
+    assert fast[: BLOCK + 1] == theirs[: BLOCK + 1] and len(fast) == len(theirs) + 1
     with pytest.raises(SystemExit) as e:
         sample.main(["--ckpt=out", "--device=cpu", f"--window_shift={BLOCK + 1}"])
     assert f"window_shift must be at most the model's block_size, {BLOCK}; got {BLOCK + 1}" in str(e.value.code)
