@@ -2,7 +2,7 @@
 
     python eval.py --init_from gpt2 --task hellaswag                  # acc_norm 0.2955 (GPT-2 124M)
     python eval.py --ckpt out-gpt2-124m --task hellaswag --limit 1000
-    python eval.py --ckpt out --task loss --dataset shakespeare_char  # loss, ppl, bpb of the val split
+    python eval.py --ckpt out --task loss                             # loss, ppl, bpb of its dataset's val split
     torchrun --standalone --nproc_per_node=8 eval.py --init_from gpt2-xl --task hellaswag
 
 What was loaded, a progress bar and a readable summary go to stderr; the last line on stdout is one JSON object
@@ -13,6 +13,8 @@ with the results (`... | tail -n 1 | jq .acc_norm`). Every bad input ends in a o
   Result: {"task", "n", "acc", "acc_norm"}.
 --task loss: the split in contiguous windows of the model's block_size that do not overlap, so every token but
   the first is predicted exactly once: {"task", "dataset", "split", "loss", "ppl", "bpb", "tokens", "bytes"}.
+  The dataset is --dataset, by default the one the checkpoint's run trained on (GPT-2's weights record none).
+  --limit N reads the first N windows (as for HellaSwag, the first N items), --limit_tokens N the first N tokens.
   loss is the mean cross-entropy in nats over the `tokens` predicted tokens and ppl = exp(loss). bpb, bits per
   byte, is their total loss / ln 2 / the `bytes` of UTF-8 text they stand for: a tokenizer with longer tokens
   predicts fewer of them, so bpb (unlike loss) compares models with different tokenizers. End-of-text tokens
@@ -37,7 +39,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from gptkit import cli, hellaswag
-from gptkit.checkpoint import load_model
+from gptkit.checkpoint import load_model_and_settings
 from gptkit.config import ConfigError, InferenceSettings, load_config, setting
 from gptkit.runtime import Dist, Runtime, distributed, resolve_compile
 from gptkit.shards import TokenDataset, require_dataset
@@ -63,9 +65,11 @@ class EvalConfig(InferenceSettings):
     task: str = setting("hellaswag", "hellaswag (accuracy) or loss (loss, perplexity, bits per byte)", ("hellaswag", "loss"))
     # --task hellaswag
     input: str = setting("", "HellaSwag: a local hellaswag_val.jsonl instead of the cached download")
-    limit: int = setting(0, "HellaSwag: score only the first N items (0 = all 10,042)")
+    limit: int = setting(0, "score only the first N items: HellaSwag's (of 10,042), or loss windows of block_size "
+                            "tokens (0 = all)")
     # --task loss
-    dataset: str = setting("", "loss: dataset name under data_root, or a path to a prepared dataset folder")
+    dataset: str = setting("", "loss: dataset name under data_root, or a path to a prepared dataset folder; '' = "
+                               "the one the checkpoint's run trained on")
     data_root: str = setting("data", "loss: folder holding the prepared datasets")
     split: str = setting("val", "loss: the split to evaluate", ("train", "val"))
     limit_tokens: int = setting(0, "loss: predict only the first N tokens of the split (0 = all)")
@@ -80,8 +84,9 @@ class EvalConfig(InferenceSettings):
                 raise ConfigError(f"{name} must be >= 0 (0 = no limit), got {getattr(self, name)}")
         if self.batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.task == "loss" and not self.dataset:
-            raise ConfigError("--task loss needs --dataset NAME (a prepared dataset, e.g. shakespeare_char)")
+        if self.task == "loss" and not self.dataset and self.init_from:  # a checkpoint's is read after it loads
+            raise ConfigError("--task loss needs --dataset NAME with --init_from: GPT-2 weights record no dataset "
+                              "(a prepared one with their tokenizer, e.g. --dataset shakespeare)")
         if self.task == "hellaswag" and self.dataset:
             raise ConfigError("--dataset is for --task loss; HellaSwag brings its own items")
 
@@ -151,21 +156,37 @@ def evaluate_loss(model: GPT, tokenizer: Tokenizer, ds: TokenDataset, rt: Runtim
             "tokens": int(ntokens), "bytes": int(nbytes)}
 
 
+def loss_dataset(settings: dict, what: str) -> str:
+    """--task loss's dataset when --dataset is not given: the one the checkpoint's run trained on."""
+    dataset = settings.get("dataset")
+    if not isinstance(dataset, str) or not dataset:
+        raise EvalError(f"--task loss needs --dataset NAME: {what} records no dataset (a prepared one with the "
+                        f"model's tokenizer, e.g. --dataset shakespeare_char)")
+    return dataset
+
+
+def loss_limit(cfg: EvalConfig, block_size: int) -> int:
+    """The tokens --task loss predicts at most: --limit windows of block_size and --limit_tokens, the tighter
+    (0 = all)."""
+    return min([n for n in (cfg.limit * block_size, cfg.limit_tokens) if n], default=0)
+
+
 # ----------------------------------------------------------------------------- the script
 
 
 def run(cfg: EvalConfig, d: Dist, rt: Runtime, err=None) -> dict:
     err = err if err is not None else sys.stderr
     log = (lambda text: print(text, file=err, flush=True)) if d.master else (lambda text: None)
-    model, tokenizer, what = load_model(cfg.ckpt, cfg.init_from)
+    model, tokenizer, what, settings = load_model_and_settings(cfg.ckpt, cfg.init_from)
     # The task's input before the weights move: a missing file or a wrong tokenizer fails fast.
     if cfg.task == "hellaswag":
         hellaswag.check_tokenizer(tokenizer)  # before any download
         path = hellaswag.obtain_once(d, cfg.input or None)
         encoded = hellaswag.encode(hellaswag.read_items(path, cfg.limit or None), tokenizer, model.config.block_size)
     else:
-        ds = TokenDataset(require_dataset(cfg.dataset, cfg.data_root), cfg.split)
-        check_same_tokenizer(tokenizer, ds, cfg.dataset)
+        dataset = cfg.dataset or loss_dataset(settings, what)
+        ds = TokenDataset(require_dataset(dataset, cfg.data_root), cfg.split)
+        check_same_tokenizer(tokenizer, ds, dataset)
     model.to(rt.device)
     use_compile, why = resolve_compile(cfg.compile, rt.device)
     # Sequence lengths vary from batch to batch: compiled for dynamic shapes, so it does not recompile each time.
@@ -180,12 +201,12 @@ def run(cfg: EvalConfig, d: Dist, rt: Runtime, err=None) -> dict:
         log(f"hellaswag: acc {scores['acc']:.4f}, acc_norm {scores['acc_norm']:.4f} over {scores['n']} items "
             f"({seconds:.1f} s, {scores['n'] / seconds:.1f} items/s)")
     else:
-        scores = evaluate_loss(model, tokenizer, ds, rt, d, limit_tokens=cfg.limit_tokens, batch_size=cfg.batch_size,
-                               hidden=hidden, progress=d.master)
+        scores = evaluate_loss(model, tokenizer, ds, rt, d, limit_tokens=loss_limit(cfg, model.config.block_size),
+                               batch_size=cfg.batch_size, hidden=hidden, progress=d.master)
         seconds = time.perf_counter() - started
-        result = {"task": "loss", "dataset": cfg.dataset, "split": cfg.split, **scores}
+        result = {"task": "loss", "dataset": dataset, "split": cfg.split, **scores}
         bpb = "n/a" if scores["bpb"] is None else f"{scores['bpb']:.4f}"
-        log(f"{cfg.dataset} {cfg.split}: loss {scores['loss']:.4f}, ppl {scores['ppl']:.2f}, bpb {bpb} over "
+        log(f"{dataset} {cfg.split}: loss {scores['loss']:.4f}, ppl {scores['ppl']:.2f}, bpb {bpb} over "
             f"{scores['tokens']:,} tokens / {scores['bytes']:,} bytes ({seconds:.1f} s, "
             f"{scores['tokens'] / seconds:,.0f} tokens/s)")
     return result

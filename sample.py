@@ -30,8 +30,10 @@ import torch
 from gptkit import checkpoint, cli
 from gptkit.config import Alias, ConfigError, SamplingSettings, load_config, setting
 from gptkit.generate import (
+    TOKEN_BYTES,
     SamplingOptions,
     TextStream,
+    check_decode_memory,
     compile_decision,
     compile_decode_step,
     generate_stream,
@@ -117,6 +119,20 @@ def prompt_ids(text: str, tokenizer: Tokenizer) -> list[int]:
 
 # ----------------------------------------------------------------------------- generating
 
+# What a token of a sample costs, for the check that --max_new_tokens fits before anything is allocated: on the
+# decoding device generate_stream's buffer and generate_ids' (int64 each); in RAM its id in the rows (an 8-byte
+# pointer and, past id 256, a 32-byte int) and its text (the decoded bytes, the string, the sample's copy).
+# Measured with a tiny GPT-2-vocabulary model on the CPU: ~76 bytes a token in all at 9 characters a token.
+DEVICE_BYTES_PER_TOKEN = 2 * TOKEN_BYTES
+HOST_BYTES_PER_TOKEN = 80
+
+
+def check_length(num_samples: int, prompt_tokens: int, max_new_tokens: int, device: torch.device) -> None:
+    """A one-line error, before anything is allocated, when the samples' tokens cannot fit in memory; it names
+    the largest --max_new_tokens that does."""
+    check_decode_memory(num_samples, prompt_tokens, max_new_tokens, device, device_bytes=DEVICE_BYTES_PER_TOKEN,
+                        host_bytes=HOST_BYTES_PER_TOKEN, option="--max_new_tokens", batch_option="--num_samples")
+
 
 def generate_ids(
     model: GPT,
@@ -138,16 +154,19 @@ def generate_ids(
     """
     options = options if options is not None else SamplingOptions()
     device = model.transformer.wte.weight.device
+    check_length(num_samples, len(prompt), max_new_tokens, device)
     idx = torch.tensor([prompt] * num_samples, dtype=torch.long, device=device)
-    steps = []
+    # One buffer for the new tokens (a list of per-step tensors would cost ~0.5 KB a step, not 8 bytes a token)
+    new = torch.empty(num_samples, max_new_tokens, dtype=torch.long, device=device)
+    n = 0
     for nxt in generate_stream(
         model, idx, max_new_tokens, options, generator=generator, use_cache=use_cache, step_fn=step_fn
     ):
-        steps.append(nxt)
+        new[:, n] = nxt
+        n += 1
         if on_step is not None:
             on_step(nxt)
-    rows = torch.stack(steps, dim=1).tolist() if steps else [[] for _ in range(num_samples)]
-    return [cut_at(row, options.stop_token) for row in rows]
+    return [cut_at(row, options.stop_token) for row in new[:, :n].tolist()]
 
 
 def cut_at(ids: list[int], stop_token: int | None) -> list[int]:
@@ -213,6 +232,8 @@ def run(cfg: SampleConfig, out: TextIO | None = None, err: TextIO | None = None)
     prompt_text = read_prompt(cfg)
     inference = setup_inference(cfg.device, cfg.dtype, cfg.quantize, cfg.threads)
     rt = inference.rt
+    # Before the model loads: a prompt is at most a token per byte (at least one token).
+    check_length(cfg.num_samples, max(1, len(prompt_text.encode("utf-8"))), cfg.max_new_tokens, rt.device)
     model, tokenizer, what = load_model(cfg)
     ids = prompt_ids(prompt_text, tokenizer)  # before moving weights: a bad prompt should fail fast
     if cfg.window_shift > model.config.block_size:

@@ -13,6 +13,7 @@
     compile_decode_step      decode_step compiled (a CUDA graph on a GPU), and when --compile=auto does it
     generate_stream          the loop: yields the next token of every sequence, (B,), step by step
     generate                 the prompts with their continuations, (B, T + n)
+    check_decode_memory      before sizing buffers from a user's max_new_tokens: a one-line error saying what fits
     TextStream               streamed token ids -> text that can be printed at once (whole characters)
 
 Shapes use B = batch (sequences decoded together), T = tokens in the model's window, V = vocab_size.
@@ -50,12 +51,14 @@ block_size tokens before them, so the text past block_size differs from nanoGPT'
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from gptkit.cli import UserError
 from gptkit.runtime import resolve_compile
 from model import GPT, no_tf32
 
@@ -321,6 +324,70 @@ def compile_decode_step(device: torch.device) -> Callable:
     return step
 
 
+# ----------------------------------------------------------------------------- how long a decode may be
+
+TOKEN_BYTES = 8  # a token id in the decoding buffers: int64, torch's index type
+# Buffers up to this size are not worth asking the system about: anything that holds a model holds them.
+UNCHECKED_BYTES = 64 * 2**20
+# The share of the free memory a decode's tokens may take: the rest is the model's, its KV cache's and the
+# process' (and on a CPU the freed memory that glibc keeps resident; gptkit/plan.py sizes CPU runs the same way).
+MEMORY_SHARE = 0.5
+
+
+class DecodeTooLong(UserError, ValueError):
+    """A max_new_tokens whose tokens cannot fit in memory, found before anything is allocated; the message
+    names the largest value that fits."""
+
+
+def check_decode_memory(
+    batch: int, prompt_tokens: int, max_new_tokens: int, device: torch.device | str, *,
+    device_bytes: int = TOKEN_BYTES, host_bytes: int = 0, option: str = "max_new_tokens", batch_option: str = "",
+) -> None:
+    """Raise DecodeTooLong when `batch` sequences of prompt_tokens + max_new_tokens tokens, at `device_bytes` a
+    token on `device` and `host_bytes` a token in RAM (a CPU's are one memory), would take more than
+    MEMORY_SHARE of the free memory. The message names `option` (and `batch_option`, the caller's name for the
+    batch) and the largest value that fits. What asks for a buffer sized by a user's number calls this first."""
+    device = torch.device(device)
+    per_token = {"RAM": host_bytes + (device_bytes if device.type != "cuda" else 0)}
+    if device.type == "cuda":
+        per_token[f"{device} memory"] = device_bytes
+    tokens = batch * (prompt_tokens + max_new_tokens)
+    for memory, cost in per_token.items():
+        need = tokens * cost
+        if need <= UNCHECKED_BYTES:
+            continue
+        free = _free_memory(device if memory != "RAM" else torch.device("cpu"))
+        if free is None or need <= free * MEMORY_SHARE:
+            continue
+        fits = max(0, int(free * MEMORY_SHARE) // (batch * cost) - prompt_tokens)
+        rows = f" with {batch_option}={batch}" if batch_option else f" for {batch} sequence{'s' * (batch != 1)}"
+        advice = (f"at most {option}={fits} fits{rows}" if fits else
+                  f"not one token fits{rows}: free some memory{' or lower ' + batch_option if batch_option else ''}")
+        raise DecodeTooLong(f"{option}={max_new_tokens}{rows} needs ~{_size(need)} of {memory} for its tokens "
+                            f"({cost} bytes each), more than half of the {_size(free)} free: {advice}")
+
+
+def _free_memory(device: torch.device) -> int | None:
+    """Bytes free for new tensors: a GPU's free memory plus what torch's allocator holds unused; on the CPU the
+    machine's available RAM (Linux's MemAvailable, else its total); None where it cannot be known."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows)
+        return None
+
+
+def _size(n: float) -> str:
+    return f"{n / 2**40:,.1f} TiB" if n >= 2**40 else f"{n / 2**30:,.1f} GiB"
+
+
 # ----------------------------------------------------------------------------- the decoding loop
 
 
@@ -344,6 +411,7 @@ def generate_stream(
         raise ValueError("generate needs at least one prompt token per sequence")
     block = model.config.block_size
     shift = opts.shift_for(block)
+    check_decode_memory(B, T0, max_new_tokens, idx.device)
     # All tokens, preallocated: buf[:, :length] is the sequence so far.
     buf = torch.empty(B, T0 + max_new_tokens, dtype=idx.dtype, device=idx.device)
     buf[:, :T0] = idx
@@ -422,15 +490,21 @@ def generate(
     restored afterwards.
     """
     was_training = model.training
-    out = [idx]
+    B, T0 = idx.shape
+    # This buffer and generate_stream's: the tokens' bytes twice (a list of per-step tensors cost ~0.5 KB a step).
+    check_decode_memory(B, T0, max_new_tokens, idx.device, device_bytes=2 * TOKEN_BYTES)
+    out = torch.empty(B, T0 + max_new_tokens, dtype=idx.dtype, device=idx.device)
+    out[:, :T0] = idx
+    n = 0
     try:
         for nxt in generate_stream(
             model, idx, max_new_tokens, options, generator=generator, use_cache=use_cache, step_fn=step_fn
         ):
-            out.append(nxt[:, None])  # (B,) -> (B, 1)
+            out[:, T0 + n] = nxt
+            n += 1
     finally:
         model.train(was_training)
-    return torch.cat(out, dim=1)
+    return out if n == max_new_tokens else out[:, : T0 + n].clone()  # stopped early: not a view of the rest
 
 
 # ----------------------------------------------------------------------------- streamed text

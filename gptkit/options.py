@@ -31,6 +31,7 @@ import operator
 import sys
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import MISSING, asdict, dataclass, field, fields, make_dataclass
 from pathlib import Path
 from typing import Any
@@ -114,10 +115,14 @@ def parse_args(cls: type, argv: list[str], allow_files: bool = True, prog: str =
     files, overrides = _split_args(cls, argv, allow_files)
     hints = typing.get_type_hints(cls)
     values: dict[str, Any] = {}
+    aliases = _aliases(cls)
+    # Each key is checked at its own line, before its value is read: a typo is named where it stands (with the
+    # key it resembles), not at a later line that reads the key it should have set.
+    check = lambda key, where: _check_key(cls, aliases[key].key if key in aliases else key, where)
     for path in files:
-        for key, value in read_config_file(path, fixed=overrides).items():
-            if key in _aliases(cls):
-                key, value = _aliases(cls)[key].apply(value)
+        for key, value in read_config_file(path, fixed=overrides, check_key=check).items():
+            if key in aliases:
+                key, value = aliases[key].apply(value)
             _check_key(cls, key, path)
             values[key] = convert(key, hints[key], value, from_text=False)
     return {**values, **overrides}
@@ -190,10 +195,13 @@ def build_config(cls: type, values: dict[str, Any]):
     return cfg
 
 
-def read_config_file(path: str, fixed: dict[str, Any] | None = None) -> dict[str, Any]:
+def read_config_file(path: str, fixed: dict[str, Any] | None = None,
+                     check_key: Callable[[str, str], None] | None = None) -> dict[str, Any]:
     """The `key = value` lines of a config file, parsed without executing it. Values may be literals, bounded
     arithmetic, and names assigned earlier in the file or in `fixed` (the command line's values): a fixed key
-    keeps its value, its own line is skipped, and the lines after it read the fixed value."""
+    keeps its value, its own line is skipped, and the lines after it read the fixed value. check_key(key, where)
+    is called for each line's key before its value is evaluated (`where`: "PATH line N"), to refuse an unknown
+    key at its own line."""
     fixed = fixed or {}
     names, values = dict(fixed), {}
     for node in _parse_file(path).body:
@@ -202,6 +210,8 @@ def read_config_file(path: str, fixed: dict[str, Any] | None = None) -> dict[str
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
             raise ConfigError(f"{path} line {node.lineno}: only plain assignments `key = value` are allowed")
         key = node.targets[0].id
+        if check_key is not None:
+            check_key(key, f"{path} line {node.lineno}")
         if key in fixed:
             continue
         where = f"{path} line {node.lineno}, {key}"

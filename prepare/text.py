@@ -12,7 +12,8 @@ One document (a single file): the first (1 - val_fraction) of its characters are
 Many documents (a folder, a dataset): each document is followed by the end-of-text token (when the tokenizer
 has one) and goes whole to one split: document i (its position in the sorted files or the dataset's rows) is
 val when a seeded hash of i falls below val_fraction, so about val_fraction of the documents are val (at
-least one, and at least one stays train).
+least one, and at least one stays train). The last lines name the documents that went to val, and warn when
+val is one of very few documents or a much larger share of the tokens than val_fraction.
 
 Everything streams: the input is read, tokenised by --num_proc processes and written in bounded pieces
 (a file larger than a piece is cut only where the tokenizer's split pattern always breaks, so its tokens

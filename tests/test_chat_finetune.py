@@ -111,6 +111,21 @@ def test_a_user_turn_never_changes_the_targets(base, tmp_path):
     assert torch.equal(ys[0], ys[1]) and not torch.equal(xs[0], xs[1])
 
 
+def test_a_character_the_base_vocabulary_lacks_is_named_with_its_line(base, tmp_path):
+    lines = open(base / "chats.jsonl").read().splitlines()
+    lines.insert(6, json.dumps({"messages": [{"role": "user", "content": "hi 🙃"},
+                                             {"role": "assistant", "content": "ih"}]}))
+    path = tmp_path / "emoji.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(SystemExit) as e:
+        prepare_chat.main(["--input", str(path), "--tokenizer", str(base / "base"), "--block_size", "48",
+                           "--data_root", str(tmp_path / "data"), "--name", "emoji"])
+    message = e.value.code
+    assert isinstance(message, str) and "\n" not in message, message
+    assert message.startswith(f"error: {path} line 7: character '🙃' is not in the model's vocabulary"), message
+    assert not (tmp_path / "data" / "emoji" / "meta.json").exists()  # nothing half-written
+
+
 def test_finetune_a_char_model_on_conversations_grows_its_vocabulary_and_resumes_exactly(base, capsys):
     data = str(base / "data" / "chat")
     whole = train.main(args(dataset=data, out_dir=str(base / "ft"), init_from=str(base / "base")))

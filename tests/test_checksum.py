@@ -247,6 +247,29 @@ def test_a_file_that_is_not_a_checkpoint_is_named_as_such(tmp_path):
         assert f"pass the run's folder ({out}/)" in message and "\n" not in message
 
 
+def test_a_config_file_given_as_a_checkpoint_points_at_its_runs_out_dir(tmp_path, monkeypatch):
+    """sample.py --ckpt configs/shakespeare_cpu.py: the folder to pass is the config's out_dir, not configs/."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").mkdir()
+    config = Path("configs") / "shakespeare_cpu.py"
+    config.write_text((REPO / config).read_text())  # its out_dir is "out"
+
+    def message() -> str:
+        with pytest.raises(SystemExit) as e:
+            sample.main(["--device=cpu", f"--ckpt={config}", "--max_new_tokens=4"])
+        assert isinstance(e.value.code, str) and "\n" not in e.value.code
+        return e.value.code
+
+    assert message() == (f"error: {config} is a config file, not a checkpoint; pass its run's out_dir (out/, which "
+                         f"holds no checkpoint yet: python train.py {config} writes one)")
+    state, _ = tiny_state()
+    save_checkpoint(state, tmp_path / "out" / "best.pt")
+    assert message() == f"error: {config} is a config file, not a checkpoint; pass its run's out_dir: out/"
+    config.write_text("max_iters = 3\n")  # no out_dir of its own
+    assert message().endswith("pass its run's out_dir (the folder holding best.pt or last.pt)")
+    assert "configs/" not in message().split("; ")[1]
+
+
 # ----------------------------------------------------------------------------- the sharded folder
 
 

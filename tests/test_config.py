@@ -56,8 +56,25 @@ def test_unknown_key_suggests_the_closest(tmp_path):
         load_config(TrainConfig, ["--learning_rat=1"])
     f = tmp_path / "c.py"
     f.write_text("n_layers = 4\n")
-    with pytest.raises(ConfigError, match=r"'n_layers' \(in .*c\.py\).*'n_layer'"):
+    with pytest.raises(ConfigError, match=r"'n_layers' \(in .*c\.py line 1\).*'n_layer'"):
         load_config(TrainConfig, [str(f)])
+
+
+def test_a_typo_in_a_file_is_named_at_its_own_line_even_when_a_later_line_reads_the_key(tmp_path):
+    # configs/shakespeare_cpu.py with learning_rate misspelt: its min_lr line reads learning_rate
+    text = (REPO / "configs" / "shakespeare_cpu.py").read_text()
+    typo_line = text.splitlines().index("learning_rate = 1e-3") + 1
+    f = tmp_path / "typo.py"
+    f.write_text(text.replace("learning_rate = 1e-3", "learning_rte = 1e-3"))
+    assert "min_lr = learning_rate / 10" in f.read_text()  # the later line that reads the key
+    with pytest.raises(ConfigError) as e:
+        load_config(TrainConfig, [str(f)])
+    assert str(e.value) == (f"unknown config key 'learning_rte' (in {f} line {typo_line}); "
+                            "did you mean 'learning_rate'?")
+    # another spelling of a key is a known key at its own line too
+    g = tmp_path / "alias.py"
+    g.write_text('to = "x.png"\nsizes = "2"\n')
+    assert load_config(Lists, [str(g)]).out == "x.png"
 
 
 @pytest.mark.parametrize(

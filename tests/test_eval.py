@@ -220,14 +220,16 @@ def test_hellaswag_errors_are_one_line(capsys, monkeypatch, tmp_path, hf_setup):
     assert not (tmp_path / "cache" / "hellaswag_val.jsonl").exists()  # nothing half-written
 
 
-def char_checkpoint(folder: Path, data: Path, block_size: int = 64, seed: int = 0) -> Path:
-    """A random char-level model whose tokenizer is the dataset's, saved the way train.py saves one."""
+def char_checkpoint(folder: Path, data: Path, block_size: int = 64, seed: int = 0, settings: dict | None = None
+                    ) -> Path:
+    """A random char-level model whose tokenizer is the dataset's, saved the way train.py saves one (with the
+    run's `settings` when given: train.py's config)."""
     meta = read_meta(data)
     cfg = GPTConfig(block_size=block_size, vocab_size=meta["vocab_size"], n_layer=2, n_head=2, n_embd=32)
     torch.manual_seed(seed)
     model = GPT(cfg)
     save_checkpoint({"format": 1, "model_config": cfg.to_dict(), "model": model.state_dict(), "tokenizer": meta,
-                     "step": 3}, folder / "best.pt")
+                     "step": 3, **({"config": settings} if settings is not None else {})}, folder / "best.pt")
     return folder
 
 
@@ -304,6 +306,25 @@ def test_bits_per_byte_of_a_bpe_model_counts_the_bytes_of_the_text(capsys, tmp_p
                                           rel=1e-6)
 
 
+def test_loss_reads_the_checkpoints_dataset_and_limit_counts_windows(capsys, tmp_path, char_dataset):
+    ckpt = char_checkpoint(tmp_path / "out", char_dataset, settings={"dataset": str(char_dataset)})
+    given = run_eval(capsys, "--ckpt", ckpt, "--task=loss", "--dataset", char_dataset)
+    assert run_eval(capsys, "--ckpt", ckpt, "--task=loss") == given  # the dataset the run trained on
+    # --limit N: the first N windows of block_size (64) tokens, as HellaSwag's first N items
+    val = np.fromfile(char_dataset / shard_name("val", 0), dtype=np.uint16, offset=32)
+    losses = direct_losses(load_char_model(ckpt), val)
+    limited = run_eval(capsys, "--ckpt", ckpt, "--task=loss", "--limit=3")
+    assert limited["tokens"] == 3 * 64 and limited["loss"] == pytest.approx(losses[: 3 * 64].mean().item(), rel=1e-6)
+    assert run_eval(capsys, "--ckpt", ckpt, "--task=loss", "--limit=3", "--limit_tokens=100")["tokens"] == 100
+
+
+def test_a_missing_checkpoint_is_named_first(capsys, tmp_path, hf_setup):
+    expect_error(capsys, ["--ckpt", tmp_path / "out-nope", "--task=loss"], "out-nope does not exist")
+    expect_error(capsys, ["--ckpt", tmp_path / "out-nope", "--task=loss", "--limit=3"], "out-nope does not exist")
+    _, folder, _, _ = hf_setup  # GPT-2 weights record no dataset: said before they load
+    expect_error(capsys, ["--init_from", folder, "--task=loss"], "--dataset", "GPT-2 weights record no dataset")
+
+
 def test_loss_errors_are_one_line(capsys, tmp_path, char_dataset):
     ckpt = char_checkpoint(tmp_path / "out", char_dataset)
     other = make_char_dataset(tmp_path / "other", seed=1)
@@ -312,7 +333,7 @@ def test_loss_errors_are_one_line(capsys, tmp_path, char_dataset):
     chars[0], chars[1] = chars[1], chars[0]  # the same characters, two ids swapped: another tokenizer
     write_meta(other, meta)
     expect_error(capsys, ["--ckpt", ckpt, "--task=loss", "--dataset", other], "tokenized with", "the model")
-    expect_error(capsys, ["--ckpt", ckpt, "--task=loss"], "--dataset")
+    expect_error(capsys, ["--ckpt", ckpt, "--task=loss"], "--dataset", "records no dataset")
     expect_error(capsys, ["--ckpt", ckpt, "--task=loss", "--dataset", tmp_path / "missing"], "not found")
 
 

@@ -13,6 +13,7 @@ from conftest import needs_gpt2_bpe
 
 from gptkit import shards
 from gptkit.prepare import cuts, hub, local
+from gptkit.prepare.pipeline import ValRule
 from gptkit.prepare.tiny_shakespeare import prepare_shakespeare
 from gptkit.shards import DataError, TokenDataset
 from gptkit.tokenizer import Tokenizer
@@ -230,6 +231,48 @@ def test_text_folder_of_documents(tmp_path):
     assert sorted(got["train"] + got["val"]) == sorted(docs)  # whole documents, none lost or cut
     assert 1 <= len(got["val"]) <= 6  # about 10% of 30 documents
     assert [d for d in docs if d in got["train"]] == got["train"]  # original order kept
+
+
+def val_lines(out: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith(("val: ", "warning: "))]
+
+
+def test_the_summary_names_the_val_documents_and_warns_when_val_is_unlike_a_sample(tmp_path, capsys):
+    # Two files, the second of another kind of text (the report's): val is that whole file.
+    folder = write_docs(tmp_path / "two", [make_text(900, seed=0), "héllo wörld 🙃 ünïcode テキスト " * 150])
+    text.main(["--input", str(folder), "--out_dir", str(tmp_path / "o2"), "--tokenizer", "char"])
+    val = TokenDataset(tmp_path / "o2", "val")
+    assert Tokenizer.from_meta(val.meta).decode(val.window(0, len(val))) == (folder / "doc01.txt").read_text()
+    share = len(val) / (len(val) + len(TokenDataset(tmp_path / "o2", "train")))
+    assert val_lines(capsys.readouterr().out) == [
+        f"val: 1 of the 2 documents (doc01.txt), {share:.0%} of the tokens (--val_fraction 0.1 picks whole "
+        f"documents)",
+        "warning: val is 1 of only 2 documents: the val loss measures how well the model knows that text, which "
+        "may be unlike the rest, and it is never trained on; cut the text into more documents (files), or join "
+        "them into one file, whose last 10% is then val"]
+
+    # 30 documents of one size: the rule's three, a tenth of the tokens, nothing to warn about
+    picked = [i for i in range(30) if ValRule.for_documents(0.1, 30).split(i) == "val"]
+    assert len(picked) == 3
+    folder = write_docs(tmp_path / "thirty", [make_text(60, seed=i)[:300] for i in range(30)])
+    text.main(["--input", str(folder), "--out_dir", str(tmp_path / "o30"), "--tokenizer", "char"])
+    names = ", ".join(f"doc{i:02d}.txt" for i in picked)
+    assert val_lines(capsys.readouterr().out) == [
+        f"val: 3 of the 30 documents ({names}), 10% of the tokens (--val_fraction 0.1 picks whole documents)"]
+
+    # 12 documents, the one val takes far longer than the rest: a large share, and the names past three counted
+    picked = [i for i in range(12) if ValRule.for_documents(0.5, 12).split(i) == "val"]
+    assert len(picked) > 3
+    docs = [make_text(60, seed=i)[:300] for i in range(12)]
+    docs[picked[0]] = make_text(2000, seed=99)
+    folder = write_docs(tmp_path / "twelve", docs)
+    text.main(["--input", str(folder), "--out_dir", str(tmp_path / "o12"), "--tokenizer", "char", "--val_fraction",
+               "0.5"])
+    info, warning = val_lines(capsys.readouterr().out)
+    shown = ", ".join(f"doc{i:02d}.txt" for i in picked[:3])
+    assert info.startswith(f"val: {len(picked)} of the 12 documents ({shown} and {len(picked) - 3} more), ")
+    assert warning.startswith("warning: val holds ") and ", not 50%: the val loss measures how well the model " \
+        "knows those texts" in warning
 
 
 def test_text_char_folder_and_stale_shards(tmp_path):

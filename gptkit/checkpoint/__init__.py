@@ -33,6 +33,7 @@ from gptkit.checkpoint.models import (
     GPT2_BPE,
     load_base_model,
     load_model,
+    load_model_and_settings,
     lora_base,
     lora_model,
     model_from_checkpoint,
@@ -41,6 +42,7 @@ from gptkit.checkpoint.models import (
 __all__ = [
     "FORMAT_VERSION", "GPT2_BPE", "RECORD", "RESUME_KEYS", "TRAIN_HINT", "CheckpointError", "CorruptCheckpointError",
     "build_checkpoint", "find_checkpoint", "holds_checkpoint", "is_sharded_checkpoint", "load_base_model",
-    "load_checkpoint", "load_model", "load_sharded_optimizer", "load_whole_optimizer", "lora_base", "lora_model",
-    "model_from_checkpoint", "remove_checkpoint", "save_checkpoint", "save_sharded", "saved_checkpoint",
+    "load_checkpoint", "load_model", "load_model_and_settings", "load_sharded_optimizer", "load_whole_optimizer",
+    "lora_base", "lora_model", "model_from_checkpoint", "remove_checkpoint", "save_checkpoint", "save_sharded",
+    "saved_checkpoint",
 ]

@@ -9,7 +9,9 @@ import zipfile
 from pathlib import Path
 
 from gptkit import checksum
-from gptkit.checkpoint.layout import OLD, CheckpointError, others_of_the_run
+from gptkit.checkpoint.layout import OLD, CheckpointError, holds_checkpoint, others_of_the_run
+from gptkit.cli import UserError
+from gptkit.options import read_config_file
 
 # What a checkpoint file can be named; a file that is not a zip archive and is named otherwise (or holds text)
 # is taken for something else given by mistake (a config.json), not for a damaged checkpoint.
@@ -46,10 +48,32 @@ def fallback(p: Path) -> str:
 
 
 def not_a_checkpoint(p: Path, what: str) -> CheckpointError:
-    """The error for a file given as a checkpoint that is something else (a config.json, a text file)."""
-    run = f"the run's folder ({p.parent}/) or " if p.parent != Path(".") else ""
+    """The error for a file given as a checkpoint that is something else: a config file (train.py's: the run's
+    out_dir is what to pass, which the file may name), a config.json or a text file in a run's folder (that
+    folder), or anything else."""
+    if p.suffix == ".py":
+        return CheckpointError(f"{p} is a config file, not a checkpoint; pass its run's out_dir{_out_dir_of(p)}")
+    run = f"the run's folder ({p.parent}/) or " if _is_run_folder(p.parent) else "a run's out_dir or "
     return CheckpointError(f"{p} is not a checkpoint ({what}); pass {run}a checkpoint file such as best.pt or "
                            f"last.pt")
+
+
+def _out_dir_of(config: Path) -> str:
+    """Where a config file's run writes its checkpoints, in a few words: its out_dir, when the file names one."""
+    try:
+        out_dir = read_config_file(str(config)).get("out_dir")
+    except UserError:  # a line that reads the command line's values, say
+        out_dir = None
+    if not isinstance(out_dir, str) or not out_dir:
+        return " (the folder holding best.pt or last.pt)"
+    if holds_checkpoint(out_dir):
+        return f": {out_dir.rstrip('/')}/"
+    return f" ({out_dir.rstrip('/')}/, which holds no checkpoint yet: python train.py {config} writes one)"
+
+
+def _is_run_folder(folder: Path) -> bool:
+    """A run's out_dir: it holds a checkpoint or what every run writes first."""
+    return holds_checkpoint(folder) or any((folder / name).is_file() for name in ("config.json", "runs.jsonl"))
 
 
 def check_container(p: Path) -> None:

@@ -1,7 +1,8 @@
 """The models that checkpoints hold, rebuilt: a checkpoint's GPT (a LoRA run's on its base, checked against the
 base's fingerprint), the base a fine-tuning run starts from (a GPT-2 name or folder, a checkpoint of this project
 or nanoGPT's), and for the scripts that sample (sample.py, eval.py, chat.py, serve.py) a model with its
-tokenizer: `load_model(ckpt, init_from)`."""
+tokenizer: `load_model(ckpt, init_from)`, or `load_model_and_settings` with the settings of the run that wrote
+it."""
 
 from __future__ import annotations
 
@@ -105,6 +106,14 @@ def load_model(ckpt: str = "", init_from: str = "") -> tuple[GPT, Tokenizer, str
     """What sample.py and eval.py run: a trained checkpoint (`ckpt`: a file or an out_dir, 'out' when neither
     is given) or GPT-2 weights (`init_from`: a GPT-2 name or a local Hugging Face folder). Returns the model
     (on the CPU, in eval mode), its tokenizer, and a few words saying what was loaded."""
+    model, tokenizer, what, _ = load_model_and_settings(ckpt, init_from)
+    return model, tokenizer, what
+
+
+def load_model_and_settings(ckpt: str = "", init_from: str = "") -> tuple[GPT, Tokenizer, str, dict]:
+    """load_model's three, and the settings of the run that wrote the checkpoint (train.py's config, e.g. its
+    dataset; nanoGPT's for its ckpt.pt); {} for GPT-2 weights, which record none."""
+    settings: dict = {}
     if init_from:
         if init_from not in GPT2_NAMES and holds_checkpoint(init_from):
             raise CheckpointError(f"{init_from} is a checkpoint of this project, not Hugging Face GPT-2 weights: "
@@ -122,13 +131,15 @@ def load_model(ckpt: str = "", init_from: str = "") -> tuple[GPT, Tokenizer, str
         tokenizer = _checkpoint_tokenizer(state, path)
         step = state.get("step")
         what = f"{path}" + (f" (step {step})" if step is not None else "")
+        found = state.get("config") or state.get("nanogpt_config")
+        settings = found if isinstance(found, dict) else {}
     if model.config.vocab_size < tokenizer.vocab_size:
         # The text could then hold ids the embedding has no row for.
         raise CheckpointError(
             f"the model has {model.config.vocab_size} tokens but its tokenizer {tokenizer.vocab_size}; "
             "the checkpoint and its tokenizer do not belong together"
         )
-    return model.eval(), tokenizer, what
+    return model.eval(), tokenizer, what, settings
 
 
 def _load_pretrained(name_or_path: str) -> GPT:

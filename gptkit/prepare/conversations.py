@@ -78,8 +78,11 @@ def prepare_conversations(out_dir: Path, input_path: str | Path, tokenizer: Toke
     counts = {"kept": 0, "cut": 0, "dropped": 0}
     trained_tokens = {"train": 0, "val": 0}
     with DatasetWriter(out_dir, tokenizer, shard_tokens, fingerprint=fingerprint, masks=True) as writer:
-        for index, (_, messages) in enumerate(read_conversations(path)):
-            ids, trained = render(messages, tokenizer)
+        for index, (line, messages) in enumerate(read_conversations(path)):
+            try:
+                ids, trained = render(messages, tokenizer)
+            except DataError as e:  # a character the tokenizer's vocabulary lacks: the line, as for bad JSON
+                raise DataError(f"{path} line {line}: {e}") from None
             if len(ids) > block_size + 1:
                 ids, trained = ids[: block_size + 1], trained[: block_size + 1]
                 cut = True

@@ -376,5 +376,47 @@ def prepare_local(
         def tasks(cursor: int | None) -> Iterator[PieceTask]:
             return _numbered(document_groups(inp, val_rule, block_bytes), cursor, rule, eot=True)
 
-    return run(Job(out_dir, tok, fp, source or str(input_path), tasks=tasks, work=encode_pieces, workers=workers,
+    meta = run(Job(out_dir, tok, fp, source or str(input_path), tasks=tasks, work=encode_pieces, workers=workers,
                    shard_tokens=shard_tokens, total=inp.total_bytes, started=started))
+    if inp.single is None:
+        for line in describe_val(inp, val_rule, meta, val_fraction):
+            print(line)
+    return meta
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Which documents went to val, said after the summary
+
+VAL_NAMES_SHOWN = 3  # documents named; the rest are counted
+# Fewer documents than this: val is one or two whole documents, which may be nothing like the others (another
+# language, another kind of text), so its loss says little about the model.
+FEW_DOCUMENTS = 10
+
+
+def describe_val(inp: LocalInput, val_rule: ValRule, meta: dict[str, Any], fraction: float) -> list[str]:
+    """The line naming the documents that went to val (a few, then how many more) with val's share of the
+    tokens, and a warning, saying what to do, when val is a large share or one of very few documents."""
+    names: list[str] = []
+    n_val = doc = 0
+    for path, size, _ in inp.files():
+        if not size:
+            continue
+        if val_rule.split(doc) == "val":
+            n_val += 1
+            if len(names) < VAL_NAMES_SHOWN:
+                names.append(str(path.relative_to(inp.path)))
+        doc += 1
+    tokens = {split: entry["tokens"] for split, entry in meta["splits"].items()}
+    share = tokens.get("val", 0) / max(1, sum(tokens.values()))
+    more = f" and {n_val - len(names):,} more" if n_val > len(names) else ""
+    lines = [f"val: {n_val:,} of the {inp.documents:,} documents ({', '.join(names)}{more}), {share:.0%} of the "
+             f"tokens (--val_fraction {fraction:g} picks whole documents)"]
+    few = inp.documents < FEW_DOCUMENTS
+    if few or share >= min(2 * fraction, (1 + fraction) / 2):  # twice the share asked, or most of the rest
+        what = (f"val is {n_val} of only {inp.documents} documents" if few else
+                f"val holds {share:.0%} of the tokens, not {fraction:.0%}")
+        them = ("that text", "it is") if n_val == 1 else ("those texts", "they are")
+        lines.append(f"warning: {what}: the val loss measures how well the model knows {them[0]}, which may be "
+                     f"unlike the rest, and {them[1]} never trained on; cut the text into more documents (files), "
+                     f"or join them into one file, whose last {fraction:.0%} is then val")
+    return lines

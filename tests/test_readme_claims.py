@@ -1,0 +1,118 @@
+"""What README.md says, checked against what the code does: the chat client's example fits the models the README
+builds, the set-up installs PyTorch's CPU wheel from PyTorch's index, which tokenizers carry the chat markers,
+and what Ctrl-C does in chat.py."""
+
+import ast
+import builtins
+import io
+import re
+import sys
+from pathlib import Path
+
+from conftest import needs_gpt2_bpe, torch_threads
+
+import chat
+from gptkit.chat import prompt_ids
+from gptkit.checkpoint import save_checkpoint
+from gptkit.config import read_config_file
+from gptkit.tokenizer import CHAT_SPECIALS, Tokenizer
+from model import GPT, GPTConfig
+from prepare import chat as prepare_chat
+from prepare import tokenizer as prepare_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text(encoding="utf-8")
+
+
+def section(title: str) -> str:
+    start = README.index(f"\n## {title}")
+    end = README.find("\n## ", start + 1)
+    return README[start:end if end > 0 else None]
+
+
+def paragraph(starting: str) -> str:
+    """The README's paragraph that starts with `starting`, on one line."""
+    start = README.index(starting)
+    return " ".join(README[start:README.find("\n\n", start)].split())
+
+
+def streaming_request() -> tuple[int, list[dict]]:
+    """The max_tokens and the messages of the README's streaming call to serve.py."""
+    snippet = re.findall(r"```python\n(.*?)```", section("Chat: from a base model to an assistant"), flags=re.S)[0]
+    call = re.search(r"stream=True, max_tokens=(\d+),\s*messages=(\[.*?\])\)", snippet, flags=re.S)
+    return int(call.group(1)), ast.literal_eval(call.group(2))
+
+
+def test_the_streaming_example_fits_a_chat_model_of_the_cpu_quick_starts_context():
+    # A chat model fine-tuned from the CPU quick start's keeps its 64 tokens: the prompt (the template around
+    # the message, as serve.py renders it) and max_tokens must fit there, or serve.py refuses the request.
+    context = read_config_file(str(REPO / "configs" / "shakespeare_cpu.py"))["block_size"]
+    max_tokens, messages = streaming_request()
+    chars = sorted(set("".join(m["content"] for m in messages)) | {"\n"})
+    tokenizer = Tokenizer({"kind": "char", "chars": chars}).with_special(CHAT_SPECIALS)
+    assert len(prompt_ids(messages, tokenizer)) + max_tokens <= context == 64
+
+
+@needs_gpt2_bpe
+def test_the_streaming_example_fits_a_gpt2_chat_model_of_that_context():
+    max_tokens, messages = streaming_request()
+    tokenizer = Tokenizer.tiktoken("gpt2").with_special(CHAT_SPECIALS)
+    assert len(prompt_ids(messages, tokenizer)) + max_tokens <= 64
+
+
+def test_the_set_up_gives_pytorchs_cpu_index_and_ci_keeps_its_local_wheel():
+    block = re.findall(r"```bash\n(.*?)```", section("Set up"), flags=re.S)[0]
+    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in block
+    assert block.index("download.pytorch.org/whl/cpu") < block.index('pip install -e ".[dev]"')  # torch first
+    ci = (REPO / ".ci" / "run").read_text()
+    assert 'setup "$work/newest" 2.13.0' in ci and '"torch==$2"' in ci and "--index-url" not in ci
+
+
+def test_only_prepare_chat_py_adds_the_chat_markers_as_the_readme_says(tmp_path):
+    text = paragraph("A tokenizer can carry named special tokens")
+    assert "GPT-2's BPE has `<|endoftext|>` alone, a character vocabulary none" in text
+    assert "The chat markers come with `prepare/chat.py`, which adds those its tokenizer lacks" in text
+    assert "reserves all five by default (`--special`)" in text
+    assert Tokenizer({"kind": "char", "chars": list("abc")}).special == {}
+    conversations = tmp_path / "c.jsonl"
+    conversations.write_text('{"messages": [{"role": "user", "content": "abc"}]}\n')
+    char = prepare_chat.chat_tokenizer("char", conversations, str(tmp_path))
+    assert list(char.special) == list(CHAT_SPECIALS)  # added by prepare/chat.py, after the characters
+    assert tuple(prepare_tokenizer.TokenizerConfig().special) == CHAT_SPECIALS
+
+
+@needs_gpt2_bpe
+def test_gpt2s_bpe_gets_the_chat_markers_from_prepare_chat_py_only(tmp_path):
+    assert Tokenizer.tiktoken("gpt2").special == {"<|endoftext|>": 50256}
+    gpt2 = prepare_chat.chat_tokenizer("gpt2", tmp_path / "unused.jsonl", str(tmp_path))
+    assert gpt2.special == {"<|endoftext|>": 50256, "<|system|>": 50257, "<|user|>": 50258, "<|assistant|>": 50259,
+                            "<|end|>": 50260}
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_ctrl_c_at_chats_prompt_ends_it_with_code_0_as_the_readme_says(tmp_path, monkeypatch, capsys):
+    text = paragraph("**chat.py** streams each reply")
+    assert "Ctrl-C while a reply is being written stops that reply, not the program" in text
+    assert "at the prompt, Ctrl-C, like Ctrl-D and `/quit`, ends chat.py (exit code 0)" in text
+    tokenizer = Tokenizer({"kind": "char", "chars": list("abc \n")}).with_special(CHAT_SPECIALS)
+    cfg = GPTConfig(block_size=16, vocab_size=tokenizer.vocab_size, n_layer=1, n_head=1, n_embd=8)
+    meta = {"tokenizer": tokenizer.to_meta(), "vocab_size": tokenizer.vocab_size, "eot_id": tokenizer.eot_id,
+            "splits": {}}
+    save_checkpoint({"format": 1, "model_config": cfg.to_dict(), "model": GPT(cfg).state_dict(), "tokenizer": meta,
+                     "step": 1, "config": {}}, tmp_path / "out" / "best.pt")
+
+    prompts = []
+
+    def ctrl_c(prompt=""):
+        prompts.append(prompt)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sys, "stdin", Terminal())
+    monkeypatch.setattr(builtins, "input", ctrl_c)
+    with torch_threads(1):  # a Ctrl-C that escaped would be "interrupted" and exit code 1 (a SystemExit)
+        assert chat.main([f"--ckpt={tmp_path / 'out'}", "--device=cpu"]) is None
+    assert prompts == ["you> "] and "error" not in capsys.readouterr().err
