@@ -563,7 +563,7 @@ def cuda_test_files() -> list[str]:
     return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py") if marks_cuda(p.read_text()))
 
 
-def test_groups() -> list[tuple[str, list[str]]]:
+def cuda_test_runs() -> list[tuple[str, list[str]]]:
     """The tests part's pytest runs, in order: the graphed training step's file on its own, then the others."""
     files = cuda_test_files()
     groups = (("CUDA tests: the graphed training step", [f for f in files if f == GRAPH_TESTS]),
@@ -585,7 +585,7 @@ TEST_FAILURE = re.compile(r"^(?:FAILED|ERROR) (?P<test>\S+::\S+)(?: - (?P<messag
 RUNNING_TEST = re.compile(r"(?:^|\n)(?P<test>\S+::\S+) *$")
 
 
-def test_outcomes(output: str) -> dict[str, dict]:
+def read_outcomes(output: str) -> dict[str, dict]:
     """Each test's outcome (passed, failed, error, skipped, ...) and message, from pytest -v's lines (a failure
     in a teardown after a pass counts) and its short summary (the failures' messages, at the end)."""
     found: dict[str, dict] = {}
@@ -606,7 +606,7 @@ def running_test(output: str) -> str | None:
     return m["test"] if m else None
 
 
-class TestClock:
+class PerTestLimit:
     """A watch over pytest -v (Check.run): which test is running and since when; once one has run past
     limit_s, it stops the run with the status timeout, naming that test in `hung`."""
 
@@ -637,14 +637,14 @@ def run_tests(check: Check, label: str, files: list[str], limit_s: float, env: d
     runs: list[Run] = []
     results: dict[str, dict] = {}
     while True:
-        clock = TestClock(check, test_limit_s)
+        clock = PerTestLimit(check, test_limit_s)
         run = check.run(label, tests_command(files, list(results)), clock, env=env, cwd=cwd,
                         limit_s=end - time.monotonic())
         if run is None:
             return runs, results
         runs.append(run)
         known = set(results)
-        results.update(test_outcomes(run.output))
+        results.update(read_outcomes(run.output))
         cut = clock.hung or (clock.current if run.status == "timeout" else None)
         if cut is not None and cut not in results:
             why = f"no outcome within {test_limit_s:g} s" if clock.hung else "running when the part's time was up"
@@ -654,7 +654,7 @@ def run_tests(check: Check, label: str, files: list[str], limit_s: float, env: d
 
 
 def part_tests(check: Check, args) -> dict:
-    groups = test_groups()
+    groups = cuda_test_runs()
     if not groups:
         return {"status": "skipped", "reason": "no test file holds a test that skips without CUDA", "runs": []}
     # The tests' conftest asks tiktoken for GPT-2's BPE files at start, a download where they are not cached;
@@ -837,14 +837,20 @@ def part_steps(check: Check, args) -> dict:
 
 def step_windows(results: list[dict], at: tuple[int, int], log: int) -> dict:
     """The windows the steps part compares (first and last step of each): the early one, before at[0], and the
-    late one, before at[1] or else the last log step after at[0] that every run measured reached; each run's
-    ms/step over them (early_ms, late_ms, and their ratio) is added to its result."""
-    measured = [r for r in results if "ms_per_step" in r]
-    reached = set.intersection(*(set(map(int, r["ms_per_step"])) for r in measured)) if measured else set()
-    late = max((step for step in reached if at[0] < step <= at[1]), default=None)
-    for r in measured:
-        early, last = r["ms_per_step"].get(str(at[0])), r["ms_per_step"].get(str(late))
-        r.update(early_ms=early, late_ms=last, late_over_early=last / early if early and last else None)
+    late one, before at[1] or else the last log step after at[0] that every run with figures reached (a run
+    with none, one that failed at once, does not take the other's away: without a common window each run's
+    late one is its own last). Each run's ms/step over them (early_ms, late_ms at late_step, and their ratio)
+    is added to its result."""
+    measured = [r for r in results if r.get("ms_per_step")]
+    reached = [set(map(int, r["ms_per_step"])) for r in measured]
+    late = max((step for step in set.intersection(*reached) if at[0] < step <= at[1]), default=None) if reached else None
+    for r in results:
+        if "ms_per_step" not in r:
+            continue
+        steps = set(map(int, r["ms_per_step"]))
+        own = late or max((step for step in steps if at[0] < step <= at[1]), default=None)
+        early, last = r["ms_per_step"].get(str(at[0])), r["ms_per_step"].get(str(own))
+        r.update(late_step=own, early_ms=early, late_ms=last, late_over_early=last / early if early and last else None)
     return {"early": [at[0] - log + 1, at[0]], "late": [late - log + 1, late] if late else None,
             "late_wanted": [at[1] - log + 1, at[1]]}
 
@@ -973,7 +979,7 @@ def nanogpt_note(part: dict, key: str) -> str | None:
     if record.get("ms") or record.get("reached") or record.get("best"):
         return None
     if not part or part.get("status") == "skipped":
-        return "no anchor: " + ((part or {}).get("reason") or "nanoGPT was not run")
+        return "no anchor: " + ((part or {}).get("reason") or "nanoGPT was not run").removeprefix("no anchor: ")
     if "skipped" in record:
         return "no anchor: " + record["skipped"]
     label = {"bench": "bench.py", "train": "train_shakespeare_char"}[key]
@@ -1086,7 +1092,7 @@ def run_needs(name: str, smoke: bool = False) -> list[tuple[str, float]]:
             figure = CUDA_TEST_FILE_S.get(path, "other_test_file_s")
             return h200(figure) if figure else 0.0
 
-        needs = [(label, h200("pytest_start_s") + sum(map(file_s, files))) for label, files in test_groups()]
+        needs = [(label, h200("pytest_start_s") + sum(map(file_s, files))) for label, files in cuda_test_runs()]
     elif name in ("train", "train_more"):
         runs, options = bench_runs(name, smoke)
         needs = [(label, h200("bench_start_s") + bench_rows(options + extra) * h200("bench_row_s"))
@@ -1157,7 +1163,7 @@ def plan_commands(name: str, smoke: bool, args) -> list[str]:
     if name == "device":
         return [show(device_command(smoke, tmp / "peak.json")), *(["nvidia-smi"] if not smoke else [])]
     if name == "tests":
-        groups = test_groups()
+        groups = cuda_test_runs()
         return [show(tests_command(files)) for _, files in groups] or ["nothing: no test skips without CUDA"]
     if name in ("train", "train_more", "decode"):
         runs, options = bench_runs(name, smoke)

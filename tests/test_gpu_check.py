@@ -223,7 +223,7 @@ def test_when_nanogpt_fails_the_summary_says_so_with_its_last_lines(tmp_path, mo
     assert summary["shakespeare_s_to_val"]["nanogpt"]["val_loss"] == 1.46
     skipped = {"status": "skipped", "reason": "no anchor: nanoGPT's code is not at shared/anchors/nanoGPT"}
     summary = gpu_check.summarise({"rows": [], "device": {}, "parts": {"nanogpt": skipped}}, smoke=False)
-    assert summary["train_12x1024_no_bias"]["note"].startswith("no anchor: ")
+    assert summary["train_12x1024_no_bias"]["note"] == skipped["reason"]
 
 
 def test_plan_memory_table_is_read():
@@ -291,7 +291,13 @@ def test_the_steps_part_compares_the_windows_both_runs_reached():
                                                            "steps": [graphed, plain]}}}
     late = gpu_check.summarise(report, smoke=False)["shakespeare_ms_per_step_late"]
     assert late["value"] == 3.0 and late["window"] == [1201, 1300]
-    assert gpu_check.step_windows([{"run": "x", "ms_per_step": {"100": 5.0}}], (200, 1500), 100)["late"] is None
+    # the graphed run failed before its first log line: the plain run keeps its own late window
+    failed, plain = {"run": "one CUDA graph", "ms_per_step": {}}, {"run": "plain", "ms_per_step": plain["ms_per_step"]}
+    assert gpu_check.step_windows([failed, plain], (200, 1500), 100)["late"] == [1201, 1300]
+    assert plain["late_step"] == 1300 and failed["late_ms"] is None
+    short = {"run": "x", "ms_per_step": {"100": 5.0, "200": 6.0, "300": 6.6}}
+    assert gpu_check.step_windows([short, {"run": "y", "ms_per_step": {"100": 5.0}}], (200, 1500), 100)["late"] is None
+    assert short["late_step"] == 300 and short["late_over_early"] == pytest.approx(1.1)
 
 
 def test_the_default_plan_gives_every_part_its_floor_and_a_short_total_is_refused_before_it_starts(tmp_path):
@@ -336,7 +342,7 @@ def test_every_default_part_gets_what_its_commands_need_by_the_h200s_figures(tmp
         assert budget >= need, f"{name}: a budget of {budget:g} s, below the {need:g} s its commands need on an H200"
     assert gpu_check.DEFAULT_TOTAL_S[False] <= 570  # (with pip's install of the wheel, inside a 600-s call)
     # the runs' needs follow the commands: one per pytest run, bench.py run, train.py run
-    assert len(gpu_check.run_needs("tests")) == len(gpu_check.test_groups()) == 2
+    assert len(gpu_check.run_needs("tests")) == len(gpu_check.cuda_test_runs()) == 2
     assert [label for label, _ in gpu_check.run_needs("steps")[1:]] == [label for label, _ in gpu_check.STEP_RUNS]
     assert gpu_check.bench_rows(["--models=a,b", "--batch_size=12", "--cuda_graphs=False,True"]) == 4
     assert all(figure.where for figure in gpu_check.H200.values())
@@ -422,7 +428,7 @@ def test_the_packages_each_part_needs_are_all_it_imports():
     blocked = sorted(names - set(gpu_check.OURS))
     assert "crc32c" in names and "datasets" in blocked  # (the list read is pyproject's)
     modules = ["train", "bench", "prepare.shakespeare_char", "benchmarks.plan_memory"] + [
-        path.removeprefix("tests/").removesuffix(".py") for _, files in gpu_check.test_groups() for path in files]
+        path.removeprefix("tests/").removesuffix(".py") for _, files in gpu_check.cuda_test_runs() for path in files]
     code = textwrap.dedent(f"""
         import importlib, importlib.abc, sys
         class Block(importlib.abc.MetaPathFinder):
