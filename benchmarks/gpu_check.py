@@ -17,11 +17,12 @@ packages: crc32c), copy what the parts read into shared/ first, with the commit 
 then run this one command there (one call of at most 10 minutes: the default run ends within its 560 s, 9.3
 minutes; $OUT, where it is set, gets the JSON and the log):
 
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site shared/wheels/*.whl && \
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site shared/wheels/*.whl; \
         PYTHONPATH=/tmp/site:. python3 benchmarks/gpu_check.py
 
-(The commit comes from git where .git is there, else from $GPU_CHECK_COMMIT or shared/COMMIT: the commit, then
-"dirty" where tracked files differed from it.) `--dry_run`, and the run at its start, say in one line what is
+(The check runs even where the install failed: it then says which package is missing and skips the parts that
+need it. The commit comes from git where .git is there, else from $GPU_CHECK_COMMIT or shared/COMMIT: the
+commit, then "dirty" where tracked files differed from it.) `--dry_run`, and the run at its start, say in one line what is
 missing (tiny Shakespeare's text, nanoGPT's code, a package), before any part would try a download; a part
 whose package is missing is skipped, saying so, rather than failing after its minutes.
 
