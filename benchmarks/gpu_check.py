@@ -1,38 +1,68 @@
 """The one command for whoever has a GPU: the GPU figures BENCHMARKS.md lacks, measured in one go.
 
-    PYTHONPATH=. python benchmarks/gpu_check.py --dry_run   # the plan: each part, its seconds, what it runs
-    PYTHONPATH=. python benchmarks/gpu_check.py --out benchmarks/gpu_check_2026-11-26.json   # one H100 / H200
+    PYTHONPATH=. python benchmarks/gpu_check.py --dry_run   # the plan: each part, its seconds, its need, what it runs
+    PYTHONPATH=. python benchmarks/gpu_check.py             # one H100 / H200 (JSON and log into $OUT, or benchmarks/)
     PYTHONPATH=. python benchmarks/gpu_check.py --smoke --out /tmp/smoke.json   # a rehearsal on the CPU
     PYTHONPATH=. python benchmarks/gpu_check.py --parts=plan,serve,train_more --total_s=480   # the other parts
 
-It runs from a fresh clone on a machine with only torch, numpy, tiktoken, tqdm, pytest and transformers
+On a machine that gets the working tree only (this project's GPU machines: the checkout's files and a shared/
+folder inside it travel; ../shared, .git and the network do not, and the image may lack one of the project's
+packages: crc32c), copy what the parts read into shared/ first, with the commit and a wheel of crc32c:
+
+    mkdir -p shared/wheels && cp -r --no-preserve=mode ../shared/data ../shared/anchors shared/
+    git rev-parse HEAD > shared/COMMIT; git diff --quiet HEAD || echo dirty >> shared/COMMIT
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 -d shared/wheels crc32c==2.9.post0
+
+then run this one command there (one call of at most 10 minutes: the default run ends within its 560 s, 9.3
+minutes; $OUT, where it is set, gets the JSON and the log):
+
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site shared/wheels/*.whl; \
+        PYTHONPATH=/tmp/site:. python3 benchmarks/gpu_check.py
+
+(The check runs even where the install failed: it then says which package is missing and skips the parts that
+need it. The commit comes from git where .git is there, else from $GPU_CHECK_COMMIT or shared/COMMIT: the
+commit, then "dirty" where tracked files differed from it.) `--dry_run`, and the run at its start, say in one line what is
+missing (tiny Shakespeare's text, nanoGPT's code, a package), before any part would try a download; a part
+whose package is missing is skipped, saying so, rather than failing after its minutes.
+
+It runs from a fresh clone on a machine with only torch, numpy, tiktoken, tqdm, crc32c, pytest and transformers
 (nothing is installed): this file imports only Python's standard library (and gptkit.cli, which does too),
 and every part runs scripts as subprocesses, each with a time limit, so that a crash or a hang loses that run
-only. The device is read first, on its own budget; then each asked part gets its planned seconds (measured on
-the H200 run of 2026-11-26, see BUDGETS), scaled to --total_s (8 minutes by default), plus what earlier parts
-left unused. A --total_s that would give a part less than its floor is refused before anything runs, naming
-the least that fits; --dry_run prints the plan and runs nothing. The parts, in order (the default run: device
-to decode; every figure of its summary is measured in it):
+only. The device is read first, on its own budget; then each asked part gets its planned seconds, scaled to
+--total_s (by default what the default parts need: 9.3 minutes), plus what earlier parts left unused. What a
+part needs is added up from its commands with the H200 figures of 2026-11-26 (H200, one table: start + compile
++ steps x ms per step), and within a part each run may use the part's time less what the runs after it need.
+A --total_s that would give a part less than its floor is refused before anything runs, naming the least that
+fits; --dry_run prints the plan and runs nothing. The parts, in order (the default run: device to decode; every
+figure of its summary is measured in it):
 
   device       the device and its versions (torch, CUDA, cuDNN, Triton), and the measured dense bf16 peak: an
-               8192 x 8192 x 8192 bf16 matmul timed, in TFLOP/s, beside the datasheet's (gptkit/metrics.py)
-  tests        the tests marked cuda, which skip without a CUDA GPU (pytest -m cuda on the files holding them): the
-               graphed training step against the plain one among them
+               8192 x 8192 x 8192 bf16 matmul timed after ~1 s of warm-up (the clocks up), in TFLOP/s, beside
+               the datasheet's (gptkit/metrics.py)
+  tests        the tests marked cuda, which skip without a CUDA GPU: first tests/test_cudagraph_cuda.py on its
+               own (the graphed training step against the plain one, eager and compiled with dropout, a NaN,
+               an asynchronous save), then the other files. pytest -v prints each outcome as the test ends, so
+               a run stopped keeps every outcome so far; a test past CUDA_TEST_LIMIT_S is stopped (its outcome
+               timeout) and pytest goes on with the tests not run yet
   train        bench.py's training rows: GPT-2 124M without biases (gpt2nobias: the shape nanoGPT's bench.py
                times) at micro-batch 12 as train.py runs it and as one CUDA graph. Each run has --keep_going and
-               writes its rows as it goes: a run stopped at its limit keeps the rows it finished
+               writes its rows as it goes: a run stopped at its limit keeps the rows it finished; a row that
+               failed fails the part, named
   nanogpt      nanoGPT's own code beside ours, in this call on this device (shared/anchors/nanoGPT in the
-               checkout or beside it, or --nanogpt; "no anchor" without it): its bench.py (the denominator of the
-               speed-up at 12 x 1024) and its train_shakespeare_char until its first val loss <= --val_loss (or
-               step 1,750), with each evaluation's wall seconds from its start and its median ms per iteration
-  shakespeare  python train.py configs/shakespeare.py until its first val loss <= 1.47 (--val_loss): the time
-               from the process' start (metrics.jsonl's elapsed_s, which counts from it) and the wall's; then
-               the run is stopped. The text comes from --shakespeare_text, data/shakespeare_char,
-               shared/data/tinyshakespeare.txt (in the checkout or beside it), or a download; it is prepared in
-               a temporary folder
-  steps        the same small model's ms per step over steps 101-200 (after the graphed run's warm-up and
-               capture) and 1,401-1,500 (no evaluations between), as train.py runs it and with
-               --cuda_graphs=True: is the step flat, and what do graphs give
+               checkout or beside it, or --nanogpt; "no anchor" without it, "nanoGPT failed: ..." with its last
+               lines where it ran and failed): its bench.py (the denominator of the speed-up at 12 x 1024),
+               within its own time limit, and its train_shakespeare_char until its first val loss <= --val_loss
+               (or step 1,750), with each evaluation's wall seconds from its start and its median ms per iteration
+  shakespeare  python train.py configs/shakespeare.py --async_save=True until its first val loss <= 1.47
+               (--val_loss): the time from the process' start (metrics.jsonl's elapsed_s, which counts from it)
+               and the wall's; then the run is stopped. The text comes from --shakespeare_text,
+               data/shakespeare_char, shared/data/tinyshakespeare.txt (in the checkout or beside it), or a
+               download; it is prepared in a temporary folder
+  steps        the same small model's ms per step, with --cuda_graphs=True first and then as train.py runs it,
+               over steps 101-200 (after the graphed run's warm-up and capture) and 1,401-1,500 (no evaluations
+               between), or the last window before it that both runs reached: is the step flat, what do graphs
+               give
   decode       bench.py's batch-1 decode rows, eager (beside transformers' eager generate) then compiled (with
                the compile time), and the 1,000-token prefill
   plan         (not in the default run) python -m benchmarks.plan_memory --device=cuda: the plan's peak memory
@@ -44,19 +74,21 @@ to decode; every figure of its summary is measured in it):
                the modern model
 
 It writes --out, a JSON file (rewritten after every part): the date, the command, the device, torch, the git
-commit, the budgets; every part's status (ok, failed, timeout or skipped), seconds, time budget and reason, and
-its runs (command, exit code, seconds); every bench.py row, each with mfu_measured_peak (MFU against the
-measured peak, beside mfu against the datasheet's); the tests' outcomes, the Shakespeare runs, the plan's rows;
-and a summary against BENCHMARKS.md's targets. Beside it, the log (--log): every subprocess's output.
+commit, the budgets and needs, what was missing; every part's status (ok, failed, timeout or skipped), seconds,
+time budget and reason, and its runs (command, exit code, seconds, and the last lines of one that failed);
+every bench.py row, each with mfu_measured_peak (MFU against the measured peak, beside mfu against the
+datasheet's); the tests' outcomes, the Shakespeare runs, the plan's rows; and a summary against BENCHMARKS.md's
+targets. Beside it, the log (--log): every subprocess's output.
 
---smoke runs the same parts on the CPU in about a minute or two (tiny models, a few steps,
-configs/shakespeare_cpu.py shrunk, val loss 3.6, nanoGPT's training shrunk and without its bench.py, which
-needs CUDA): a rehearsal of the machinery, none of its figures means anything.
+--smoke runs the same parts on the CPU in about a minute (tiny models, a few steps, configs/shakespeare_cpu.py
+shrunk, val loss 3.6, nanoGPT's training shrunk and without its bench.py, which needs CUDA): a rehearsal of the
+machinery, none of its figures means anything.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.util
 import json
 import math
@@ -71,7 +103,6 @@ import sys
 import tempfile
 import time
 import traceback
-import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,19 +111,69 @@ from gptkit import cli  # (standard library only)
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The parts' time in seconds, from the H200 run of 2026-11-26 (../shared/gpu/2026-11-26/gpu_check.log): a part's
-# budget (what it is planned to need) and its floor (below which it could not give its first figure), on a GPU
-# and in --smoke. Measured there: the device read 5 s (torch's import and CUDA's start, ~8 s on a cold start); the
-# CUDA tests 26 s; a bench.py training row ~29 s (87.5 s for three in one process, its compile ~20 s each);
-# decode 74 s (eager with transformers beside it 47 s, compiled 27 s); configs/shakespeare.py to val 1.47 60 s;
-# the memory plan 38 s; serving GPT-2's shape compiles 6 buckets at ~12 s each before its load. Not measured
-# yet, estimated: the tests now hold the engine's compiled buckets (~25 s) and the graphed training step (~10 s)
-# besides those 26 s; the steps part (two 1,500-step runs of the 12.6 ms/step model, ~30 s each with the start
-# and compile); nanoGPT (its bench.py ~30 s with its compile; its train_shakespeare_char ~57 s to step 1,750).
-# The device read comes first, on its own budget: no other part's share can skip it.
+
+@dataclass(frozen=True)
+class Figure:
+    value: float
+    where: str  # where it was read in ../shared/gpu/2026-11-26/, or why it is an estimate
+
+
+# What the parts' commands take on an H200, in one table: each figure read from the run of 2026-11-26
+# (../shared/gpu/2026-11-26/: gpu_check.log, gpu_check.json, README.md) or, where no run has measured it yet,
+# estimated, and said so. run_needs() adds them up for each run of a part, from the very commands the part runs
+# (start + compile + steps x ms per step); the default budgets hold what the default parts need
+# (tests/test_gpu_check.py fails where one does not), so that a change to a part cannot silently starve it.
+H200 = {
+    "torch_start_s": Figure(4.5, "gpu_check.log, device: a python with torch, CUDA's start and the matmul peak, 4.5 s"),
+    "pytest_start_s": Figure(6.5, "estimate: torch's start (4.5 s, above) and pytest's collection of the CUDA test "
+                                  "files, which import train.py"),
+    "train_start_s": Figure(10.4, "gpu_check.json, shakespeare: wall_s 56.6 - elapsed_s 46.2 at step 1,500 (train.py's "
+                                  "clock then started after its imports, CUDA, the data and the model)"),
+    "train_eval_compile_s": Figure(10.3, "gpu_check.json, shakespeare: the step-0 evaluation done 11.1 s into "
+                                         "train.py's clock, less its 200 batches (~0.8 s, below)"),
+    "train_compile_s": Figure(13.5, "gpu_check.json, shakespeare: the step-250 evaluation at 28.0 s = 11.1 s + 250 steps "
+                                    "x ~10.5 ms + one evaluation (~0.8 s) + the training step's compile"),
+    "train_eval_s": Figure(0.8, "gpu_check.json, shakespeare: evaluations at 31.5, 34.6, 38.4, 42.1 s, ~3.5 s apart: "
+                                "250 steps (~2.7 s) and one evaluation of 200 batches"),
+    "train_ms": Figure(12.6, "gpu_check.log, shakespeare: configs/shakespeare.py's ms/step, 9-10 early, 12.6 at step "
+                             "1,500 (the larger; also for the graphed step, not measured yet)"),
+    "train_val_step": Figure(1500, "gpu_check.json, shakespeare: the first val <= 1.47 (1.4673) at step 1,500, every "
+                                   "250 steps evaluated"),
+    "prepare_s": Figure(1.0, "gpu_check.log: prepare/shakespeare_char.py, 1.0 s"),
+    "bench_start_s": Figure(9.5, "gpu_check.log, train: three gpt2nobias rows in one bench.py, 87.5 s; less 3 x 26 s"),
+    "bench_row_s": Figure(26.0, "gpu_check.log, train: a 12-32 x 1024 gpt2nobias row, its compile (~20 s) and its "
+                                "timed steps (one graphed row: the same, estimated)"),
+    "decode_eager_s": Figure(47.0, "gpu_check.log, decode: eager with transformers' reference, 47.0 s"),
+    "decode_compiled_s": Figure(27.0, "gpu_check.log, decode: compiled (its compile 12 s), 27.0 s"),
+    "plan_s": Figure(37.5, "gpu_check.log, memory plan: 37.5 s"),
+    "graph_tests_s": Figure(45.0, "estimate: tests/test_cudagraph_cuda.py: tiny eager runs in pairs (~5 s a test) and "
+                                  "two compiled runs of the tiny model (~30 s, inductor's cache warm for the second)"),
+    "generate_loader_tests_s": Figure(19.0, "gpu_check.log, CUDA tests: test_generate's decode graph and "
+                                            "test_loader's batches, 25.5 s, less pytest's start"),
+    "engine_tests_s": Figure(30.0, "estimate: test_engine's buckets, two decode steps compiled (~14 s each: serve.log, "
+                                   "the 16-row step compiled in 14.0 s)"),
+    "other_test_file_s": Figure(20.0, "estimate: a file of CUDA tests not named above"),
+    "nanogpt_prepare_s": Figure(2.0, "estimate: its prepare.py on the 1.1M characters (ours took 1.0 s)"),
+    "nanogpt_bench_s": Figure(45.0, "estimate: its start and GPT-2 124M's compile (~30 s, as our bench.py's start "
+                                    "and a row's compile) and 30 iterations at 26.35 ms (README.md), with room"),
+    "nanogpt_start_s": Figure(19.0, "README.md: its step-0 evaluation ~19 s after the process start"),
+    "nanogpt_compile_s": Figure(12.8, "README.md: step 1,750 at ~57 s = 19 s + 1,750 x 8.0 ms + 7 evaluations x 1.6 s "
+                                      "+ the training step's compile"),
+    "nanogpt_ms": Figure(8.0, "README.md: its iter lines, ~8.0 ms"),
+    "nanogpt_eval_s": Figure(1.6, "README.md: its evaluations, ~1.6 s each"),
+    "nanogpt_eval_interval": Figure(250, "nanoGPT's config/train_shakespeare_char.py: eval_interval = 250"),
+    "serve_s": Figure(150.0, "estimate: GPT-2's shape compiles 6 buckets at ~12 s each before its load, then 8 s for "
+                             "each of 3 client levels, eager and compiled"),
+}
+
+
+def h200(name: str) -> float:
+    return H200[name].value
+
+
 @dataclass(frozen=True)
 class Budget:
-    gpu: float  # seconds planned on a GPU
+    gpu: float  # seconds planned on a GPU (at least what the part needs there: run_needs)
     gpu_floor: float  # the least it is started with on a GPU
     smoke: float  # ... and in --smoke
     smoke_floor: float
@@ -101,19 +182,24 @@ class Budget:
         return (self.smoke, self.smoke_floor) if smoke else (self.gpu, self.gpu_floor)
 
 
+# The device read comes first, on its own budget: no other part's share can skip it (4.5 s measured, ~8 s on a
+# cold start, ~1 s more of the matmul's warm-up now).
 DEVICE_BUDGET = Budget(15, 10, 25, 15)
-BUDGETS = {"tests": Budget(70, 45, 30, 20), "train": Budget(70, 60, 50, 25), "decode": Budget(78, 50, 40, 20),
-           "shakespeare": Budget(62, 55, 60, 30), "steps": Budget(65, 40, 45, 20),
-           "nanogpt": Budget(90, 60, 40, 15),
+BUDGETS = {"tests": Budget(110, 60, 30, 20), "train": Budget(65, 40, 50, 25), "decode": Budget(76, 50, 40, 20),
+           "shakespeare": Budget(62, 55, 60, 30), "steps": Budget(110, 60, 45, 20),
+           "nanogpt": Budget(106, 60, 40, 15),
            # not in the default run (--parts=...,plan,serve,train_more): their figures are not in its summary
            "plan": Budget(45, 40, 10, 5), "serve": Budget(160, 90, 10, 5), "train_more": Budget(200, 35, 10, 5)}
 DEFAULT_PARTS = ("tests", "train", "nanogpt", "shakespeare", "steps", "decode")  # (in PARTS' order)
-DEFAULT_TOTAL_S = {False: 480.0, True: 300.0}  # on a GPU, and in --smoke
+DEFAULT_TOTAL_S = {False: 560.0, True: 300.0}  # on a GPU (the default parts' budgets), and in --smoke
 # A run is not started with less time than this left in its part (it would only import torch and be stopped).
 MIN_RUN_S = 8
 # How long a stopped run has to exit after SIGTERM before it is killed (twice that is kept back from the
 # budgets, so that stopping the last run still ends within --total_s).
 GRACE_S = 5
+# The matmul peak's warm-up, in seconds: ten products (~15 ms) read 725 TFLOP/s on the H200, against the 788-798
+# that H200s give once their clocks are up; the measured peak is the denominator of an MFU.
+PEAK_WARMUP_S = {False: 1.0, True: 0.1}
 
 # bench.py's training runs in the default run, the most decisive: nanoGPT's shape (no biases) at 12 x 1024, plain
 # and as one CUDA graph, against nanoGPT's bench.py. (The attention kernels are left out: at 12 x 1024 the
@@ -132,22 +218,36 @@ TRAIN_MORE_RUNS = (
     ("the optimizer step compiled", ["--models=gpt2nobias", "--batch_size=12", "--compile_optimizer=True"]),
     ("GPT-2 with biases, the modern model", ["--models=gpt2,modern", "--batch_size=12"]),
 )
-# ... and their stand-ins in --smoke: the tiny model, eager (compiling on a CPU takes minutes).
+# ... and their stand-ins in --smoke: the tiny model, eager (compiling on a CPU takes minutes); one run, as on a
+# GPU, its CUDA graph and cuDNN attention rows skipped (no CUDA) and reported so.
 SMOKE_TRAIN_RUNS = (
-    ("tiny, with and without biases, and as one CUDA graph (skipped: no CUDA)",
-     ["--models=tinynobias,tiny", "--batch_size=2,4", "--cuda_graphs=False,True"]),
-    ("attention kernels", ["--models=tinynobias", "--batch_size=2", "--sdpa=flash,cudnn"]),
+    ("tiny, with and without biases, cuDNN's attention and one CUDA graph (skipped: no CUDA)",
+     ["--models=tinynobias,tiny", "--batch_size=2", "--sdpa=default,cudnn", "--cuda_graphs=False,True"]),
 )
 SMOKE_TRAIN_MORE_RUNS = (("tiny, blocks compiled on their own", ["--models=tinynobias", "--batch_size=2"]),)
-# The steps part: train.py's options for each run (a run each), its log interval, and the two steps whose ms/step
-# (each over the log interval before it) it reports. The early window starts after the graphed run's warm-up
-# steps and capture (gptkit/cudagraph.py: 3 warm-up steps, captured at the 4th), which the first interval holds.
-STEP_RUNS = (("as train.py runs it", []), ("one CUDA graph", ["--cuda_graphs=True"]))
+# bench.py's variant options: a comma list each, one row per combination (run_needs counts the rows).
+BENCH_VARIANTS = ("--models", "--batch_size", "--sdpa", "--compile_mode", "--compile_optimizer", "--compile_scope",
+                  "--cuda_graphs")
+# The steps part: train.py's options for each run (a run each, the graphed one first: its late window is the
+# figure the part exists for), its log interval, and the two steps whose ms/step (each over the log interval
+# before it) it reports: the early window starts after the graphed run's warm-up steps and capture
+# (gptkit/cudagraph.py: 3 warm-up steps, captured at the 4th), which the first interval holds; the late one is
+# the last that every run reached, at most the second.
+STEP_RUNS = (("one CUDA graph", ["--cuda_graphs=True"]), ("as train.py runs it", []))
 STEP_LOG, STEP_AT = 100, (200, 1500)
-SMOKE_STEP_LOG, SMOKE_STEP_AT = 50, (100, 300)
+SMOKE_STEP_LOG, SMOKE_STEP_AT = 20, (40, 120)
+# The shakespeare part's options on top of configs/shakespeare.py's (--smoke: of the CPU config's, shrunk).
+SHAKESPEARE_OPTIONS = ("--async_save=True",)
 # (eager, with transformers' eager generate of the same shape beside it: the reference eager decoding must meet)
 DECODE_RUNS = (("eager", ["--compile=False", "--hf_reference"]), ("compiled", ["--compile=True"]))
 SMOKE_DECODE_RUNS = (("eager", ["--compile=False", "--hf_reference"]),)
+# The tests part: tests/test_cudagraph_cuda.py first, on its own (the graphed step, its capture compiled and
+# beside an asynchronous save: what the GPU run is first to try), then the other files holding CUDA tests; a test
+# running longer than CUDA_TEST_LIMIT_S is stopped (its outcome: timeout) and pytest goes on with the rest.
+GRAPH_TESTS = "tests/test_cudagraph_cuda.py"
+CUDA_TEST_LIMIT_S = 90
+CUDA_TEST_FILE_S = {GRAPH_TESTS: "graph_tests_s", "tests/test_generate.py": "generate_loader_tests_s",
+                    "tests/test_loader.py": None, "tests/test_engine.py": "engine_tests_s"}  # (None: in another's)
 
 # nanoGPT, run beside ours in the same call (its own code, from shared/anchors/nanoGPT): its bench.py (GPT-2 124M
 # without biases at 12 x 1024, compiled, random tokens) and its train_shakespeare_char config, stopped at the first
@@ -169,6 +269,19 @@ NANOGPT_ITER_LINE = re.compile(r"^iter (?P<step>\d+): loss [\d.]+, time (?P<ms>[
 TARGETS = {"vs_nanogpt": 1.15, "tokens_per_s": {"H200": 600_000, "H100": 550_000}, "decode_tokens_per_s": 4000,
            "prefill_ms": 10.0, "plan_error": 0.20, "shakespeare_s": 30.0, "small_step_ms": 4.0}
 SERVE_PACKAGES = ("starlette", "uvicorn", "openai")
+# The Python packages (beyond the standard library) each part's commands need. A part one of whose packages is
+# not installed is skipped, saying which, instead of failing after its minutes (a GPU image may lack one of the
+# project's dependencies: crc32c, carried as a wheel by the launch command above). tests/test_gpu_check.py
+# checks that train.py, bench.py and the CUDA test files import no other of the project's dependencies.
+# (transformers, for decode's reference row only, is not one: without it that bench.py run keeps its eager
+# rows and ends on its one-line error, and the compiled run goes on.)
+OURS = ("torch", "numpy", "tiktoken", "tqdm", "crc32c")  # train.py, bench.py, prepare/, the tests
+PART_MODULES = {"device": ("torch",), "tests": (*OURS, "pytest"), "train": OURS, "nanogpt": ("torch", "numpy"),
+                "shakespeare": OURS, "steps": OURS, "decode": OURS, "plan": OURS,
+                "serve": (*OURS, *SERVE_PACKAGES), "train_more": OURS}
+# Where a launcher that can send only the working tree writes the commit (.git may not travel): the commit, then
+# "dirty" where tracked files differed from it. The variable wins over the file.
+COMMIT_ENV, COMMIT_FILE = "GPU_CHECK_COMMIT", "COMMIT"
 
 
 # ----------------------------------------------------------------------------- running things
@@ -187,8 +300,16 @@ class Run:
     output: str
 
     def record(self) -> dict:
-        return {"label": self.label, "command": self.command, "status": self.status,
+        """What the JSON keeps of a run; one that failed or was stopped at its limit, with its last lines."""
+        kept = {"label": self.label, "command": self.command, "status": self.status,
                 "returncode": self.returncode, "seconds": round(self.seconds, 1)}
+        return kept | ({"last_lines": last_lines(self.output)} if self.status in ("failed", "timeout") else {})
+
+
+def last_lines(output: str, n: int = 5) -> list[str]:
+    """The last n lines a run printed that say something (progress bars' carriage returns cut to their end)."""
+    lines = [line.rsplit("\r", 1)[-1].rstrip() for line in output.splitlines()]
+    return [line[:300] for line in lines if line.strip()][-n:]
 
 
 class Check:
@@ -198,6 +319,7 @@ class Check:
         self.smoke = args.smoke
         self.out, self.log_path = Path(args.out), Path(args.log)
         self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path.write_bytes(b"")
         self.log = open(self.log_path, "ab")  # appending: the runs write to the same file
         self.tmp = Path(tempfile.mkdtemp(prefix="gpu_check_"))
@@ -212,15 +334,17 @@ class Check:
             self.planned_end[name] = ends
         self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                     "PYTHONUNBUFFERED": "1"}
-        tiktoken_files = ROOT / "shared" / "data" / "tiktoken_cache"  # GPT-2's BPE, for a machine with no network
-        if tiktoken_files.is_dir():
+        tiktoken_files = shared_path("data/tiktoken_cache")  # GPT-2's BPE, for a machine with no network
+        if tiktoken_files is not None:
             self.env.setdefault("TIKTOKEN_CACHE_DIR", str(tiktoken_files))
         if args.smoke:  # tiny models on a small shared CPU: one thread each runs fastest
             self.env.setdefault("OMP_NUM_THREADS", "1")
         self.report = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": ["benchmarks/gpu_check.py", *args.argv],
                        "smoke": args.smoke, "total_s": args.total_s, "elapsed_s": 0.0, "device": {},
                        "budgets_s": {name: round(b) for name, b in self.budgets.items()},
-                       "torch": None, "git": git_version(), "parts": {}, "rows": [], "summary": {}}
+                       "needs_s": None if args.smoke else {name: round(part_need(name)) for name in self.budgets},
+                       "missing": args.missing, "torch": None, "git": git_version(), "parts": {}, "rows": [],
+                       "summary": {}}
         self.part_end = self.deadline
         self.run_offset = 0  # where the running subprocess' output starts in the log
 
@@ -228,17 +352,22 @@ class Check:
         """Seconds the current part may still use: its budget, within the whole check's."""
         return min(self.part_end, self.deadline) - time.monotonic()
 
+    def share(self, own: float, later: float) -> float:
+        """A run's time limit: the part's time less what the runs after it need (`later`), but at least its own
+        need where the part has that much (the runs come most wanted first)."""
+        return max(own, self.left() - later)
+
     def note(self, text: str) -> None:
         self.log.write(text.encode())
         self.log.flush()
 
-    def run(self, label: str, command: list[str], watch: Callable[[], bool] | None = None,
-            env: dict[str, str] | None = None, cwd: Path = ROOT) -> Run | None:
+    def run(self, label: str, command: list[str], watch: Callable[[], bool | str | None] | None = None,
+            env: dict[str, str] | None = None, cwd: Path = ROOT, limit_s: float | None = None) -> Run | None:
         """Run `command` in the checkout (or `cwd`; with `env` added to the environment), its output into the
-        log, until it exits, the part's time is up (timeout), or `watch` (called every half second; it may
-        read output_so_far()) says it has what it needs (stopped). None when too little time is left to start
-        it."""
-        limit = self.left()
+        log, until it exits, the part's time (or `limit_s`, if less) is up (timeout), or `watch` (called every
+        half second; it may read output_so_far()) says it has what it needs (True: stopped) or names the status
+        to stop it with. None when too little time is left to start it."""
+        limit = self.left() if limit_s is None else min(self.left(), limit_s)
         if limit < MIN_RUN_S:
             return None
         text = shlex.join(command)
@@ -254,18 +383,19 @@ class Check:
                 time.sleep(0.5)
                 if proc.poll() is not None:
                     status = "ok" if proc.returncode == 0 else "failed"
-                elif watch is not None and watch():
-                    status = "stopped"
+                elif watch is not None and (verdict := watch()):
+                    status = verdict if isinstance(verdict, str) else "stopped"
                 elif time.monotonic() - t0 > limit:
                     status = "timeout"
         finally:  # (also on Ctrl-C: no run is left behind)
             if proc.poll() is None:
                 stop(proc)
         seconds = time.monotonic() - t0
-        self.note(f"----- {label}: {status}, exit code {proc.returncode}, {seconds:.1f} s\n")
         with open(self.log_path, "rb") as f:
             f.seek(offset)
             output = f.read().decode(errors="replace")
+        newline = "" if not output or output.endswith("\n") else "\n"  # (a run stopped mid-line: pytest -v)
+        self.note(f"{newline}----- {label}: {status}, exit code {proc.returncode}, {seconds:.1f} s\n")
         run = Run(label, text, status, proc.returncode, seconds, output)
         print(f"  {label}: {status} ({seconds:.0f} s)", flush=True)
         return run
@@ -310,7 +440,9 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def git_version() -> dict:
-    """The checkout's commit and whether tracked files differ from it (None where git cannot say)."""
+    """The checkout's commit and whether tracked files differ from it: from git, or where .git did not travel
+    (a copy of the working tree only) from $GPU_CHECK_COMMIT or shared/COMMIT, written before the run by whoever
+    launched it (the commit, then "dirty" where tracked files differed); None where nothing says."""
     def git(*args: str) -> str | None:
         try:
             done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=10)
@@ -319,8 +451,52 @@ def git_version() -> dict:
         return done.stdout.strip() if done.returncode == 0 else None
 
     commit = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no") if commit else None
-    return {"commit": commit, "dirty": None if status is None else bool(status)}
+    if commit:
+        status = git("status", "--porcelain", "--untracked-files=no")
+        return {"commit": commit, "dirty": None if status is None else bool(status), "from": "git"}
+    file = shared_path(COMMIT_FILE)
+    for text, source in ((os.environ.get(COMMIT_ENV), f"${COMMIT_ENV}"),
+                         (file.read_text() if file is not None and file.is_file() else None, str(file))):
+        words = (text or "").split()
+        if words and re.fullmatch(r"[0-9a-f]{7,40}", words[0]):
+            return {"commit": words[0], "dirty": "dirty" in words[1:], "from": source}
+    return {"commit": None, "dirty": None, "from": None}
+
+
+def shared_path(relative: str) -> Path | None:
+    """A file or folder of the project's shared data (tiny Shakespeare, GPT-2's BPE files, nanoGPT's code, the
+    commit): in shared/ inside the checkout (where a launcher copies it for a machine that gets the working tree
+    only) or beside the checkout; None where neither has it."""
+    return next((p for p in (ROOT / "shared" / relative, ROOT.parent / "shared" / relative) if p.exists()), None)
+
+
+def missing_modules(parts) -> dict[str, list[str]]:
+    """Each package that the asked parts import and this Python lacks, with those parts."""
+    missing: dict[str, list[str]] = {}
+    for part in parts:
+        for module in PART_MODULES[part]:
+            if importlib.util.find_spec(module) is None:
+                missing.setdefault(module, []).append(part)
+    return missing
+
+
+def missing_line(args, parts) -> str | None:
+    """What the asked parts would look for and not find here, in one line (None: nothing): packages (those parts
+    are skipped), tiny Shakespeare's text (prepared data aside, its parts would try a download, and nanoGPT is
+    skipped), nanoGPT's code ("no anchor")."""
+    said = [f"the package {module} ({', '.join(names)} skipped)" for module, names in missing_modules(parts).items()]
+    if {"shakespeare", "steps", "nanogpt"} & set(parts) and shakespeare_text(args.shakespeare_text) is None:
+        prepared = (ROOT / "data" / "shakespeare_char" / "meta.json").is_file()
+        download = [p for p in ("shakespeare", "steps") if p in parts and not prepared]
+        said.append("tiny Shakespeare's text, shared/data/tinyshakespeare.txt or --shakespeare_text=PATH ("
+                    + "; ".join(([f"{', '.join(download)} would download it"] if download else [])
+                                + (["nanogpt skipped"] if "nanogpt" in parts else [])) + ")")
+    if "nanogpt" in parts and nanogpt_dir(args.nanogpt) is None:
+        said.append("nanoGPT's code, shared/anchors/nanoGPT or --nanogpt=PATH (nanogpt skipped: no anchor)")
+    if not said:
+        return None
+    return (f"missing: {'; '.join(said)}. (shared/ in the checkout or beside it; the launch command in "
+            f"benchmarks/gpu_check.py copies it and carries the package)")
 
 
 def outcome(runs: list[Run | None], labels: list[str]) -> tuple[str, str | None]:
@@ -367,49 +543,151 @@ def part_device(check: Check, args) -> dict:
     return {"status": status, "reason": reason, "runs": [r.record() for r in runs if r], "peak": info.get("peak")}
 
 
-CUDA_ONLY = re.compile(r"pytest\.mark\.cuda\b")  # the marker tests/ci_skips.py defines
+def marks_cuda(source: str) -> bool:
+    """Whether a test file holds a test marked cuda (the marker tests/ci_skips.py defines): a test function
+    decorated @pytest.mark.cuda, or the module's pytestmark (a test's text inside a string does not count)."""
+    def is_cuda(node: ast.AST) -> bool:
+        return any(isinstance(n, ast.Attribute) and n.attr == "cuda" and ast.unparse(n) == "pytest.mark.cuda"
+                   for n in ast.walk(node))
+
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "pytestmark" for t in node.targets):
+            if is_cuda(node.value):
+                return True
+        if isinstance(node, ast.FunctionDef | ast.ClassDef) and any(is_cuda(d) for d in node.decorator_list):
+            return True
+    return False
 
 
 def cuda_test_files() -> list[str]:
     """The test files holding a test marked cuda (it needs a CUDA GPU)."""
-    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py") if CUDA_ONLY.search(p.read_text()))
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py") if marks_cuda(p.read_text()))
 
 
-def junit_results(path: Path) -> list[dict]:
-    """Each test's outcome (passed, failed, error, skipped) and message, from pytest's --junitxml file."""
-    results = []
-    for case in ET.parse(path).iter("testcase"):
-        result = {"test": f"{case.get('classname')}::{case.get('name')}", "outcome": "passed", "message": None}
-        for tag, name in (("failure", "failed"), ("error", "error"), ("skipped", "skipped")):
-            element = case.find(tag)
-            if element is not None:
-                result.update(outcome=name, message=cli.one_line(element.get("message") or "")[:300])
-                break
-        results.append(result)
-    return results
+def cuda_test_runs() -> list[tuple[str, list[str]]]:
+    """The tests part's pytest runs, in order: the graphed training step's file on its own, then the others."""
+    files = cuda_test_files()
+    groups = (("CUDA tests: the graphed training step", [f for f in files if f == GRAPH_TESTS]),
+              ("CUDA tests: the others", [f for f in files if f != GRAPH_TESTS]))
+    return [(label, chosen) for label, chosen in groups if chosen]
 
 
-def tests_command(xml: Path, files: list[str]) -> list[str]:
-    return python("-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-m", "cuda", f"--junitxml={xml}", *files)
+def tests_command(files: list[str], done: list[str] = ()) -> list[str]:
+    """pytest on the CUDA tests of `files`, each outcome on its own line as the test ends (--verbosity=1: the
+    project's addopts say -q), the tests in `done` left out."""
+    return python("-m", "pytest", "--verbosity=1", "-rfE", "-p", "no:cacheprovider", "-m", "cuda",
+                  *[f"--deselect={test}" for test in done], *files)
+
+
+# pytest -v: a test's node id when it starts, its outcome on the same line when it ends; -rfE's summary at the end
+TEST_LINE = re.compile(r"^(?P<test>\S+::\S+) (?P<outcome>PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)"
+                       r"(?: \((?P<why>.*)\))?(?:\s+\[\s*\d+%\])?\s*$", re.M)
+TEST_FAILURE = re.compile(r"^(?:FAILED|ERROR) (?P<test>\S+::\S+)(?: - (?P<message>.*))?$", re.M)
+RUNNING_TEST = re.compile(r"(?:^|\n)(?P<test>\S+::\S+) *$")
+
+
+def read_outcomes(output: str) -> dict[str, dict]:
+    """Each test's outcome (passed, failed, error, skipped, ...) and message, from pytest -v's lines (a failure
+    in a teardown after a pass counts) and its short summary (the failures' messages, at the end)."""
+    found: dict[str, dict] = {}
+    for m in TEST_LINE.finditer(output):
+        outcome = m["outcome"].lower()
+        kept = found.get(m["test"])
+        if kept is None or outcome in ("failed", "error"):
+            found[m["test"]] = {"test": m["test"], "outcome": outcome, "message": m["why"]}
+    for m in TEST_FAILURE.finditer(output):
+        if m["test"] in found and m["message"]:
+            found[m["test"]]["message"] = cli.one_line(m["message"])[:300]
+    return found
+
+
+def running_test(output: str) -> str | None:
+    """The test pytest -v is running: its node id on the last line, not yet followed by an outcome."""
+    m = RUNNING_TEST.search(output[-2000:])
+    return m["test"] if m else None
+
+
+class PerTestLimit:
+    """A watch over pytest -v (Check.run): which test is running and since when; once one has run past
+    limit_s, it stops the run with the status timeout, naming that test in `hung`."""
+
+    def __init__(self, check: Check, limit_s: float):
+        self.check, self.limit_s = check, limit_s
+        self.current: str | None = None
+        self.since = time.monotonic()
+        self.hung: str | None = None
+
+    def __call__(self) -> str | None:
+        running = running_test(self.check.output_so_far())
+        now = time.monotonic()
+        if running != self.current:
+            self.current, self.since = running, now
+        if running is not None and now - self.since > self.limit_s:
+            self.hung = running
+            return "timeout"
+        return None
+
+
+def run_tests(check: Check, label: str, files: list[str], limit_s: float, env: dict[str, str] | None = None,
+              test_limit_s: float = CUDA_TEST_LIMIT_S, cwd: Path = ROOT) -> tuple[list[Run], dict[str, dict]]:
+    """pytest on `files` (run in `cwd`, its rootdir: -v names the tests by their node ids there) within limit_s,
+    each test within test_limit_s: a test past it is stopped (its outcome timeout) and pytest starts again on
+    the tests that have no outcome yet. Every outcome printed before a stop is kept; the runs, and each test's
+    outcome."""
+    end = time.monotonic() + limit_s
+    runs: list[Run] = []
+    results: dict[str, dict] = {}
+    while True:
+        clock = PerTestLimit(check, test_limit_s)
+        run = check.run(label, tests_command(files, list(results)), clock, env=env, cwd=cwd,
+                        limit_s=end - time.monotonic())
+        if run is None:
+            return runs, results
+        runs.append(run)
+        known = set(results)
+        results.update(read_outcomes(run.output))
+        cut = clock.hung or (clock.current if run.status == "timeout" else None)
+        if cut is not None and cut not in results:
+            why = f"no outcome within {test_limit_s:g} s" if clock.hung else "running when the part's time was up"
+            results[cut] = {"test": cut, "outcome": "timeout", "message": f"{why}: stopped"}
+        if clock.hung is None or clock.hung in known:  # (a test left out that ran again: no loop)
+            return runs, results
 
 
 def part_tests(check: Check, args) -> dict:
-    files = cuda_test_files()
-    if not files:
+    groups = cuda_test_runs()
+    if not groups:
         return {"status": "skipped", "reason": "no test file holds a test that skips without CUDA", "runs": []}
-    xml = check.tmp / "junit.xml"
     # The tests' conftest asks tiktoken for GPT-2's BPE files at start, a download where they are not cached;
     # the CUDA tests need none, and on a machine without network the attempt could wait long for an answer. A
     # proxy that refuses at once makes it fail at once (those tests then skip, saying why).
-    offline = {"HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9"}
-    run = check.run("CUDA tests", tests_command(xml, files), env=offline)
-    results = junit_results(xml) if xml.is_file() else []
-    status, reason = outcome([run], ["pytest -m cuda " + " ".join(files)])
-    counts = {o: sum(r["outcome"] == o for r in results) for o in ("passed", "failed", "error", "skipped")}
-    if status == "failed" and counts["failed"] + counts["error"]:
-        reason = "failed: " + ", ".join(r["test"] for r in results if r["outcome"] in ("failed", "error"))
-    return {"status": status, "reason": reason, "runs": [run.record()] if run else [], "counts": counts,
-            "results": results}
+    # (COLUMNS: pytest -v cuts a line, a skip's reason first, at the terminal's width, 80 in a file)
+    offline = {"HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9", "COLUMNS": "250"}
+    needs = [need for _, need in run_needs("tests", check.smoke)]
+    runs: list[Run] = []
+    results: dict[str, dict] = {}
+    not_started = []
+    for i, (label, files) in enumerate(groups):
+        done, found = run_tests(check, label, files, check.share(needs[i], sum(needs[i + 1:])), offline)
+        runs += done
+        results.update(found)
+        if not done:
+            not_started.append(label)
+    counts = {o: sum(r["outcome"] == o for r in results.values())
+              for o in ("passed", "failed", "error", "skipped", "timeout")}
+    bad = [r["test"] for r in results.values() if r["outcome"] in ("failed", "error")]
+    late = [r["test"] for r in results.values() if r["outcome"] == "timeout"]
+    broken = [r.label for r in runs if r.status == "failed"]  # (without a failed test: collection, an import)
+    status, reason = "ok", None
+    if bad:
+        status, reason = "failed", "failed: " + ", ".join(bad) + (f"; timeout: {', '.join(late)}" if late else "")
+    elif broken:
+        status, reason = "failed", f"pytest failed (see the log): {'; '.join(broken)}"
+    elif late or not_started:
+        status, reason = "timeout", "; ".join(([f"timeout: {', '.join(late)}"] if late else [])
+                                             + ([f"not reached: {'; '.join(not_started)}"] if not_started else []))
+    return {"status": status, "reason": reason, "runs": [r.record() for r in runs], "counts": counts,
+            "results": list(results.values())}
 
 
 def bench_command(options: list[str], extra: list[str], path: Path) -> list[str]:
@@ -432,16 +710,35 @@ def bench_runs(kind: str, smoke: bool) -> tuple[tuple, list[str]]:
 
 def bench_part(check: Check, kind: str, runs: tuple, options: list[str]) -> dict:
     """bench.py once per group of rows (`runs`: (what, options)), most wanted first, with --keep_going and
-    --json; the rows join the report, each with the group's name in "run"."""
-    done = []
+    --json; the rows join the report, each with the group's name in "run". A row that failed (which
+    --keep_going reports as a row and bench.py's exit code hides) fails the part, named with its reason."""
+    needs = [need for _, need in run_needs(kind, check.smoke)]
+    done, failed_rows = [], []
     for i, (label, extra) in enumerate(runs):
         path = check.tmp / f"{kind}_{i}.json"
-        run = check.run(f"{kind}: {label}", bench_command(options, extra, path))
+        run = check.run(f"{kind}: {label}", bench_command(options, extra, path),
+                        limit_s=check.share(needs[i], sum(needs[i + 1:])))
         done.append(run)
         for row in read_rows(path):
             check.report["rows"].append({"run": f"{kind}: {label}", **row})
+            if row.get("status") == "failed":
+                failed_rows.append(f"{row_name(row)}: {str(row.get('reason'))[:200]}")
     status, reason = outcome(done, [label for label, _ in runs])
+    if failed_rows:
+        rows = f"failed rows: {'; '.join(failed_rows)}"
+        status, reason = "failed", rows if reason is None else f"{rows}; {reason}"
     return {"status": status, "reason": reason, "runs": [r.record() for r in done if r]}
+
+
+def row_name(row: dict) -> str:
+    """A bench.py row in a few words: its kind and model, micro-batch, and what its variant changes."""
+    words = [row.get("kind", "?"), str(row.get("model")), f"batch {row.get('batch_size')}"]
+    defaults = {"sdpa": "default", "compile_mode": "default", "compile_scope": "model", "compile_optimizer": False,
+                "cuda_graphs": False}
+    words += [f"{key}={row[key]}" for key, default in defaults.items() if row.get(key, default) != default]
+    if row.get("kind") != "train" and "compile" in row:
+        words.append("compiled" if row["compile"] else "eager")
+    return " ".join(words)
 
 
 def part_train(check: Check, args) -> dict:
@@ -459,9 +756,9 @@ def part_decode(check: Check, args) -> dict:
 def shakespeare_text(given: str | None) -> Path | None:
     """A local copy of tiny Shakespeare: --shakespeare_text, or shared/data/tinyshakespeare.txt in the checkout
     or beside it; None when there is none."""
-    candidates = [Path(given)] if given else [ROOT / "shared/data/tinyshakespeare.txt",
-                                              ROOT.parent / "shared/data/tinyshakespeare.txt"]
-    return next((p for p in candidates if p.is_file()), None)
+    if given:
+        return Path(given) if Path(given).is_file() else None
+    return shared_path("data/tinyshakespeare.txt")
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -513,27 +810,50 @@ def steps_command(smoke: bool, data_root: Path, out_dir: Path, extra: list[str])
 
 def part_steps(check: Check, args) -> dict:
     """The small model's ms per step early (over the log interval before STEP_AT[0], after the graphed run's
-    warm-up and capture) and late in a long run without evaluations, as train.py runs it and as one CUDA graph
-    (skipped on the CPU, where there is no graph to capture)."""
+    warm-up and capture) and late in a long run without evaluations (over the interval before STEP_AT[1], or
+    the last interval that every run reached), with --cuda_graphs=True first (skipped on the CPU, where there is
+    no graph to capture) and as train.py runs it. Each run may use the part's time less what the next needs."""
     data_root, runs, why = shakespeare_data(check, args)
     if data_root is None:
         return {"status": "skipped", "runs": [r.record() for r in runs], "reason": why}
-    at = SMOKE_STEP_AT if check.smoke else STEP_AT
+    log, at = (SMOKE_STEP_LOG, SMOKE_STEP_AT) if check.smoke else (STEP_LOG, STEP_AT)
+    wanted = [(label, extra) for label, extra in STEP_RUNS if not (check.smoke and extra)]
+    needs = [need for _, need in run_needs("steps", check.smoke)][-len(wanted):]  # (less the data's preparation)
     results, done = [], []
     for label, extra in STEP_RUNS:
-        if check.smoke and extra:
+        if (label, extra) not in wanted:
             results.append({"run": label, "skipped": "--smoke: no CUDA graph on the CPU"})
             continue
-        out_dir = check.tmp / f"steps_{len(done)}"
+        i = len(done)
+        out_dir = check.tmp / f"steps_{i}"
         command = steps_command(check.smoke, data_root, out_dir, extra)
-        run = check.run(f"steps: {label}", command)
-        done.append(run)
+        done.append(check.run(f"steps: {label}", command, limit_s=check.share(needs[i], sum(needs[i + 1:]))))
         ms = {e["step"]: e["ms_per_step"] for e in read_metrics(out_dir / "metrics.jsonl")
-              if e.get("ms_per_step") is not None}
-        results.append({"run": label, "ms_per_step": {str(step): ms.get(step) for step in at},
-                        "late_over_early": ms[at[-1]] / ms[at[0]] if at[-1] in ms and at[0] in ms else None})
-    status, reason = outcome(done, [label for label, extra in STEP_RUNS if not (check.smoke and extra)])
-    return {"status": status, "reason": reason, "runs": [r.record() for r in runs + done if r], "steps": results}
+              if e.get("ms_per_step") is not None and e["step"] % log == 0}
+        results.append({"run": label, "ms_per_step": {str(step): ms[step] for step in sorted(ms)}})
+    status, reason = outcome(done, [label for label, _ in wanted])
+    return {"status": status, "reason": reason, "runs": [r.record() for r in runs + done if r],
+            "windows": step_windows(results, at, log), "steps": results}
+
+
+def step_windows(results: list[dict], at: tuple[int, int], log: int) -> dict:
+    """The windows the steps part compares (first and last step of each): the early one, before at[0], and the
+    late one, before at[1] or else the last log step after at[0] that every run with figures reached (a run
+    with none, one that failed at once, does not take the other's away: without a common window each run's
+    late one is its own last). Each run's ms/step over them (early_ms, late_ms at late_step, and their ratio)
+    is added to its result."""
+    measured = [r for r in results if r.get("ms_per_step")]
+    reached = [set(map(int, r["ms_per_step"])) for r in measured]
+    late = max((step for step in set.intersection(*reached) if at[0] < step <= at[1]), default=None) if reached else None
+    for r in results:
+        if "ms_per_step" not in r:
+            continue
+        steps = set(map(int, r["ms_per_step"]))
+        own = late or max((step for step in steps if at[0] < step <= at[1]), default=None)
+        early, last = r["ms_per_step"].get(str(at[0])), r["ms_per_step"].get(str(own))
+        r.update(late_step=own, early_ms=early, late_ms=last, late_over_early=last / early if early and last else None)
+    return {"early": [at[0] - log + 1, at[0]], "late": [late - log + 1, late] if late else None,
+            "late_wanted": [at[1] - log + 1, at[1]]}
 
 
 def part_shakespeare(check: Check, args) -> dict:
@@ -542,7 +862,8 @@ def part_shakespeare(check: Check, args) -> dict:
     if data_root is None:
         return {"status": "skipped", "runs": [r.record() for r in runs], "reason": why}
     out_dir = check.tmp / "shakespeare_out"
-    command = shakespeare_command(check.smoke, data_root, out_dir)
+    # (with its saves in the background: the pinned-memory copy and the writer thread run on a GPU here)
+    command = shakespeare_command(check.smoke, data_root, out_dir, *SHAKESPEARE_OPTIONS)
     metrics, started = out_dir / "metrics.jsonl", time.monotonic()
     reached: dict = {}
 
@@ -597,30 +918,33 @@ def nanogpt_results(output: str) -> dict:
 
 
 def part_nanogpt(check: Check, args) -> dict:
-    """nanoGPT beside ours in this call: its bench.py (the denominator of vs_nanogpt) and its
+    """nanoGPT beside ours in this call: its bench.py (the denominator of vs_nanogpt), within its own time limit
+    (the part's time less what the training needs: a hang there cannot cost the training run), and its
     train_shakespeare_char until its first val loss <= --val_loss (or step 1,750), timed from its start."""
     source = nanogpt_dir(args.nanogpt)
     if source is None:
         return {"status": "skipped", "runs": [], "reason": "no anchor: nanoGPT's code is not at "
                 "shared/anchors/nanoGPT (in the checkout or beside it); pass --nanogpt=PATH"}
+    text = shakespeare_text(args.shakespeare_text)
+    if text is None:
+        return {"status": "skipped", "runs": [], "reason": "no anchor: no tiny Shakespeare text for nanoGPT's data: "
+                "pass --shakespeare_text=PATH, or put it at shared/data/tinyshakespeare.txt"}
     copy = check.tmp / "nanoGPT"
     for name in NANOGPT_FILES:  # (the files alone: the folder's own modes may be read-only)
         (copy / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source / name, copy / name)
-    text = shakespeare_text(args.shakespeare_text)
-    runs, result, env = [], {}, {"PYTHONPATH": ""}  # nanoGPT's own model.py, not ours
-    if text is None:
-        return {"status": "skipped", "runs": [], "reason": "no tiny Shakespeare text for nanoGPT's data: pass "
-                "--shakespeare_text=PATH, or put it at shared/data/tinyshakespeare.txt"}
     shutil.copyfile(text, copy / "data/shakespeare_char/input.txt")  # (its prepare.py downloads it otherwise)
+    env = {"PYTHONPATH": ""}  # nanoGPT's own model.py, not ours
+    needs = [need for _, need in run_needs("nanogpt", check.smoke)]  # its prepare.py, then its runs
     # its prepare.py imports requests, which it needs only for the download
     stub = "import runpy, sys, types\ntry:\n    import requests\nexcept ImportError:\n    sys.modules['requests'] = " \
            "types.ModuleType('requests')\nrunpy.run_path('data/shakespeare_char/prepare.py', run_name='__main__')"
-    prepare = check.run("nanoGPT prepare shakespeare_char", python("-c", stub), env=env, cwd=copy)
-    runs.append(prepare)
-    labels = ["nanoGPT's prepare.py"]
+    prepare = check.run("nanoGPT prepare shakespeare_char", python("-c", stub), env=env, cwd=copy,
+                        limit_s=check.share(needs[0], sum(needs[1:])))
+    runs, labels = [prepare], ["nanoGPT's prepare.py"]
+    result: dict = {"bench": {"skipped": "--smoke: nanoGPT's bench.py needs CUDA"}} if check.smoke else {}
     if prepare is not None and prepare.status == "ok":
-        for label, command in nanogpt_commands(check.smoke):
+        for i, (label, command) in enumerate(nanogpt_commands(check.smoke), start=1):
             training = "train.py" in command
             started, seen = time.monotonic(), {}
 
@@ -630,20 +954,45 @@ def part_nanogpt(check: Check, args) -> dict:
                     seen.setdefault(e["step"], round(time.monotonic() - started, 1))
                 return any(e["val_loss"] <= args.val_loss for e in evals)
 
-            run = check.run(label, command, watch if training else None, env=env, cwd=copy)
+            run = check.run(label, command, watch if training else None, env=env, cwd=copy,
+                            limit_s=check.share(needs[i], sum(needs[i + 1:])))
             runs.append(run)
             labels.append(label)
-            found = nanogpt_results(run.output) if run else {}
-            if training and run:
+            found = nanogpt_results(run.output) if run else nanogpt_results("")
+            record = {"command": shlex.join(command), "status": run.status if run else "not started"}
+            if training:
                 evals = [{**e, "wall_s": seen.get(e["step"])} for e in found["evaluations"]]
                 hit = next((e for e in evals if e["val_loss"] <= args.val_loss), None)
                 best = min(evals, key=lambda e: e["val_loss"], default=None)
-                result["train"] = {"command": shlex.join(command), "evaluations": evals, "reached": hit, "best": best,
-                                   "iter_ms_median": found["iter_ms_median"]}
-            elif run:
-                result["bench"] = {"command": shlex.join(command), "ms": found["bench_ms"], "mfu": found["bench_mfu"]}
+                result["train"] = record | {"evaluations": evals, "reached": hit, "best": best,
+                                            "iter_ms_median": found["iter_ms_median"]}
+            else:
+                result["bench"] = record | {"ms": found["bench_ms"], "mfu": found["bench_mfu"]}
     status, reason = outcome(runs, labels)
     return {"status": status, "reason": reason, "runs": [r.record() for r in runs if r], **result}
+
+
+def nanogpt_note(part: dict, key: str) -> str | None:
+    """Why the summary has no nanoGPT figure from its `key` run ("bench" or "train"), in one line: "no anchor:
+    ..." where nanoGPT was not run, "nanoGPT failed: ..." with its last lines where it ran (or its preparation)
+    and gave none; None where it gave one."""
+    record = part.get(key) or {}
+    if record.get("ms") or record.get("reached") or record.get("best"):
+        return None
+    if not part or part.get("status") == "skipped":
+        return "no anchor: " + ((part or {}).get("reason") or "nanoGPT was not run").removeprefix("no anchor: ")
+    if "skipped" in record:
+        return "no anchor: " + record["skipped"]
+    label = {"bench": "bench.py", "train": "train_shakespeare_char"}[key]
+    ran = next((r for r in part.get("runs", []) if r["command"] == record.get("command")), None)
+    failed = ran if ran and ran.get("last_lines") else next((r for r in part.get("runs", []) if r.get("last_lines")),
+                                                            None)
+    if failed is not None:
+        how = f"{failed['label']} {failed['status']} (exit code {failed['returncode']}, {failed['seconds']:.0f} s)"
+        return f"nanoGPT failed: {how}; its last lines: " + " | ".join(failed["last_lines"])
+    if ran is not None:
+        return f"nanoGPT failed: its {label} gave no figure ({ran['status']}; see the log)"
+    return f"nanoGPT failed: its {label} did not run ({part.get('reason') or record.get('status') or 'see the log'})"
 
 
 PLAN_ROW = re.compile(r"^(?P<shape>\S.*?)\s+(?P<batch>\d+)\s+(?P<plan>[\d,]+) MiB\s+(?P<allocator>[\d,]+) MiB"
@@ -707,6 +1056,88 @@ PARTS: dict[str, Callable] = {"device": part_device, "tests": part_tests, "train
 # ----------------------------------------------------------------------------- the plan
 
 
+def option(command: list[str] | tuple[str, ...], name: str) -> str | None:
+    """The value of --name=VALUE in a command (the last one wins, as in every script here), or None."""
+    values = [arg.split("=", 1)[1] for arg in command if arg.startswith(f"--{name}=")]
+    return values[-1] if values else None
+
+
+def config_value(path: str, key: str) -> float:
+    """A number set in one of configs/ (plain `key = value` lines)."""
+    m = re.search(rf"^{key}\s*=\s*([\d.]+)", (ROOT / path).read_text(), re.M)
+    if m is None:
+        raise KeyError(f"{path} sets no {key}")
+    return float(m[1])
+
+
+def train_py_need(steps: float, evals: float, eval_batches: float) -> float:
+    """train.py on configs/shakespeare.py's model: its start, the evaluation's and the training step's compiles,
+    `steps` steps and `evals` evaluations of `eval_batches` batches."""
+    return (h200("train_start_s") + h200("train_eval_compile_s") + h200("train_compile_s")
+            + steps * h200("train_ms") / 1000 + evals * h200("train_eval_s") * eval_batches / 200)
+
+
+def bench_rows(options: list[str]) -> int:
+    """How many rows a bench.py command times: one per combination of its variant options' comma lists."""
+    return math.prod(len((option(options, name.removeprefix("--")) or "x").split(",")) for name in BENCH_VARIANTS)
+
+
+def run_needs(name: str, smoke: bool = False) -> list[tuple[str, float]]:
+    """What each run of a part needs on an H200, added up from the figures of H200 for the very commands the part
+    runs, in the order it runs them (each 0 in --smoke: the CPU rehearsal's runs share their part's time as
+    they come)."""
+    if name == "device":
+        needs = [("device and matmul peak", h200("torch_start_s") + PEAK_WARMUP_S[False])]
+    elif name == "tests":
+        def file_s(path: str) -> float:
+            figure = CUDA_TEST_FILE_S.get(path, "other_test_file_s")
+            return h200(figure) if figure else 0.0
+
+        needs = [(label, h200("pytest_start_s") + sum(map(file_s, files))) for label, files in cuda_test_runs()]
+    elif name in ("train", "train_more"):
+        runs, options = bench_runs(name, smoke)
+        needs = [(label, h200("bench_start_s") + bench_rows(options + extra) * h200("bench_row_s"))
+                 for label, extra in runs]
+    elif name == "decode":
+        runs, _ = bench_runs(name, smoke)
+        needs = [(label, h200("decode_compiled_s" if "--compile=True" in extra else "decode_eager_s"))
+                 for label, extra in runs]
+    elif name == "shakespeare":
+        steps = h200("train_val_step")
+        evals = steps // config_value("configs/shakespeare.py", "eval_interval") + 1
+        needs = [("prepare shakespeare_char", h200("prepare_s")),
+                 ("train.py until val", train_py_need(steps, evals, config_value("configs/shakespeare.py", "eval_iters")))]
+    elif name == "steps":
+        needs = [("prepare shakespeare_char", h200("prepare_s"))]
+        for label, extra in STEP_RUNS:
+            if not (smoke and extra):
+                command = steps_command(smoke, Path("data"), Path("out"), extra)
+                needs.append((label, train_py_need(float(option(command, "max_iters")), 2,
+                                                   float(option(command, "eval_iters")))))
+    elif name == "nanogpt":
+        needs = [("nanoGPT prepare shakespeare_char", h200("nanogpt_prepare_s"))]
+        for label, command in nanogpt_commands(smoke):
+            if "bench.py" in command:
+                needs.append((label, h200("nanogpt_bench_s")))
+            else:
+                steps = float(option(command, "max_iters"))
+                evals = steps // float(option(command, "eval_interval") or h200("nanogpt_eval_interval"))
+                needs.append((label, h200("nanogpt_start_s") + h200("nanogpt_compile_s")
+                              + steps * h200("nanogpt_ms") / 1000 + evals * h200("nanogpt_eval_s")))
+    elif name == "plan":
+        needs = [("memory plan", h200("plan_s"))]
+    elif name == "serve":
+        needs = [("serve.py under load", h200("serve_s"))]
+    else:
+        raise KeyError(name)
+    return [(label, 0.0 if smoke else seconds) for label, seconds in needs]
+
+
+def part_need(name: str) -> float:
+    """What a part's commands need on an H200, by the figures of H200 (its budget should hold it)."""
+    return sum(seconds for _, seconds in run_needs(name))
+
+
 def make_plan(parts: list[str], total_s: float, smoke: bool) -> dict[str, float]:
     """Each part's budget in seconds, in the order they run: the device read's own, then the asked parts' shares
     of the rest of --total_s (less 2 x GRACE_S for stopping the last run), in proportion to their planned times.
@@ -733,13 +1164,13 @@ def plan_commands(name: str, smoke: bool, args) -> list[str]:
     if name == "device":
         return [show(device_command(smoke, tmp / "peak.json")), *(["nvidia-smi"] if not smoke else [])]
     if name == "tests":
-        files = cuda_test_files()
-        return [show(tests_command(tmp / "junit.xml", files)) if files else "nothing: no test skips without CUDA"]
+        groups = cuda_test_runs()
+        return [show(tests_command(files)) for _, files in groups] or ["nothing: no test skips without CUDA"]
     if name in ("train", "train_more", "decode"):
         runs, options = bench_runs(name, smoke)
         return [show(bench_command(options, extra, tmp / f"{name}_{i}.json")) for i, (_, extra) in enumerate(runs)]
     if name == "shakespeare":
-        return [show(shakespeare_command(smoke, tmp / "data", tmp / "shakespeare_out"))
+        return [show(shakespeare_command(smoke, tmp / "data", tmp / "shakespeare_out", *SHAKESPEARE_OPTIONS))
                 + f"  (stopped at the first val <= {args.val_loss})"]
     if name == "steps":
         return [show(steps_command(smoke, tmp / "data", tmp / f"steps_{i}", extra)) for i, (_, extra) in
@@ -757,15 +1188,17 @@ def plan_commands(name: str, smoke: bool, args) -> list[str]:
 
 
 def format_plan(budgets: dict[str, float], args) -> str:
-    """--dry_run's table: each part, its budget and floor in seconds, and what it runs."""
+    """--dry_run's table: each part, its budget and floor in seconds, what its commands need on an H200 (by the
+    figures of H200; not in --smoke), and what it runs."""
     lines = [f"gpu_check plan{' --smoke' if args.smoke else ''} at --total_s={args.total_s:g}:",
-             f"{'part':<12}{'budget':>8}{'floor':>7}  runs"]
+             f"{'part':<12}{'budget':>8}{'floor':>7}{'need':>7}  runs"]
     for name, budget in budgets.items():
         floor = (DEVICE_BUDGET if name == "device" else BUDGETS[name]).of(args.smoke)[1]
+        need = "-" if args.smoke else f"{part_need(name):.0f} s"
         commands = plan_commands(name, args.smoke, args)
-        lines.append(f"{name:<12}{budget:>6.0f} s{floor:>5.0f} s  {commands[0]}")
-        lines += [f"{'':<29}{command}" for command in commands[1:]]
-    lines.append(f"{'(stopping)':<12}{2 * GRACE_S:>6.0f} s{'':>7}  kept back to stop the last run")
+        lines.append(f"{name:<12}{budget:>6.0f} s{floor:>5.0f} s{need:>7}  {commands[0]}")
+        lines += [f"{'':<36}{command}" for command in commands[1:]]
+    lines.append(f"{'(stopping)':<12}{2 * GRACE_S:>6.0f} s{'':>14}  kept back to stop the last run")
     lines.append(f"{'total':<12}{sum(budgets.values()) + 2 * GRACE_S:>6.0f} s")
     return "\n".join(lines)
 
@@ -776,9 +1209,14 @@ def do_part(check: Check, name: str, args) -> dict:
     budget = check.budgets[name]
     check.part_end = max(time.monotonic() + budget, check.planned_end[name])
     t0 = time.monotonic()
-    print(f"{name} (up to {check.left():.0f} s)", flush=True)
+    lacking = [module for module in PART_MODULES[name] if importlib.util.find_spec(module) is None]
+    print(f"{name} (up to {check.left():.0f} s{'; skipped' if lacking else ''})", flush=True)
     try:
-        result = PARTS[name](check, args)
+        if lacking:
+            result = {"status": "skipped", "runs": [], "reason": f"needs {', '.join(lacking)}, not installed here "
+                      f"(a wheel carried in shared/wheels: see the launch command in benchmarks/gpu_check.py)"}
+        else:
+            result = PARTS[name](check, args)
     except Exception as e:
         check.note(f"\n===== gpu_check's own error in part {name}\n{traceback.format_exc()}")
         result = {"status": "failed", "reason": f"gpu_check: {type(e).__name__}: {cli.one_line(e)}"[:300], "runs": []}
@@ -824,16 +1262,15 @@ def summarise(report: dict, smoke: bool) -> dict:
     prefill = [r for r in rows if r["kind"] == "prefill"]
     plan = report["parts"].get("plan", {}).get("rows") or []
     shakespeare = report["parts"].get("shakespeare", {}).get("reached")
-    steps = {s["run"]: s for s in report["parts"].get("steps", {}).get("steps") or [] if "ms_per_step" in s}
-    last = str((SMOKE_STEP_AT if smoke else STEP_AT)[-1])
-    late = [(s["ms_per_step"][last], s["late_over_early"]) for s in steps.values()
-            if s["ms_per_step"].get(last) is not None]
+    steps_part = report["parts"].get("steps", {})
+    steps = {s["run"]: s for s in steps_part.get("steps") or [] if "ms_per_step" in s}
+    late = [(s["late_ms"], s["late_over_early"]) for s in steps.values() if s.get("late_ms") is not None]
     best_late = min(late, default=None)
+    window = (steps_part.get("windows") or {}).get("late")
     nanogpt = report["parts"].get("nanogpt", {})
     nanogpt_ms = (nanogpt.get("bench") or {}).get("ms")
     nanogpt_train = nanogpt.get("train") or {}
     nanogpt_val = nanogpt_train.get("reached") or nanogpt_train.get("best")
-    no_anchor = "no anchor: " + (nanogpt.get("reason") or "nanoGPT's bench.py gave no time (see the log)")
 
     def variant(r):
         return {k: r.get(k) for k in ("model", "batch_size", "sdpa", "compile_mode", "compile_optimizer",
@@ -843,7 +1280,7 @@ def summarise(report: dict, smoke: bool) -> dict:
     summary = {
         "train_12x1024_no_bias": figure(speedup, TARGETS["vs_nanogpt"], speedup and speedup >= TARGETS["vs_nanogpt"])
         | {"ms": best_12 and best_12["ms"], "nanogpt_ms": nanogpt_ms, "variant": best_12 and variant(best_12),
-           "note": "x nanoGPT's bench.py tokens/s, run in this call on this device" if nanogpt_ms else no_anchor},
+           "note": nanogpt_note(nanogpt, "bench") or "x nanoGPT's bench.py tokens/s, run in this call on this device"},
         "train_best_tokens_per_s": figure(best and best["tokens_per_s"], floor,
                                           floor and best and best["tokens_per_s"] >= floor)
         | {"variant": best and variant(best), "mfu_datasheet": best and best["mfu"],
@@ -866,15 +1303,16 @@ def summarise(report: dict, smoke: bool) -> dict:
                                        shakespeare and shakespeare["elapsed_s"] <= TARGETS["shakespeare_s"])
         | {"val_loss": shakespeare and shakespeare["val_loss"], "step": shakespeare and shakespeare["step"],
            "wall_s": shakespeare and shakespeare["wall_s"], "nanogpt": nanogpt_val,
-           "note": "seconds from train.py's process start; nanogpt: its train_shakespeare_char in this call, the "
-                   "first val at or below the threshold (else its best), with the wall seconds from its start"
-                   if nanogpt_val else no_anchor},
+           "note": nanogpt_note(nanogpt, "train") or "seconds from train.py's process start; nanogpt: its "
+                   "train_shakespeare_char in this call, the first val at or below the threshold (else its best), "
+                   "with the wall seconds from its start"},
         "shakespeare_ms_per_step_late": figure(best_late and best_late[0], TARGETS["small_step_ms"],
                                                best_late and best_late[0] <= TARGETS["small_step_ms"])
-        | {"late_over_early": best_late and best_late[1], "runs": steps,
+        | {"late_over_early": best_late and best_late[1], "runs": steps, "window": window,
            "nanogpt_iter_ms": nanogpt_train.get("iter_ms_median"),
-           "note": f"ms/step over the {last}th step's log interval, the fastest way (steps part); flat: "
-                   f"late_over_early <= 1.1; nanogpt_iter_ms: the median of its iter lines in this call"},
+           "note": "ms/step over the late window (steps window[0]-window[1], the last that both runs reached), "
+                   "the fastest way (steps part); flat: late_over_early <= 1.1; nanogpt_iter_ms: the median of "
+                   "its iter lines in this call"},
     }
     if "plan" in report["parts"] and report["parts"]["plan"]["status"] != "skipped":
         summary["plan_worst_error"] = figure(max((abs(r["error"]) for r in plan), default=None), TARGETS["plan_error"],
@@ -900,7 +1338,7 @@ def print_summary(report: dict) -> None:
 
 def child_peak(smoke: bool) -> dict:
     """The device, its versions and its measured dense peak: a square matmul (bf16 8192 on a GPU; float32 512
-    on the CPU in --smoke) timed over 50 runs after 10 (the clocks up), in TFLOP/s."""
+    on the CPU in --smoke) timed over 50 runs after PEAK_WARMUP_S of them (the clocks up), in TFLOP/s."""
     import torch
 
     from gptkit.metrics import peak_flops_for
@@ -925,10 +1363,13 @@ def child_peak(smoke: bool) -> dict:
         return info
     device, dtype, n = ("cuda", torch.bfloat16, 8192) if on_gpu else ("cpu", torch.float32, 512)
     a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
-    for _ in range(10):
-        a @ b
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
-    sync()
+    warm, warmup_products = time.perf_counter() + PEAK_WARMUP_S[smoke], 0
+    while time.perf_counter() < warm:
+        for _ in range(10):
+            a @ b
+        sync()  # (the host waits: the products counted are those the GPU has done)
+        warmup_products += 10
     t0 = time.perf_counter()
     for _ in range(50):
         a @ b
@@ -936,7 +1377,7 @@ def child_peak(smoke: bool) -> dict:
     seconds = (time.perf_counter() - t0) / 50
     datasheet = peak_flops_for(info["name"], dtype) if on_gpu else None
     info["peak"] = {"dtype": str(dtype).removeprefix("torch."), "n": n, "tflops_measured": 2 * n**3 / seconds / 1e12,
-                    "tflops_datasheet": datasheet / 1e12 if datasheet else None}
+                    "tflops_datasheet": datasheet / 1e12 if datasheet else None, "warmup_products": warmup_products}
     return info
 
 
@@ -946,7 +1387,8 @@ def child_peak(smoke: bool) -> dict:
 def parse_args(argv: list[str] | None):
     p = cli.ArgumentParser(prog="gpu_check.py", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=None, help="the JSON file (default: benchmarks/gpu_check_DATE.json)")
+    p.add_argument("--out", default=None,
+                   help="the JSON file (default: gpu_check_DATE.json in $OUT where that is set, else in benchmarks/)")
     p.add_argument("--log", default=None, help="the log of every subprocess (default: --out with .log)")
     p.add_argument("--smoke", action="store_true", help="rehearse every part on the CPU in about a minute")
     p.add_argument("--parts", default=",".join(DEFAULT_PARTS),
@@ -956,7 +1398,8 @@ def parse_args(argv: list[str] | None):
                    help=f"seconds for the whole check, shared by the parts (default {DEFAULT_TOTAL_S[False]:g}; "
                         f"--smoke {DEFAULT_TOTAL_S[True]:g}); one too short for a part's floor is refused")
     p.add_argument("--dry_run", action="store_true",
-                   help="print each part, its budget at --total_s and what it runs, then exit without running")
+                   help="print each part, its budget at --total_s, its need and what it runs, and what is missing "
+                        "here, then exit without running")
     p.add_argument("--nanogpt", default=None,
                    help="nanoGPT's code, run beside ours (default: shared/anchors/nanoGPT in the checkout or beside it)")
     p.add_argument("--val_loss", type=float, default=None,
@@ -970,7 +1413,8 @@ def parse_args(argv: list[str] | None):
     unknown = [part for part in args.parts if part not in PARTS]
     if unknown:
         raise cli.UsageError(f"--parts: unknown {', '.join(unknown)}; choose from {', '.join(PARTS)}")
-    args.out = args.out or str(ROOT / "benchmarks" / f"gpu_check_{time.strftime('%Y-%m-%d')}.json")
+    folder = Path(os.environ["OUT"]) if os.environ.get("OUT") else ROOT / "benchmarks"  # ($OUT: what comes back)
+    args.out = args.out or str(folder / f"gpu_check_{time.strftime('%Y-%m-%d')}.json")
     args.log = args.log or str(Path(args.out).with_suffix(".log"))
     args.total_s = args.total_s if args.total_s is not None else DEFAULT_TOTAL_S[args.smoke]
     args.val_loss = args.val_loss if args.val_loss is not None else (3.6 if args.smoke else 1.47)
@@ -980,6 +1424,7 @@ def parse_args(argv: list[str] | None):
         raise cli.UsageError(f"--nanogpt: {args.nanogpt} does not hold nanoGPT's {', '.join(NANOGPT_FILES)}")
     if args.child is None:
         args.budgets = make_plan(args.parts, args.total_s, args.smoke)  # (a UsageError before anything runs)
+        args.missing = missing_line(args, list(args.budgets))
     return args
 
 
@@ -990,11 +1435,13 @@ def main(argv: list[str] | None = None) -> dict:
         Path(args.child_out).write_text(json.dumps(child_peak(args.smoke)))
         return {}
     if args.dry_run:
-        print(format_plan(args.budgets, args))
+        print("\n".join(filter(None, [args.missing, format_plan(args.budgets, args)])))
         return {}
     check = Check(args)
     print(f"gpu_check{' --smoke (CPU rehearsal)' if args.smoke else ''}: up to {args.total_s:.0f} s; "
           f"JSON {args.out}, log {args.log}", flush=True)
+    if args.missing:  # (before any part would look for it, or try a download)
+        print(args.missing, flush=True)
     try:
         no_device = None
         for name in PARTS:

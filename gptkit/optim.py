@@ -69,10 +69,26 @@ def keeping_implementation(optimizer) -> Iterator[None]:
     """Around a load of optimizer state (ours, or torch.distributed.checkpoint's): every group keeps this
     machine's implementation settings. torch restores every group setting from the checkpoint, so a run
     started on a CPU (fused None) would resume on a GPU without the fused kernel, and one started on a GPU
-    would resume on a CPU asking for it."""
+    would resume on a CPU asking for it.
+
+    The saved groups are given this machine's settings before torch reads them (a load pre-hook), because torch
+    places AdamW's `step` by them: on the parameter's device in float32 when fused or capturable, else where it
+    was loaded (the CPU). Placed by the saved ones, a CPU checkpoint resumed by fused AdamW on a GPU would keep
+    `step` on the CPU, and a GPU one resumed by the loop implementation elsewhere would move it to the device."""
     chosen = [{k: g[k] for k in IMPLEMENTATION_KEYS if k in g} for g in optimizer.param_groups]
     lrs = [g["lr"] for g in optimizer.param_groups]
-    yield
+
+    def ours(part, state: dict) -> dict:  # (a new dict: the checkpoint itself is left as it was)
+        groups = [{**saved, **{k: g[k] for k in IMPLEMENTATION_KEYS if k in g}}
+                  for saved, g in zip(state["param_groups"], part.param_groups)]
+        return {**state, "param_groups": groups}
+
+    hooks = [part.register_load_state_dict_pre_hook(ours) for part in _parts(optimizer)]
+    try:
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
     for group, keep, lr in zip(optimizer.param_groups, chosen, lrs, strict=True):
         group.update(keep)
         # The learning rate keeps this optimizer's form: a float, or the very tensor a CUDA graph reads.

@@ -1,12 +1,17 @@
 """train.py's whole step as one CUDA graph, on a GPU (tests/test_cudagraph.py checks the same arithmetic eagerly
-on the CPU; only here is the step captured and replayed): 30 steps equal to the plain step's from one seed, and
-a NaN that enters after the capture masks that step and every later one. gpu_check's tests part runs these."""
+on the CPU; only here is the step captured and replayed): the graphed run's steps equal the plain step's from one
+seed, eager and compiled with dropout (the random masks drawn inside the graph); a NaN that enters after the
+capture masks that step and every later one; an asynchronous save pending at the capture does not break it.
+gpu_check's tests part runs this file first, on its own, each test within a time limit."""
+
+import threading
 
 import pytest
 import torch
 
 import train
 from gptkit import optim
+from gptkit.checkpoint.background import CheckpointSaver
 from gptkit.cudagraph import GraphedStep
 from tests.test_train import tiny_args, train_losses, weights
 
@@ -29,12 +34,33 @@ def count_captures(monkeypatch) -> list[int]:
     return captured
 
 
-def test_cuda_graphed_training_equals_the_plain_step(char_dataset, tmp_path, monkeypatch):
-    """30 steps from one seed, dropout 0, bf16: the graphed run's loss at every step is the plain run's to bf16
-    rounding, and so are its final weights (each tensor's difference small against the tensor: a step replayed
-    on stale inputs or a lost update would change the weights by as much as training does)."""
-    real_lr = optim.get_lr  # the graph's learning rate is a float32 tensor: the same rounding for both runs
+def same_float32_lr(monkeypatch) -> None:
+    """The graph's learning rate is a float32 tensor: the plain run gets the same rounding."""
+    real_lr = optim.get_lr
     monkeypatch.setattr(optim, "get_lr", lambda step, cfg: torch.tensor(real_lr(step, cfg)).item())
+
+
+def assert_same_run(plain, graphed, steps: int, trained: bool = True) -> None:
+    """The graphed run's loss at every step is the plain run's to bf16 rounding, and so are its final weights
+    (each tensor's difference small against the tensor: a step replayed on stale inputs or with a stale dropout
+    mask, or a lost update, would change the weights by as much as training does)."""
+    a, b = train_losses(plain), train_losses(graphed)
+    assert sorted(a) == sorted(b) == list(range(1, steps + 1))
+    for step in a:
+        assert b[step] == pytest.approx(a[step], rel=2e-2), step
+    if trained:
+        assert sum(a[s] for s in range(steps - 4, steps + 1)) < sum(a[s] for s in range(1, 6)) - 1.0
+    wa, wb = weights(plain), weights(graphed)
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        diff = (wa[name].float() - wb[name].float()).norm() / wa[name].float().norm()
+        assert diff < 2e-2, (name, float(diff))
+
+
+def test_cuda_graphed_training_equals_the_plain_step(char_dataset, tmp_path, monkeypatch):
+    """30 steps from one seed, dropout 0, bf16, eager: equal to the plain step's (assert_same_run), the step
+    captured once after the three warm-up steps."""
+    same_float32_lr(monkeypatch)
     captured = count_captures(monkeypatch)
     plain, graphed = tmp_path / "plain", tmp_path / "graphed"
     args = dict(ON_GPU, max_iters=30, lr_decay_iters=30, seed=1234, learning_rate=1e-2, min_lr=1e-3)
@@ -42,16 +68,65 @@ def test_cuda_graphed_training_equals_the_plain_step(char_dataset, tmp_path, mon
     assert captured == []
     train.main(tiny_args(char_dataset, graphed, cuda_graphs=True, **args))
     assert captured == [3]  # captured once, after the three warm-up steps, and replayed from there on
-    a, b = train_losses(plain), train_losses(graphed)
-    assert sorted(a) == sorted(b) == list(range(1, 31))
-    for step in a:
-        assert b[step] == pytest.approx(a[step], rel=2e-2), step
-    assert sum(a[s] for s in range(26, 31)) < sum(a[s] for s in range(1, 6)) - 1.0  # it trained
-    wa, wb = weights(plain), weights(graphed)
-    assert wa.keys() == wb.keys()
-    for name in wa:
-        diff = (wa[name].float() - wb[name].float()).norm() / wa[name].float().norm()
-        assert diff < 2e-2, (name, float(diff))
+    assert_same_run(plain, graphed, 30)
+
+
+def test_cuda_compiled_graphed_training_with_dropout_equals_the_plain_step(char_dataset, tmp_path, monkeypatch):
+    """The first compiled capture, as bench.py's graphed row and gpu_check's steps part run it: torch.compile's
+    model with dropout 0.1, so the random masks are drawn inside the graph. Captured once, and equal to the plain
+    compiled run's steps to bf16 rounding: a replay draws from the CUDA generator at its offset when replayed,
+    as the plain step draws, so each step's masks are the plain step's; a mask replayed stale (the same every
+    step), a recompile inside the capture (a failure naming its guard) or a lost update would part them."""
+    same_float32_lr(monkeypatch)
+    captured = count_captures(monkeypatch)
+    plain, graphed = tmp_path / "plain", tmp_path / "graphed"
+    args = dict(ON_GPU, compile=True, dropout=0.1, max_iters=30, lr_decay_iters=30, seed=1234, learning_rate=1e-2,
+                min_lr=1e-3)
+    train.main(tiny_args(char_dataset, plain, cuda_graphs=False, **args))
+    assert captured == []
+    train.main(tiny_args(char_dataset, graphed, cuda_graphs=True, **args))
+    assert captured == [3]
+    assert_same_run(plain, graphed, 30)
+
+
+def test_cuda_an_asynchronous_save_pending_at_the_capture_does_not_break_it(char_dataset, tmp_path, monkeypatch):
+    """--async_save=True with an evaluation at step 3 (a warm-up step's end): best.pt and last.pt are saved in
+    the background just before step 3 is captured. The writer thread's wait for its copies to the pinned buffers
+    (events synchronised) must not fall inside the capture, which capture_error_mode="global" refuses: here the
+    writer of a save made before the capture is held until the capture has begun (or 1 s), so that unless the
+    capture waits for a pending save first (or captures thread-locally) this fails every time, not by chance.
+    The run completes, captured once, its steps and weights those of the same run saving synchronously."""
+    same_float32_lr(monkeypatch)
+    captured = count_captures(monkeypatch)
+    capturing = threading.Event()
+    real_copy, real_graph = CheckpointSaver._copy, torch.cuda.graph
+
+    def copy(self, obj):
+        snapshot, ready = real_copy(self, obj)
+        if ready is None or captured:  # (decided now, in the loop's thread: a save before the capture is held)
+            return snapshot, ready
+
+        def held():
+            capturing.wait(timeout=1.0)
+            ready()
+
+        return snapshot, held
+
+    class graph(real_graph):
+        def __enter__(self):
+            super().__enter__()
+            capturing.set()
+
+    monkeypatch.setattr(CheckpointSaver, "_copy", copy)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    args = dict(ON_GPU, eval_interval=3, max_iters=12, lr_decay_iters=12, seed=1234, learning_rate=1e-2,
+                min_lr=1e-3, cuda_graphs=True)
+    background, synchronous = tmp_path / "background", tmp_path / "synchronous"
+    train.main(tiny_args(char_dataset, synchronous, async_save=False, **args))
+    assert captured == [3]
+    train.main(tiny_args(char_dataset, background, async_save=True, **args))
+    assert captured == [3, 3] and capturing.is_set()
+    assert_same_run(synchronous, background, 12, trained=False)
 
 
 def test_cuda_a_nan_after_the_capture_masks_that_step_and_every_later_one(char_dataset, tmp_path, monkeypatch):

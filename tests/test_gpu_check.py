@@ -1,8 +1,13 @@
 """benchmarks/gpu_check.py: its --smoke rehearsal on the CPU runs every part or says why not, its report has
-the structure a GPU run's will have, and a run that hangs is stopped at its time limit without losing the rest."""
+the structure a GPU run's will have, every default part's budget holds what its commands need by the H200's
+figures, and what could make the GPU's minutes come back empty is caught here: a hung run or test stopped at its
+limit without losing the rest, a failed bench.py row, a failed nanoGPT run, a missing file or package."""
 
 import json
+import os
+import subprocess
 import sys
+import textwrap
 
 import pytest
 from conftest import SHARED_DATA
@@ -30,8 +35,9 @@ def test_smoke_runs_every_part_or_says_why_not(smoke):
     text = SHARED_DATA / "tinyshakespeare.txt"
     out = tmp_path / "check.json"
     assert json.loads(out.read_text()) == json.loads(json.dumps(report, default=str))
-    assert {"date", "command", "smoke", "device", "torch", "git", "parts", "rows", "summary"} <= set(report)
+    assert {"date", "command", "smoke", "device", "torch", "git", "parts", "rows", "summary", "missing"} <= set(report)
     assert report["device"]["torch"] == report["torch"] and report["device"]["peak"]["tflops_measured"] > 0
+    assert report["device"]["peak"]["warmup_products"] >= 10
     assert set(report["parts"]) == set(gpu_check.PARTS)
     for name, part in report["parts"].items():
         assert part["status"] in ("ok", "skipped"), (name, part)
@@ -39,9 +45,13 @@ def test_smoke_runs_every_part_or_says_why_not(smoke):
         assert {"seconds", "budget_s", "runs"} <= set(part), (name, part)
         for run in part["runs"]:
             assert run["status"] in ("ok", "stopped") and run["command"], (name, run)
-    # the CUDA tests were found and collected (skipped here, without CUDA), each with its outcome
-    tests = report["parts"]["tests"]["results"]
-    assert tests and all(t["outcome"] == "skipped" and "CUDA" in t["message"] for t in tests)
+    # the CUDA tests were found and collected (skipped here, without CUDA), each with its outcome and reason: the
+    # graphed step's file first, on its own
+    tests = report["parts"]["tests"]
+    assert tests["results"] and all(t["outcome"] == "skipped" and "CUDA" in t["message"] for t in tests["results"])
+    assert [run["command"].split()[-1] for run in tests["runs"][:1]] == [gpu_check.GRAPH_TESTS]
+    assert len(tests["runs"]) == 2 and gpu_check.GRAPH_TESTS not in tests["runs"][1]["command"]
+    assert tests["counts"]["skipped"] == len(tests["results"]) >= 5
     kinds = {r["kind"] for r in report["rows"]}
     assert kinds == {"train", "decode", "prefill"}
     train = [r for r in report["rows"] if r["kind"] == "train"]
@@ -50,13 +60,17 @@ def test_smoke_runs_every_part_or_says_why_not(smoke):
     assert all(r["mfu_measured_peak"] > 0 for r in train if r["status"] == "ok")
     assert any(r["status"] == "skipped" and r["cuda_graphs"] and "CUDA device" in r["reason"] for r in train)
     if text.is_file():
-        reached = report["parts"]["shakespeare"]["reached"]
+        shakespeare = report["parts"]["shakespeare"]
+        reached = shakespeare["reached"]
         assert reached["val_loss"] <= 3.6 and reached["wall_s"] > 0
         # elapsed_s counts from train.py's process start: its imports and setup are in it
         assert 0 < reached["elapsed_s"]
-        plain, graphed = report["parts"]["steps"]["steps"]
-        assert plain["ms_per_step"]["100"] > 0 and plain["ms_per_step"]["300"] > 0 and plain["late_over_early"] > 0
+        assert "--async_save=True" in shakespeare["runs"][-1]["command"]
+        graphed, plain = report["parts"]["steps"]["steps"]  # (the graphed run first)
         assert "no CUDA graph" in graphed["skipped"]
+        assert plain["early_ms"] == plain["ms_per_step"]["40"] > 0 and plain["late_ms"] == plain["ms_per_step"]["120"]
+        assert plain["late_over_early"] > 0 and report["parts"]["steps"]["windows"]["late"] == [101, 120]
+        assert report["summary"]["shakespeare_ms_per_step_late"]["value"] == plain["late_ms"]
     assert set(report["summary"]) >= {"train_12x1024_no_bias", "decode_compiled_batch1_tokens_per_s", "prefill_ms"}
     # transformers' eager generate of the same shape, beside our eager decode
     assert any(r["model"] == "tiny (transformers)" and r["tokens_per_s"] > 0 for r in report["rows"])
@@ -66,24 +80,150 @@ def test_smoke_runs_every_part_or_says_why_not(smoke):
 
 
 def test_a_hung_run_is_stopped_at_its_limit_and_the_check_goes_on(tmp_path, monkeypatch):
-    """A run past its part's time is stopped (its whole process group) and reported as a timeout; a watched run
-    is stopped once its watcher has what it needs."""
+    """A run past its part's time (or its own limit) is stopped (its whole process group) and reported as a
+    timeout, with its last lines; a watched run is stopped once its watcher has what it needs, or with the
+    status the watcher names."""
     monkeypatch.setattr(gpu_check, "MIN_RUN_S", 0)
     args = gpu_check.parse_args(["--smoke", f"--out={tmp_path / 'c.json'}"])
     check = gpu_check.Check(args)
     try:
-        check.part_end = gpu_check.time.monotonic() + 1.5
-        run = check.run("sleeper", [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"])
-        assert run.status == "timeout" and run.seconds < 10 and "started" in run.output
         check.part_end = gpu_check.time.monotonic() + 30
+        hang = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"]
+        run = check.run("sleeper", hang, limit_s=1.5)
+        assert run.status == "timeout" and run.seconds < 10 and "started" in run.output
+        assert run.record()["last_lines"] == ["started"]
         flag = tmp_path / "flag"
         run = check.run("watched", [sys.executable, "-c", f"open({str(flag)!r}, 'w'); import time; time.sleep(60)"],
                         watch=flag.exists)
-        assert run.status == "stopped" and run.seconds < 10
+        assert run.status == "stopped" and run.seconds < 10 and "last_lines" not in run.record()
+        run = check.run("named", hang, watch=lambda: "timeout" if "started" in check.output_so_far() else None)
+        assert run.status == "timeout" and run.seconds < 10
         assert gpu_check.outcome([run, None], ["a", "b"]) == ("timeout", "stopped at or not reached within the "
-                                                                         "time budget: b")
+                                                                         "time budget: a; b")
+        assert check.share(own=20, later=5) == pytest.approx(check.left() - 5, abs=0.5)
+        assert check.share(own=40, later=5) == 40  # the part has less than this run needs: it gets its need
     finally:
         check.close()
+
+
+HANGING_TESTS = """
+import time
+
+import pytest
+
+pytestmark = pytest.mark.cuda
+
+
+def test_a():
+    pass
+
+
+def test_hangs():
+    time.sleep(60)
+
+
+def test_c():
+    pass
+
+
+def test_d():
+    assert 1 == 2, "boom"
+"""
+
+
+def test_a_test_past_its_limit_is_stopped_and_pytest_goes_on_with_the_rest(tmp_path, monkeypatch):
+    """The tests part's pytest: each outcome is read from -v's lines as the test ends, so a stop keeps them; a
+    test past its limit is marked timeout and pytest starts again on the tests that have no outcome, the failed
+    one's message from -rfE's summary. Stopped by the group's own limit instead, the running test is marked so
+    and nothing more runs."""
+    monkeypatch.setattr(gpu_check, "MIN_RUN_S", 0)
+    (tmp_path / "conftest.py").write_text("def pytest_configure(config):\n"
+                                          "    config.addinivalue_line('markers', 'cuda: needs a CUDA GPU')\n")
+    tests = tmp_path / "test_hangs.py"
+    tests.write_text(HANGING_TESTS)
+    args = gpu_check.parse_args(["--smoke", f"--out={tmp_path / 'c.json'}"])
+    check = gpu_check.Check(args)
+    try:
+        check.part_end = gpu_check.time.monotonic() + 60
+        runs, results = gpu_check.run_tests(check, "hanging", [tests.name], limit_s=50, test_limit_s=2, cwd=tmp_path)
+        assert [r.status for r in runs] == ["timeout", "failed"]  # (the second: test_d fails)
+        assert "--deselect=test_hangs.py::test_hangs" in runs[1].command
+        assert {test.split("::")[1]: r["outcome"] for test, r in results.items()} == {
+            "test_a": "passed", "test_hangs": "timeout", "test_c": "passed", "test_d": "failed"}
+        assert "no outcome within 2 s" in results["test_hangs.py::test_hangs"]["message"]
+        assert "boom" in results["test_hangs.py::test_d"]["message"]
+        runs, results = gpu_check.run_tests(check, "cut", [tests.name], limit_s=2, test_limit_s=100, cwd=tmp_path)
+        assert [r.status for r in runs] == ["timeout"]
+        assert {test.split("::")[1]: r["outcome"] for test, r in results.items()} == {
+            "test_a": "passed", "test_hangs": "timeout"}
+        assert "part's time was up" in results["test_hangs.py::test_hangs"]["message"]
+    finally:
+        check.close()
+    log = (tmp_path / "c.log").read_text()
+    assert "test_hangs.py::test_hangs \n----- hanging: timeout" in log  # (the stop's line on a line of its own)
+
+
+def test_a_failed_row_fails_its_part_named(tmp_path, monkeypatch):
+    """bench.py --keep_going reports a row that failed as a row and exits 0: the part is "failed" all the same,
+    naming the row and its reason; the other rows are kept."""
+    monkeypatch.setattr(gpu_check, "MIN_RUN_S", 0)
+    rows = [{"kind": "train", "model": "gpt2nobias", "batch_size": 12, "cuda_graphs": False, "status": "ok",
+             "reason": None},
+            {"kind": "train", "model": "gpt2nobias", "batch_size": 12, "cuda_graphs": True, "status": "failed",
+             "reason": "RuntimeError: CUDA error: operation not permitted when stream is capturing"}]
+
+    def fake_bench(options, extra, path):
+        return [sys.executable, "-c", f"import json; json.dump({{'rows': {rows!r}}}, open({str(path)!r}, 'w'))"]
+
+    monkeypatch.setattr(gpu_check, "bench_command", fake_bench)
+    check = gpu_check.Check(gpu_check.parse_args(["--smoke", f"--out={tmp_path / 'c.json'}"]))
+    try:
+        check.part_end = gpu_check.time.monotonic() + 30
+        part = gpu_check.bench_part(check, "train", gpu_check.SMOKE_TRAIN_RUNS, [])
+    finally:
+        check.close()
+    assert part["status"] == "failed" and [r["status"] for r in part["runs"]] == ["ok"]
+    assert part["reason"] == ("failed rows: train gpt2nobias batch 12 cuda_graphs=True: RuntimeError: CUDA error: "
+                              "operation not permitted when stream is capturing")
+    assert [r["status"] for r in check.report["rows"]] == ["ok", "failed"]
+
+
+NANOGPT_FAKE = {
+    "bench.py": "print('Compiling model...')\nraise RuntimeError('inductor: the compile failed')\n",
+    "train.py": "print('step 0: train loss 4.2874, val loss 4.2823')\nprint('iter 100: loss 2.3, time 8.10ms, "
+                "mfu 30.00%')\nprint('step 250: train loss 1.2, val loss 1.4600')\n",
+    "model.py": "", "configurator.py": "", "config/train_shakespeare_char.py": "",
+    "data/shakespeare_char/prepare.py": "",
+}
+
+
+def test_when_nanogpt_fails_the_summary_says_so_with_its_last_lines(tmp_path, monkeypatch):
+    """nanoGPT's bench.py failing (its compile, say) is "nanoGPT failed: ..." with its last lines in the
+    summary, never "no anchor"; its training still runs and gives its figures. Not run at all, "no anchor"."""
+    monkeypatch.setattr(gpu_check, "MIN_RUN_S", 0)
+    for name, text in NANOGPT_FAKE.items():
+        (tmp_path / "nanoGPT" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "nanoGPT" / name).write_text(text)
+    corpus = tmp_path / "input.txt"
+    corpus.write_text("To be, or not to be\n")
+    args = gpu_check.parse_args([f"--out={tmp_path / 'c.json'}", f"--nanogpt={tmp_path / 'nanoGPT'}",
+                                 f"--shakespeare_text={corpus}"])
+    check = gpu_check.Check(args)
+    try:
+        check.part_end = gpu_check.time.monotonic() + 60
+        part = gpu_check.part_nanogpt(check, args)
+    finally:
+        check.close()
+    assert part["status"] == "failed" and part["bench"]["status"] == "failed" and part["bench"]["ms"] is None
+    assert part["train"]["reached"]["val_loss"] == 1.46 and part["train"]["iter_ms_median"] == 8.10
+    summary = gpu_check.summarise({"rows": [], "device": {}, "parts": {"nanogpt": part}}, smoke=False)
+    note = summary["train_12x1024_no_bias"]["note"]
+    assert note.startswith("nanoGPT failed: nanoGPT bench.py failed (exit code 1") and "no anchor" not in note
+    assert "RuntimeError: inductor: the compile failed" in note
+    assert summary["shakespeare_s_to_val"]["nanogpt"]["val_loss"] == 1.46
+    skipped = {"status": "skipped", "reason": "no anchor: nanoGPT's code is not at shared/anchors/nanoGPT"}
+    summary = gpu_check.summarise({"rows": [], "device": {}, "parts": {"nanogpt": skipped}}, smoke=False)
+    assert summary["train_12x1024_no_bias"]["note"] == skipped["reason"]
 
 
 def test_plan_memory_table_is_read():
@@ -115,13 +255,14 @@ def test_summary_against_the_targets():
              "compile_s": None, "kv_cache": False},
             {"kind": "prefill", "status": "ok", "ms": 4.0, "seq_len": 1000}]
     report = {"rows": rows, "device": {"name": "NVIDIA H200"},
-              "parts": {"plan": {"status": "ok", "rows": [{"error": -0.013}]}, "nanogpt": {"bench": {"ms": 26.3}}}}
+              "parts": {"plan": {"status": "ok", "rows": [{"error": -0.013}]},
+                        "nanogpt": {"status": "ok", "bench": {"ms": 26.3}}}}
     summary = gpu_check.summarise(report, smoke=False)
     first = summary["train_12x1024_no_bias"]
     assert first["variant"]["sdpa"] == "cudnn" and abs(first["value"] - 26.3 / 22.0) < 1e-9 and first["met"]
     best = summary["train_best_tokens_per_s"]
     assert best["variant"]["batch_size"] == 32 and best["target"] == 600_000 and best["met"] is True
-    assert first["nanogpt_ms"] == 26.3
+    assert first["nanogpt_ms"] == 26.3 and first["note"].startswith("x nanoGPT's bench.py")
     assert summary["decode_compiled_batch1_tokens_per_s"]["met"] and summary["prefill_ms"]["met"]
     assert summary["plan_worst_error"]["value"] == 0.013 and summary["shakespeare_s_to_val"]["value"] is None
     assert summary["shakespeare_ms_per_step_late"]["value"] is None
@@ -135,6 +276,28 @@ def test_summary_against_the_targets():
     summary = gpu_check.summarise(report, smoke=False)
     assert summary["train_12x1024_no_bias"]["value"] is None and "plan_worst_error" not in summary
     assert summary["train_12x1024_no_bias"]["note"].startswith("no anchor: nanoGPT's code is not")
+
+
+def test_the_steps_part_compares_the_windows_both_runs_reached():
+    """The graphed run reached step 1,500, the plain one was stopped after step 1,300: the late window is
+    1,201-1,300 for both, and the summary's late figure is the faster run's there."""
+    graphed = {"run": "one CUDA graph", "ms_per_step": {str(s): 3.0 for s in range(100, 1501, 100)}}
+    plain = {"run": "as train.py runs it", "ms_per_step": {str(s): 9.0 + s / 1000 for s in range(100, 1301, 100)}}
+    windows = gpu_check.step_windows([graphed, plain], (200, 1500), 100)
+    assert windows == {"early": [101, 200], "late": [1201, 1300], "late_wanted": [1401, 1500]}
+    assert plain["late_ms"] == pytest.approx(10.3) and plain["late_over_early"] == pytest.approx(10.3 / 9.2)
+    assert graphed["late_ms"] == 3.0 and graphed["late_over_early"] == 1.0
+    report = {"rows": [], "device": {}, "parts": {"steps": {"status": "timeout", "windows": windows,
+                                                           "steps": [graphed, plain]}}}
+    late = gpu_check.summarise(report, smoke=False)["shakespeare_ms_per_step_late"]
+    assert late["value"] == 3.0 and late["window"] == [1201, 1300]
+    # the graphed run failed before its first log line: the plain run keeps its own late window
+    failed, plain = {"run": "one CUDA graph", "ms_per_step": {}}, {"run": "plain", "ms_per_step": plain["ms_per_step"]}
+    assert gpu_check.step_windows([failed, plain], (200, 1500), 100)["late"] == [1201, 1300]
+    assert plain["late_step"] == 1300 and failed["late_ms"] is None
+    short = {"run": "x", "ms_per_step": {"100": 5.0, "200": 6.0, "300": 6.6}}
+    assert gpu_check.step_windows([short, {"run": "y", "ms_per_step": {"100": 5.0}}], (200, 1500), 100)["late"] is None
+    assert short["late_step"] == 300 and short["late_over_early"] == pytest.approx(1.1)
 
 
 def test_the_default_plan_gives_every_part_its_floor_and_a_short_total_is_refused_before_it_starts(tmp_path):
@@ -159,25 +322,127 @@ def test_the_default_plan_gives_every_part_its_floor_and_a_short_total_is_refuse
     assert roomy["train"] > gpu_check.BUDGETS["train"].gpu and abs(sum(roomy.values()) - 890) < 1e-6
 
 
-def test_dry_run_prints_each_part_its_budget_and_what_it_runs(tmp_path, capsys):
-    anchor = [f"--nanogpt={NANOGPT}"] if NANOGPT.is_dir() else []  # (else found in the checkout, or none)
-    report = gpu_check.main(["--dry_run", f"--out={tmp_path / 'c.json'}", *anchor])
+def dry_run_table(tmp_path, capsys, *extra: str, anchor: bool = True) -> list[str]:
+    anchor = [f"--nanogpt={NANOGPT}"] if anchor and NANOGPT.is_dir() else []  # (else found in the checkout, or none)
+    report = gpu_check.main(["--dry_run", f"--out={tmp_path / 'c.json'}", *anchor, *extra])
     assert report == {} and not (tmp_path / "c.json").exists()  # nothing ran
-    table = capsys.readouterr().out
+    return capsys.readouterr().out.splitlines()
+
+
+def test_every_default_part_gets_what_its_commands_need_by_the_h200s_figures(tmp_path, capsys, monkeypatch):
+    """--dry_run's need column: each part's runs added up from the H200 figures (start + compile + steps x ms),
+    from the commands the part runs. The default plan gives every part at least that, and the whole within one
+    10-minute call; a part made to run longer is starved no more silently: its need outgrows its budget."""
+    table = dry_run_table(tmp_path, capsys)
+    rows = {line.split()[0]: line.split() for line in table if line.split()[:1] and line.split()[0] in gpu_check.PARTS}
+    assert list(rows) == ["device", *gpu_check.DEFAULT_PARTS]
+    for name, row in rows.items():
+        budget, need = float(row[1]), float(row[5])
+        assert need == round(gpu_check.part_need(name)) and need > 0, (name, row)
+        assert budget >= need, f"{name}: a budget of {budget:g} s, below the {need:g} s its commands need on an H200"
+    assert gpu_check.DEFAULT_TOTAL_S[False] <= 570  # (with pip's install of the wheel, inside a 600-s call)
+    # the runs' needs follow the commands: one per pytest run, bench.py run, train.py run
+    assert len(gpu_check.run_needs("tests")) == len(gpu_check.cuda_test_runs()) == 2
+    assert [label for label, _ in gpu_check.run_needs("steps")[1:]] == [label for label, _ in gpu_check.STEP_RUNS]
+    assert gpu_check.bench_rows(["--models=a,b", "--batch_size=12", "--cuda_graphs=False,True"]) == 4
+    assert all(figure.where for figure in gpu_check.H200.values())
+    steps = gpu_check.part_need("steps")
+    monkeypatch.setattr(gpu_check, "STEP_AT", (200, 3000))
+    assert gpu_check.part_need("steps") > steps + 30 > gpu_check.BUDGETS["steps"].gpu
+    monkeypatch.setattr(gpu_check, "NANOGPT_TRAIN", ("train.py", "config/train_shakespeare_char.py", "--max_iters=5000"))
+    assert gpu_check.part_need("nanogpt") > gpu_check.BUDGETS["nanogpt"].gpu
+
+
+def test_dry_run_prints_each_part_its_budget_and_what_it_runs(tmp_path, capsys):
+    table = dry_run_table(tmp_path, capsys)
     budgets = gpu_check.parse_args([f"--out={tmp_path / 'c.json'}"]).budgets
     for name, budget in budgets.items():
-        row = next(line for line in table.splitlines() if line.startswith(f"{name} "))
+        row = next(line for line in table if line.startswith(f"{name} "))
         assert row.split()[1] == f"{budget:.0f}", (name, row)
-    assert "--batch_size=12 --cuda_graphs=False,True" in table and "--hf_reference" in table
-    assert "--cuda_graphs=True" in next(line for line in table.splitlines() if "steps_1" in line)
-    assert "-m cuda" in table and "tests/test_cudagraph_cuda.py" in table
-    assert table.splitlines()[-1].split()[:2] == ["total", "480"]
-    nanogpt = next(line for line in table.splitlines() if line.startswith("nanogpt "))
-    if anchor or gpu_check.nanogpt_dir(None):  # nanoGPT's own bench.py and Shakespeare, run, not quoted
+    text = "\n".join(table)
+    assert "--batch_size=12 --cuda_graphs=False,True" in text and "--hf_reference" in text
+    assert "--cuda_graphs=True" in next(line for line in table if "steps_0" in line)  # (the graphed run first)
+    assert "--cuda_graphs" not in next(line for line in table if "steps_1" in line)
+    tests = next(line for line in table if line.startswith("tests "))
+    assert "-m cuda" in tests and tests.endswith(gpu_check.GRAPH_TESTS) and "--verbosity=1" in tests
+    assert "--async_save=True" in next(line for line in table if line.startswith("shakespeare "))
+    assert table[-1].split()[:2] == ["total", f"{gpu_check.DEFAULT_TOTAL_S[False]:.0f}"]
+    nanogpt = next(line for line in table if line.startswith("nanogpt "))
+    if NANOGPT.is_dir() or gpu_check.nanogpt_dir(None):  # nanoGPT's own bench.py and Shakespeare, run, not quoted
         assert "python bench.py --real_data=False --compile=True" in nanogpt
-        assert "python train.py config/train_shakespeare_char.py" in table
+        assert "python train.py config/train_shakespeare_char.py" in text
+        assert not table[0].startswith("missing:")
     else:
         assert "no anchor" in nanogpt
+
+
+def test_what_is_missing_is_said_in_one_line_before_anything_runs(tmp_path, capsys, monkeypatch):
+    """No shared data, no nanoGPT, a package not installed: --dry_run says so in its first line, and a run says
+    it before its first part, whose package is missing, is skipped (saying which) instead of failing later."""
+    monkeypatch.setattr(gpu_check, "shared_path", lambda relative: None)
+    monkeypatch.setattr(gpu_check, "nanogpt_dir", lambda given: None)
+    monkeypatch.setattr(gpu_check, "PART_MODULES", {**gpu_check.PART_MODULES,
+                                                    "device": ("torch", "no_such_module_here"),
+                                                    "decode": ("torch", "no_such_module_here")})
+    table = dry_run_table(tmp_path, capsys, anchor=False)
+    assert table[0].startswith("missing: the package no_such_module_here (device, decode skipped); tiny "
+                               "Shakespeare's text") and "nanoGPT's code" in table[0]
+    assert "shakespeare, steps would download it; nanogpt skipped" in table[0]
+    assert table[1].startswith("gpu_check plan")
+    report = gpu_check.main(["--smoke", "--parts=decode", f"--out={tmp_path / 'r.json'}"])
+    out = capsys.readouterr().out
+    assert out.index("missing: the package no_such_module_here") < out.index("device (up to")
+    assert report["missing"].startswith("missing: the package no_such_module_here")
+    for name in ("device", "decode"):
+        part = report["parts"][name]
+        assert part["status"] == "skipped" and part["reason"].startswith("needs no_such_module_here, not installed")
+
+
+def test_the_report_goes_to_out_and_names_the_commit_without_git(tmp_path, monkeypatch):
+    """$OUT, where set, gets the JSON and the log by default; where .git did not travel, the commit comes from
+    $GPU_CHECK_COMMIT or else shared/COMMIT, as the launcher wrote it."""
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    args = gpu_check.parse_args([])
+    assert args.out.startswith(str(tmp_path / "out" / "gpu_check_")) and args.log == args.out[:-5] + ".log"
+    copy = tmp_path / "tree"  # a copy of the working tree: no .git
+    (copy / "shared").mkdir(parents=True)
+    monkeypatch.setattr(gpu_check, "ROOT", copy)
+    monkeypatch.delenv(gpu_check.COMMIT_ENV, raising=False)
+    assert gpu_check.git_version() == {"commit": None, "dirty": None, "from": None}
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    (copy / "shared" / "COMMIT").write_text(f"{sha}\ndirty\n")
+    assert gpu_check.git_version() == {"commit": sha, "dirty": True, "from": str(copy / "shared" / "COMMIT")}
+    monkeypatch.setenv(gpu_check.COMMIT_ENV, "abcdef1")
+    assert gpu_check.git_version() == {"commit": "abcdef1", "dirty": False, "from": "$GPU_CHECK_COMMIT"}
+
+
+def test_the_packages_each_part_needs_are_all_it_imports():
+    """A part whose package is missing is skipped (PART_MODULES): that list must hold every package of the
+    project's that the parts' scripts import. With every other dependency made unimportable, train.py,
+    bench.py, the data's preparation, the memory plan and the CUDA test files still import (crc32c, a
+    dependency the GPU image lacked, was found this way)."""
+    text = (gpu_check.ROOT / "pyproject.toml").read_text()
+    deps = text.split("dependencies = [", 1)[1].split("]", 1)[0]
+    names = {line.split('"')[1].split(">")[0].split("=")[0].split("[")[0].replace("-", "_")
+             for line in deps.splitlines() if '"' in line}
+    blocked = sorted(names - set(gpu_check.OURS))
+    assert "crc32c" in names and "datasets" in blocked  # (the list read is pyproject's)
+    modules = ["train", "bench", "prepare.shakespeare_char", "benchmarks.plan_memory"] + [
+        path.removeprefix("tests/").removesuffix(".py") for _, files in gpu_check.cuda_test_runs() for path in files]
+    code = textwrap.dedent(f"""
+        import importlib, importlib.abc, sys
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name.split(".")[0] in {blocked!r}:
+                    raise ImportError(f"{{name}} is not installed (blocked)")
+        sys.meta_path.insert(0, Block())
+        for module in {modules!r}:
+            importlib.import_module(module)
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(gpu_check.ROOT), str(gpu_check.ROOT / "tests")])}
+    done = subprocess.run([sys.executable, "-c", code], cwd=gpu_check.ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 NANOGPT_OUTPUT = """Compiling model...
