@@ -13,7 +13,9 @@ On a terminal the replies follow an "assistant>" label; from a pipe (stdin not a
 block of text followed by a blank line, and notes go to stderr, so the output can be scripted and tested.
 
 The prompt is gptkit/chat.py's template, the one the training data and the server use; the decoding is the
-server's engine (gptkit/serving/engine.py) with a single row.
+server's engine (gptkit/serving/engine.py) with a single row, and its prefix cache: the conversation's keys and
+values stay in the row between turns, so each message computes only its own tokens, however long the history
+(until messages are dropped: the prompt then starts otherwise, and is computed again from the system message).
 """
 
 from __future__ import annotations
@@ -70,7 +72,10 @@ class Chat:
             fitted = fit_history(self.messages, self.tokenizer, self.budget)
         except ChatError as e:
             self.messages.pop()
-            raise ChatError(f"{e} (this model's context is {self.engine.block_size} tokens)") from None
+            block = self.engine.block_size
+            how = " (/system TEXT sets it)" if self.messages and self.messages[0]["role"] == "system" else ""
+            raise ChatError(f"{e}{how}; this model's context is {block} tokens, {block - self.budget} of them kept "
+                            f"for the reply (--max_new_tokens)") from None
         except DataError as e:  # a character the model's vocabulary lacks: this message only
             self.messages.pop()
             raise ChatError(f"{e}; the message was not sent, the conversation goes on") from None

@@ -343,13 +343,14 @@ class Api:
         room = self.block_size - len(prompt)
         if room < (0 if max_tokens == 0 else 1):
             raise bad(f"the prompt has {len(prompt)} tokens, but the model's context is {self.block_size} "
-                      f"tokens: at most {self.block_size - 1} leave room for a reply", "messages" if chat else
-                      "prompt", code="context_length_exceeded")
+                      f"tokens, and a prompt may have at most {self.block_size - 1} of them, to leave room for a "
+                      f"reply", "messages" if chat else "prompt", code="context_length_exceeded")
         if max_tokens is None:
             return room if chat else min(DEFAULT_COMPLETION_TOKENS, room)
         if max_tokens > room:
             raise bad(f"{param} is {max_tokens}, but the prompt has {len(prompt)} tokens and the model's "
-                      f"context is {self.block_size}: at most {room}", param, code="context_length_exceeded")
+                      f"context is {self.block_size}: a reply can have at most {room}", param,
+                      code="context_length_exceeded")
         return max_tokens
 
     # ---- answering
