@@ -36,7 +36,6 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +47,7 @@ from benchmarks.serve_load import (  # noqa: E402
     LoadError,
     LocalServer,
     check_url,
+    prefix_metrics,
     served_model,
     write_checkpoint,
 )
@@ -141,21 +141,6 @@ async def run_clients(url: str, model: str, conversations: list[Conversation], a
     finally:
         await client.close()
     return [t for turns in done for t in turns], time.perf_counter() - start
-
-
-def prefix_metrics(url: str) -> dict[str, float] | None:
-    """serve.py's /metrics (None from a server without them: llama-server's need --metrics)."""
-    try:
-        with urllib.request.urlopen(url + "/metrics", timeout=30) as response:
-            body = response.read().decode()
-    except OSError:
-        return None
-    values = {}
-    for line in body.splitlines():
-        if line.startswith("gptkit_"):
-            name, value = line.split()
-            values[name.removeprefix("gptkit_")] = float(value)
-    return values or None
 
 
 # ----------------------------------------------------------------------------- the measurement
