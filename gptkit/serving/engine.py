@@ -545,9 +545,8 @@ class Engine:
     def _forward_eager(self, rows: list[_Row]) -> torch.Tensor:
         """Rows 0..A-1, each at its own position, reading the slots filled so far (the longest row's) -> the
         logits (A, V) of their next tokens."""
-        tokens = torch.tensor([[r.last] for r in rows], dtype=torch.long, device=self.device)  # (A, 1)
-        pos = torch.tensor([[r.length] for r in rows], dtype=torch.long, device=self.device)  # (A, 1)
-        return decode_one_token(self.model, tokens, pos, rows=slice(0, len(rows)),
+        inputs = torch.tensor([[[r.last] for r in rows], [[r.length] for r in rows]], device=self.device)
+        return decode_one_token(self.model, inputs[0], inputs[1], rows=slice(0, len(rows)),  # (A, 1) each
                                 length=max(r.length for r in rows) + 1)
 
     def bucket(self, rows: list[_Row]) -> tuple[int, int]:
@@ -615,17 +614,17 @@ class Engine:
                 i += 1
                 continue
             last = len(self.active) - 1
-            if self.prefix is not None:
+            moved = self.active.pop()
+            if i != last:
+                self.active[i] = moved
+            if self.prefix is not None:  # (row i still holds it: the moved row's slots come after)
                 held = (row.request.prompt + row.reply)[: row.length]  # the prompt and the tokens fed back
-                self.prefix.insert(held, i)
+                self.prefix.insert(held, i)  # (only the reply's tokens are new: a copy of ~1 ms)
                 if i == last:  # the row stays as it is until another request takes it
                     self._parked[i] = held
+            row.request.emit(Finished(reason, row.emitted))  # (once held: the next turn finds it)
             if i != last:
-                moved = self.active[last]
                 self.model.copy_cache_row(last, i, moved.length)
-                self.active[i] = moved
-            self.active.pop()
-            row.request.emit(Finished(reason, row.emitted))
 
     def _sample(self, logits: torch.Tensor, rows: list[_Row]) -> list[int]:
         """One token per row of logits (n, V), each drawn with its request's options and generator; the one
