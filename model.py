@@ -491,9 +491,7 @@ class GPT(nn.Module):
         else:
             cache = self._cache_slice(B, pos, rows, length)
             x = self.transformer.drop(self._embed(idx, pos))
-            # (see KV_LENGTH_BUCKET; on the CPU the list changes nothing, and entering it costs ~20 us a token)
-            backends = sdpa_kernel(CACHED_ATTENTION_BACKENDS) if x.device.type != "cpu" else contextlib.nullcontext()
-            with backends:
+            with sdpa_kernel(CACHED_ATTENTION_BACKENDS):  # (see KV_LENGTH_BUCKET)
                 for block in self.transformer.h:
                     x = block(x, cache)
         return self.transformer.ln_f(x)
