@@ -935,6 +935,36 @@ def test_sigterm_finishes_the_reply_in_flight_and_exits_0(text_server):
     assert "Traceback" not in "".join(server.stderr)
 
 
+def nodelay_of_an_accepted_connection(sock: socket.socket) -> int:
+    """TCP_NODELAY on the server's side of a connection that asyncio (uvicorn's loop) accepts from sock."""
+    import asyncio
+
+    async def accept() -> int:
+        found = asyncio.get_running_loop().create_future()
+
+        def handle(reader, writer):
+            found.set_result(writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(handle, sock=sock)
+        _, writer = await asyncio.open_connection(*sock.getsockname()[:2])
+        try:
+            return await asyncio.wait_for(found, WAIT)
+        finally:
+            writer.close()
+            server.close()
+
+    return asyncio.run(accept())
+
+
+def test_the_server_sends_a_token_at_once():
+    """A stream is small writes: the headers, then a token at a time. With Nagle's algorithm on, each waits
+    for the acknowledgement of the one before, which the client delays (~40 ms on Linux) on a kept-alive
+    connection. serve.py's listening socket names its protocol, so that asyncio turns Nagle off on the
+    connections it accepts (a socket from socket.create_server does not: asyncio leaves it on)."""
+    assert nodelay_of_an_accepted_connection(serve.listen("127.0.0.1", 0)) != 0
+
+
 def test_serve_errors_are_one_line(capsys, tmp_path, text_ckpt, monkeypatch):
     def error(*args) -> str:
         with pytest.raises(SystemExit) as e:
