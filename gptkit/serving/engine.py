@@ -23,11 +23,11 @@ the engine's thread: a server hands them over to its event loop).
 The prefix cache (gptkit/serving/prefix_cache.py; `prefix_cache`: its bound in bytes, 0 = off): every prompt's
 keys and values, and every finished reply's with its prompt, are kept (copied out of the row, only what is not
 held yet) while the bound allows, least recently used out first. A conversation's next message arrives with
-its whole history: only the new tokens are computed. A prompt that is the whole of a row left as it was (one
-client, chat.py: the same row again) is used in place, without a copy. Requests with the same prompt admitted
-together (a request's n choices) compute it once, and the others copy its row. Keys and values computed for a
-prefix in another forward (a decode step, another batch) equal those of one whole prefill to float rounding:
-a reply with reuse is the reply without it, up to the rounding of batched matmuls, as above.
+its whole history: only the new tokens are computed. A prompt that continues what a free row still holds (one
+client, chat.py: the row its last reply left) uses it in place, without a copy. Requests with the same prompt
+admitted together (a request's n choices) compute it once, and the others copy its row. Keys and values
+computed for a prefix in another forward (a decode step, another batch) equal those of one whole prefill to
+float rounding: a reply with reuse is the reply without it, up to the rounding of batched matmuls, as above.
 
 A request's reply does not depend on who else is being served: its rows of the cache are its own, its draws
 come from its own generator (seeded from `seed`), and each row's attention sees only its own slots. Only the
