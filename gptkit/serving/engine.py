@@ -27,7 +27,7 @@ its whole history: only the new tokens are computed. A prompt that continues wha
 client, chat.py: the row its last reply left) uses it in place, without a copy. Requests with the same prompt
 admitted together (a request's n choices) compute it once, and the others copy its row. Keys and values
 computed for a prefix in another forward (a decode step, another batch) equal those of one whole prefill to
-float rounding: a reply with reuse is the reply without it, up to the rounding of batched matmuls, as above.
+float rounding: a reply with reuse is the reply without it, up to the rounding of batched matmuls, as below.
 
 A request's reply does not depend on who else is being served: its rows of the cache are its own, its draws
 come from its own generator (seeded from `seed`), and each row's attention sees only its own slots. Only the
