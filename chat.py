@@ -32,7 +32,10 @@ from gptkit.config import ConfigError, SamplingSettings, load_config, redefault,
 from gptkit.generate import TextStream
 from gptkit.runtime import setup_inference
 from gptkit.serving.engine import Engine, Finished, Request
+from gptkit.serving.prefix_cache import token_bytes
 from gptkit.shards import DataError
+
+CONTEXTS_KEPT = 4  # the prefix cache's bound, in contexts of the model's keys and values
 
 
 @dataclass
@@ -166,7 +169,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"chat.py: {what}, {params / 1e6:.2f}M parameters; {inference.describe()}"
           + ("; /reset, /system TEXT, /quit; Ctrl-C stops a reply" if interactive else ""), file=sys.stderr,
           flush=True)
-    engine = Engine(model, max_batch=1, max_queue=0).start()
+    # The prefix cache holds this one conversation: a few contexts' worth (its history, and what /reset or
+    # dropped messages left behind), not the server's share of the machine's memory.
+    engine = Engine(model, max_batch=1, max_queue=0,
+                    prefix_cache=CONTEXTS_KEPT * model.config.block_size * token_bytes(model)).start()
     try:
         converse(Chat(engine, tokenizer, cfg, sys.stdout, sys.stderr), sys.stdin, interactive)
     finally:

@@ -22,7 +22,7 @@ import model as model_module
 from gptkit.cpu_decode import pack_for_cpu
 from gptkit.generate import SamplingOptions, candidates
 from gptkit.serving.engine import Engine, Finished, Request
-from gptkit.serving.prefix_cache import PrefixCache
+from gptkit.serving.prefix_cache import PrefixCache, token_bytes
 from model import GPT, GPTConfig
 
 VOCAB = 300
@@ -124,6 +124,16 @@ def test_the_least_recently_used_sequence_goes_first():
     cache.insert([13, 14, 15], 0)
     assert [cache.match(t).length for t in (one, two, three, [13, 14, 15])] == [4, 0, 4, 3]
     assert cache.evicted_tokens == 4 and cache.bytes <= cache.bound
+
+
+def test_a_tokens_keys_and_values_cost_what_the_kv_cache_holds():
+    """token_bytes (what chat.py sizes its bound with) from the model's shape, against the KV cache itself:
+    2 (keys, values) x 2 layers x 16 wide x 4 bytes in float32, half that in bfloat16."""
+    net = filled()
+    assert token_bytes(net) == PrefixCache(net, 1).token_bytes == 2 * 2 * 16 * 4
+    half = filled().to(torch.bfloat16)
+    half.setup_kv_cache(1)
+    assert token_bytes(half) == PrefixCache(half, 1).token_bytes == 2 * 2 * 16 * 2
 
 
 def test_a_sequence_longer_than_the_bound_keeps_its_beginning():

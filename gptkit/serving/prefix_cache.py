@@ -46,6 +46,13 @@ def auto_bound(device: torch.device) -> int:
     return min(available // AUTO_SHARE, AUTO_MAX)
 
 
+def token_bytes(model: torch.nn.Module) -> int:
+    """The bytes of one token's keys and values in `model`'s KV cache (setup_kv_cache's: every layer, in the
+    embedding's dtype), to size a bound in tokens."""
+    c, weight = model.config, model.transformer.wte.weight
+    return c.n_layer * 2 * c.n_embd * weight.element_size()
+
+
 @dataclass(eq=False)
 class _Node:
     tokens: list[int]  # the run of tokens this node adds to its parent's sequence
@@ -90,7 +97,7 @@ class PrefixCache:
         first = self._caches()[0].k  # (rows, heads, slots, head_dim)
         self.layers, self.heads, self.head_dim = len(self._caches()), first.size(1), first.size(3)
         self.dtype, self.device = first.dtype, first.device
-        self.token_bytes = self.layers * 2 * self.heads * self.head_dim * first.element_size()
+        self.token_bytes = self.layers * 2 * self.heads * self.head_dim * first.element_size()  # (= token_bytes())
         self.root = _Node([], None, None)
         self.bytes = 0  # held now
         self._leaves: set[_Node] = set()
