@@ -16,6 +16,7 @@ The prompt is gptkit/chat.py's template, the one the training data and the serve
 server's engine (gptkit/serving/engine.py) with a single row, and its prefix cache: the conversation's keys and
 values stay in the row between turns, so each message computes only its own tokens, however long the history
 (until messages are dropped: the prompt then starts otherwise, and is computed again from the system message).
+It keeps at most CONTEXTS_KEPT contexts' worth of keys and values.
 """
 
 from __future__ import annotations
