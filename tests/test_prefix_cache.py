@@ -321,6 +321,18 @@ def test_a_prefix_ending_inside_a_longer_sequence_an_evicted_one_and_two_divergi
     same_reply(reused, whole, tol)
 
 
+def test_a_group_never_pads_a_row_past_the_context():
+    """Rows prefilled together are padded to the longest: one that starts at slot 60 of 64 cannot take a
+    computed length of 6 beside it (its padding would write slots 64 and 65); alone, each fits."""
+    from gptkit.serving.engine import prefill_groups
+
+    assert prefill_groups([5, 6]) == [[0, 1]]
+    assert prefill_groups([4, 4], starts=[60, 0], room=64) == [[0, 1]]
+    assert prefill_groups([4, 6], starts=[58, 0], room=64) == [[0, 1]]  # 58 + 6: the last slot
+    assert prefill_groups([4, 6], starts=[59, 0], room=64) == [[0], [1]]
+    assert prefill_groups([6, 4], starts=[0, 60], room=64) == [[1], [0]]
+
+
 def stepped(engine: Engine, requests: list[Request], submit_at: list[int], on_step=None) -> list[list]:
     """Submit each request at its step, stepping the engine on this thread until all are done: each
     request's events."""
