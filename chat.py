@@ -13,7 +13,10 @@ On a terminal the replies follow an "assistant>" label; from a pipe (stdin not a
 block of text followed by a blank line, and notes go to stderr, so the output can be scripted and tested.
 
 The prompt is gptkit/chat.py's template, the one the training data and the server use; the decoding is the
-server's engine (gptkit/serving/engine.py) with a single row.
+server's engine (gptkit/serving/engine.py) with a single row, and its prefix cache: the conversation's keys and
+values stay in the row between turns, so each message computes only its own tokens, however long the history
+(until messages are dropped: the prompt then starts otherwise, and is computed again from the system message).
+It keeps at most CONTEXTS_KEPT contexts' worth of keys and values.
 """
 
 from __future__ import annotations
@@ -30,7 +33,10 @@ from gptkit.config import ConfigError, SamplingSettings, load_config, redefault,
 from gptkit.generate import TextStream
 from gptkit.runtime import setup_inference
 from gptkit.serving.engine import Engine, Finished, Request
+from gptkit.serving.prefix_cache import token_bytes
 from gptkit.shards import DataError
+
+CONTEXTS_KEPT = 4  # the prefix cache's bound, in contexts of the model's keys and values
 
 
 @dataclass
@@ -70,7 +76,10 @@ class Chat:
             fitted = fit_history(self.messages, self.tokenizer, self.budget)
         except ChatError as e:
             self.messages.pop()
-            raise ChatError(f"{e} (this model's context is {self.engine.block_size} tokens)") from None
+            block = self.engine.block_size
+            how = " (/system TEXT sets it)" if self.messages and self.messages[0]["role"] == "system" else ""
+            raise ChatError(f"{e}{how}; this model's context is {block} tokens, {block - self.budget} of them kept "
+                            f"for the reply (--max_new_tokens)") from None
         except DataError as e:  # a character the model's vocabulary lacks: this message only
             self.messages.pop()
             raise ChatError(f"{e}; the message was not sent, the conversation goes on") from None
@@ -161,7 +170,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"chat.py: {what}, {params / 1e6:.2f}M parameters; {inference.describe()}"
           + ("; /reset, /system TEXT, /quit; Ctrl-C stops a reply" if interactive else ""), file=sys.stderr,
           flush=True)
-    engine = Engine(model, max_batch=1, max_queue=0).start()
+    # The prefix cache holds this one conversation: a few contexts' worth (its history, and what /reset or
+    # dropped messages left behind), not the server's share of the machine's memory.
+    engine = Engine(model, max_batch=1, max_queue=0,
+                    prefix_cache=CONTEXTS_KEPT * model.config.block_size * token_bytes(model)).start()
     try:
         converse(Chat(engine, tokenizer, cfg, sys.stdout, sys.stderr), sys.stdin, interactive)
     finally:

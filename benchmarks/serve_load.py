@@ -23,8 +23,11 @@ whose files tiktoken must find: TIKTOKEN_CACHE_DIR offline); --model gpt2-random
 shrinks the started model (a rehearsal on a CPU). A --url must be http://127.0.0.1:PORT: this load
 generator is for one's own machine, never somebody else's. Each level runs `clients` clients, each sending up
 to --requests streamed completions one after another (a new one only within --seconds of the level's start;
-one in flight finishes), with a prompt of ~60 characters, temperature 1 and a seed of its own. The clients
-run in this process on one event loop, so on a small machine they share its cores with the server.
+one in flight finishes), with a fresh prompt of ~65 characters (a number no other request had, then the same
+text: no server has computed it before), temperature 1 and a seed of its own. The clients run in this process
+on one event loop, so on a small machine they share its cores with the server. At the end, serve.py's
+/metrics say how many prompt tokens its prefix cache reused (the numbers' first tokens, at most).
+benchmarks/serve_chat.py measures conversations instead, whose prompts do repeat.
 
 --llama_server: after serve.py, llama.cpp's llama-server (built by `bash benchmarks/llama_server.sh` from the
 llama.cpp that llama-cpp-python vendors) on the same random model exported to GGUF (--llama_type; -np
@@ -48,6 +51,7 @@ import argparse
 import asyncio
 import contextlib
 import importlib.util
+import itertools
 import os
 import shlex
 import signal
@@ -162,9 +166,9 @@ class LlamaServer:
     """llama.cpp's llama-server (benchmarks/llama_server.sh builds it) in a subprocess on a free 127.0.0.1
     port, serving the checkpoint in `ckpt` exported to GGUF (gguf_type: f32, f16 or q8_0) with `slots`
     parallel sequences (-np) of the model's whole context each, and an HTTP thread for each of up to
-    `http_threads` clients; its output goes to a file beside the checkpoint. Its requests ask for ignore_eos (serve.py's random checkpoint has no end-of-text either) and
-    cache_prompt false: every client sends the same prompt, which llama-server would otherwise not compute
-    again (serve.py keeps no prompt cache)."""
+    `http_threads` clients; its output goes to a file beside the checkpoint. Its requests ask for ignore_eos
+    (serve.py's random checkpoint has no end-of-text either) and say whether to keep prompts (cache_prompt):
+    false for serve_load's fresh prompts, true for serve_chat.py's conversations."""
 
     def __init__(self, binary: str, ckpt: Path, gguf_type: str, slots: int, extra: list[str],
                  http_threads: int = 0, timeout: float = 300):
@@ -235,17 +239,28 @@ class Result:
 RETRIES = 2
 
 
+SERIALS = itertools.count(1000)  # every request's prompt starts with a number of its own
+
+
+def fresh_prompt() -> str:
+    """PROMPT after a number no other request of the run had: a fresh prompt, which no server has computed
+    before (serve.py keeps prompts' keys and values; numbers from 1000 are mostly one GPT-2 token each, so
+    two prompts share at most a first token or two: serve.py's /metrics, printed at the end, says how many)."""
+    return f"{next(SERIALS)} {PROMPT}"
+
+
 async def one_request(client, model: str, max_tokens: int, seed: int, extra: dict | None = None) -> Result:
-    """One streamed completion; its time to first token counts from the first attempt. A connection the
-    server closes before answering (llama-server, now and then, on a new connection right after a level of
-    many clients ends) is retried, at most RETRIES times: nothing was computed for it."""
+    """One streamed completion of a fresh prompt; its time to first token counts from the first attempt. A
+    connection the server closes before answering (llama-server, now and then, on a new connection right
+    after a level of many clients ends) is retried, at most RETRIES times: nothing was computed for it."""
     import openai
 
     start = time.perf_counter()
     first, tokens, pieces = None, None, 0
+    prompt = fresh_prompt()
     for attempt in range(RETRIES + 1):
         try:
-            stream = await client.completions.create(model=model, prompt=PROMPT, max_tokens=max_tokens,
+            stream = await client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
                                                      temperature=1.0, seed=seed, stream=True,
                                                      stream_options={"include_usage": True}, extra_body=extra)
             async for chunk in stream:
@@ -311,6 +326,23 @@ def measure_level(url: str, model: str, clients: int, args: argparse.Namespace, 
             statistics.median(firsts) if firsts else float("nan"), percentile(firsts, 99) if firsts else float("nan"))
 
 
+def prefix_metrics(url: str) -> dict[str, float] | None:
+    """serve.py's /metrics, by name without the gptkit_ (None from a server without them: llama-server's)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as response:
+            body = response.read().decode()
+    except OSError:
+        return None
+    values = {}
+    for line in body.splitlines():
+        if line.startswith("gptkit_"):
+            name, value = line.split()
+            values[name.removeprefix("gptkit_")] = float(value)
+    return values or None
+
+
 def measure(servers: list[tuple[str, str, dict | None]], levels: list[int], args: argparse.Namespace,
             table: list[tuple]) -> None:
     """Measure every level on every server (setting, url, extra: more fields for every request's body), and
@@ -337,6 +369,11 @@ def measure(servers: list[tuple[str, str, dict | None]], levels: list[int], args
                     rows[done.index(clients)] = row
                 else:
                     rows.append(row)
+    for setting, url, _ in servers:
+        values = prefix_metrics(url)
+        if values:
+            print(f"  {setting}: its prefix cache reused {values['prompt_tokens_cached_total']:.0f} of "
+                  f"{values['prompt_tokens_total']:.0f} prompt tokens", file=sys.stderr, flush=True)
 
 
 def compile_settings(text: str) -> list[str]:

@@ -116,12 +116,21 @@ def prompt_ids(messages: list[dict[str, str]], tokenizer: Any) -> list[int]:
 def fit_history(messages: list[dict[str, str]], tokenizer: Any, budget: int) -> list[dict[str, str]]:
     """The conversation with its oldest turns dropped (a leading system message is kept) until its prompt
     has at most `budget` tokens; whole messages go, never part of one. A ChatError when even the last message
-    alone (with the system message) does not fit."""
+    alone (with the system message) does not fit, saying how much of the room the system message takes."""
     system = messages[:1] if messages and messages[0]["role"] == "system" else []
     turns = messages[len(system):]
     while turns:
         if len(prompt_ids(system + turns, tokenizer)) <= budget:
             return system + turns
         turns = turns[1:]
-    raise ChatError(f"the last message does not fit in the model's context ({budget} tokens for the prompt); "
-                    f"send a shorter one")
+    need = len(prompt_ids(system + messages[-1:], tokenizer))
+    if not system:
+        raise ChatError(f"the last message does not fit in the model's context: its prompt has {need} tokens, "
+                        f"and a prompt may have {budget}; send a shorter one")
+    taken = len(render(system, tokenizer)[0])  # <|endoftext|> and the system message, with its markers
+    if taken + 3 > budget:  # (a message adds at least <|user|>, <|end|> and <|assistant|>)
+        raise ChatError(f"the system message takes {taken} of the {budget} tokens a prompt may have: no message "
+                        f"fits beside it; set a shorter system message")
+    raise ChatError(f"the last message does not fit beside the system message: a prompt may have {budget} "
+                    f"tokens, the system message takes {taken} of them and this message {need - taken} more; "
+                    f"send a shorter message, or set a shorter system message")

@@ -81,8 +81,18 @@ def test_fit_history_drops_the_oldest_whole_messages_and_keeps_the_system_messag
     budget = len(prompt_ids([system, *turns[2:]], tok))
     assert fit_history(full, tok, budget) == [system, *turns[2:]]
     assert fit_history(full, tok, budget - 1) == [system, *turns[3:]]
-    with pytest.raises(ChatError, match="does not fit in the model's context"):
-        fit_history(full, tok, 5)
+    system_tokens = len(render([system], tok)[0])  # 6: <|endoftext|><|system|>sys<|end|>
+    last = len(prompt_ids([system, turns[-1]], tok)) - system_tokens  # 12: <|user|>message f<|end|><|assistant|>
+    with pytest.raises(ChatError, match=f"^the last message does not fit beside the system message: a prompt may "
+                                        f"have 15 tokens, the system message takes {system_tokens} of them and "
+                                        f"this message {last} more; send a shorter message, or set a shorter"):
+        fit_history(full, tok, 15)
+    with pytest.raises(ChatError, match=f"^the system message takes {system_tokens} of the 8 tokens a prompt may "
+                                        f"have: no message fits beside it"):
+        fit_history(full, tok, 8)
+    with pytest.raises(ChatError, match=f"^the last message does not fit in the model's context: its prompt has "
+                                        f"{last + 1} tokens, and a prompt may have 5; send a shorter one"):
+        fit_history(turns, tok, 5)
 
 
 def hf_template_ids(tokenizer: Tokenizer, tmp_path: Path) -> list[list[int]]:
@@ -178,6 +188,56 @@ def test_chat_py_sends_the_history_with_each_message(chat_model):
     history = [{"role": "user", "content": "one"}, {"role": "assistant", "content": first},
                {"role": "user", "content": "two"}]
     assert done.stdout.split("\n\n")[:2] == [first, engine_reply(model, history, 12)]
+
+
+def test_chat_py_says_when_the_system_message_takes_the_room(tmp_path):
+    """A 64-token model keeps 32 for the reply: after /system, a message that would fit alone does not fit
+    beside the system message, and the error says so, with the sizes; the conversation goes on."""
+    tok = CHAT_CHARS
+    cfg = GPTConfig(block_size=64, vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_embd=32)
+    (tmp_path / "out").mkdir()
+    meta = {"tokenizer": tok.to_meta(), "vocab_size": tok.vocab_size, "eot_id": tok.eot_id, "splits": {}}
+    save_checkpoint({"format": 1, "model_config": cfg.to_dict(), "model": GPT(cfg).state_dict(), "tokenizer": meta,
+                     "step": 1, "config": {}}, tmp_path / "out" / "best.pt")
+    message = "a question of twenty."  # 21 characters: 25 tokens alone, room enough
+    system = [{"role": "system", "content": "be brief"}]
+    assert len(prompt_ids([{"role": "user", "content": message}], tok)) <= 32
+    done = run_chat(tmp_path / "out", f"/system be brief\n{message}\nok\n", "--max_new_tokens=512")
+    assert done.returncode == 0, done.stderr
+    taken = len(render(system, tok)[0])
+    more = len(prompt_ids(system + [{"role": "user", "content": message}], tok)) - taken
+    assert (f"error: the last message does not fit beside the system message: a prompt may have 32 tokens, the "
+            f"system message takes {taken} of them and this message {more} more; send a shorter message, or set "
+            f"a shorter system message (/system TEXT sets it); this model's context is 64 tokens, 32 of them kept "
+            f"for the reply (--max_new_tokens)\n") in done.stderr
+    assert len(done.stdout.split("\n\n")) == 2  # "ok" was answered
+
+
+def test_chat_py_computes_only_what_each_message_adds(chat_model):
+    """chat.py's conversation through its engine: from the second message on, the history's keys and values
+    are those the last reply left in the row, so each turn computes the new message's few tokens only, at the
+    20th turn as at the 2nd (and the prompt is then ~8 times the first one)."""
+    import io
+
+    from chat import Chat, ChatConfig
+
+    model, _ = chat_model
+    engine = Engine(model, max_batch=1, max_queue=0).start()
+    chat = Chat(engine, CHAT_CHARS, ChatConfig(temperature=0.0, max_new_tokens=4, system="Be brief."),
+                io.StringIO(), io.StringIO())
+    computed = []  # each turn's prompt tokens computed (not reused)
+    try:
+        for turn in range(20):
+            before = engine.prefix.prompt_tokens - engine.prefix.reused_tokens
+            chat.reply("m" + "abcdefghij"[turn % 10])
+            computed.append(engine.prefix.prompt_tokens - engine.prefix.reused_tokens - before)
+    finally:
+        engine.stop()
+    assert len(chat.messages) == 41  # nothing dropped: the prompt fits the context
+    first = len(prompt_ids(chat.messages[:2], CHAT_CHARS))
+    # The last reply's last token (never fed back), <|end|>, <|user|>, 2 characters, <|end|>, <|assistant|>.
+    assert computed[0] == first and all(n <= 7 for n in computed[1:])
+    assert len(prompt_ids(chat.messages[:-1], CHAT_CHARS)) > 8 * first
 
 
 def test_chat_py_refuses_a_model_without_chat_tokens(tmp_path):

@@ -218,14 +218,23 @@ def test_stop_cancels_the_reply_halfway(server, browser):
     assert page.console_errors() == []
 
 
+def unsent(page: Page, text: str) -> str:
+    """The transcript's last message: the user's `text`, marked not sent; the reason shown under it."""
+    page.wait(lambda: page.find("#status").text, "the error")
+    message = page.messages()[-1]
+    assert (message["role"], message["text"], message["state"]) == ("user", text, "error")
+    assert message["meta"] == "Not sent: " + page.find("#status").text
+    assert page.find("#prompt").get_property("value") == text  # back in the box, to edit or send again
+    assert page.find("#send").is_enabled() and not page.find("#stop").is_enabled()
+    return message["meta"]
+
+
 def test_a_refused_request_shows_the_servers_error_and_gives_the_message_back(server, browser):
     page = Page(browser, server.url)
     page.set_max_tokens("100000")  # more than the context
     page.send("Too much")
-    page.wait(lambda: page.find("#status").text, "the error")
-    assert "max_tokens is 100000" in page.find("#status").text
-    assert page.messages() == [] and page.find("#prompt").get_property("value") == "Too much"
-    assert page.find("#send").is_enabled() and not page.find("#stop").is_enabled()
+    assert "max_tokens is 100000" in unsent(page, "Too much")
+    assert len(page.messages()) == 1  # no reply
     assert json.dumps(browser.execute_script("return window.sent")).count("Too much") == 1
 
 
@@ -238,8 +247,7 @@ def test_the_server_not_reachable_is_said_in_words(server, browser):
         page.wait(lambda: page.find("#status").text, "the error")
     finally:
         browser.delete_network_conditions()
-    assert page.find("#status").text == "the server is not reachable: is serve.py still running?"
-    assert page.messages() == [] and page.find("#prompt").get_property("value") == "Anyone there?"
+    assert unsent(page, "Anyone there?") == "Not sent: the server is not reachable: is serve.py still running?"
 
 
 class OtherSite:
@@ -364,6 +372,33 @@ def test_a_conversation_longer_than_the_context(small, browser):
     dropped = browser.execute_script("return document.querySelectorAll('#transcript .message.dropped').length")
     assert dropped == 11 - (len(sent[-1]) - 1)  # the messages the last request left out, dimmed
     assert all(m["state"] == "done" for m in page.messages() if m["role"] == "assistant")
+
+
+def test_a_token_limit_or_a_system_message_too_long_for_the_context_is_said_in_the_transcript(small, browser):
+    """64 tokens of context: a token limit of 2000 leaves no room beside any prompt, and a system message of
+    80 characters is longer than the context. Each send is refused, the message stays in the transcript
+    marked as not sent with the server's sentence under it, and is not part of the conversation: the next
+    send, with a limit that fits, carries only itself."""
+    page = Page(browser, small.url, key=KEY)
+    page.wait(lambda: page.find("#model").text == small.model, "the model's name")
+    page.set_max_tokens("2000")
+    page.send("Hello")
+    assert unsent(page, "Hello") == ("Not sent: max_tokens is 2000, but the prompt has 9 tokens and the "
+                                     "model's context is 64: a reply can have at most 55")
+    page.find("#prompt").clear()
+    page.find("details.system summary").click()
+    page.find("#system").send_keys("x" * 80)
+    page.set_max_tokens("")
+    page.send("Hi")
+    assert unsent(page, "Hi") == ("Not sent: the prompt has 88 tokens, but the model's context is 64 tokens, and "
+                                  "a prompt may have at most 63 of them, to leave room for a reply")
+    page.find("#prompt").clear()
+    page.find("#system").clear()
+    page.set_max_tokens("8")
+    page.send("Hi")
+    assert page.last_reply_ends()["text"] == WORD
+    assert browser.execute_script("return window.sent")[-1]["messages"] == [{"role": "user", "content": "Hi"}]
+    assert [m["state"] for m in page.messages()] == ["error", "error", None, "done"]
 
 
 def test_a_reply_that_fills_the_context_says_so(small, browser):

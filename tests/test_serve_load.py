@@ -1,5 +1,6 @@
 """benchmarks/serve_load.py's GPT-2-shaped random model: GPT-2 small's shape and vocabulary, loadable by serve.py,
-with no tokenizer file to find. (The load itself starts serve.py: run by hand, see BENCHMARKS.md.)"""
+with no tokenizer file to find; its fresh prompts, and benchmarks/serve_chat.py's conversations. (The loads
+themselves start serve.py: run by hand, see BENCHMARKS.md.)"""
 
 import asyncio
 from types import SimpleNamespace
@@ -7,7 +8,7 @@ from types import SimpleNamespace
 import openai
 import pytest
 
-from benchmarks import serve_load
+from benchmarks import serve_chat, serve_load
 from gptkit.checkpoint import load_model
 
 
@@ -65,3 +66,28 @@ def test_a_connection_closed_before_any_answer_is_sent_again():
     with pytest.raises(openai.APIConnectionError):
         asyncio.run(serve_load.one_request(client, "m", 3, seed=0))
     assert client.calls == 1
+
+
+def test_every_request_of_a_load_has_a_prompt_of_its_own():
+    prompts = [serve_load.fresh_prompt() for _ in range(2000)]
+    assert len(set(prompts)) == 2000 and all(p.endswith(" " + serve_load.PROMPT) for p in prompts)
+
+
+def test_a_conversation_grows_by_each_message_and_reply_and_fits_the_context(tmp_path):
+    """Each turn's prompt is the last one, its reply and a message of --user characters, a character a token
+    of gpt2-random's vocabulary (so the tokens sent back are those the server computed); two conversations
+    share not even a first token; the defaults' last turn fits the 1,024-token context."""
+    folder = serve_load.write_checkpoint(tmp_path / "gpt2-random", "gpt2-random", n_layer=1)
+    _, tokenizer, _ = load_model(str(folder))
+    one, two = serve_chat.Conversation(0, 40, 30), serve_chat.Conversation(1, 40, 30)
+    first = one.ask(0)
+    assert len(tokenizer.encode(first)) == 1 + 40 + 30 and first[0] != two.ask(0)[0]
+    reply = tokenizer.decode(list(range(5000, 5056)))  # what a reply of 56 tokens may be
+    one.answered(reply)
+    second = one.ask(1)
+    assert second.startswith(first + reply) and tokenizer.encode(second)[:len(first) + 56] == \
+        tokenizer.encode(first) + list(range(5000, 5056))
+    assert len(tokenizer.encode(second)) == 1 + 40 + 2 * 30 + 56
+    assert serve_chat.tokens_at_last_turn(11, 40, 30, 56) == 987 <= serve_chat.CONTEXT
+    with pytest.raises(SystemExit, match="the last turn would take 1073 tokens"):
+        serve_chat.main(["--turns", "12"])

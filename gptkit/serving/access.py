@@ -12,8 +12,8 @@ with a text/plain body) and make the server generate, and a page on a host name 
               rebound name is refused (403)
     Origin    a request from a web page (it carries an Origin header) must come from the server's own page, or
               from an origin in --allowed_origins, which alone get CORS headers and preflight answers (403)
-    API key   with --api_key, every route but the chat page at / and /health (the /v1 routes, /tokenize)
-              wants "Authorization: Bearer KEY" (401), as OpenAI's API does; the page asks for the key
+    API key   with --api_key, every route but the chat page at /, /health and /metrics (the /v1 routes,
+              /tokenize) wants "Authorization: Bearer KEY" (401), as OpenAI's API does; the page asks for it
     JSON      a POST body must be declared application/json (415): no form or text/plain body, the kinds a
               page may send anywhere without asking
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 LOCAL_NAMES = ("127.0.0.1", "localhost", "[::1]")
 CORS_METHODS = "GET, POST, OPTIONS"
 CORS_HEADERS = "Authorization, Content-Type"
-OPEN_PATHS = ("/", "/health")  # no key needed: the page (it asks for the key) and the load
+OPEN_PATHS = ("/", "/health", "/metrics")  # no key needed: the page (it asks for the key), the load, counts
 
 
 def is_loopback(host: str) -> bool:

@@ -7,9 +7,11 @@ batch between two decode steps and leaves it as soon as it is done, so nobody wa
     engine.stop()                                                  # finish what was accepted, then end
 
 One iteration of the loop (`Engine.step`):
-    1. admit   waiting requests take the free rows of the KV cache: the prompts admitted together are
-               prefilled together, one forward over them all (right-padded, in groups of similar lengths),
-               each into its own row, and each request's first token is drawn from its prompt's last logits;
+    1. admit   waiting requests take the free rows of the KV cache: each prompt's longest prefix whose keys and
+               values the engine still holds (the prefix cache, below) is copied into its row, and the rest of
+               the prompts admitted together are prefilled together, one forward over them all (right-padded,
+               in groups of similar lengths), each into its own row at its own positions; each request's first
+               token is drawn from its prompt's last logits;
     2. decode  one forward over all active rows, each row at its own position (one token each), then one
                token per row, drawn with that request's own options and random stream: one uniform number
                from the request's generator, placed in its filtered distribution (inverse_cdf_draw);
@@ -17,6 +19,15 @@ One iteration of the loop (`Engine.step`):
                rows are always rows 0..A-1 of the cache and the forward reads views of it, never copies.
 Each request is told its tokens, one by one, and then how it finished, through its `emit` callback (called on
 the engine's thread: a server hands them over to its event loop).
+
+The prefix cache (gptkit/serving/prefix_cache.py; `prefix_cache`: its bound in bytes, 0 = off): every prompt's
+keys and values, and every finished reply's with its prompt, are kept (copied out of the row, only what is not
+held yet) while the bound allows, least recently used out first. A conversation's next message arrives with
+its whole history: only the new tokens are computed. A prompt that continues what a free row still holds (one
+client, chat.py: the row its last reply left) uses it in place, without a copy. Requests with the same prompt
+admitted together (a request's n choices) compute it once, and the others copy its row. Keys and values
+computed for a prefix in another forward (a decode step, another batch) equal those of one whole prefill to
+float rounding: a reply with reuse is the reply without it, up to the rounding of batched matmuls, as below.
 
 A request's reply does not depend on who else is being served: its rows of the cache are its own, its draws
 come from its own generator (seeded from `seed`), and each row's attention sees only its own slots. Only the
@@ -57,6 +68,7 @@ import torch.nn.functional as F
 
 from gptkit.generate import SamplingOptions, candidates, decode_one_token, inverse_cdf_draw
 from gptkit.runtime import resolve_compile
+from gptkit.serving.prefix_cache import Match, PrefixCache, auto_bound, common_length
 from model import GPT, bucketed_forward, bucketed_length, no_tf32
 
 # ----------------------------------------------------------------------------- what the engine says
@@ -147,6 +159,7 @@ class Request:
     logprobs: int | None = None
     prompt_logprobs: bool = False
     cancelled: bool = False
+    cached_tokens: int = 0  # set by the engine when it admits the request: the prompt's tokens not computed
 
     @property
     def adjusts_logits(self) -> bool:
@@ -174,6 +187,9 @@ class _Row:
     counts: torch.Tensor | None = None  # (V,) float32: each token's count in the reply, for the penalties
     logprob: Logprob | None = None  # the Logprob of the token _sample just drew, for _deliver
     scored: bool = False  # the prompt's PromptLogprobs were told
+    reply: list[int] = field(default_factory=list)  # the tokens emitted (fed back but the last)
+    start: int = 0  # the prompt's first tokens whose keys and values are reused, not computed
+    found: Match | None = None  # where in the prefix cache they are (None: already in the row, or none)
 
 
 # ----------------------------------------------------------------------------- the compiled step
@@ -207,19 +223,24 @@ def length_buckets(block_size: int) -> tuple[int, ...]:
     return tuple(sorted({bucketed_length(max(1, block_size // 4), block_size), block_size}))
 
 
-def prefill_groups(lengths: list[int], waste: float = 0.25) -> list[list[int]]:
-    """The prompts admitted together (their lengths), as groups to prefill together (indices into lengths):
-    shortest first, a group taking the next prompt while padding every prompt to the longest adds at most
-    `waste` of the group's real tokens (a prompt of 1,000 tokens does not make fifteen of 10 cost 1,000)."""
+def prefill_groups(lengths: list[int], waste: float = 0.25, starts: list[int] | None = None,
+                   room: int | None = None) -> list[list[int]]:
+    """The prompts admitted together (the lengths to compute), as groups to prefill together (indices into
+    lengths): shortest first, a group taking the next prompt while padding every prompt to the longest adds
+    at most `waste` of the group's real tokens (a prompt of 1,000 tokens does not make fifteen of 10 cost
+    1,000). With starts (each prompt's first position: the tokens before it are reused) and room (the
+    context), a prompt's padding never runs past the context: start + the group's longest <= room."""
     groups: list[list[int]] = []
-    real = 0
+    real = top = 0  # the group's real tokens and its latest start
     for i in sorted(range(len(lengths)), key=lengths.__getitem__):
-        if groups and (len(groups[-1]) + 1) * lengths[i] <= (1 + waste) * (real + lengths[i]):
+        start = starts[i] if starts else 0
+        if groups and (len(groups[-1]) + 1) * lengths[i] <= (1 + waste) * (real + lengths[i]) and \
+                (room is None or max(top, start) + lengths[i] <= room):
             groups[-1].append(i)
-            real += lengths[i]
+            real, top = real + lengths[i], max(top, start)
         else:
             groups.append([i])
-            real = lengths[i]
+            real, top = lengths[i], start
     return groups
 
 
@@ -248,6 +269,9 @@ class Engine:
     compiled step's (numbers of rows, numbers of slots), each ascending and ending at max_batch and
     block_size (default: row_buckets and length_buckets).
 
+    prefix_cache: the prefix cache's bound in bytes (see the module docstring; 0 turns it off, and with it
+    every reuse; None: prefix_cache.auto_bound, a quarter of the memory available now, at most 4 GiB).
+
     threads: torch's CPU threads, set on the engine's thread when it starts (default: torch.get_num_threads()
     when the engine is made). The engine's thread should be the only one that runs torch's parallel work: a
     second thread's OpenMP team (the main thread's, had it loaded the model with several threads) makes GNU
@@ -257,7 +281,8 @@ class Engine:
 
     def __init__(self, model: GPT, *, max_batch: int = 16, max_queue: int = 64, compile: bool | None = None,
                  compiler: Callable[[Callable], Callable] | None = None,
-                 buckets: tuple[tuple[int, ...], tuple[int, ...]] | None = None, threads: int | None = None):
+                 buckets: tuple[tuple[int, ...], tuple[int, ...]] | None = None, threads: int | None = None,
+                 prefix_cache: int | None = None):
         if max_batch < 1 or max_queue < 0:
             raise ValueError(f"max_batch must be >= 1 and max_queue >= 0, got {max_batch}, {max_queue}")
         self.model = model.eval()
@@ -272,6 +297,9 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._seeds = torch.Generator().manual_seed(torch.seed())  # the streams of requests without a seed
         model.setup_kv_cache(max_batch)
+        bound = auto_bound(self.device) if prefix_cache is None else prefix_cache
+        self.prefix = PrefixCache(model, bound) if bound > 0 else None  # None: off
+        self._parked: dict[int, list[int]] = {}  # a free row -> the tokens its slots still hold, from their 0
         # The compiled step (made on first use, on the engine's thread) and its inputs: tokens, positions.
         self.compiled, why = resolve_compile(compile, self.device)
         self.decode_mode = "decode step compiled on first use" if self.compiled else f"decode step eager ({why})"
@@ -406,9 +434,10 @@ class Engine:
         self._retire()
 
     def _admit(self) -> None:
-        """Waiting requests take the free rows; the prompts admitted together are prefilled together
-        (_prefill, in groups of similar lengths: prefill_groups), and each one's first token is drawn from
-        its prompt's last logits."""
+        """Waiting requests take the free rows. Each prompt reuses the longest prefix the engine holds
+        (_plan_reuse); the rest of the prompts admitted together are prefilled together (_prefill, in groups
+        of similar lengths: prefill_groups), and each one's first token is drawn from its prompt's last
+        logits. A prompt admitted twice (n choices) is computed once: the others copy its row and logits."""
         admitted, cancelled = [], []
         with self._cond:
             while self.waiting and len(self.active) + len(admitted) < self.max_batch:
@@ -416,30 +445,88 @@ class Engine:
                 (cancelled if request.cancelled else admitted).append(request)
         for request in cancelled:
             request.emit(Finished("cancelled", 0))
-        for group in prefill_groups([len(r.prompt) for r in admitted]):
-            rows = []
-            for request in (admitted[i] for i in group):
-                seed = request.seed if request.seed is not None else int(torch.randint(2**62, (1,),
-                                                                                       generator=self._seeds))
-                rows.append(_Row(request, len(request.prompt), torch.Generator(self.device).manual_seed(seed)))
-            logits = self._prefill(rows)
-            self.active += rows
-            for row, token in zip(rows, self._sample(logits, rows)):
-                self._deliver(row, token)
+        leaders: dict[tuple[int, ...], _Row] = {}  # a prompt -> the row that computes it
+        rows, copies = [], collections.defaultdict(list)  # the rows computed; a leader -> the rows that copy it
+        for request in admitted:
+            seed = request.seed if request.seed is not None else int(torch.randint(2**62, (1,),
+                                                                                   generator=self._seeds))
+            row = _Row(request, len(request.prompt), torch.Generator(self.device).manual_seed(seed))
+            key = tuple(request.prompt)
+            leader = leaders.get(key) if self.prefix is not None else None
+            if leader is None:
+                leaders[key] = row
+                rows.append(row)
+            else:
+                copies[leader].append(row)
+                row.start = request.cached_tokens = row.length
+                self.prefix.count(row.length, row.length)
+        self._plan_reuse(rows)
+        where = {}  # a computed row -> its row of the cache
+        for group in prefill_groups([r.length - r.start for r in rows], starts=[r.start for r in rows],
+                                    room=self.block_size):
+            computed, first = [rows[i] for i in group], len(self.active)
+            logits = self._prefill(computed)
+            self.active += computed
+            members, picks = list(computed), list(range(len(computed)))  # the rows, their logits' rows
+            for i, row in enumerate(computed):
+                where[row] = first + i
+                for copy in copies[row]:
+                    self._parked.pop(len(self.active), None)
+                    self.model.copy_cache_row(first + i, len(self.active), row.length)
+                    self.active.append(copy)
+                    members.append(copy)
+                    picks.append(i)
+            # (A request cancelled while its prompt was computed draws nothing: it leaves at the next retire.)
+            drawn = [(row, i) for row, i in zip(members, picks) if not row.request.cancelled]
+            if drawn:
+                tokens = self._sample(logits[[i for _, i in drawn]], [row for row, _ in drawn])
+                for (row, _), token in zip(drawn, tokens):
+                    self._deliver(row, token)
+        if self.prefix is not None:
+            for row in rows:  # the prompts, for the requests to come (what is not held yet)
+                self.prefix.insert(row.request.prompt, where[row])
+
+    def _plan_reuse(self, rows: list[_Row]) -> None:
+        """Each row's start: the longest prefix of its prompt (all but its last token, whose logits are
+        needed) held in the prefix cache, or, for a request admitted alone, in the free row it is about to
+        take, left as it was (then nothing is copied)."""
+        if self.prefix is None:
+            return
+        for row in rows:
+            row.found = self.prefix.match(row.request.prompt[:-1])
+            row.start = row.found.length
+        held = self._parked.get(len(self.active)) if len(rows) == 1 else None
+        if held is not None and (here := common_length(held, rows[0].request.prompt[:-1])) >= rows[0].start:
+            rows[0].start, rows[0].found = here, None
+        for row in rows:
+            row.request.cached_tokens = row.start
+            self.prefix.count(row.length, row.start)
 
     def _prefill(self, rows: list[_Row]) -> torch.Tensor:
-        """One forward over the prompts of `rows` into the next free rows of the cache, each prompt at
-        positions 0.. of its own row -> the (k, V) logits of each prompt's last token. The prompts are
-        right-padded to the longest: attention is causal, so a prompt's tokens never see the padding after
-        them, and the padding's slots are rewritten by the row's next steps before anything reads them."""
-        first, lengths = len(self.active), [r.length for r in rows]
-        tokens = torch.zeros(len(rows), max(lengths), dtype=torch.long)
+        """One forward over the prompts of `rows` into the next free rows of the cache, each row's prompt
+        from its start (the tokens before it reused: copied in from the prefix cache first) -> the (k, V)
+        logits of each prompt's last token. The prompts are right-padded to the longest: attention is causal,
+        so a prompt's tokens never see the padding after them, and the padding's slots (inside the context:
+        prefill_groups) are rewritten by the row's next steps before anything reads them."""
+        first, k = len(self.active), len(rows)
         for i, r in enumerate(rows):
-            tokens[i, : r.length] = torch.tensor(r.request.prompt)
+            self._parked.pop(first + i, None)
+            if r.found is not None and r.found.length:
+                self.prefix.load(r.found, first + i)
+        computed = [r.length - r.start for r in rows]
+        tokens = torch.zeros(k, max(computed), dtype=torch.long)
+        for i, r in enumerate(rows):
+            tokens[i, : computed[i]] = torch.tensor(r.request.prompt[r.start:])
         tokens = tokens.to(self.device)
-        h = self.model.hidden_states(tokens, torch.arange(tokens.size(1), device=self.device),
-                                     rows=slice(first, first + len(rows)), length=tokens.size(1))  # (k, T, C)
-        last = torch.tensor(lengths, device=self.device) - 1
+        T = tokens.size(1)
+        if not any(r.start for r in rows):  # every prompt from slot 0: plain causal attention
+            pos, length = torch.arange(T, device=self.device), T
+        else:  # each row at its own positions, attending over its reused slots too
+            starts = torch.tensor([r.start for r in rows])
+            pos = (starts[:, None] + torch.arange(T)).to(self.device)  # (k, T)
+            length = int(starts.max()) + T
+        h = self.model.hidden_states(tokens, pos, rows=slice(first, first + k), length=length)  # (k, T, C)
+        last = torch.tensor(computed, device=self.device) - 1
         return self.model.head(h[torch.arange(len(rows), device=self.device), last], fp32=True)  # (k, V)
 
     def _decode(self) -> None:
@@ -458,9 +545,8 @@ class Engine:
     def _forward_eager(self, rows: list[_Row]) -> torch.Tensor:
         """Rows 0..A-1, each at its own position, reading the slots filled so far (the longest row's) -> the
         logits (A, V) of their next tokens."""
-        tokens = torch.tensor([[r.last] for r in rows], dtype=torch.long, device=self.device)  # (A, 1)
-        pos = torch.tensor([[r.length] for r in rows], dtype=torch.long, device=self.device)  # (A, 1)
-        return decode_one_token(self.model, tokens, pos, rows=slice(0, len(rows)),
+        inputs = torch.tensor([[[r.last] for r in rows], [[r.length] for r in rows]], device=self.device)
+        return decode_one_token(self.model, inputs[0], inputs[1], rows=slice(0, len(rows)),  # (A, 1) each
                                 length=max(r.length for r in rows) + 1)
 
     def bucket(self, rows: list[_Row]) -> tuple[int, int]:
@@ -476,6 +562,8 @@ class Engine:
         says why that is harmless)."""
         n, length = bucket or self.bucket(rows)
         free = n - len(rows)
+        for r in range(len(rows), n):  # (the step writes slot 0 of the bucket's free rows)
+            self._parked.pop(r, None)
         host = torch.tensor([[r.last for r in rows] + [0] * free, [r.length for r in rows] + [0] * free])
         inputs = self._inputs[:, :n]
         inputs.copy_(host[..., None])  # one copy to the device: tokens and positions, (2, n, 1)
@@ -510,12 +598,14 @@ class Engine:
         request.emit(Token(token, logprob))
         row.emitted += 1
         row.last = token
+        row.reply.append(token)
         # The next step would feed `token` in at position row.length: there must be a slot for it.
         if row.emitted >= request.max_tokens or row.length >= self.block_size:
             row.finish = "length"
 
     def _retire(self) -> None:
-        """Finished and cancelled rows leave; the last active row moves into each hole."""
+        """Finished and cancelled rows leave (what their rows hold kept in the prefix cache); the last active
+        row moves into each hole."""
         i = 0
         while i < len(self.active):
             row = self.active[i]
@@ -524,12 +614,17 @@ class Engine:
                 i += 1
                 continue
             last = len(self.active) - 1
+            moved = self.active.pop()
             if i != last:
-                moved = self.active[last]
-                self.model.copy_cache_row(last, i, moved.length)
                 self.active[i] = moved
-            self.active.pop()
-            row.request.emit(Finished(reason, row.emitted))
+            if self.prefix is not None:  # (row i still holds it: the moved row's slots come after)
+                held = (row.request.prompt + row.reply)[: row.length]  # the prompt and the tokens fed back
+                self.prefix.insert(held, i)  # (only the reply's tokens are new: a copy of ~1 ms)
+                if i == last:  # the row stays as it is until another request takes it
+                    self._parked[i] = held
+            row.request.emit(Finished(reason, row.emitted))  # (once held: the next turn finds it)
+            if i != last:
+                self.model.copy_cache_row(last, i, moved.length)
 
     def _sample(self, logits: torch.Tensor, rows: list[_Row]) -> list[int]:
         """One token per row of logits (n, V), each drawn with its request's options and generator; the one
@@ -613,6 +708,9 @@ class Engine:
         return tuple(found)
 
     def _fail_all(self) -> None:
+        self._parked.clear()
+        if self.prefix is not None:  # (a step that failed half-way through an insertion: start afresh)
+            self.prefix.reset()
         with self._cond:
             waiting, self.waiting = list(self.waiting), collections.deque()
         for row in self.active:

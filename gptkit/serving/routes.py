@@ -5,6 +5,8 @@
     POST /v1/chat/completions    messages in, the assistant's reply out (gptkit/chat.py's template)
     POST /tokenize               a prompt's or a conversation's token ids, and the context (vLLM's extension)
     GET  /health                 the engine's load (rows decoding, requests waiting), tokens decoded so far
+    GET  /metrics                the same and the prefix cache's (hit rate, tokens reused, memory held), in
+                                 Prometheus's text format
 
 Who may call them is gptkit/serving/access.py's middleware: JSON bodies only, no other web page (Origin), no
 other host name (Host, on 127.0.0.1), and with --api_key the key.
@@ -24,7 +26,9 @@ of its template), on /v1/completions too, and special tokens are never written a
 says "skip_special_tokens": false. Log-probabilities are the model's own (the log-softmax of its logits,
 before temperature, penalties and logit_bias). /v1/completions with "echo": true and "logprobs" returns the
 prompt's tokens with theirs too (the first token's is null), and with "max_tokens": 0 scores a prompt without
-decoding: what lm-evaluation-harness's local-completions model asks an OpenAI-compatible server for. Its
+decoding: what lm-evaluation-harness's local-completions model asks an OpenAI-compatible server for. The usage
+says, as OpenAI's does, how many prompt tokens were not computed again (prompt_tokens_details.cached_tokens:
+the engine's prefix cache held their keys and values). Its
 logprobs list the stop token that ended a reply, as OpenAI's did (the text does not hold it); a stop string
 ends the logprobs where it ends the text (its tokens are in neither). top_p 0 is greedy, as OpenAI documents.
 
@@ -215,6 +219,9 @@ class Api:
                              "max_batch": self.engine.max_batch, "max_queue": self.engine.max_queue,
                              "replies": self.stats.replies, "generated_tokens": self.stats.generated_tokens})
 
+    async def metrics(self, request: HttpRequest) -> Response:
+        return Response(metrics_text(self.engine, self.stats), media_type="text/plain; version=0.0.4")
+
     async def completions(self, request: HttpRequest) -> Response:
         body = parse_body(CompletionRequest, await read_json(request))
         return await self._answer(request, self._completion_job(body))
@@ -336,13 +343,14 @@ class Api:
         room = self.block_size - len(prompt)
         if room < (0 if max_tokens == 0 else 1):
             raise bad(f"the prompt has {len(prompt)} tokens, but the model's context is {self.block_size} "
-                      f"tokens: at most {self.block_size - 1} leave room for a reply", "messages" if chat else
-                      "prompt", code="context_length_exceeded")
+                      f"tokens, and a prompt may have at most {self.block_size - 1} of them, to leave room for a "
+                      f"reply", "messages" if chat else "prompt", code="context_length_exceeded")
         if max_tokens is None:
             return room if chat else min(DEFAULT_COMPLETION_TOKENS, room)
         if max_tokens > room:
             raise bad(f"{param} is {max_tokens}, but the prompt has {len(prompt)} tokens and the model's "
-                      f"context is {self.block_size}: at most {room}", param, code="context_length_exceeded")
+                      f"context is {self.block_size}: a reply can have at most {room}", param,
+                      code="context_length_exceeded")
         return max_tokens
 
     # ---- answering
@@ -351,7 +359,8 @@ class Api:
         choices = Choices(self.engine, self.tokenizer, job, self.stats)
         choices.submit()  # before any byte is sent, so a full queue is a 429 even for a stream
         prefix = "chatcmpl-" if job.chat else "cmpl-"
-        reply = Reply(f"{prefix}{uuid.uuid4().hex}", int(time.time()), self.model_name, job, self.pieces)
+        reply = Reply(f"{prefix}{uuid.uuid4().hex}", int(time.time()), self.model_name, job, self.pieces,
+                      choices.requests)
         if job.stream:
             return StreamingResponse(reply.events(choices.deltas()), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
@@ -592,14 +601,16 @@ class Reply:
     model: str
     job: Job
     pieces: Pieces
+    requests: list[Request] = field(default_factory=list)  # the engine's, one per choice
     completion_tokens: int = 0
     offsets: dict[int, int] = field(default_factory=dict)  # per choice: the characters its logprobs covered
     templates: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)  # per choice: _text_event's
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
         prompt = self.job.prompt_tokens
+        cached = sum(r.cached_tokens for r in self.requests[:: self.job.n])  # each prompt once, as it counts
         return {"prompt_tokens": prompt, "completion_tokens": self.completion_tokens,
-                "total_tokens": prompt + self.completion_tokens}
+                "total_tokens": prompt + self.completion_tokens, "prompt_tokens_details": {"cached_tokens": cached}}
 
     def _head(self, stream: bool) -> dict[str, Any]:
         if not self.job.chat:
@@ -715,6 +726,42 @@ def _sse(obj: dict) -> bytes:
 TEXT_MARK = "\x00gptkit: the text goes here\x00"  # (json.dumps writes it with \u0000: never in a real chunk)
 
 
+# ----------------------------------------------------------------------------- /metrics
+
+
+def metrics_text(engine: Engine, stats: Stats) -> str:
+    """What the server has done and holds, in Prometheus's text format (a line per value, its HELP and TYPE
+    before it): requests and tokens, and the prefix cache's lookups, hit rate, tokens reused and memory."""
+    active, waiting = engine.load
+    cache = engine.prefix
+    if cache is not None:
+        lookups, hits, prompt, reused = cache.lookups, cache.hits, cache.prompt_tokens, cache.reused_tokens
+        held, bound, tokens, evicted = cache.bytes, cache.bound, cache.tokens, cache.evicted_tokens
+    else:  # off: nothing reused, nothing held (the prompts are not counted either)
+        lookups = hits = prompt = reused = held = bound = tokens = evicted = 0
+    values = [
+        ("requests_running", "gauge", "requests being decoded", active),
+        ("requests_waiting", "gauge", "requests waiting for a row", waiting),
+        ("replies_total", "counter", "replies (choices) submitted to the engine", stats.replies),
+        ("generation_tokens_total", "counter", "tokens decoded", stats.generated_tokens),
+        ("prompt_tokens_total", "counter", "prompt tokens admitted (with the prefix cache on)", prompt),
+        ("prompt_tokens_cached_total", "counter", "prompt tokens whose keys and values were reused, not computed",
+         reused),
+        ("prefix_cache_hit_rate", "gauge", "the share of prompt tokens reused (prompt_tokens_cached_total / "
+         "prompt_tokens_total)", reused / prompt if prompt else 0.0),
+        ("prefix_cache_lookups_total", "counter", "prompts looked up in the prefix cache", lookups),
+        ("prefix_cache_hits_total", "counter", "prompts that reused any tokens", hits),
+        ("prefix_cache_bytes", "gauge", "memory held by the prefix cache", held),
+        ("prefix_cache_bound_bytes", "gauge", "the prefix cache's bound (--prefix_cache; 0 = off)", bound),
+        ("prefix_cache_tokens", "gauge", "tokens whose keys and values the prefix cache holds", tokens),
+        ("prefix_cache_evicted_tokens_total", "counter", "tokens let go to keep the bound", evicted),
+    ]
+    lines = []
+    for name, kind, what, value in values:
+        lines += [f"# HELP gptkit_{name} {what}", f"# TYPE gptkit_{name} {kind}", f"gptkit_{name} {value}"]
+    return "\n".join(lines) + "\n"
+
+
 # ----------------------------------------------------------------------------- the application
 
 
@@ -744,6 +791,7 @@ def create_app(engine: Engine, tokenizer: Any, model_name: str, policy: Policy |
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
         Route("/tokenize", api.tokenize, methods=["POST"]),
         Route("/health", api.health),
+        Route("/metrics", api.metrics),
     ]
     policy = policy or Policy.of("127.0.0.1", 8000, [], [])
     return Starlette(routes=routes, middleware=[Middleware(Access, policy=policy)], lifespan=_lifespan,
