@@ -73,7 +73,8 @@ class Chat:
         """Answer a user message: stream the reply to `out` and return it (what was written, when stopped)."""
         self.messages.append({"role": "user", "content": text})
         try:
-            fitted = fit_history(self.messages, self.tokenizer, self.budget)
+            # (when messages must go, down to half the budget: the next turns then reuse the cached history)
+            fitted = fit_history(self.messages, self.tokenizer, self.budget, drop_to=self.budget // 2)
         except ChatError as e:
             self.messages.pop()
             block = self.engine.block_size

@@ -113,15 +113,24 @@ def prompt_ids(messages: list[dict[str, str]], tokenizer: Any) -> list[int]:
     return render(messages, tokenizer, add_generation_prompt=True)[0]
 
 
-def fit_history(messages: list[dict[str, str]], tokenizer: Any, budget: int) -> list[dict[str, str]]:
+def fit_history(messages: list[dict[str, str]], tokenizer: Any, budget: int, *,
+                drop_to: int | None = None) -> list[dict[str, str]]:
     """The conversation with its oldest turns dropped (a leading system message is kept) until its prompt
-    has at most `budget` tokens; whole messages go, never part of one. A ChatError when even the last message
-    alone (with the system message) does not fit, saying how much of the room the system message takes."""
+    has at most `budget` tokens; whole messages go, never part of one. When some must go, they go until the
+    prompt has at most `drop_to` tokens (default `budget`: the fewest), the last message always kept. chat.py
+    and the chat page drop to half the budget: the history then starts the same way for the next several turns,
+    so the engine reuses its keys and values (the prefix cache) instead of computing the whole history again at
+    every turn once the conversation has filled the context. A ChatError when even the last message alone (with
+    the system message) does not fit, saying how much of the room the system message takes."""
     system = messages[:1] if messages and messages[0]["role"] == "system" else []
     turns = messages[len(system):]
+    target = budget
     while turns:
-        if len(prompt_ids(system + turns, tokenizer)) <= budget:
+        length = len(prompt_ids(system + turns, tokenizer))
+        if length <= target or (length <= budget and len(turns) == 1):
             return system + turns
+        if drop_to is not None and length > budget:  # some must go: then as many as drop_to says
+            target = min(target, drop_to)
         turns = turns[1:]
     need = len(prompt_ids(system + messages[-1:], tokenizer))
     if not system:

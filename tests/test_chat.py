@@ -81,6 +81,11 @@ def test_fit_history_drops_the_oldest_whole_messages_and_keeps_the_system_messag
     budget = len(prompt_ids([system, *turns[2:]], tok))
     assert fit_history(full, tok, budget) == [system, *turns[2:]]
     assert fit_history(full, tok, budget - 1) == [system, *turns[3:]]
+    # drop_to: when some must go, as many as leave at most that many tokens (the last message always stays)
+    assert fit_history([system, *turns[2:]], tok, budget, drop_to=0) == [system, *turns[2:]]  # none must go
+    assert fit_history(full, tok, budget - 1, drop_to=budget // 2) == [system, turns[-1]]
+    half = len(prompt_ids([system, *turns[4:]], tok))
+    assert fit_history(full, tok, budget - 1, drop_to=half) == [system, *turns[4:]]
     system_tokens = len(render([system], tok)[0])  # 6: <|endoftext|><|system|>sys<|end|>
     last = len(prompt_ids([system, turns[-1]], tok)) - system_tokens  # 12: <|user|>message f<|end|><|assistant|>
     with pytest.raises(ChatError, match=f"^the last message does not fit beside the system message: a prompt may "
@@ -238,6 +243,36 @@ def test_chat_py_computes_only_what_each_message_adds(chat_model):
     # The last reply's last token (never fed back), <|end|>, <|user|>, 2 characters, <|end|>, <|assistant|>.
     assert computed[0] == first and all(n <= 7 for n in computed[1:])
     assert len(prompt_ids(chat.messages[:-1], CHAT_CHARS)) > 8 * first
+
+
+def test_a_conversation_past_the_context_drops_half_of_it_and_reuses_the_rest(chat_model):
+    """Once the conversation fills the context, chat.py drops its oldest messages down to half the prompt's
+    room (not one message at a time): the history then starts the same way for the next turns, so only the
+    turn right after a drop computes the history again, and the others their few new tokens."""
+    import io
+
+    from chat import Chat, ChatConfig
+
+    model, _ = chat_model
+    engine = Engine(model, max_batch=1, max_queue=0).start()
+    err = io.StringIO()
+    chat = Chat(engine, CHAT_CHARS, ChatConfig(temperature=0.0, max_new_tokens=4, system="Be brief."),
+                io.StringIO(), err)
+    computed, lengths = [], []
+    try:
+        for turn in range(60):
+            before = engine.prefix.prompt_tokens - engine.prefix.reused_tokens
+            chat.reply("m" + "abcdefghij"[turn % 10])
+            computed.append(engine.prefix.prompt_tokens - engine.prefix.reused_tokens - before)
+            lengths.append(len(prompt_ids(chat.messages[:-1], CHAT_CHARS)))
+    finally:
+        engine.stop()
+    drops = err.getvalue().count("no longer fit the context")
+    assert 2 <= drops <= 6 and all(n <= chat.budget for n in lengths)
+    assert chat.messages[0] == {"role": "system", "content": "Be brief."}
+    recomputed = [i for i, n in enumerate(computed) if n > 7]  # the first turn, and each turn right after a drop
+    assert len(recomputed) == 1 + drops, (recomputed, drops)
+    assert all(lengths[i] <= chat.budget // 2 for i in recomputed[1:])  # each dropped to half the room
 
 
 def test_chat_py_refuses_a_model_without_chat_tokens(tmp_path):

@@ -367,6 +367,9 @@ def test_a_conversation_longer_than_the_context(small, browser):
         assert len(prompt_ids(sent[i], tokenizer)) <= SMALL - 8  # room for the reply
         whole.append({"role": "assistant", "content": WORD})
     assert len(sent[0]) == 2 and len(sent[-1]) < 12  # the first went whole, the last without the oldest
+    # a request that dropped messages dropped down to half the prompt's room: the next ones reuse its history
+    cut = [i for i in range(1, 6) if len(sent[i]) < len(sent[i - 1]) + 2]
+    assert cut and all(len(prompt_ids(sent[i], tokenizer)) <= (SMALL - 8) // 2 for i in cut)
     notes = page.notes()
     assert notes and all("no longer fit" in n and f"({SMALL} tokens)" in n for n in notes)
     dropped = browser.execute_script("return document.querySelectorAll('#transcript .message.dropped').length")
