@@ -455,3 +455,27 @@ def test_a_seed_gives_the_same_draws_and_another_seed_others(model):
                            for s in (5, 5, 6))
     engine.stop()
     assert first == again and first != other
+
+
+def test_a_failed_prefill_finishes_its_requests_with_an_error_and_the_engine_serves_on(model, monkeypatch):
+    """A prompt whose computation raises (here a patched _prefill, once): its request, admitted but never
+    active, still gets Finished("error") (no client is left waiting), and the next request is served."""
+    engine = Engine(model, max_batch=4).start()
+    real, calls = engine._prefill, []
+
+    def failing(rows):
+        calls.append(len(rows))
+        if len(calls) == 1:
+            raise RuntimeError("a prefill that failed")
+        return real(rows)
+
+    monkeypatch.setattr(engine, "_prefill", failing)
+    monkeypatch.setattr(engine_module.traceback, "print_exc", lambda: None)  # (the engine prints it: expected)
+    try:
+        prompt = prompts(1)[0]
+        assert run(engine, Request(prompt, 5, emit=None)) == ([], Finished("error", 0))
+        tokens, done = run(engine, Request(prompt, 5, emit=None))
+        expected = generate(model, torch.tensor([prompt]), 5, SamplingOptions(temperature=0))[0, len(prompt):]
+        assert tokens == expected.tolist() and done == Finished("length", 5)
+    finally:
+        engine.stop()

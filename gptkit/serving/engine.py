@@ -445,6 +445,17 @@ class Engine:
                 (cancelled if request.cancelled else admitted).append(request)
         for request in cancelled:
             request.emit(Finished("cancelled", 0))
+        try:
+            self._place(admitted)
+        except BaseException:  # a failed prefill: the admitted requests it left out of the active rows are told
+            placed = {id(row.request) for row in self.active}  # here (the active ones by _fail_all)
+            for request in admitted:
+                if id(request) not in placed:
+                    request.emit(Finished("error", 0))
+            raise
+
+    def _place(self, admitted: list[Request]) -> None:
+        """The admitted requests' rows: their prompts computed (or copied), their first tokens drawn."""
         leaders: dict[tuple[int, ...], _Row] = {}  # a prompt -> the row that computes it
         rows, copies = [], collections.defaultdict(list)  # the rows computed; a leader -> the rows that copy it
         for request in admitted:
