@@ -251,3 +251,19 @@ def test_a_hub_dataset_gives_the_same_shards(pairs_data, tmp_path):
     for name in ("train_000000.bin", "val_000000.bin", "train_mask_000000.bin", "val_mask_000000.bin"):
         assert (hub / name).read_bytes() == (data / name).read_bytes()
     assert read_meta(hub)["preference"]["pairs"] == read_meta(data)["preference"]["pairs"]
+
+
+def test_the_synthetic_task_holds_out_its_words_and_its_pairs_differ_in_the_mark(tmp_path):
+    sft, pairs = dpo_rule.write(tmp_path, 200, 100, seed=4)
+    conversations = [json.loads(line)["messages"] for line in sft.read_text().splitlines()]
+    rows = [json.loads(line) for line in pairs.read_text().splitlines()]
+    sft_words = {m[1]["content"][:-1] for m in conversations}
+    pair_words = [r["chosen"][:-1] for r in rows]
+    assert len(sft_words) == 200 and len(set(pair_words)) == 100 and not sft_words & set(pair_words)
+    for r in rows:
+        asked = r["prompt"][-1]
+        assert r["chosen"] == r["chosen"][:-1] + asked and r["rejected"] == r["chosen"][:-1] + r["rejected"][-1]
+        assert r["rejected"][-1] in dpo_rule.MARKS and r["rejected"][-1] != asked
+    # in the SFT data the mark is drawn whatever the prompt asks: it follows the rule about a third of the time
+    follows = sum(m[1]["content"][-1] == m[0]["content"][-1] for m in conversations) / len(conversations)
+    assert 0.2 < follows < 0.5
