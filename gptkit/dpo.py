@@ -22,12 +22,15 @@ negative log-likelihood per token (an anchor: RPO, Pang et al., 2024; TRL's rpo_
 DPO's loss sees only differences between a pair's two replies: what they share (a common start, the <|end|>
 after them) cancels, and so does any change to the chosen replies' likelihood that the rejected ones share.
 Adam still moves the weights in those directions, at its learning rate whatever the size of their gradients,
-and both replies' log-probabilities can then fall together while the margin barely moves (on
-benchmarks/dpo_rule.py's task, whose replies differ in one token, plain DPO took both from -1.1 to about -10
-nats per reply before it learnt the rule). The anchor keeps the chosen replies likely. What a step logs (`pair_metrics`, means over the pairs):
-the loss; the implicit rewards chosen = beta (pi_c - ref_c) and rejected = beta (pi_r - ref_r); the reward
-margin, chosen - rejected; the accuracy, the share of pairs with margin > 0; and pi_c and pi_r, to see that
-the chosen replies' log-probability does not collapse while the margin grows (a known failure of DPO).
+and both replies' log-probabilities can then fall together while the margin barely moves: on
+benchmarks/dpo_rule.py's task, whose replies differ in one token, plain DPO took both from -1.1 to -41 nats
+in 100 steps, the held-out accuracy still 51%, and ended at 100% with the chosen replies at -81; with
+nll_weight=0.5 the chosen ones rose to -0.02 on the way to 100%. The anchor keeps the chosen replies likely.
+
+What a step logs (`pair_metrics`, means over the pairs): the loss; the implicit rewards chosen =
+beta (pi_c - ref_c) and rejected = beta (pi_r - ref_r); the reward margin, chosen - rejected; the accuracy,
+the share of pairs with margin > 0; pi_c and pi_r, to see that the chosen replies' log-probability does not
+collapse while the margin grows; and the chosen replies' NLL per token.
 
 The reference: the model the tuning starts from, its log-probabilities computed without dropout (eval mode).
 - With LoRA: the same model with its adapters off (`AdapterOffReference`, lora.adapters_off): no second copy
@@ -87,7 +90,8 @@ class DPOSettings:
             raise DPOError(f"dpo_label_smoothing must be in [0, 0.5), got {self.label_smoothing!r}")
         if self.loss not in LOSSES:
             raise DPOError(f"dpo_loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
-        if not (isinstance(self.nll_weight, (int, float)) and math.isfinite(self.nll_weight) and self.nll_weight >= 0):
+        w = self.nll_weight
+        if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
             raise DPOError(f"dpo_nll_weight must be a number >= 0 (0: plain DPO), got {self.nll_weight!r}")
         if self.loss == "ipo" and self.label_smoothing:
             raise DPOError("dpo_label_smoothing is for the sigmoid loss; IPO has none (set it to 0)")
@@ -220,7 +224,8 @@ class PrecomputedReference:
         if state["dataset"] != meta.get("fingerprint", "") or state["block_size"] != block_size or any(
                 len(t) != pairs[s] for s, t in state["tables"].items()):
             raise DPOError(f"the saved reference log-probabilities belong to another dataset or block_size than "
-                           f"{data_dir} at block_size {block_size}; resume with the run's own dataset and block_size")
+                           f"{data_dir} at block_size {block_size}; resume with the run's own dataset and "
+                           f"block_size")
         return cls(dict(state["tables"]), state["dataset"], state["block_size"])
 
 

@@ -187,19 +187,22 @@ class PairLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         missing = [k for k in ("mode", "seed", "block_size", "next_sample") if k not in state]
         if missing:
-            raise DataError(f"loader state is missing {', '.join(missing)}; the checkpoint is not from this loader")
+            raise DataError(f"loader state is missing {', '.join(missing)}; the checkpoint is not from this "
+                            f"loader")
         if state["mode"] != self.MODE:
             raise DataError(f"the checkpoint's data loader read {state['mode']!r} batches, this run reads "
                             f"preference pairs; resume it with its own objective and dataset")
         for key in ("seed", "block_size"):
             if state[key] != getattr(self, key):
                 raise DataError(f"checkpoint's data loader used {key}={state[key]!r} but this run uses "
-                                f"{getattr(self, key)!r}; resume with the same {key} to continue the same data order")
+                                f"{getattr(self, key)!r}; resume with the same {key} to continue the same data "
+                                f"order")
         per_call = self.world_size * self.batch_size
         next_sample = int(state["next_sample"])
         if next_sample < 0 or next_sample % per_call:
-            raise DataError(f"checkpoint's data position {next_sample} is not a multiple of world_size*batch_size = "
-                            f"{per_call}; resume with the same global batch (world_size * batch_size)")
+            raise DataError(f"checkpoint's data position {next_sample} is not a multiple of "
+                            f"world_size*batch_size = {per_call}; resume with the same global batch "
+                            f"(world_size * batch_size)")
         self.calls = next_sample // per_call
         self._prefetched = None
 

@@ -69,8 +69,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if "/" in name or "\\" in name or name in ("", ".", ".."):
         raise DataError(f"--name {name!r} must be a plain folder name; use --out_dir for a path")
     out_dir = cfg.output(name)
-    options = dict(block_size=cfg.block_size, min_prompt_tokens=cfg.min_prompt_tokens, val_fraction=cfg.val_fraction,
-                   shard_tokens=cfg.shard_tokens)
+    options = dict(block_size=cfg.block_size, min_prompt_tokens=cfg.min_prompt_tokens,
+                   val_fraction=cfg.val_fraction, shard_tokens=cfg.shard_tokens)
     if cfg.input:
         path = Path(cfg.input)
         if not path.is_file():

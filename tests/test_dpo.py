@@ -119,7 +119,8 @@ def test_sequence_logps_counts_only_the_targets():
     logits = torch.randn(3, 5, 7)
     targets = torch.tensor([[-1, 2, 3, -1, -1], [-1, -1, -1, -1, -1], [0, 1, 2, 3, 4]])
     logp = torch.log_softmax(logits, -1)
-    expected = torch.stack([logp[0, 1, 2] + logp[0, 2, 3], torch.tensor(0.0), sum(logp[2, t, t] for t in range(5))])
+    expected = torch.stack([logp[0, 1, 2] + logp[0, 2, 3], torch.tensor(0.0),
+                            sum(logp[2, t, t] for t in range(5))])
     torch.testing.assert_close(sequence_logps(logits, targets), expected)
     changed = logits.clone()
     changed[0, 0], changed[0, 3:] = 100.0, -100.0  # positions without a target: no effect
@@ -181,7 +182,8 @@ def test_the_precomputed_reference_round_trips_and_belongs_to_its_dataset(pairs)
 
 @pytest.mark.parametrize("kwargs, words", [
     (dict(beta=0), "dpo_beta"), (dict(beta=float("nan")), "dpo_beta"), (dict(label_smoothing=0.5), "[0, 0.5)"),
-    (dict(loss="kto"), "sigmoid, ipo"), (dict(loss="ipo", label_smoothing=0.1), "IPO"), (dict(nll_weight=-1), ">= 0"),
+    (dict(loss="kto"), "sigmoid, ipo"), (dict(loss="ipo", label_smoothing=0.1), "IPO"),
+    (dict(nll_weight=-1), ">= 0"),
 ])
 def test_bad_settings_are_one_line_errors(kwargs, words):
     with pytest.raises(DPOError) as e:

@@ -61,7 +61,8 @@ def expected_rows(pair_row, tok, block_size=BLOCK):
 def test_every_layout_gives_the_same_pair():
     user, reply_c, reply_r = "say abc, end with !", "abc!", "abc?"
     msgs = [{"role": "user", "content": user}]
-    conv_c, conv_r = [*msgs, {"role": "assistant", "content": reply_c}], [*msgs, {"role": "assistant", "content": reply_r}]
+    conv_c = [*msgs, {"role": "assistant", "content": reply_c}]
+    conv_r = [*msgs, {"role": "assistant", "content": reply_r}]
     layouts = [
         {"prompt": user, "chosen": reply_c, "rejected": reply_r},
         {"prompt": msgs, "chosen": {"role": "assistant", "content": reply_c},
@@ -80,7 +81,8 @@ def test_every_layout_gives_the_same_pair():
     ({"prompt": "p", "chosen": "a"}, "missing"),
     ({"prompt": "p", "chosen": 3, "rejected": "b"}, "malformed"),
     ({"prompt": [{"role": "bot", "content": "p"}], "chosen": "a", "rejected": "b"}, "malformed"),
-    ({"chosen": [{"role": "user", "content": "p"}], "rejected": [{"role": "assistant", "content": "b"}]}, "no_prompt"),
+    ({"chosen": [{"role": "user", "content": "p"}], "rejected": [{"role": "assistant", "content": "b"}]},
+     "no_prompt"),
     ({"prompt": "p", "chosen": [{"role": "assistant", "content": "a"}, {"role": "user", "content": "x"}],
       "rejected": "b"}, "not_one_reply"),
     ({"prompt": "p", "chosen": {"role": "user", "content": "a"}, "rejected": "b"}, "not_one_reply"),
@@ -101,7 +103,7 @@ def test_bad_rows_are_left_out_counted_and_named(tmp_path, capsys):
            11: {"prompt": "say abc, end with !", "chosen": "abc!", "rejected": "abc!"},
            40: {"prompt": "say abc, end with !", "chosen": "", "rejected": "abc?"},
            41: {"prompt": "say abc, end with !", "chosen": "a" * 60, "rejected": "abc?"},  # no room for the prompt
-           90: {"prompt": "say abc, end with !", "chosen": "abc!", "rejected": "abc\u00e9"}}  # not in the vocabulary
+           90: {"prompt": "say abc, end with !", "chosen": "abc!", "rejected": "abc\u00e9"}}  # see below
     rows = list(good)
     for line in sorted(bad):
         rows.insert(line - 1, bad[line])
@@ -161,8 +163,8 @@ def test_truncation_keeps_the_end_of_the_prompt_for_both_replies(tmp_path, capsy
     for side, ids in enumerate(full):
         stored = pairs.dataset.window(int(pairs.starts[0, side]), int(pairs.lengths[0, side])).tolist()
         assert stored == ids[:1] + ids[1 + cut :]  # <|endoftext|>, then the prompt less its first `cut` tokens
-        assert tok.decode(stored).endswith("say qoxet, end with !<|end|><|assistant|>" + ("qoxet!", "qoxet?!")[side]
-                                           + "<|end|>")
+        reply = ("qoxet!", "qoxet?!")[side]
+        assert tok.decode(stored).endswith(f"say qoxet, end with !<|end|><|assistant|>{reply}<|end|>")
     # replies that leave fewer than --min_prompt_tokens of the prompt: the pair is left out
     rows[0] = {"prompt": long_prompt, "chosen": "q" * 28, "rejected": "qoxet?!"}  # 12 tokens left for it
     data = prepare(write_jsonl(tmp_path / "p2.jsonl", rows), tmp_path, "p2", "--min_prompt_tokens", "16")
@@ -186,7 +188,8 @@ def test_epochs_visit_every_pair_once_and_resume_gives_the_same_batches(pairs_da
         r = resumed.next_batch()
         assert torch.equal(r.x, b.x) and torch.equal(r.y, b.y) and torch.equal(r.pairs, b.pairs)
     # two ranks of 3 pairs read what one process of 6 reads, split between them
-    ranks = [PairLoader(data, "train", batch_size=3, block_size=BLOCK, seed=5, rank=r, world_size=2) for r in (0, 1)]
+    ranks = [PairLoader(data, "train", batch_size=3, block_size=BLOCK, seed=5, rank=r, world_size=2)
+             for r in (0, 1)]
     for b in batches[:3]:
         got = [ld.next_batch() for ld in ranks]
         assert torch.cat([g.pairs for g in got]).tolist() == b.pairs.tolist()
@@ -234,7 +237,8 @@ def test_a_refused_input_leaves_the_prepared_dataset_alone(pairs_data, tmp_path,
     assert "nothing to do" in capsys.readouterr().out and again == data
     path = write_jsonl(tmp_path / "few.jsonl", rows[:3] + [{"prompt": "p"}])
     with pytest.raises(SystemExit) as e:
-        preference.main(["--input", str(path), "--tokenizer", "char", "--out_dir", str(data), "--overwrite", "true"])
+        preference.main(["--input", str(path), "--tokenizer", "char", "--out_dir", str(data),
+                         "--overwrite", "true"])
     message = str(e.value)
     assert message.startswith("error: ") and "\n" not in message and "3 train and 0 val pairs" in message
     assert {p.name: p.read_bytes() for p in data.iterdir()} == before

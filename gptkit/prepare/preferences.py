@@ -107,7 +107,8 @@ def parse_pair(row: Any) -> Pair:
         raise BadPair("no_prompt")
     if any(len(r) != 1 or r[0]["role"] != "assistant" for r in (chosen, rejected)):
         raise BadPair("not_one_reply")
-    if not any(m["content"].strip() for m in prompt) or not all(r[0]["content"].strip() for r in (chosen, rejected)):
+    if not any(m["content"].strip() for m in prompt) or not all(r[0]["content"].strip()
+                                                                   for r in (chosen, rejected)):
         raise BadPair("empty")
     if chosen[0]["content"] == rejected[0]["content"]:
         raise BadPair("identical")
@@ -209,7 +210,8 @@ class Report:
 
     def to_meta(self, block_size: int, min_prompt_tokens: int) -> dict[str, Any]:
         return {"pairs": dict(self.pairs), "kept": self.kept, "cut": self.cut,
-                "bad": {r: len(v) for r, v in self.bad.items()}, "bad_rows": {r: v[:NAMED] for r, v in self.bad.items()},
+                "bad": {r: len(v) for r, v in self.bad.items()},
+                "bad_rows": {r: v[:NAMED] for r, v in self.bad.items()},
                 "block_size": block_size, "min_prompt_tokens": min_prompt_tokens}
 
 
