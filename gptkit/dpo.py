@@ -184,7 +184,9 @@ class PrecomputedReference:
                 ) -> PrecomputedReference:
         """Score every pair of the splits with `model` (the starting model) in eval mode. Under several
         processes each scores every world_size-th batch and the tables are summed across them (the others'
-        rows are zero), so every process ends with the whole tables. `progress(pairs)` after each batch."""
+        rows are zero), so every process ends with the whole tables; every process runs the same number of
+        forwards (one whose batches ran out scores one again, unused), as FSDP's collectives (and DDP's buffer
+        broadcasts) in a forward need. `progress(pairs)` after each batch."""
         device = next(model.parameters()).device
         meta = Pairs(data_dir, splits[0]).dataset.meta
         tables = {}
@@ -192,13 +194,16 @@ class PrecomputedReference:
             batches = ValPairs(data_dir, split, batch_size=batch_size, block_size=block_size, rank=rank,
                                world_size=world_size, device=device)
             table = torch.zeros(batches.n, 2, dtype=torch.float32, device=device)
+            mine = iter(batches)
             with evaluating(model):
-                for batch in batches:
+                for _ in range(-(-batches.n_batches // world_size)):  # the most batches any process has
+                    batch = next(mine, None)
                     with autocast():
-                        logps = policy_logps(model, batch)
-                    table[batch.pairs.to(device)] = logps.view(2, -1).t()
-                    if progress is not None:
-                        progress(len(batch))
+                        logps = policy_logps(model, batch if batch is not None else batches.first())
+                    if batch is not None:
+                        table[batch.pairs.to(device)] = logps.view(2, -1).t()
+                        if progress is not None:
+                            progress(len(batch))
             if world_size > 1:
                 dist.all_reduce(table)
             tables[split] = table.cpu()

@@ -234,6 +234,11 @@ class ValPairs:
         """Batches this rank reads."""
         return len(range(self.rank, self.n_batches, self.world_size))
 
+    def first(self) -> PairBatch:
+        """Global batch 0, whichever rank this is (a stand-in where a rank must run a forward it has no batch
+        for)."""
+        return self.pairs.read(np.arange(min(self.batch_size, self.n)), self.block_size, self.device)
+
     def __iter__(self) -> Iterator[PairBatch]:
         for i in range(self.rank, self.n_batches, self.world_size):
             ks = np.arange(i * self.batch_size, (i + 1) * self.batch_size, dtype=np.int64)

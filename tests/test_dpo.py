@@ -180,6 +180,31 @@ def test_the_precomputed_reference_round_trips_and_belongs_to_its_dataset(pairs)
         PrecomputedReference.from_state_dict(reference.state_dict(), pairs, BLOCK + 8)
 
 
+def test_the_ranks_share_the_precomputing_and_run_the_same_forwards(pairs, monkeypatch):
+    """Two ranks, simulated one after the other in a one-process group (its all_reduce is the identity): each
+    scores its own batches, both run as many forwards (FSDP hangs otherwise), and their tables add up to the
+    table of one process."""
+    vocab = read_meta(pairs)["vocab_size"]
+    model = tiny(vocab, 2)
+    whole = PrecomputedReference.compute(model, pairs, block_size=BLOCK, batch_size=8)
+    n_val = len(whole.tables["val"])
+    assert -(-n_val // 5) % 2 == 1  # an odd number of val batches of 5: rank 1 has one fewer
+    forwards = []
+    original = GPT.forward
+    monkeypatch.setattr(GPT, "forward", lambda self, *a, **k: forwards.append(1) or original(self, *a, **k))
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda t: None)  # each rank's own rows, unsummed
+    parts, counts = [], []
+    for rank in (0, 1):
+        forwards.clear()
+        parts.append(PrecomputedReference.compute(model, pairs, block_size=BLOCK, batch_size=5, rank=rank,
+                                                  world_size=2))
+        counts.append(len(forwards))
+    assert counts[0] == counts[1]
+    for split, table in whole.tables.items():
+        torch.testing.assert_close(parts[0].tables[split] + parts[1].tables[split], table, atol=1e-5, rtol=0)
+        assert (parts[0].tables[split] == 0).all(dim=1).any() and (parts[1].tables[split] == 0).all(dim=1).any()
+
+
 @pytest.mark.parametrize("kwargs, words", [
     (dict(beta=0), "dpo_beta"), (dict(beta=float("nan")), "dpo_beta"), (dict(label_smoothing=0.5), "[0, 0.5)"),
     (dict(loss="kto"), "sigmoid, ipo"), (dict(loss="ipo", label_smoothing=0.1), "IPO"),
