@@ -3,6 +3,7 @@
     python eval.py --init_from gpt2 --task hellaswag                  # acc_norm 0.2955 (GPT-2 124M)
     python eval.py --ckpt out-gpt2-124m --task hellaswag --limit 1000
     python eval.py --ckpt out --task loss                             # loss, ppl, bpb of its dataset's val split
+    python eval.py --ckpt out-dpo --task preference --dataset mypairs --reference out-chat   # pairs' accuracy
     torchrun --standalone --nproc_per_node=8 eval.py --init_from gpt2-xl --task hellaswag
 
 What was loaded, a progress bar and a readable summary go to stderr; the last line on stdout is one JSON object
@@ -19,6 +20,13 @@ with the results (`... | tail -n 1 | jq .acc_norm`). Every bad input ends in a o
   byte, is their total loss / ln 2 / the `bytes` of UTF-8 text they stand for: a tokenizer with longer tokens
   predicts fewer of them, so bpb (unlike loss) compares models with different tokenizers. End-of-text tokens
   stand for no text: they count in loss, but neither their loss nor any byte counts in bpb.
+--task preference: the pairs of a preference dataset (prepare/preference.py), each scored once:
+  {"task", "dataset", "split", "against", "pairs", "accuracy", "margin", "chosen_logp", "rejected_logp"}.
+  accuracy is the share of pairs whose chosen reply the model prefers and margin its mean lead in nats: by
+  log-probability, margin = log p(chosen) - log p(rejected), or with --reference CKPT (the model it was tuned
+  from) by DPO's implicit reward, margin = the chosen reply's log-probability gain over the reference minus the
+  rejected one's ("against" says which). chosen_logp and rejected_logp are the replies' mean log-probabilities,
+  so base, SFT and DPO models can be compared on the same pairs (gptkit/dpo.py's score_pairs).
 
 Under torchrun the items (windows) are split over the processes and the counts (sums) added up.
 """
@@ -38,9 +46,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from gptkit import cli, hellaswag
-from gptkit.checkpoint import load_model_and_settings
+from gptkit import cli, dpo, hellaswag
+from gptkit.checkpoint import load_model, load_model_and_settings
 from gptkit.config import ConfigError, InferenceSettings, load_config, setting
+from gptkit.preference import Pairs
 from gptkit.runtime import Dist, Runtime, distributed, resolve_compile
 from gptkit.shards import TokenDataset, require_dataset
 from gptkit.tokenizer import Tokenizer
@@ -62,19 +71,25 @@ class EvalConfig(InferenceSettings):
         ("auto", "float32", "bfloat16", "float16"),
     )
     # what to evaluate
-    task: str = setting("hellaswag", "hellaswag (accuracy) or loss (loss, perplexity, bits per byte)", ("hellaswag", "loss"))
+    task: str = setting("hellaswag", "hellaswag (accuracy), loss (loss, perplexity, bits per byte) or preference "
+                                     "(a preference dataset's accuracy and margin)", ("hellaswag", "loss", "preference"))
     # --task hellaswag
     input: str = setting("", "HellaSwag: a local hellaswag_val.jsonl instead of the cached download")
     limit: int = setting(0, "score only the first N items: HellaSwag's (of 10,042), or loss windows of block_size "
                             "tokens (0 = all)")
-    # --task loss
+    # --task loss and --task preference
     dataset: str = setting("", "loss: dataset name under data_root, or a path to a prepared dataset folder; '' = "
-                               "the one the checkpoint's run trained on")
-    data_root: str = setting("data", "loss: folder holding the prepared datasets")
-    split: str = setting("val", "loss: the split to evaluate", ("train", "val"))
+                               "the one the checkpoint's run trained on. preference: pairs prepared with "
+                               "prepare/preference.py (required)")
+    data_root: str = setting("data", "loss, preference: folder holding the prepared datasets")
+    split: str = setting("val", "loss, preference: the split to evaluate", ("train", "val"))
     limit_tokens: int = setting(0, "loss: predict only the first N tokens of the split (0 = all)")
+    # --task preference
+    reference: str = setting("", "preference: a checkpoint (the model tuned from) to score against; '' = by the "
+                                 "model's own log-probabilities")
     # how to run
-    batch_size: int = setting(16, "HellaSwag items (4 sequences each) or loss windows per forward pass")
+    batch_size: int = setting(16, "HellaSwag items (4 sequences each), loss windows or preference pairs per forward "
+                                  "pass")
     compile: bool | None = setting(None, "torch.compile the model's forward: True, False or auto (None: on for CUDA)")
 
     def validate(self) -> None:
@@ -171,6 +186,24 @@ def loss_limit(cfg: EvalConfig, block_size: int) -> int:
     return min([n for n in (cfg.limit * block_size, cfg.limit_tokens) if n], default=0)
 
 
+# ----------------------------------------------------------------------------- --task preference
+
+
+def preference_inputs(cfg: EvalConfig, tokenizer: Tokenizer) -> tuple[GPT | None, str]:
+    """The reference model (None without --reference) and the pairs' folder, checked against the model."""
+    if not cfg.dataset:
+        raise ConfigError("--task preference needs --dataset NAME (pairs prepared with prepare/preference.py)")
+    data = require_dataset(cfg.dataset, cfg.data_root)
+    check_same_tokenizer(tokenizer, Pairs(data, cfg.split).dataset, cfg.dataset)
+    if not cfg.reference:
+        return None, str(data)
+    reference, ref_tokenizer, _ = load_model(cfg.reference)
+    if ref_tokenizer.to_meta() != tokenizer.to_meta():
+        raise EvalError(f"--reference {cfg.reference} has another tokenizer than the model; give the checkpoint "
+                        f"the model was tuned from")
+    return reference, str(data)
+
+
 # ----------------------------------------------------------------------------- the script
 
 
@@ -183,6 +216,8 @@ def run(cfg: EvalConfig, d: Dist, rt: Runtime, err=None) -> dict:
         hellaswag.check_tokenizer(tokenizer)  # before any download
         path = hellaswag.obtain_once(d, cfg.input or None)
         encoded = hellaswag.encode(hellaswag.read_items(path, cfg.limit or None), tokenizer, model.config.block_size)
+    elif cfg.task == "preference":
+        reference, pairs = preference_inputs(cfg, tokenizer)
     else:
         dataset = cfg.dataset or loss_dataset(settings, what)
         ds = TokenDataset(require_dataset(dataset, cfg.data_root), cfg.split)
@@ -200,6 +235,17 @@ def run(cfg: EvalConfig, d: Dist, rt: Runtime, err=None) -> dict:
         result = {"task": "hellaswag", **scores}
         log(f"hellaswag: acc {scores['acc']:.4f}, acc_norm {scores['acc_norm']:.4f} over {scores['n']} items "
             f"({seconds:.1f} s, {scores['n'] / seconds:.1f} items/s)")
+    elif cfg.task == "preference":
+        reference = reference.to(rt.device) if reference is not None else None
+        with tqdm(desc="pairs", unit="pair", disable=not d.master) as bar:
+            scores = dpo.evaluate_preference(model, pairs, cfg.split, batch_size=cfg.batch_size, reference=reference,
+                                             autocast=rt.autocast, rank=d.rank, world_size=d.world_size,
+                                             progress=bar.update)
+        against = f"reference {cfg.reference}" if reference is not None else "none (the model's log-probabilities)"
+        result = {"task": "preference", "dataset": cfg.dataset, "split": cfg.split, "against": against, **scores}
+        log(f"{cfg.dataset} {cfg.split}: accuracy {scores['accuracy']:.4f}, margin {scores['margin']:.3f} nats over "
+            f"{scores['pairs']:,} pairs, against {against}; chosen log-prob {scores['chosen_logp']:.3f}, rejected "
+            f"{scores['rejected_logp']:.3f} ({time.perf_counter() - started:.1f} s)")
     else:
         scores = evaluate_loss(model, tokenizer, ds, rt, d, limit_tokens=loss_limit(cfg, model.config.block_size),
                                batch_size=cfg.batch_size, hidden=hidden, progress=d.master)

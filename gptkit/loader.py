@@ -60,9 +60,9 @@ def random_starts(seed: int, ks: np.ndarray, n_starts: int) -> np.ndarray:
     return (h % np.uint64(n_starts)).astype(np.int64)
 
 
-class _EpochOrder:
+class EpochOrder:
     """Window indices for "epoch" mode (0..n_win-1, each once per epoch), caching the permutations of the
-    epochs currently being read."""
+    epochs currently being read. (gptkit/preference.py orders its pairs with it too.)"""
 
     def __init__(self, seed: int, n_win: int):
         self.seed, self.n_win = seed, n_win
@@ -119,6 +119,10 @@ def read_batch(dataset: TokenDataset, starts: np.ndarray, block_size: int,
 def _check_common(
     dataset: TokenDataset, batch_size: int, block_size: int, seed: int, rank: int, world_size: int
 ) -> None:
+    if "preference" in dataset.meta:  # prepare/preference.py's pairs: read by gptkit/preference.py instead
+        raise DataError(f"{dataset.data_dir} holds preference pairs (prepare/preference.py): the language-model "
+                        f"loss would learn the rejected replies too; tune on them with the DPO objective, or "
+                        f"prepare conversations with prepare/chat.py to fine-tune on")
     if not isinstance(seed, (int, np.integer)) or seed < 0:
         raise DataError(f"the data seed must be a non-negative integer, got {seed!r}")
     if batch_size < 1:
@@ -186,7 +190,7 @@ class BatchLoader:
         else:
             self.n_starts = n - block_size  # valid random starts: 0 .. n - block_size - 1
             self.n_windows = (n - 1) // block_size  # non-overlapping windows of block_size + 1 tokens (epoch)
-        self._epoch = _EpochOrder(seed, self.n_windows) if mode == "epoch" else None
+        self._epoch = EpochOrder(seed, self.n_windows) if mode == "epoch" else None
 
     def sample_starts(self, ks: np.ndarray) -> np.ndarray:
         """Start offsets of global samples ks (pure function of seed and k)."""

@@ -4,6 +4,7 @@
     lora.adapter_state_dict(model)      # only the adapters (and unfrozen tables): what a LoRA checkpoint stores
     lora.merge(model)                   # fold the updates into the weights: an ordinary GPT again
     lora.cast_frozen_base(model, torch.bfloat16)   # the blocks' frozen Linear weights in bf16 (train.py, CUDA)
+    with lora.adapters_off(model): ...  # the base model's function again (DPO's reference), no second copy
 
 A targeted layer y = x W^T + b becomes y = x W^T + b + (dropout(x) A^T B^T) * (alpha / rank), with A (rank, in)
 and B (out, rank) trainable and W, b frozen. B starts at zero, so before the first step the model computes
@@ -17,8 +18,10 @@ refused with a one-line error instead of producing garbage.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -82,8 +85,11 @@ class LoRALinear(nn.Linear):
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # nn.Linear's own init, for a (rank, in) weight
         self.scale = alpha / rank
         self.lora_dropout = nn.Dropout(dropout)
+        self.enabled = True  # False: the base layer alone (adapters_off)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.enabled:  # exactly nn.Linear's forward on the base's weights: the base's bits
+            return F.linear(x, self.weight, self.bias)
         update = F.linear(F.linear(self.lora_dropout(x), self.lora_A), self.lora_B)  # (..., in) -> (..., rank) -> (..., out)
         return F.linear(x, self.weight, self.bias) + update * self.scale
 
@@ -140,6 +146,30 @@ def load_adapters(model: nn.Module, adapters: dict[str, torch.Tensor]) -> None:
             raise LoRAError(f"adapter {key} has shape {tuple(value.shape)}, the model needs "
                             f"{tuple(ours[key].shape)}; was it saved with another lora_rank or base model?")
     model.load_state_dict(adapters, strict=False)
+
+
+@contextlib.contextmanager
+def adapters_off(model: nn.Module) -> Iterator[nn.Module]:
+    """Inside the block the model computes what its base computes, bit for bit: every LoRALinear runs its frozen
+    layer alone, the adapters are skipped (not multiplied by zero). Afterwards each adapter is on or off as it
+    was before, also when the block raised. Nothing is copied: a reference model for free (DPO under LoRA).
+    The base is only the base when nothing else was trained: see `trains_adapters_only`."""
+    layers = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    before = [m.enabled for m in layers]
+    for m in layers:
+        m.enabled = False
+    try:
+        yield model
+    finally:
+        for m, was in zip(layers, before):
+            m.enabled = was
+
+
+def trains_adapters_only(model: nn.Module) -> bool:
+    """Whether the model has adapters and they are all it trains (so adapters_off gives the model it started
+    from; unfreeze_embeddings, for one, trains tables that adapters_off leaves as trained)."""
+    trained = [n for n, p in model.named_parameters() if p.requires_grad]
+    return bool(trained) and all(n.endswith((".lora_A", ".lora_B")) for n in trained)
 
 
 @torch.no_grad()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from gptkit.chat import ChatError, check_messages, render
 from gptkit.prepare.pipeline import ValRule
 from gptkit.prepare.writer import DEFAULT_SHARD_TOKENS, DatasetWriter, check_prepared, make_fingerprint
 from gptkit.shards import DataError, dtype_for_vocab
-from gptkit.tokenizer import Tokenizer
+from gptkit.tokenizer import CHAT_SPECIALS, Tokenizer, resolve_tokenizer
 
 TRAIN_ON = ("assistant", "all")  # which tokens carry loss: the replies only (the point), or every token
 
@@ -110,3 +110,17 @@ def prepare_conversations(out_dir: Path, input_path: str | Path, tokenizer: Toke
     print(f"wrote {out_dir} (vocab_size {meta['vocab_size']}; {'; '.join(parts)}) in "
           f"{time.perf_counter() - started:.2f} s")
     return meta
+
+
+def chat_tokenizer(arg: str, chars: Callable[[], Iterable[str]], data_root: str | Path = "data") -> Tokenizer:
+    """The tokenizer a chat prepare script's --tokenizer names, with the chat template's special tokens:
+    gpt2, char (`chars()`: the input's characters, read only then), a trained tokenizer's NAME or PATH, or a
+    checkpoint of this project (an out_dir or a .pt file), whose own tokenizer it is."""
+    path = Path(arg)
+    if arg not in ("gpt2", "char") and (path.suffix == ".pt" or path.is_dir()):
+        from gptkit.checkpoint import holds_checkpoint, load_checkpoint  # (torch: only for a checkpoint)
+
+        if path.suffix == ".pt" or holds_checkpoint(path):
+            return Tokenizer.from_meta(load_checkpoint(path)["tokenizer"]).with_special(CHAT_SPECIALS)
+    base = resolve_tokenizer(arg, data_root=data_root, chars=chars() if arg == "char" else None)
+    return base.with_special(CHAT_SPECIALS)

@@ -1,0 +1,317 @@
+"""DPO: tuning a chat model on preference pairs against the model it started from, as plain functions; its
+reference log-probabilities; and scoring pairs with any model (eval.py --task preference).
+
+    objective = DPOObjective(DPOSettings(beta=0.1), AdapterOffReference(model))     # LoRA
+    objective = DPOObjective(settings, PrecomputedReference.compute(model, "data/mypairs", block_size=1024,
+                                                                  batch_size=8))    # a full fine-tune
+    loss, metrics = objective(model, loader.next_batch())     # one micro-batch: what the training step calls
+
+The objective (Rafailov et al., 2023, "Direct Preference Optimization"). For a pair (a prompt, a chosen and a
+rejected reply), pi_c and pi_r are the log-probabilities of the two replies given the prompt under the model
+being tuned, summed over the reply tokens, and ref_c, ref_r the same under the reference model. With
+h = (pi_c - ref_c) - (pi_r - ref_r):
+
+    "sigmoid" (DPO):  loss = -log sigmoid(beta h)
+                      with label_smoothing e (conservative DPO: e is the share of pairs assumed mislabelled)
+                      loss = -(1 - e) log sigmoid(beta h) - e log sigmoid(-beta h)
+    "ipo"     (Azar et al., 2023):  loss = (h - 1 / (2 beta))^2, on the summed log-probabilities as in the paper
+                      (TRL's IPO averages them over the reply's tokens instead)
+
+The loss of a micro-batch is the mean over its pairs, plus, with nll_weight w > 0, w times the chosen replies'
+negative log-likelihood per token (an anchor: RPO, Pang et al., 2024; TRL's rpo_alpha; Llama 3's recipe).
+DPO's loss sees only differences between a pair's two replies: what they share (a common start, the <|end|>
+after them) cancels, and so does any change to the chosen replies' likelihood that the rejected ones share.
+Adam still moves the weights in those directions, at its learning rate whatever the size of their gradients,
+and both replies' log-probabilities can then fall together while the margin barely moves: on
+benchmarks/dpo_rule.py's task, whose replies differ in one token, plain DPO took both from -1.1 to -41 nats
+in 100 steps, the held-out accuracy still 51%, and ended at 100% with the chosen replies at -81; with
+nll_weight=0.5 the chosen ones rose to -0.02 on the way to 100%. The anchor keeps the chosen replies likely.
+
+What a step logs (`pair_metrics`, means over the pairs): the loss; the implicit rewards chosen =
+beta (pi_c - ref_c) and rejected = beta (pi_r - ref_r); the reward margin, chosen - rejected; the accuracy,
+the share of pairs with margin > 0; pi_c and pi_r, to see that the chosen replies' log-probability does not
+collapse while the margin grows; and the chosen replies' NLL per token.
+
+The reference: the model the tuning starts from, its log-probabilities computed without dropout (eval mode).
+- With LoRA: the same model with its adapters off (`AdapterOffReference`, lora.adapters_off): no second copy
+  of the weights, one more forward per step without a backward (its activations are freed at once), and
+  exactly the starting model's function as long as only the adapters train (checked).
+- Without LoRA: the reference's log-probabilities precomputed once over the dataset, before the first step
+  (`PrecomputedReference`), rather than a frozen copy of the model. Memory: a copy is the weights once more on
+  every device for the whole run (GPT-2 124M: 0.5 GB in float32; gpt2-xl: 6.2 GB), where the table is 8 bytes
+  per pair (60,000 pairs: 0.5 MB), small enough to save in the checkpoint. Compute: a copy does one forward
+  per pair every time the pair is trained on; the table one forward per pair in all, so it never costs more
+  unless a run stops before one epoch (it then also scored the pairs the run never reached). A resumed run
+  reads the table back instead of computing it again from weights that have since changed.
+
+The log-probabilities are taken from the model's logits (`model(x)` without targets: every position's, so the
+same call works through DDP and FSDP wrappers) in float32 (`sequence_logps`). Memory: the logits (2B, T, V)
+and their float32 log-softmax, kept for the backward, are the step's largest tensors with a big vocabulary
+(GPT-2, 8 pairs of 1024 tokens: 3.3 GB each in float32).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gptkit import lora
+from gptkit.cli import UserError
+from gptkit.preference import PairBatch, Pairs, ValPairs
+
+LOSSES = ("sigmoid", "ipo")
+
+
+class DPOError(UserError):
+    """Bad DPO settings, or a reference that cannot be what the settings ask."""
+
+
+@dataclass(frozen=True)
+class DPOSettings:
+    beta: float = 0.1  # how far the tuned model may move from the reference: larger keeps it closer
+    label_smoothing: float = 0.0  # conservative DPO: the share of pairs assumed mislabelled, in [0, 0.5)
+    loss: str = "sigmoid"  # "sigmoid" (DPO) or "ipo"
+    nll_weight: float = 0.0  # > 0: add this times the chosen replies' NLL per token (keeps them likely)
+
+    def __post_init__(self):
+        if not (isinstance(self.beta, (int, float)) and math.isfinite(self.beta) and self.beta > 0):
+            raise DPOError(f"dpo_beta must be a positive number, got {self.beta!r} (0.1 is usual; larger keeps "
+                           f"the model closer to its reference)")
+        if not 0.0 <= self.label_smoothing < 0.5:
+            raise DPOError(f"dpo_label_smoothing must be in [0, 0.5), got {self.label_smoothing!r}")
+        if self.loss not in LOSSES:
+            raise DPOError(f"dpo_loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
+        w = self.nll_weight
+        if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
+            raise DPOError(f"dpo_nll_weight must be a number >= 0 (0: plain DPO), got {self.nll_weight!r}")
+        if self.loss == "ipo" and self.label_smoothing:
+            raise DPOError("dpo_label_smoothing is for the sigmoid loss; IPO has none (set it to 0)")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The math
+
+
+def sequence_logps(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Each row's log-probability of its targets: logits (N, T, V), targets (N, T) with -1 = not counted ->
+    (N,) float32, the sum over the positions with a target of log softmax(logits)[target], in float32."""
+    token = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1, reduction="none")
+    return -token.view(targets.shape).sum(-1)
+
+
+def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
+             ref_rejected: torch.Tensor, settings: DPOSettings) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per pair (B,): the loss, and the chosen and the rejected reward (detached: they are for logging)."""
+    chosen = policy_chosen - ref_chosen
+    rejected = policy_rejected - ref_rejected
+    h = chosen - rejected
+    beta = settings.beta
+    if settings.loss == "ipo":
+        losses = (h - 1 / (2 * beta)) ** 2
+    else:
+        e = settings.label_smoothing
+        losses = -F.logsigmoid(beta * h) * (1 - e) - F.logsigmoid(-beta * h) * e
+    return losses, beta * chosen.detach(), beta * rejected.detach()
+
+
+def pair_metrics(losses: torch.Tensor, chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor,
+                 policy_chosen: torch.Tensor, policy_rejected: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The means over the pairs a step logs, as 0-d float32 tensors (reading one syncs the device: the caller
+    decides when). `loss` is DPO's alone, without the NLL anchor."""
+    margin = chosen_rewards - rejected_rewards
+    return {"loss": losses.detach().mean(), "reward_margin": margin.mean(), "chosen_reward": chosen_rewards.mean(),
+            "rejected_reward": rejected_rewards.mean(), "accuracy": (margin > 0).float().mean(),
+            "chosen_logp": policy_chosen.detach().mean(), "rejected_logp": policy_rejected.detach().mean()}
+
+
+def policy_logps(model: nn.Module, batch: PairBatch) -> torch.Tensor:
+    """(2B,) float32: the log-probability of each sequence's reply under the model, the chosen ones first."""
+    return sequence_logps(model(batch.x)[0], batch.y)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The reference
+
+
+@contextlib.contextmanager
+def evaluating(model: nn.Module) -> Iterator[nn.Module]:
+    """The model in eval mode (no dropout) inside the block, in its previous mode afterwards."""
+    was = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was)
+
+
+class AdapterOffReference:
+    """The reference of a LoRA run: the model itself with its adapters off, in eval mode, without gradients."""
+
+    def __init__(self, model: nn.Module):
+        if not lora.trains_adapters_only(model):
+            raise DPOError("the adapters-off reference needs a model whose LoRA adapters are all it trains "
+                           "(anything else trained would change the reference too); precompute the reference "
+                           "instead")
+
+    @torch.no_grad()
+    def logps(self, model: nn.Module, batch: PairBatch) -> torch.Tensor:
+        with lora.adapters_off(model), evaluating(model):
+            return policy_logps(model, batch)
+
+
+class PrecomputedReference:
+    """The reference's log-probabilities of every pair of a dataset's splits: tables[split] (n, 2) float32 on
+    the CPU, column 0 the chosen reply's, 1 the rejected one's; `dataset` the fingerprint of the dataset they
+    belong to (its meta.json's), `block_size` the length they were computed at."""
+
+    def __init__(self, tables: dict[str, torch.Tensor], dataset: str, block_size: int):
+        self.tables, self.dataset, self.block_size = tables, dataset, block_size
+
+    @classmethod
+    @torch.no_grad()
+    def compute(cls, model: nn.Module, data_dir: str | os.PathLike, *, block_size: int, batch_size: int,
+                splits: tuple[str, ...] = ("train", "val"), autocast: Callable[[], Any] = contextlib.nullcontext,
+                rank: int = 0, world_size: int = 1, progress: Callable[[int], None] | None = None
+                ) -> PrecomputedReference:
+        """Score every pair of the splits with `model` (the starting model) in eval mode. Under several
+        processes each scores every world_size-th batch and the tables are summed across them (the others'
+        rows are zero), so every process ends with the whole tables; every process runs the same number of
+        forwards (one whose batches ran out scores one again, unused), as FSDP's collectives (and DDP's buffer
+        broadcasts) in a forward need. `progress(pairs)` after each batch."""
+        device = next(model.parameters()).device
+        meta = Pairs(data_dir, splits[0]).dataset.meta
+        tables = {}
+        for split in splits:
+            batches = ValPairs(data_dir, split, batch_size=batch_size, block_size=block_size, rank=rank,
+                               world_size=world_size, device=device)
+            table = torch.zeros(batches.n, 2, dtype=torch.float32, device=device)
+            mine = iter(batches)
+            with evaluating(model):
+                for _ in range(-(-batches.n_batches // world_size)):  # the most batches any process has
+                    batch = next(mine, None)
+                    with autocast():
+                        logps = policy_logps(model, batch if batch is not None else batches.first())
+                    if batch is not None:
+                        table[batch.pairs.to(device)] = logps.view(2, -1).t()
+                        if progress is not None:
+                            progress(len(batch))
+            if world_size > 1:
+                dist.all_reduce(table)
+            tables[split] = table.cpu()
+        return cls(tables, meta.get("fingerprint", ""), block_size)
+
+    def logps(self, model: nn.Module, batch: PairBatch) -> torch.Tensor:
+        """(2B,) the batch's reference log-probabilities, the chosen ones first (as policy_logps)."""
+        table = self.tables.get(batch.split)
+        if table is None:
+            raise DPOError(f"the precomputed reference has no {batch.split!r} split (it has "
+                           f"{', '.join(self.tables)}); compute it for every split the run reads")
+        return table[batch.pairs].t().reshape(-1).to(batch.x.device, non_blocking=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"tables": dict(self.tables), "dataset": self.dataset, "block_size": self.block_size}
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any], data_dir: str | os.PathLike, block_size: int
+                        ) -> PrecomputedReference:
+        """The saved tables, checked against the dataset and block_size of the run that reads them."""
+        pairs = {s: len(Pairs(data_dir, s)) for s in state["tables"]}
+        meta = Pairs(data_dir, next(iter(state["tables"]))).dataset.meta
+        if state["dataset"] != meta.get("fingerprint", "") or state["block_size"] != block_size or any(
+                len(t) != pairs[s] for s, t in state["tables"].items()):
+            raise DPOError(f"the saved reference log-probabilities belong to another dataset or block_size than "
+                           f"{data_dir} at block_size {block_size}; resume with the run's own dataset and "
+                           f"block_size")
+        return cls(dict(state["tables"]), state["dataset"], state["block_size"])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# One micro-batch
+
+
+def dpo_microbatch(model: nn.Module, batch: PairBatch, reference: Any,
+                   settings: DPOSettings) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The loss of one micro-batch of pairs, a 0-d tensor to backpropagate (DPO's mean over its pairs, plus the
+    NLL anchor when settings.nll_weight > 0), and its metrics (pair_metrics, and "nll": the chosen replies'
+    negative log-likelihood per token). Called under the step's autocast; `reference` has logps(model, batch)."""
+    ref = reference.logps(model, batch)  # first: nothing of it stays alive during the policy's forward
+    policy = policy_logps(model, batch)
+    B = len(batch)
+    losses, chosen, rejected = dpo_loss(policy[:B], policy[B:], ref[:B], ref[B:], settings)
+    nll = -policy[:B].sum() / (batch.y[:B] != -1).sum().clamp(min=1)
+    loss = losses.mean() + settings.nll_weight * nll if settings.nll_weight else losses.mean()
+    return loss, {**pair_metrics(losses, chosen, rejected, policy[:B], policy[B:]), "nll": nll.detach()}
+
+
+@dataclass
+class DPOObjective:
+    """The micro-batch loss the training step calls in place of the language-model loss: loss, metrics =
+    objective(model, batch)."""
+
+    settings: DPOSettings
+    reference: Any  # AdapterOffReference or PrecomputedReference
+
+    def __call__(self, model: nn.Module, batch: PairBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return dpo_microbatch(model, batch, self.reference, self.settings)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Scoring pairs (eval.py --task preference)
+
+
+@torch.no_grad()
+def score_pairs(model: nn.Module, batches: Iterable[PairBatch], *, reference: nn.Module | None = None,
+                autocast: Callable[[], Any] = contextlib.nullcontext, world_size: int = 1,
+                progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """How a model orders the pairs: accuracy, the share of pairs whose chosen reply it prefers, and the mean
+    margin, in nats. Without a reference it prefers the reply of higher log-probability, margin = pi_c - pi_r;
+    with one, the reply whose log-probability rose more (or fell less) from the reference's: DPO's implicit
+    reward, margin = (pi_c - ref_c) - (pi_r - ref_r) (a tie, as the reference against itself, is not a win).
+    Also the mean log-probabilities of the chosen and the rejected replies. Under several processes pass each
+    its own batches and world_size: the sums are added across them."""
+    device = next(model.parameters()).device
+    sums = torch.zeros(5, dtype=torch.float64, device=device)  # pairs, wins, margin, chosen, rejected
+    for batch in batches:
+        with autocast():
+            policy = policy_logps(model, batch)
+            ref = policy_logps(reference, batch) if reference is not None else torch.zeros_like(policy)
+        B = len(batch)
+        margin = (policy[:B] - ref[:B]) - (policy[B:] - ref[B:])
+        sums += torch.stack([torch.tensor(float(B), device=device), (margin > 0).sum(), margin.sum(),
+                             policy[:B].sum(), policy[B:].sum()]).double()
+        if progress is not None:
+            progress(B)
+    if world_size > 1:
+        dist.all_reduce(sums)
+    n, wins, margin, chosen, rejected = sums.tolist()
+    if not n:
+        raise DPOError("there are no pairs to score")
+    return {"pairs": int(n), "accuracy": wins / n, "margin": margin / n, "chosen_logp": chosen / n,
+            "rejected_logp": rejected / n}
+
+
+def evaluate_preference(model: nn.Module, data_dir: str | os.PathLike, split: str, *, batch_size: int,
+                        reference: nn.Module | None = None, autocast: Callable[[], Any] = contextlib.nullcontext,
+                        rank: int = 0, world_size: int = 1, limit: int = 0,
+                        progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """score_pairs over a split's pairs (its first `limit` when limited), each scored once, the batches only
+    as long as the split's longest sequence; this process's share of them under several processes."""
+    block = model.config.block_size
+    longest = Pairs(data_dir, split).longest
+    if longest - 1 > block:
+        raise DPOError(f"the {split} split of {data_dir} has sequences of {longest} tokens, more than the model's "
+                       f"block_size + 1 = {block + 1}; prepare the pairs with --block_size {block}")
+    device = next(model.parameters()).device
+    batches = ValPairs(data_dir, split, batch_size=batch_size, block_size=max(1, longest - 1), rank=rank,
+                       world_size=world_size, device=device, limit=limit)
+    return score_pairs(model, batches, reference=reference, autocast=autocast, world_size=world_size,
+                       progress=progress)

@@ -1,0 +1,103 @@
+"""Prepare preference pairs for DPO: token shards of (prompt + chosen reply, prompt + rejected reply), the loss
+mask on the reply tokens only.
+
+    python prepare/preference.py --input pairs.jsonl --name mypairs                       # GPT-2's BPE
+    python prepare/preference.py --input pairs.jsonl --name mypairs --tokenizer out-chat/ --block_size 64
+    python prepare/preference.py --hf_dataset NAME --hf_split train --name mypairs          # a Hub dataset
+
+Each line (or Hub row) is one pair, in any of the layouts preference datasets use:
+    {"prompt": "What is 2+2?", "chosen": "4.", "rejected": "5."}
+    {"prompt": [{"role": "system", ...}, {"role": "user", ...}],
+     "chosen": [{"role": "assistant", "content": ...}], "rejected": [{"role": "assistant", "content": ...}]}
+    {"chosen": [...the whole conversation...], "rejected": [...the same, another last reply...]}
+(a prompt as a string is one user message; conversations that repeat the prompt, or share it when no prompt is
+given, are cut after it; each reply must be one assistant message.)
+
+--tokenizer: gpt2, char, the NAME or PATH of a trained tokenizer, or a checkpoint (an out_dir or a .pt file)
+whose tokenizer to use: prepare the pairs with the tokenizer of the chat model you will tune. --block_size:
+the context the tuning will use; a pair whose longer sequence does not fit has its prompt cut from the start
+(its end, with the question, stays), and is left out when fewer than --min_prompt_tokens of the prompt would
+remain. Rows that are not pairs (a missing field, an empty reply, chosen = rejected, ...) are left out,
+counted and named by line. Output goes to DATA_ROOT/NAME.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gptkit import cli
+from gptkit.options import ConfigError, setting
+from gptkit.prepare import preferences, script
+from gptkit.prepare.conversations import chat_tokenizer
+from gptkit.prepare.hub import load_hf_dataset
+from gptkit.prepare.local import check_fraction
+from gptkit.prepare.writer import DEFAULT_SHARD_TOKENS, make_fingerprint
+from gptkit.shards import DataError
+
+
+@dataclass
+class PreferenceDataConfig(script.OutputSettings):
+    input: str = setting("", "a JSONL file, one preference pair per line")
+    hf_dataset: str = setting("", "a Hugging Face dataset of pairs (instead of --input): its name, or a local "
+                                  "folder of its files")
+    hf_config: str = setting("", "the dataset's configuration name, if it has several")
+    hf_split: str = setting("train", "which split of the Hub dataset to read (its pairs are then split into "
+                                     "train and val by --val_fraction)")
+    revision: str = setting("", "the Hub dataset's revision (branch, tag or commit); '' = the latest")
+    name: str = setting("", "output goes to DATA_ROOT/NAME; '' = the input's name")
+    tokenizer: str = setting("gpt2", "gpt2, char, a trained tokenizer's NAME or PATH, or a checkpoint (out_dir or "
+                                     ".pt) whose tokenizer to use")
+    block_size: int = setting(1024, "the tuning's context (1024 is GPT-2's): each sequence, prompt and reply, "
+                                    "fits in block_size + 1 tokens")
+    min_prompt_tokens: int = setting(16, "leave out a pair whose replies leave fewer than this many of its "
+                                         "prompt's tokens in the block")
+    val_fraction: float = setting(0.05, "share of the pairs for val")
+    shard_tokens: int = setting(DEFAULT_SHARD_TOKENS, "tokens per shard")
+
+    def validate(self) -> None:
+        if bool(self.input) == bool(self.hf_dataset):
+            raise ConfigError("give exactly one of --input PAIRS.jsonl or --hf_dataset NAME")
+
+
+@cli.entry_point()
+def main(argv: Sequence[str] | None = None) -> None:
+    cfg = script.load(PreferenceDataConfig, argv, "prepare/preference.py", __doc__)
+    check_fraction(cfg.val_fraction)
+    name = cfg.name or (Path(cfg.input).stem if cfg.input else Path(cfg.hf_dataset.rstrip("/")).name)
+    if "/" in name or "\\" in name or name in ("", ".", ".."):
+        raise DataError(f"--name {name!r} must be a plain folder name; use --out_dir for a path")
+    out_dir = cfg.output(name)
+    options = dict(block_size=cfg.block_size, min_prompt_tokens=cfg.min_prompt_tokens,
+                   val_fraction=cfg.val_fraction, shard_tokens=cfg.shard_tokens)
+    if cfg.input:
+        path = Path(cfg.input)
+        if not path.is_file():
+            raise DataError(f"--input {path} is not a file; give a JSONL file with one preference pair per line")
+
+        def rows():
+            return preferences.jsonl_rows(path)
+
+        n_rows = sum(1 for _ in rows())
+        source = str(path)
+        identity = [str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns]
+    else:
+        ds = load_hf_dataset(cfg.hf_dataset, cfg.hf_config or None, split=cfg.hf_split,
+                             revision=cfg.revision or None)
+
+        def rows():
+            return preferences.dataset_rows(ds)
+
+        n_rows = len(ds)
+        source = f"{cfg.hf_dataset} ({cfg.hf_split} split)"
+        # datasets' own hash of the data it loaded: another revision or changed local files are another input
+        identity = [cfg.hf_dataset, cfg.hf_config, cfg.hf_split, getattr(ds, "_fingerprint", None)]
+    tokenizer = chat_tokenizer(cfg.tokenizer, lambda: preferences.pair_chars(rows()), cfg.data_root)
+    fingerprint = make_fingerprint(preference=identity, tokenizer=tokenizer.to_meta(), **options)
+    preferences.prepare_pairs(out_dir, rows, tokenizer, source=source, fingerprint=fingerprint, n_rows=n_rows,
+                              overwrite=cfg.overwrite, **options)
+
+
+if __name__ == "__main__":
+    main()
