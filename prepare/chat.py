@@ -23,13 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gptkit import cli
-from gptkit.checkpoint import load_checkpoint
 from gptkit.options import ConfigError, setting
 from gptkit.prepare import conversations, script
 from gptkit.prepare.local import check_fraction
 from gptkit.prepare.writer import DEFAULT_SHARD_TOKENS
 from gptkit.shards import DataError
-from gptkit.tokenizer import CHAT_SPECIALS, Tokenizer, resolve_tokenizer
 
 
 @dataclass
@@ -49,20 +47,9 @@ class ChatDataConfig(script.OutputSettings):
             raise ConfigError("--input is required: a JSONL file with one conversation per line")
 
 
-def chat_tokenizer(arg: str, input_path: Path, data_root: str) -> Tokenizer:
-    """The tokenizer --tokenizer names, with the chat template's special tokens."""
-    path = Path(arg)
-    if path.suffix == ".pt" or (path.is_dir() and any((path / n).is_file() for n in ("best.pt", "last.pt"))):
-        base = Tokenizer.from_meta(load_checkpoint(path)["tokenizer"])  # a checkpoint: its own tokenizer
-    elif arg == "char":
-        chars = set()
-        for _, messages in conversations.read_conversations(input_path):
-            for m in messages:
-                chars.update(m["content"])
-        base = resolve_tokenizer("char", chars=chars)
-    else:
-        base = resolve_tokenizer(arg, data_root=data_root)
-    return base.with_special(CHAT_SPECIALS)
+def conversation_chars(path: Path) -> set[str]:
+    """Every character of the conversations' messages: a char tokenizer's vocabulary."""
+    return {c for _, messages in conversations.read_conversations(path) for m in messages for c in m["content"]}
 
 
 @cli.entry_point()
@@ -76,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     out_dir = cfg.output(name)
     if not path.is_file():
         raise DataError(f"--input {path} is not a file; give a JSONL file with one conversation per line")
-    tokenizer = chat_tokenizer(cfg.tokenizer, path, cfg.data_root)
+    tokenizer = conversations.chat_tokenizer(cfg.tokenizer, lambda: conversation_chars(path), cfg.data_root)
     conversations.prepare_conversations(out_dir, path, tokenizer, block_size=cfg.block_size,
                                         val_fraction=cfg.val_fraction, train_on=cfg.train_on,
                                         shard_tokens=cfg.shard_tokens, overwrite=cfg.overwrite)
