@@ -38,7 +38,8 @@ from tqdm import tqdm
 
 from gptkit import cli, hellaswag
 from gptkit.checkpoint import load_model
-from gptkit.config import ConfigError, InferenceSettings, load_config, setting
+from gptkit.config import InferenceSettings
+from gptkit.options import ConfigError, load_config, setting
 from gptkit.runtime import Dist, Runtime, distributed, resolve_compile
 from gptkit.shards import TokenDataset, require_dataset
 from gptkit.tokenizer import Tokenizer

@@ -99,13 +99,13 @@ def test_decode_window_comparison(tiny_model, tiny_config):
 
 
 def test_training_step_is_timed_as_train_py_runs_it(monkeypatch):
-    """train.py checks the NaN/stop flags every step (train.StepGuard: on a GPU without waiting, elsewhere
+    """train.py checks the NaN/stop flags every step (step.StepGuard: on a GPU without waiting, elsewhere
     before the optimizer step); the benchmarked step must too, or its tokens/s would not be a run's."""
-    import train
+    from gptkit.step import StepGuard
 
     calls = []
-    real = train.StepGuard.check
-    monkeypatch.setattr(train.StepGuard, "check", lambda self, *a: calls.append(1) or real(self, *a))
+    real = StepGuard.check
+    monkeypatch.setattr(StepGuard, "check", lambda self, *a: calls.append(1) or real(self, *a))
     bench.main(["--models=tiny", "--device=cpu", "--warmup=1", "--repeats=2", "--skip_decode"])
     assert len(calls) == 3
 

@@ -16,6 +16,7 @@ import train
 from gptkit import optim, runtime
 from gptkit.cudagraph import GraphedStep
 from gptkit.runtime import DeviceError, Dist, Runtime, resolve_cuda_graphs
+from gptkit.step import StepGuard
 from tests.test_train import (
     REPO,
     assert_resume_matches_uninterrupted,
@@ -29,15 +30,15 @@ from tests.test_train import (
 
 GRAPHS_ON_CPU = """
 import train
-from gptkit import optim, runtime
-train.DEFERRED_DEVICE_TYPES = optim.FUSED_DEVICE_TYPES = runtime.GRAPH_DEVICE_TYPES = ("cpu",)
+from gptkit import optim, runtime, step
+step.DEFERRED_DEVICE_TYPES = optim.FUSED_DEVICE_TYPES = runtime.GRAPH_DEVICE_TYPES = ("cpu",)
 """
 
 
 @pytest.fixture
 def gpu_like(monkeypatch):
     """The CUDA choices on the CPU: fused AdamW, flags read a step late, and the graph path allowed."""
-    monkeypatch.setattr(train, "DEFERRED_DEVICE_TYPES", ("cpu",))
+    monkeypatch.setattr("gptkit.step.DEFERRED_DEVICE_TYPES", ("cpu",))
     monkeypatch.setattr(optim, "FUSED_DEVICE_TYPES", ("cpu",))
     monkeypatch.setattr(runtime, "GRAPH_DEVICE_TYPES", ("cpu",))
 
@@ -191,7 +192,7 @@ def test_the_guard_reuses_one_host_buffer(gpu_like):
     allocated per step for them (a new pinned tensor and event a step made the GPU's step time creep up)."""
     rt = runtime.setup_runtime("cpu", "float32")
     optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(3))], lr=0.1, fused=True)
-    guard = train.StepGuard(optimizer, rt, Dist())
+    guard = StepGuard(optimizer, rt, Dist())
     one = torch.tensor(1.0)
     seen = set()
     for step in range(50):
