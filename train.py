@@ -183,7 +183,7 @@ class Run:
     val: ValBatches
     accum: int  # micro-batches per process per step
     lora: dict | None = None  # a LoRA run's settings and base (checkpoint.build_checkpoint's lora_info)
-    train_step: TrainStep | None = None  # gptkit/step.py's step (with cuda_graphs: replayed as one CUDA graph)
+    graphed: GraphedStep | None = None  # with cuda_graphs: the whole step, replayed as one CUDA graph
     hellaswag: list[hellaswag.Encoded] | None = None  # HellaSwag's items, when hellaswag_interval is set
     saver: CheckpointSaver = field(default_factory=CheckpointSaver)  # writes in the background with async_save
 
@@ -229,12 +229,10 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
         accum=cfg.gradient_accumulation_steps // d.world_size, lora=lora_info,
         saver=CheckpointSaver(background=cfg.async_save),
     )
-    graphed = None
     if graphs:  # (the capture waits for a checkpoint still being written: no other thread on the device then)
-        graphed = GraphedStep(wrapped, run.optimizer, rt.device, accum=run.accum, batch_size=cfg.batch_size,
-                              block_size=block, grad_clip=cfg.grad_clip, autocast=lambda: rt.autocast(cache=False),
-                              before_capture=run.saver.wait)
-    run.train_step = TrainStep(wrapped, run.optimizer, run.scaler, rt, d, cfg, accum=run.accum, graphed=graphed)
+        run.graphed = GraphedStep(wrapped, run.optimizer, rt.device, accum=run.accum, batch_size=cfg.batch_size,
+                                  block_size=block, grad_clip=cfg.grad_clip, autocast=lambda: rt.autocast(cache=False),
+                                  before_capture=run.saver.wait)
     torch.manual_seed(cfg.seed + d.rank)  # dropout masks: a different stream per rank
     step, best_val = restore_state(run, ckpt) if ckpt is not None else (0, float("inf"))
     if d.master:
@@ -431,10 +429,11 @@ def rerun_command(argv: list[str], resume: bool = False) -> str:
 def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, requests: StepRequests) -> dict:
     cfg, d, stop = run.cfg, run.d, requests.stop
     start_step, val_loss, stopped, save_asked = step, None, False, False
+    train_step = TrainStep(run.model, run.optimizer, run.scaler, run.rt, d, cfg, accum=run.accum, graphed=run.graphed)
     while True:
         # ---- evaluate and checkpoint
         if step % cfg.eval_interval == 0 or step >= cfg.max_iters or cfg.eval_only:
-            verdict = run.train_step.settle()  # the last step's flags, before anything is evaluated or saved
+            verdict = train_step.settle()  # the last step's flags, before anything is evaluated or saved
             if verdict.bad_step is not None:
                 raise NonFiniteError(verdict)
             save_asked |= verdict.save
@@ -460,7 +459,7 @@ def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, requests:
 
         # ---- one step (gptkit/step.py): learning rate, forward + backward over the micro-batches, clip, the
         # NaN/inf, stop and save flags of every rank (this step's, or on a GPU the previous step's), the update
-        out = run.train_step(step, run.loader, requests.next)
+        out = train_step(step, run.loader, requests.next)
         if out.verdict.bad_step is not None:  # that step's update was not applied, nor this one's
             raise NonFiniteError(out.verdict)
         step += 1
