@@ -15,11 +15,12 @@ and the non-finite check), the flags, the optimizer step and zero_grad. A graphe
 a cudagraph.GraphedStep) is the same arithmetic (accumulate, clip_gradients, non_finite), recorded once and
 replayed.
 
-The objective: the loss of one micro-batch is one small function, objective(model, batch) -> (loss, metrics).
-`batch` is what the loader gives (next_token_loss, the default, takes x, y and returns model(x, y)[1], the mean
-next-token cross-entropy); `metrics` is a dict of scalar device tensors that the objective wants logged beside
-the loss (a preference loss's reward margin and accuracy, say; {} for next_token_loss). They are averaged over
-the micro-batches as the loss is, and read to the host only when a step is logged (StepResult.read).
+The objective: the loss of one micro-batch is one small function (or an object with __call__, holding what it
+needs besides the model, a reference model say), objective(model, batch) -> (loss, metrics). `batch` is what
+the loader gives (next_token_loss, the default, takes x, y and returns model(x, y)[1], the mean next-token
+cross-entropy); `metrics` is a dict of scalar device tensors that the objective wants logged beside the loss
+(a preference loss's reward margin and accuracy, say; {} for next_token_loss). They are averaged over the
+micro-batches as the loss is, and read to the host only when a step is logged (StepResult.read).
 
 The flags (StepGuard): a NaN/inf step is never applied, and a stop signal or a save asked for on any process
 acts on every process after the same step, with no host synchronisation in the step on a GPU. StopFlag turns
