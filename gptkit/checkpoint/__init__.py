@@ -21,7 +21,6 @@ from gptkit.checkpoint.file import (
     load_checkpoint,
     save_checkpoint,
 )
-from gptkit.checkpoint.sharded import load_sharded_optimizer, load_whole_optimizer, save_sharded
 from gptkit.checkpoint.layout import (
     RECORD,
     TRAIN_HINT,
@@ -40,6 +39,7 @@ from gptkit.checkpoint.models import (
     lora_model,
     model_from_checkpoint,
 )
+from gptkit.checkpoint.sharded import load_sharded_optimizer, load_whole_optimizer, save_sharded
 
 __all__ = [
     "FORMAT_VERSION", "GPT2_BPE", "RECORD", "RESUME_KEYS", "TRAIN_HINT", "CheckpointError", "CorruptCheckpointError",

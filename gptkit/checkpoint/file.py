@@ -24,8 +24,8 @@ import torch
 
 from gptkit import checksum, lora, nanogpt
 from gptkit.checkpoint.damage import check_container, corrupt, first_sentence, verify
-from gptkit.checkpoint.sharded import read as read_sharded
 from gptkit.checkpoint.layout import CheckpointError, find_checkpoint, is_sharded_checkpoint, remove_folders
+from gptkit.checkpoint.sharded import read as read_sharded
 from gptkit.files import atomic_write
 from gptkit.tokenizer import with_tokenizer_files
 
