@@ -4,10 +4,14 @@
     python bench.py --device=cuda --models=baby,gpt2  # one GPU: the figures in BENCHMARKS.md
     python bench.py --device=cuda --models=gpt2nobias --skip_decode --batch_size=12,16,32 --sdpa=default,flash,cudnn
 
-Training times the step as train.py runs it (set_lr, train.forward_backward, train.StepGuard's NaN/stop check,
-then the AdamW or Muon + AdamW update, with autocast, torch.compile and fused AdamW where train.py would use
-them) on random tokens or a prepared dataset (then with the loader's prefetch). It also times the optimizer
-step alone (after that sync): the "optimizer" column is its share of the step. --loss_chunk=plain,2**25,2**28
+Training times the step as train.py runs it: gptkit/step.py's TrainStep itself (the learning rate, forward +
+backward over the micro-batches, clip, the NaN/stop flags, the AdamW or Muon + AdamW update, with autocast,
+torch.compile and fused AdamW where train.py would use them), on random tokens or a prepared dataset (then with
+the loader's prefetch). The steps of a row are timed as one window, synchronised with the device once at each
+end, as train.py's loop lets the host run ahead of the GPU (on a GPU the flags are read a step late); ms/step is
+the window's time over its steps, the plain and the graphed step alike. The "optimizer" column is the share of
+the optimizer step (optimizer.step() alone, timed with CUDA events inside the window, which need no host
+synchronisation, or the host's clock on the CPU; n/a on MPS, where it would need one every step). --loss_chunk=plain,2**25,2**28
 gives one training row per size of the loss' slices (model.LOSS_CHUNK_ELEMENTS), "plain" being one
 F.cross_entropy on all the logits: the "loss by" column says which ran.
 
@@ -33,7 +37,8 @@ that is not the default), the JSON rows carry every value:
                                  first step's wall time, compilation included
   --cuda_graphs=False,True       the whole step (forward, backward, clip, flags, fused AdamW with a tensor learning
                                  rate) captured as one CUDA graph after warm-up steps and replayed (train.py
-                                 --cuda_graphs, gptkit/cudagraph.py); the optimizer's share is then not separable.
+                                 --cuda_graphs, gptkit/cudagraph.py); the optimizer's share is then not separable
+                                 ("in graph").
                                  Where it cannot run (not CUDA, float16, Muon) the row is skipped, saying why.
 The bias: a model name with "nobias" appended (gpt2nobias) is the same shape
 without biases, as nanoGPT's bench.py (bias=False) times it.
@@ -75,7 +80,6 @@ import statistics
 import sys
 import time
 import traceback
-import types
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -85,16 +89,25 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gptkit import cli
-from gptkit.config import ConfigError, TrainConfig, load_config, setting
-from gptkit.cudagraph import GraphedStep, refuse_uncapturable
+from gptkit.config import TrainConfig
+from gptkit.cudagraph import GraphedStep
 from gptkit.generate import SamplingOptions, compile_decode_step, generate_stream, prefill
 from gptkit.metrics import peak_flops
-from gptkit.optim import make_optimizer, set_lr
+from gptkit.optim import make_optimizer
+from gptkit.options import ConfigError, load_config, setting
 from gptkit.plan import flops_per_token
-from gptkit.runtime import DeviceError, Dist, Runtime, resolve_compile, resolve_cuda_graphs, setup_runtime
+from gptkit.runtime import (
+    DeviceError,
+    Dist,
+    Runtime,
+    refuse_uncapturable,
+    resolve_compile,
+    resolve_cuda_graphs,
+    setup_runtime,
+)
 from gptkit.shards import read_meta, require_dataset
+from gptkit.step import TrainStep
 from model import GPT, LOSS_CHUNK_ELEMENTS, GPTConfig, loss_chunk_rows
-from train import StepGuard, forward_backward
 
 # Model sizes by name: (n_layer, n_head, n_embd, block_size, vocab_size, vocab_multiple)
 MODELS = {
@@ -186,6 +199,28 @@ def timed(fn: Callable[[], None], rt: Runtime, warmup: int, repeats: int, budget
     return times
 
 
+def timed_window(step: Callable[[], None], rt: Runtime, warmup: int, steps: int) -> float:
+    """Seconds per call of step over one window of `steps` calls, after `warmup` untimed ones: the device is
+    synchronised once before the window and once after it, never in between (CUDA events on a GPU, else a host
+    clock), so the host runs ahead of the device within it as it does in train.py's loop."""
+    for _ in range(warmup):
+        step()
+    rt.synchronize()
+    if rt.device_type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(steps):
+            step()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1000 / steps
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    rt.synchronize()
+    return (time.perf_counter() - t0) / steps
+
+
 def device_name(rt: Runtime) -> str:
     return torch.cuda.get_device_name(rt.device) if rt.device_type == "cuda" else platform.processor() or platform.machine()
 
@@ -223,49 +258,76 @@ def failed_row(error: Exception, kind: str, name: str, rt: Runtime, **fields) ->
 
 
 class Span:
-    """The duration of one stretch of a step, e.g. the optimizer's: CUDA events on a GPU (read with seconds()
-    once the step is synchronised), else a host clock (after a synchronise: MPS runs asynchronously too)."""
+    """The duration of one stretch of a step, e.g. the optimizer's, with no host synchronisation: CUDA events on a
+    GPU (read with seconds() once the device is synchronised), the host's clock on the CPU (which runs in
+    order)."""
 
     def __init__(self, rt: Runtime):
-        self.rt = rt
-        if rt.device_type == "cuda":
+        self.cuda = rt.device_type == "cuda"
+        if self.cuda:
             self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             self.start.record()
         else:
-            rt.synchronize()
             self.t0 = time.perf_counter()
 
     def stop(self) -> None:
-        if self.rt.device_type == "cuda":
+        if self.cuda:
             self.end.record()
         else:
-            self.rt.synchronize()
             self.t1 = time.perf_counter()
 
     def seconds(self) -> float:
-        if self.rt.device_type == "cuda":
+        if self.cuda:
             return self.start.elapsed_time(self.end) / 1000
         return self.t1 - self.t0
 
 
-def train_batches(args, cfg: GPTConfig, batch: int, rt: Runtime) -> tuple[Callable, Callable | None]:
-    """(next_batch, prefetch) for the training step: train.py's loader on --data, else a few random batches
-    already on the device, rotated so nothing is served from a cache (and no prefetch)."""
+def time_optimizer_steps(optimizer, rt: Runtime) -> list[Span] | None:
+    """From now on every optimizer.step() of `optimizer` (whoever calls it: the GradScaler, optim.step_unless)
+    is timed by a Span, appended to the list returned; None where that would need a host synchronisation per
+    step (MPS), and nothing is timed then."""
+    if rt.device_type not in ("cuda", "cpu"):
+        return None
+    spans: list[Span] = []
+    inner = optimizer.step
+
+    def step(*args, **kwargs):
+        span = Span(rt)
+        result = inner(*args, **kwargs)
+        span.stop()
+        spans.append(span)
+        return result
+
+    optimizer.step = step
+    return spans
+
+
+class RandomBatches:
+    """A few random batches already on the device, served in rotation (so nothing is served from a cache), as a
+    loader is used by the step: next_batch(), and prefetch(), which has nothing to do here."""
+
+    def __init__(self, cfg: GPTConfig, batch: int, rt: Runtime):
+        g = torch.Generator().manual_seed(0)
+        self.pool = [torch.randint(0, cfg.vocab_size, (batch, cfg.block_size + 1), generator=g).to(rt.device)
+                     for _ in range(4)]
+        self.served = 0
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        b = self.pool[self.served % len(self.pool)]
+        self.served += 1
+        return b[:, :-1], b[:, 1:]
+
+    def prefetch(self) -> None:
+        pass
+
+
+def train_batches(args, cfg: GPTConfig, batch: int, rt: Runtime):
+    """What the training step reads its micro-batches from: train.py's loader on --data, else RandomBatches."""
     if args.data:
         from gptkit.loader import BatchLoader
 
-        loader = BatchLoader(args.data, "train", batch_size=batch, block_size=cfg.block_size, device=rt.device)
-        return loader.next_batch, loader.prefetch
-    g = torch.Generator().manual_seed(0)
-    pool = [torch.randint(0, cfg.vocab_size, (batch, cfg.block_size + 1), generator=g).to(rt.device)
-            for _ in range(4)]
-    counter = iter(range(10**12))
-
-    def next_batch():
-        b = pool[next(counter) % len(pool)]
-        return b[:, :-1], b[:, 1:]
-
-    return next_batch, None
+        return BatchLoader(args.data, "train", batch_size=batch, block_size=cfg.block_size, device=rt.device)
+    return RandomBatches(cfg, batch, rt)
 
 
 @contextlib.contextmanager
@@ -345,9 +407,9 @@ def sdpa_problem(name: str, cfg: GPTConfig, rt: Runtime) -> str | None:
 
 def compile_optimizer_step(optimizer) -> None:
     """--compile_optimizer=True: the optimizer's step replaced, on this object, by the same step through
-    torch.compile, so that whatever calls optimizer.step() (the GradScaler, train.StepGuard) runs it. A fused
+    torch.compile, so that whatever calls optimizer.step() (the GradScaler, step.StepGuard) runs it. A fused
     AdamW first switches to its foreach code, which inductor fuses into a few kernels; it then cannot skip
-    a step on the device, so train.StepGuard reads its flags before the update, as on the CPU, and the row
+    a step on the device, so step.StepGuard reads its flags before the update, as on the CPU, and the row
     times that too."""
     adamw = getattr(optimizer, "adamw", optimizer)  # MuonAdamW's AdamW, or the AdamW itself
     if isinstance(adamw, torch.optim.AdamW) and adamw.defaults.get("fused"):
@@ -372,9 +434,9 @@ def compiled(model: GPT, v: Variant, use_compile: bool) -> torch.nn.Module:
 
 
 def bench_train(name: str, rt: Runtime, args, variant: Variant) -> dict:
-    """One training step as train.py runs it (set_lr, forward_backward, StepGuard's NaN/stop check, the optimizer
-    step) with the variant's choices, timed over args.repeats steps; also the optimizer step's own time. A
-    variant that cannot run here gives a skipped row that says why."""
+    """One training step as train.py runs it (gptkit/step.py's TrainStep) with the variant's choices, timed over
+    one window of args.repeats steps; also the optimizer step's own time. A variant that cannot run here gives
+    a skipped row that says why."""
     v = variant
     model = build(name, rt)
     cfg = model.config
@@ -403,31 +465,20 @@ def bench_train(name: str, rt: Runtime, args, variant: Variant) -> dict:
         compile_optimizer_step(optimizer)
     scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.needs_grad_scaler)
     step_model = compiled(model, v, use_compile)
-    next_batch, prefetch = train_batches(args, cfg, batch, rt)
-    optimizer_spans: list[Span] = []
-    guard = StepGuard(optimizer, rt, Dist())
-    graphed = None
-    if v.cuda_graphs:
+    batches = train_batches(args, cfg, batch, rt)
+    graphed, optimizer_spans = None, None
+    if v.cuda_graphs:  # train.py's step with --cuda_graphs (its optimizer step inside the graph: not timed apart)
         graphed = GraphedStep(step_model, optimizer, rt.device, accum=args.accum, batch_size=batch,
-                              block_size=cfg.block_size, grad_clip=1.0, autocast=lambda: rt.autocast(cache=False))
-        batches = types.SimpleNamespace(next_batch=next_batch, prefetch=prefetch or (lambda: None))
+                              block_size=cfg.block_size, grad_clip=train_cfg.grad_clip,
+                              autocast=lambda: rt.autocast(cache=False))
+    else:
+        optimizer_spans = time_optimizer_steps(optimizer, rt)
+    train_step = TrainStep(step_model, optimizer, scaler, rt, Dist(), train_cfg, accum=args.accum, graphed=graphed)
 
     def step():
-        set_lr(optimizer, 0, train_cfg)
-        if graphed is not None:  # train.py's step with --cuda_graphs
-            loss, grad_norm, flags = graphed(batches, False)
-            guard.check(0, loss, grad_norm, flags=flags)
-            return
-        loss, grad_norm = forward_backward(step_model, optimizer, scaler, next_batch, args.accum, rt, 1.0,
-                                           prefetch=prefetch)
-        # train.py's NaN/stop flags: on a GPU read a step late, the update masked on the device; elsewhere
-        # read at once. (The verdict is not acted on: random tokens give finite losses.)
-        guard.check(0, loss, grad_norm, False)
-        span = Span(rt)
-        guard.optimizer_step(optimizer, scaler)
-        optimizer.zero_grad(set_to_none=True)
-        span.stop()
-        optimizer_spans.append(span)
+        # train.py's step, at step 0's learning rate every time (see --compile_optimizer). Its verdict (on a GPU
+        # the flags of the step before) is not acted on: random tokens give finite losses.
+        train_step(0, batches)
 
     reset_peak_memory(rt)
     # both read when the step runs (or is traced, when compiling)
@@ -438,9 +489,8 @@ def bench_train(name: str, rt: Runtime, args, variant: Variant) -> dict:
             step()
             rt.synchronize()
             first_step_s = time.perf_counter() - t0
-        times = timed(step, rt, max(0, args.warmup - 1), args.repeats)
-    sec = statistics.median(times)
-    opt_sec = statistics.median(s.seconds() for s in optimizer_spans[args.warmup:]) if graphed is None else None
+        sec = timed_window(step, rt, max(0, args.warmup - 1), args.repeats)
+    opt_sec = statistics.median(s.seconds() for s in optimizer_spans[args.warmup:]) if optimizer_spans else None
     tokens = batch * cfg.block_size * args.accum
     tok_s = tokens / sec
     peak = peak_flops(rt.device, rt.dtype)
@@ -715,7 +765,8 @@ def table_line(r: dict) -> str:
         mfu = f"{r['mfu'] * 100:.1f}%" if r["mfu"] else "n/a"
         batch = f"{r['batch_size']}x{r['accum']}"
         loss_by = f"{r['loss_slice_rows']} rows" if r["loss_slice_rows"] else "plain"
-        share = f"{r['optimizer_share'] * 100:.0f}%" if r["optimizer_share"] is not None else "in graph"
+        share = (f"{r['optimizer_share'] * 100:.0f}%" if r["optimizer_share"] is not None else
+                 "in graph" if r.get("cuda_graphs") else "n/a")
         opt = f"{r['optimizer']} {share}"  # its share of the step time
         return (f"{r['model']:<12}{r['params_M']:>8.2f}M{r['seq_len']:>6}{batch:>9}{loss_by:>11}{r['ms']:>10.1f}"
                 f"{r['tokens_per_s']:>12,.0f}{mfu:>7}{opt:>16}{mem:>11}  {variant_text(r)}")
@@ -805,7 +856,7 @@ class BenchConfig:
                                                  "logit elements per slice, e.g. plain,2**25,2**28")
     accum: int = setting(1, "gradient-accumulation micro-batches per step")
     warmup: int | None = setting(None, "untimed training steps first (auto: 1 CPU, 5 GPU)")
-    repeats: int | None = setting(None, "timed training steps (median; auto: 3 CPU, 20 GPU)")
+    repeats: int | None = setting(None, "timed training steps, one window (auto: 3 CPU, 20 GPU)")
     data: str = setting("", "a prepared dataset folder to read batches from ('' = random tokens)")
     # decoding
     decode_batch: list[int] = setting([1, 8], "decode batch sizes, a row each")

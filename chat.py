@@ -29,9 +29,10 @@ from typing import TextIO
 
 from gptkit import checkpoint, cli
 from gptkit.chat import ChatError, ChatTokens, fit_history, prompt_ids
-from gptkit.config import ConfigError, SamplingSettings, load_config, redefault, setting
+from gptkit.config import SamplingSettings
 from gptkit.generate import TextStream
-from gptkit.runtime import setup_inference
+from gptkit.inference import setup_inference
+from gptkit.options import ConfigError, load_config, redefault, setting
 from gptkit.serving.engine import Engine, Finished, Request
 from gptkit.serving.prefix_cache import token_bytes
 from gptkit.shards import DataError

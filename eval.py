@@ -48,7 +48,8 @@ from tqdm import tqdm
 
 from gptkit import cli, dpo, hellaswag
 from gptkit.checkpoint import load_model, load_model_and_settings
-from gptkit.config import ConfigError, InferenceSettings, load_config, setting
+from gptkit.config import InferenceSettings
+from gptkit.options import ConfigError, load_config, setting
 from gptkit.preference import Pairs
 from gptkit.runtime import Dist, Runtime, distributed, resolve_compile
 from gptkit.shards import TokenDataset, require_dataset

@@ -28,7 +28,7 @@ from typing import TextIO
 import torch
 
 from gptkit import checkpoint, cli
-from gptkit.config import Alias, ConfigError, SamplingSettings, load_config, setting
+from gptkit.config import SamplingSettings
 from gptkit.generate import (
     TOKEN_BYTES,
     SamplingOptions,
@@ -38,7 +38,8 @@ from gptkit.generate import (
     compile_decode_step,
     generate_stream,
 )
-from gptkit.runtime import setup_inference
+from gptkit.inference import setup_inference
+from gptkit.options import Alias, ConfigError, load_config, setting
 from gptkit.shards import DataError
 from gptkit.tokenizer import Tokenizer
 from model import GPT

@@ -46,8 +46,9 @@ import torch
 
 from gptkit import checkpoint, cli
 from gptkit.chat import ChatError, ChatTokens
-from gptkit.config import ConfigError, DecodeSettings, load_config, setting
-from gptkit.runtime import setup_inference
+from gptkit.config import DecodeSettings
+from gptkit.inference import setup_inference
+from gptkit.options import ConfigError, load_config, setting
 from gptkit.serving.engine import Engine
 
 

@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+from gptkit import cli
 from gptkit.chat import ChatTokens, prompt_ids
 from gptkit.checkpoint import load_model
 from gptkit.serving.engine import Engine, Finished, Request
@@ -87,8 +88,9 @@ def accuracy(out_dir: Path, words: list[str], phrasing: str = PHRASINGS[0]) -> f
     return right / len(words)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+@cli.entry_point()
+def main(argv: list[str] | None = None) -> None:
+    parser = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", required=True, help="the base model's out_dir (configs/shakespeare_cpu.py's)")
     parser.add_argument("--text", required=True, help="the text the words come from (tiny Shakespeare)")
     parser.add_argument("--work", default="bench-chat-reverse", help="folder for the data and the runs")
@@ -97,7 +99,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4000, help="fine-tuning steps of each run")
     parser.add_argument("--runs", default="assistant,all", help="which losses to compare")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     test = write_data(work, Path(args.text).read_text(encoding="utf-8"), args.test_words, args.conversations,

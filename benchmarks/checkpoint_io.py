@@ -20,7 +20,6 @@ background thread, its time shown beside).
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -33,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gptkit import checksum  # noqa: E402
+from gptkit import checksum, cli  # noqa: E402
 from gptkit.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint  # noqa: E402
 from gptkit.checkpoint.background import CheckpointSaver  # noqa: E402
 from gptkit.checkpoint.damage import container_problem  # noqa: E402
@@ -99,8 +98,9 @@ def save_stalls(state: dict, path: Path, repeat: int) -> list[tuple[str, float, 
             ("asynchronous (--async_save)", med(times["async"]), med(times["write"]))]
 
 
+@cli.entry_point()
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--small", action="store_true", help="a 6-layer, 384-wide model instead of GPT-2 124M")
     args = parser.parse_args(argv)

@@ -12,8 +12,8 @@ random-weight models, batch 1. Prints markdown tables.
 
 The models: GPT-2 small's shape (124M, 12 x 768, block 1024, GPT-2's BPE vocabulary) and the baby model of
 configs/shakespeare.py (6 x 384, block 256, its 65 characters), random weights (speed does not depend on
-them), exported by the project's own code: a Hugging Face folder for transformers (export.export_hf) and GGUF
-files for llama.cpp (gptkit/gguf.py). llama.cpp runs through llama-cpp-python, an optional extra
+them), exported by the project's own code: a Hugging Face folder for transformers (gptkit/hf_export.py) and
+GGUF files for llama.cpp (gptkit/gguf.py). llama.cpp runs through llama-cpp-python, an optional extra
 (`pip install llama-cpp-python`, which builds llama.cpp from source): without it, or without transformers,
 their rows say why they are missing.
 
@@ -67,8 +67,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from gptkit import cli, cpu_decode  # noqa: E402
-from gptkit.config import read_config_file  # noqa: E402
 from gptkit.generate import SamplingOptions, decode_one_token, generate_stream, prefill  # noqa: E402
+from gptkit.options import read_config_file  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 SHAKESPEARE_CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # its 65 characters
@@ -432,8 +432,8 @@ def measure(shape: Shape, threads: int, repeats: int, folder: Path, engines: set
     """Every engine on one model, in interleaved rounds (each engine once per round, one after the other: a
     machine whose speed drifts slows every engine of a round alike); appends the rows, with the medians of
     the rounds, to shape.rows."""
-    from export import export_hf
     from gptkit.gguf import export_gguf
+    from gptkit.hf_export import export_hf
 
     c, n, forced = shape.config, shape.new_tokens, shape.forced
     folder.mkdir(parents=True)

@@ -113,7 +113,7 @@ def count_kernels(name: str, n_layer: int, device: str, dtype: str) -> int:
 
 @cli.entry_point()
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kernels", action="store_true", help="also compile with inductor and count its kernels")
     p.add_argument("--steps", default=",".join(OPTIONS), help="comma-separated step names (see above)")
     p.add_argument("--device", default="cpu", help="where to compile: cpu or cuda (Triton's kernels)")

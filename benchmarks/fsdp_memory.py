@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from gptkit import cli
+
 ROOT = Path(__file__).resolve().parents[1]
 # name -> GPTConfig options: "tiny" for the tests, "small" for BENCHMARKS.md (a baby GPT with GPT-2's vocabulary)
 SHAPES = {
@@ -94,14 +96,15 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+@cli.entry_point()
+def main(argv: list[str] | None = None) -> None:
+    parser = cli.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", default="1,2,4", help="the job sizes to measure, comma-separated")
     parser.add_argument("--shape", default="small", choices=sorted(SHAPES))
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.worker:
         result = measure(args.shape)
         if int(os.environ.get("RANK", 0)) == 0:

@@ -1,11 +1,12 @@
 """How much one training step grows the process: a 1-layer, 128-wide GPT with GPT-2's vocabulary (padded to
-50,304), B x 1024 tokens, fp32 on the CPU, one train.forward_backward + AdamW step. Nearly all of its memory
-is the head and the loss, so this measures how the loss is computed.
+50,304), B x 1024 tokens, fp32 on the CPU, one forward_backward (gptkit/step.py's) + AdamW step. Nearly all of its
+memory is the head and the loss, so this measures how the loss is computed.
 
     python -m benchmarks.loss_memory --batch_size 8            # from the repository root
 
-It uses only train.forward_backward, so the same command measures an older checkout too (copy this file there
-and run it the same way from that checkout's root).
+It uses only the step's forward_backward, so the same command measures an older checkout too: copy this file
+there and run it the same way from that checkout's root (a checkout from before gptkit/step.py has the function
+in train.py: import it from there in that copy).
 Prints the step's loss (equal before and after: the same computation), the process' resident memory before
 the step, its peak, their difference, and the step's wall time.
 """
@@ -18,11 +19,12 @@ import time
 
 import torch
 
+from gptkit import cli
 from gptkit.config import TrainConfig
 from gptkit.optim import make_optimizer
 from gptkit.runtime import setup_runtime
+from gptkit.step import forward_backward
 from model import GPT, GPTConfig
-from train import forward_backward
 
 
 def rss_mb() -> float:
@@ -30,14 +32,15 @@ def rss_mb() -> float:
         for line in f:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS in /proc/self/status (Linux only)")
+    raise cli.UserError("no VmRSS in /proc/self/status: this benchmark reads Linux's /proc (Linux only)")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+@cli.entry_point()
+def main(argv: list[str] | None = None) -> None:
+    p = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--steps", type=int, default=1, help="steps to time (the memory is the peak over all)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     rt = setup_runtime("cpu", "float32")
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=1024, vocab_size=50257, n_layer=1, n_head=2, n_embd=128, vocab_multiple=64))
@@ -49,7 +52,7 @@ def main() -> None:
     times = []
     for _ in range(args.steps):
         t0 = time.perf_counter()
-        loss, _ = forward_backward(model, optimizer, scaler, lambda: (x, y), 1, rt, 1.0)
+        loss = forward_backward(model, optimizer, scaler, lambda: (x, y), 1, rt, 1.0)[0]
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)

@@ -5,7 +5,7 @@
     python -m benchmarks.plan_memory --device=cuda       # GPU: GPT-2 124M at micro-batches 8, 16, 32 (bf16)
     python -m benchmarks.plan_memory --device=cuda --compile=True --batches=8,16,32,64
 
-Each shape runs in a fresh subprocess: train.py's own step (train.forward_backward, then the optimizer step)
+Each shape runs in a fresh subprocess: train.py's own step (gptkit/step.py's forward_backward, then the optimizer step)
 three times on random tokens, the first to create the optimizer states. Measured on the CPU, for the second
 (steady-state) step:
   allocator: the peak of the live tensors, from torch's profiler (its memory timeline records every
@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from gptkit import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 GPT2_VOCAB = dict(vocab_size=50257, vocab_multiple=64)
@@ -77,7 +79,7 @@ def child(args) -> dict:
     from gptkit.config import TrainConfig
     from gptkit.optim import make_optimizer
     from gptkit.runtime import setup_runtime
-    from train import forward_backward
+    from gptkit.step import forward_backward
 
     if args.device == "cuda":
         options, batch, optimizer, rank, checkpointing = GPT2_124M, args.batch, "adamw", 0, False
@@ -138,15 +140,16 @@ def child(args) -> dict:
     return result
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+@cli.entry_point()
+def main(argv: list[str] | None = None) -> None:
+    p = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--shapes", default=",".join(SHAPES), help="CPU: comma-separated names of SHAPES")
     p.add_argument("--batches", default="8,16,32", help="CUDA: GPT-2 124M's micro-batches")
     p.add_argument("--compile", default="False", choices=("True", "False"))
     p.add_argument("--child", default="", help=argparse.SUPPRESS)
     p.add_argument("--batch", type=int, default=0, help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     args.compile = args.compile == "True"
     if args.child or args.batch:
         print(json.dumps(child(args)))

@@ -25,6 +25,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a file: gptkit from this checkout
+
+from gptkit import cli  # noqa: E402
+
 CONFIGS = ("configs/shakespeare_cpu.py", "configs/shakespeare_cpu_modern.py")
 
 
@@ -96,11 +100,12 @@ def run_config(config: str, out_dir: Path, extra: list[str]) -> dict:
     return run
 
 
+@cli.entry_point()
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     own = argv[: argv.index("--")] if "--" in argv else argv
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated config files; the first is the "
                                                                  "baseline the others are compared with")
     p.add_argument("--targets", default="1.80,1.65", help="comma-separated val losses")

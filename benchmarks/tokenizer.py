@@ -23,7 +23,7 @@ import random
 import time
 from collections.abc import Iterator
 
-from gptkit import bpe
+from gptkit import bpe, cli
 from gptkit.hf_tokenizer import onig_pattern
 from gptkit.tokenizer import CHAT_SPECIALS, Tokenizer
 
@@ -95,8 +95,9 @@ def table(header: list[str], rows: list[list[str]]) -> Iterator[str]:
         yield "| " + " | ".join(row) + " |"
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+@cli.entry_point()
+def main(argv: list[str] | None = None) -> None:
+    p = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", required=True, help="the text the corpus is made from (e.g. tiny Shakespeare)")
     p.add_argument("--mb", type=float, default=100, help="corpus size in MB (default 100)")
     p.add_argument("--seed", type=int, default=0)
@@ -104,7 +105,7 @@ def main() -> None:
     p.add_argument("--vocabs", default="4096,16384,50257", help="vocab sizes for the compression table")
     p.add_argument("--repeats", type=int, default=3, help="encoding passes (the best is reported)")
     p.add_argument("--skip_hf", action="store_true", help="do not time Hugging Face tokenizers")
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
     with open(args.input, encoding="utf-8") as f:
         docs = make_corpus(f.read(), args.mb, args.seed)

@@ -25,6 +25,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a file: gptkit from this checkout
+
+from gptkit import cli  # noqa: E402
+
 MODEL = ["--n_layer=4", "--n_head=4", "--n_embd=256", "--block_size=128", "--batch_size=16",
          "--gradient_accumulation_steps=1", "--dropout=0.0", "--bias=False", "--learning_rate=1e-3",
          "--beta2=0.99", "--warmup_iters=50", "--device=cpu", "--compile=False", "--eval_iters=20",
@@ -46,13 +50,14 @@ def train(work: Path, name: str, steps: int) -> float:
     return time.perf_counter() - t0
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+@cli.entry_point()
+def main(argv: list[str] | None = None) -> None:
+    parser = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--text", required=True, help="tiny Shakespeare (a UTF-8 text file)")
     parser.add_argument("--work", default="bench-tokenizer-bpb")
     parser.add_argument("--vocab_size", type=int, default=4096)
     parser.add_argument("--seconds", type=float, default=300.0, help="training wall time of each model")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     work = Path(args.work).resolve()
     (work / "data").mkdir(parents=True, exist_ok=True)
     text = Path(args.text).read_text(encoding="utf-8")

@@ -2,9 +2,9 @@
 
     python train.py configs/shakespeare.py --batch_size=32 --compile=False
 
-The parser (config files, --key=value, --help, aliases) is gptkit/options.py's, the one every script uses;
-it is re-exported here. A config file holds assignments only (`lr_decay_iters = max_iters`), parsed, never
-executed; the command line wins over the files, and a file's lines see its values.
+The parser (config files, --key=value, --help, aliases) is gptkit/options.py's: the scripts import it from
+there. A config file holds assignments only (`lr_decay_iters = max_iters`), parsed, never executed; the
+command line wins over the files, and a file's lines see its values.
 
 The model's settings are GPTConfig's (model.py declares each once, with its help): TrainConfig inherits them.
 What sample.py, chat.py, serve.py and eval.py share (checkpoint, device, dtype, quantize, threads, sampling) is
@@ -16,26 +16,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gptkit.generate import SamplingOptions
+from gptkit.inference import QUANTIZE
 from gptkit.lora import LoRAError, LoRASettings
-from gptkit.options import (  # noqa: F401 -- the parser, re-exported: the scripts import it from here
-    INT64_LIMIT,
-    MAX_STR_LEN,
-    Alias,
+from gptkit.options import (
     ConfigError,
-    build_config,
-    config_help,
-    config_to_dict,
-    config_to_json,
-    convert,
-    load_config,
-    parse_args,
-    print_config,
-    read_config_file,
-    redefault,
+    read_config_file,  # noqa: F401 -- benchmarks/serve_load.py imports it from here, until it takes gptkit.options'
     setting,
     settings_of,
 )
-from gptkit.runtime import QUANTIZE
+from gptkit.runtime import refuse_uncapturable
 from model import GPTConfig
 
 # ----------------------------------------------------------------------------- the training run
@@ -182,10 +171,8 @@ class TrainConfig(ModelSettings):
             raise ConfigError(f"lora_rank must be >= 0 (0 = off), got {self.lora_rank}")
         if self.lora_rank:
             lora_settings(self)  # names a bad lora_targets, lora_alpha or lora_dropout
-        if self.cuda_graphs:  # what a capture of the whole step cannot record: refused now, not at the capture
-            from gptkit.cudagraph import refuse_uncapturable  # (here: gptkit.cudagraph imports this module)
-
-            refuse_uncapturable(self.cuda_graphs, activation_checkpointing=self.activation_checkpointing)
+        # what a capture of the whole step cannot record: refused now, not at the capture
+        refuse_uncapturable(self.cuda_graphs, activation_checkpointing=self.activation_checkpointing)
         self.model_config(vocab_size=1)  # the model's shape is checked by GPTConfig, its one validator
 
     def validate_tokens_per_step(self) -> None:
@@ -259,7 +246,7 @@ class InferenceSettings:
 
 @dataclass
 class DecodeSettings(InferenceSettings):
-    """...and how to decode on the CPU (gptkit/runtime.py's setup_inference)."""
+    """...and how to decode on the CPU (gptkit/inference.py's setup_inference)."""
 
     quantize: str = setting("auto", "the Linear layers' weights for decoding on the CPU: auto (float32 on the CPU "
                                     "with float32 weights, else none), none (the model as loaded), float32 (the "

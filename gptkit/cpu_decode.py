@@ -9,7 +9,7 @@ weights.
 
 Why kernels of our own. Decoding one token reads every weight once (GPT-2 small: 500 MB in float32), so its
 speed is the memory bandwidth its matrix-vector products draw. torch's float32 product of one row streams
-about 14 GB/s on the 2-core server of BENCHMARKS.md ("CPU inference (issue 27)"), with one thread or two; these
+about 14 GB/s on the 2-core server of BENCHMARKS.md ("CPU inference"), with one thread or two; these
 kernels, written for exactly this shape (a few rows of activations against a weight matrix, the weight's rows
 split over torch's threads, four independent accumulators per row) draw ~28 GB/s in float32 (2x torch's,
 over all of GPT-2 small's products in a decode step), and read half or about a quarter of the bytes in
@@ -52,6 +52,7 @@ goes to torch instead, with the same weights: correct, slower, and `kernels_stat
 
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
 import time
@@ -62,7 +63,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gptkit import cli
-from gptkit.runtime import huge_page_copy, in_huge_pages
 from model import ACTIVATIONS, Block, CacheSlice
 
 FORMATS = ("float32", "float16", "int8")
@@ -392,11 +392,73 @@ def pack_for_cpu(model: nn.Module, fmt: str = "float32") -> nn.Module:
     return model
 
 
+# ----------------------------------------------------------------------------- weights in huge pages
+
+
+_HUGE_RANGES: dict[int, tuple[int, int]] = {}  # start -> (start, end) of each live mapping huge_page_copy made
+
+
+def huge_page_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of the CPU tensor `t` (contiguous, 2 MiB or more) in a mapping of its own that starts on a
+    2 MiB boundary and that Linux is asked to back with 2 MiB pages (madvise(MADV_HUGEPAGE): transparent huge
+    pages in their usual "madvise" mode). Decoding reads every weight once per token, hundreds of MB in page
+    order: with 4 KiB pages each one costs a TLB miss (BENCHMARKS.md, "serve.py's per-token work, int8 batches,
+    huge pages", has the gain and how it varies with the host). The mapping ends where the data does (its
+    last part, less than 2 MiB, stays in 4 KiB pages: no page is larger than what it holds) and is unmapped
+    when the tensor, and every view of it, is gone. Where this is not Linux, `t` is smaller, or the kernel
+    refuses: `t` itself."""
+    import mmap
+    import weakref
+
+    huge, small = 2 << 20, mmap.PAGESIZE
+    nbytes = t.numel() * t.element_size()
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is None or t.device.type != "cpu" or not t.is_contiguous() or nbytes < huge:
+        return t
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype, libc.mmap.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                                               ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    reserved = nbytes + huge
+    start = libc.mmap(None, reserved, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
+                      -1, 0)
+    if start is None or start == ctypes.c_void_p(-1).value:
+        return t
+    begin, length = start + (-start % huge), nbytes + (-nbytes % small)  # aligned; whole small pages
+    for lo, hi in ((start, begin), (begin + length, start + reserved)):  # keep [begin, begin + length) only
+        if hi > lo:
+            libc.munmap(lo, hi - lo)
+    if libc.madvise(begin, length, advice) != 0:
+        libc.munmap(begin, length)
+        return t
+    buf = (ctypes.c_char * length).from_address(begin)
+    weakref.finalize(buf, _unmap, libc, begin, length)
+    _HUGE_RANGES[begin] = (begin, begin + length)
+    copy = torch.frombuffer(buf, dtype=torch.uint8)[:nbytes].view(t.dtype).view(t.shape)  # (holds buf)
+    copy.copy_(t)  # the first touch: the pages come in 2 MiB where the kernel has them
+    return copy
+
+
+def _unmap(libc: ctypes.CDLL, begin: int, length: int) -> None:
+    _HUGE_RANGES.pop(begin, None)
+    libc.munmap(begin, length)
+
+
+def in_huge_pages(t: torch.Tensor) -> bool:
+    """Whether `t`'s data lies in a mapping that huge_page_copy made (a view of its copy included)."""
+    at = t.data_ptr()
+    return any(lo <= at < hi for lo, hi in _HUGE_RANGES.values())
+
+
+# ----------------------------------------------------------------------------- threads
+
+
 def choose_threads(seconds: float = 0.25) -> tuple[int, str]:
     """The number of torch threads for decoding on the CPU, and a few words saying why: the cores this
     process may run on less those that other processes keep busy, at least one. Decoding waits for its
     slowest thread at every product, so a thread that has to share a core with another process slows every
-    step (2 threads on 2 busy cores: llama.cpp 10-30x slower, gptkit 2x, as issue 27 measured).
+    step (BENCHMARKS.md, "CPU inference": llama.cpp's and this module's decoding on cores that are busy).
 
     "Busy" is measured now, over `seconds`, from /proc/stat (Linux): the load average is a minute-long
     moving average, which right after another job ends still counts its cores as taken. Elsewhere the

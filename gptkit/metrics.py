@@ -5,8 +5,8 @@
     metrics.log_step(step, loss, ...)        # every log_interval steps
     metrics.log_eval(step, val_loss, ...)
 
-metrics.jsonl has one JSON object per line: training lines (step, loss, lr, grad_norm, ms_per_step,
-tokens_per_s, mfu, peak_mem_mb, epoch) and evaluation lines (step, val_loss, best_val_loss, and with
+metrics.jsonl has one JSON object per line: training lines (step, loss, lr, grad_norm, the objective's own
+metrics if it has any, ms_per_step, tokens_per_s, mfu, peak_mem_mb, epoch) and evaluation lines (step, val_loss, best_val_loss, and with
 hellaswag_interval set, hellaswag_acc and hellaswag_acc_norm). `python plot.py OUT_DIR` draws them. Every line
 also has elapsed_s: wall-clock seconds since `started` (train.py: the process start, so imports, CUDA's start
 and compilation count), evaluations included: the time to a loss as a user's clock reads it.
@@ -154,11 +154,14 @@ class Metrics:
             print(f"step {step}: val {self.label} {val_loss:.4f}" + (" (best so far)" if improved else "") + more,
                   flush=True)
 
-    def log_step(self, step: int, loss: float, lr: float, grad_norm: float, epoch: float) -> None:
-        """Record and print one training step's numbers (`loss`, `grad_norm` already read from the device)."""
+    def log_step(self, step: int, loss: float, lr: float, grad_norm: float, epoch: float,
+                 extra: dict[str, float] | None = None) -> None:
+        """Record and print one training step's numbers (`loss`, `grad_norm` already read from the device);
+        `extra`: the objective's own metrics (gptkit/step.py), recorded and printed after the gradient norm."""
         rates = self._rates()
         self.step, self.last_line = step, time.perf_counter()
-        entry = {"step": step, "loss": loss, **self.tag, "lr": lr, "grad_norm": grad_norm, **rates,
+        extra = extra or {}
+        entry = {"step": step, "loss": loss, **self.tag, "lr": lr, "grad_norm": grad_norm, **extra, **rates,
                  "peak_mem_mb": peak_memory_mb(self.device), "epoch": epoch}
         self.record(entry)
         if not self.master:
@@ -170,8 +173,9 @@ class Metrics:
             median = statistics.median(self.recent_step_times)
             speed = (f"{rates['ms_per_step']:.1f} ms/step | {rates['tokens_per_s']:,.0f} tok/s | MFU {mfu} | "
                      f"ETA {format_duration(median * (self.max_iters - step))}")
-        print(f"step {step}/{self.max_iters} | {self.label} {loss:.4f} | lr {lr:.2e} | grad {grad_norm:.3f} | {speed} | "
-              f"mem {entry['peak_mem_mb']:,.0f} MB", flush=True)
+        own = "".join(f" | {name} {value:.4g}" for name, value in extra.items())
+        print(f"step {step}/{self.max_iters} | {self.label} {loss:.4f} | lr {lr:.2e} | grad {grad_norm:.3f}{own} | "
+              f"{speed} | mem {entry['peak_mem_mb']:,.0f} MB", flush=True)
 
     def _rates(self) -> dict:
         """ms/step, tokens/s and MFU over the steps timed since the last log line (None before any)."""

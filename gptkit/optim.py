@@ -14,10 +14,12 @@ import contextlib
 import math
 import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
-from gptkit.config import TrainConfig
+if TYPE_CHECKING:  # annotations only: nothing of gptkit.config is needed at run time
+    from gptkit.config import TrainConfig
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device_type: str,

@@ -1,5 +1,5 @@
-"""The one command-line parser of every script: a typed dataclass, filled from --key=value (or --key value)
-arguments and, for train.py, plain-Python config files.
+"""The typed command-line parser of the scripts: a dataclass, filled from --key=value (or --key value) arguments
+and, for train.py, plain-Python config files. (The benchmarks that take a few options use cli.ArgumentParser.)
 
     @dataclass
     class PlotConfig:
@@ -18,7 +18,7 @@ which --help lists, and a script without config files may name one list field th
 parsed, never executed, and its arithmetic is bounded.
 
 Nothing here imports torch: the prepare scripts and plot.py use it too. gptkit/config.py holds the configs of
-the training and inference scripts, and re-exports what is here.
+the training and inference scripts; the scripts import the parser's names from here.
 """
 
 from __future__ import annotations

@@ -58,24 +58,14 @@ def choose(requested: str, model: torch.nn.Module, setup: plan.Setup, capacity: 
     return plan.choose_parallel(model, setup, capacity, batch_size)
 
 
-def device_capacity(rt: Runtime, d: Dist) -> float:
-    """The bytes one process may give the run's tensors: its GPU's (less the CUDA context and fragmentation,
-    as the plan counts them), or on the CPU its share of the free RAM (a CPU job's processes share it)."""
-    if rt.device_type == "cuda":
-        total = torch.cuda.get_device_properties(rt.device).total_memory
-        return plan.Device("", "cuda", total, None, "").capacity
-    return plan.cpu_device().capacity / d.world_size
-
-
 def decide(model: torch.nn.Module, cfg, d: Dist, rt: Runtime, use_compile: bool) -> tuple[str, str | None]:
     """How this run's processes share the model: ("single", None) on one process, else ("ddp" or "fsdp", the
     one line that says which and why). cfg: the run's TrainConfig (batch_size None: auto, planned at 1)."""
     if not d.enabled:
         return "single", None
-    setup = plan.Setup(rt.device_type, rt.dtype, cfg.block_size, cfg.optimizer,
-                       accum=max(1, cfg.gradient_accumulation_steps // d.world_size), world_size=d.world_size,
-                       compile=use_compile, checkpointing=cfg.activation_checkpointing)
-    choice, why = choose(cfg.parallel, model, setup, device_capacity(rt, d), cfg.batch_size)
+    setup = plan.Setup.of_run(cfg, rt.device_type, rt.dtype, d.world_size, compile=use_compile,
+                              accum=max(1, cfg.gradient_accumulation_steps // d.world_size))
+    choice, why = choose(cfg.parallel, model, setup, plan.process_capacity(rt.device, d.world_size), cfg.batch_size)
     return choice, f"parallel: {choice.upper()} over {d.world_size} processes ({why})"
 
 

@@ -1,4 +1,5 @@
-"""Where and how a script runs: device, precision, compile, the processes of a torchrun job, stop signals.
+"""Where and how a script runs: device, precision, compile and CUDA graphs (each decision with a line saying
+why), the processes of a torchrun job, and what a run records of its code and libraries.
 
     rt = setup_runtime(device="auto", dtype="auto")
     with rt.autocast():
@@ -6,19 +7,20 @@
 
     with distributed(device, dtype, backend) as (d, rt):   # torchrun or not; an orderly teardown either way
         ...
+
+Placing a model for decoding (--quantize, threads) is gptkit/inference.py's; stop signals and the requests a
+process sends to the next step boundary are gptkit/step.py's, beside the step.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import datetime
 import gc
 import importlib.metadata
 import importlib.util
 import os
 import platform
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -28,7 +30,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from gptkit.cli import UserError
+from gptkit.cli import UsageError, UserError
 
 
 class DeviceError(UserError):
@@ -149,6 +151,27 @@ def resolve_cuda_graphs(flag: bool | None, rt: Runtime, *, world_size: int, opti
     return True, f"CUDA graphs on: the whole training step runs {how}as one graph, captured after warm-up steps"
 
 
+# torch.compile's modes that record CUDA graphs of their own: not inside a capture of the whole step.
+GRAPHING_COMPILE_MODES = ("reduce-overhead", "max-autotune")
+
+
+def refuse_uncapturable(cuda_graphs: bool | None, *, activation_checkpointing: bool = False,
+                        compile_modes: tuple[str, ...] | list[str] = ()) -> None:
+    """A one-line UsageError, before the first step, for settings the whole-step capture cannot record:
+    activation checkpointing (recomputing a block saves and restores the CUDA random state, which a capture
+    refuses) and torch.compile's modes that record CUDA graphs of their own (no graph inside a capture)."""
+    if not cuda_graphs:
+        return
+    if activation_checkpointing:
+        raise UsageError("--activation_checkpointing=True cannot run with --cuda_graphs=True (recomputing a block "
+                         "reads the CUDA random state, which a graph capture refuses); drop one of the two")
+    graphing = [mode for mode in compile_modes if mode in GRAPHING_COMPILE_MODES]
+    if graphing:
+        raise UsageError(f"--compile_mode={graphing[0]} records CUDA graphs of its own, which cannot sit inside "
+                         f"--cuda_graphs=True's capture of the whole step; use --compile_mode=default or "
+                         f"max-autotune-no-cudagraphs with --cuda_graphs=True, or --cuda_graphs=False")
+
+
 # Where a step can be captured. (Tests add "cpu": there gptkit/cudagraph.py runs the same step eagerly.)
 GRAPH_DEVICE_TYPES = ("cuda",)
 
@@ -181,172 +204,6 @@ def setup_runtime(device: str = "auto", dtype: str = "auto") -> Runtime:
         torch.backends.cudnn.allow_tf32 = True
         dev = torch.device("cuda", dev.index or 0)
     return Runtime(device=dev, dtype=resolve_dtype(dtype, dev))
-
-
-# ----------------------------------------------------------------------------- decoding: sample, chat, serve
-
-# The decoding scripts' --quantize: "none" runs the model as loaded; float32, float16 and int8 are
-# gptkit/cpu_decode.py's weight formats for the Linear layers (CPU only); "auto" (the default) is float32 on
-# the CPU when the weights are float32 (the same weights and logits, read by faster kernels) and none elsewhere.
-# (The setting itself, with its help, is gptkit/config.py's DecodeSettings.quantize.)
-QUANTIZE = ("auto", "none", "float32", "float16", "int8")
-
-
-@dataclass
-class Inference:
-    """How a decoding script runs its model: the runtime, the weights' format (QUANTIZE) and, on the CPU, a
-    few words on the thread count chosen (setup_inference)."""
-
-    rt: Runtime
-    quantize: str = "none"  # resolved: never "auto"
-    threads: str = ""
-    kernels: str = ""  # set by place: which code computes the packed products
-    auto: bool = False  # quantize was chosen by --quantize=auto: place() keeps the model as loaded where the
-    # kernels cannot run (torch's products from packed weights would be no faster)
-    n_threads: int | None = None  # torch's CPU threads chosen (None: torch's own count, left as it is)
-
-    def place(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Move the model to the runtime's device and dtype (the weights themselves, not autocast: decoding
-        one token reads every weight, so their size is its speed) and, with --quantize, swap its Linear
-        layers for gptkit/cpu_decode.py's packed ones. Compiles the kernels now (~30 s the first time), not
-        at the first token. Count the model's parameters before: packed weights are no parameters."""
-        model.to(device=self.rt.device, dtype=self.rt.dtype)
-        if self.quantize != "none":
-            from gptkit import cpu_decode
-
-            if cpu_decode.kernels() is None and self.auto:
-                self.quantize = "none"
-                return model
-            cpu_decode.pack_for_cpu(model, self.quantize)
-            self.kernels = cpu_decode.kernels_status()
-        return model
-
-    def describe(self) -> str:
-        """For the script's status line, e.g. 'cpu float32, int8 weights (AVX2 kernels), 2 threads (...)'."""
-        parts = [f"{self.rt.device} {self.rt.dtype_name}"]
-        if self.quantize != "none":
-            parts.append(f"{self.quantize} weights" + (f" ({self.kernels})" if self.kernels else ""))
-        if self.threads:
-            parts.append(self.threads)
-        return ", ".join(parts)
-
-
-def setup_inference(device: str = "auto", dtype: str = "auto", quantize: str = "auto",
-                    threads: int = 0, *, set_threads: bool = True) -> Inference:
-    """setup_runtime for the scripts that decode (sample.py, chat.py, serve.py), before the model is loaded:
-    resolves --quantize=auto (float32 on the CPU in float32, else none), refuses a --quantize this runtime
-    cannot use (a one-line DeviceError) and chooses the CPU's thread count, --threads, or OMP_NUM_THREADS when
-    set (torch reads it at start), else cpu_decode.choose_threads(): Inference.n_threads. set_threads: set it
-    on this thread now (torch.set_num_threads); serve.py sets it on its engine's thread instead (Engine says
-    why: setting it here would already start this thread's OpenMP workers)."""
-    rt = setup_runtime(device, dtype)
-    if quantize not in QUANTIZE:
-        raise DeviceError(f"quantize {quantize!r} unknown; use {', '.join(QUANTIZE)}")
-    auto = quantize == "auto"
-    if auto:
-        quantize = "float32" if rt.device_type == "cpu" and rt.dtype == torch.float32 else "none"
-    if quantize != "none" and rt.device_type != "cpu":
-        raise DeviceError(f"--quantize={quantize} is for decoding on the CPU; on {rt.device_type} choose the "
-                          f"weights' precision with --dtype (e.g. bfloat16), or use --device=cpu")
-    if quantize != "none" and rt.dtype != torch.float32:
-        raise DeviceError(f"--quantize={quantize} computes in float32 from {quantize} weights; it does not "
-                          f"combine with --dtype={rt.dtype_name} (leave --dtype at auto)")
-    if threads < 0:
-        raise DeviceError(f"threads must be >= 0 (0 = auto), got {threads}")
-    if rt.device_type == "cpu":
-        keep_freed_memory()
-    note, n = "", None
-    if threads:
-        n, note = threads, f"{_threads(threads)} (--threads)"
-    elif rt.device_type == "cpu" and os.environ.get("OMP_NUM_THREADS"):
-        n = torch.get_num_threads()
-        note = f"{_threads(n)} (OMP_NUM_THREADS)"
-    elif rt.device_type == "cpu":
-        from gptkit.cpu_decode import choose_threads
-
-        n, why = choose_threads()
-        note = f"{_threads(n)} ({why}; --threads to choose)"
-    if n is not None and set_threads:
-        torch.set_num_threads(n)
-    return Inference(rt, quantize, note, auto=auto, n_threads=n)
-
-
-def keep_freed_memory() -> bool:
-    """On glibc (Linux), keep the memory of freed blocks of up to 32 MiB in the process for the next ones,
-    instead of giving it back to the system and taking it again: a decode step's tensors of a few MB (16 rows
-    of 50K logits: 3.2 MB) were otherwise mapped afresh every step, and each new page cost a fault (the
-    serving engine's draw for 16 rows: 3.4 ms against 0.57 ms kept; 2 cores). glibc maps blocks above its
-    threshold (128 KiB, raised as they are freed) and trims the heap's free top; both limits are set here.
-    Returns whether they were set (False elsewhere: other allocators, other systems)."""
-    if platform.system() != "Linux":
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's <malloc.h>
-    return bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(mallopt(m_trim_threshold, 256 << 20))
-
-
-_HUGE_RANGES: dict[int, tuple[int, int]] = {}  # start -> (start, end) of each live mapping huge_page_copy made
-
-
-def huge_page_copy(t: torch.Tensor) -> torch.Tensor:
-    """A copy of the CPU tensor `t` (contiguous, 2 MiB or more) in a mapping of its own that starts on a
-    2 MiB boundary and that Linux is asked to back with 2 MiB pages (madvise(MADV_HUGEPAGE): transparent huge
-    pages in their usual "madvise" mode). Decoding reads every weight once per token, hundreds of MB in page
-    order: with 4 KiB pages each one costs a TLB miss (GPT-2 small, batch 1, 2 threads, in one process on a
-    VM: float32 1.02-1.34x faster over runs, int8 1.07x; BENCHMARKS.md). The mapping ends where the data does (its
-    last part, less than 2 MiB, stays in 4 KiB pages: no page is larger than what it holds) and is unmapped
-    when the tensor, and every view of it, is gone. Where this is not Linux, `t` is smaller, or the kernel
-    refuses: `t` itself."""
-    import mmap
-    import weakref
-
-    huge, small = 2 << 20, mmap.PAGESIZE
-    nbytes = t.numel() * t.element_size()
-    advice = getattr(mmap, "MADV_HUGEPAGE", None)
-    if advice is None or t.device.type != "cpu" or not t.is_contiguous() or nbytes < huge:
-        return t
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype, libc.mmap.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
-                                                               ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    reserved = nbytes + huge
-    start = libc.mmap(None, reserved, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
-                      -1, 0)
-    if start is None or start == ctypes.c_void_p(-1).value:
-        return t
-    begin, length = start + (-start % huge), nbytes + (-nbytes % small)  # aligned; whole small pages
-    for lo, hi in ((start, begin), (begin + length, start + reserved)):  # keep [begin, begin + length) only
-        if hi > lo:
-            libc.munmap(lo, hi - lo)
-    if libc.madvise(begin, length, advice) != 0:
-        libc.munmap(begin, length)
-        return t
-    buf = (ctypes.c_char * length).from_address(begin)
-    weakref.finalize(buf, _unmap, libc, begin, length)
-    _HUGE_RANGES[begin] = (begin, begin + length)
-    copy = torch.frombuffer(buf, dtype=torch.uint8)[:nbytes].view(t.dtype).view(t.shape)  # (holds buf)
-    copy.copy_(t)  # the first touch: the pages come in 2 MiB where the kernel has them
-    return copy
-
-
-def _unmap(libc: ctypes.CDLL, begin: int, length: int) -> None:
-    _HUGE_RANGES.pop(begin, None)
-    libc.munmap(begin, length)
-
-
-def in_huge_pages(t: torch.Tensor) -> bool:
-    """Whether `t`'s data lies in a mapping that huge_page_copy made (a view of its copy included)."""
-    at = t.data_ptr()
-    return any(lo <= at < hi for lo, hi in _HUGE_RANGES.values())
-
-
-def _threads(n: int) -> str:
-    """'1 thread', '2 threads'."""
-    return f"{n} thread{'s' * (n != 1)}"
 
 
 # ----------------------------------------------------------------------------- torchrun jobs
@@ -451,77 +308,6 @@ def leave_in_order(d: Dist) -> None:
     except Exception:  # a rank that died on its way out: leave anyway
         pass
     dist.destroy_process_group()
-
-
-class StopFlag:
-    """SIGTERM / Ctrl-C set a flag instead of killing the process: a training loop finishes its step (or cuts
-    an evaluation short), saves and exits with `exit_code`. A second Ctrl-C interrupts at once. SIGUSR1 asks for
-    a save and no stop: `save_requested`, until a StepRequests sends it (Unix only)."""
-
-    def __init__(self):
-        self.requested = False
-        self.save_requested = False
-        self.signum: int | None = None  # the signal that asked to stop, once one has
-        self.previous = {}
-
-    @property
-    def exit_code(self) -> int:
-        """128 + the signal's number (143 for SIGTERM, 130 for Ctrl-C), as a shell reports a process killed
-        by it: a scheduler sees a run that was stopped, not one that finished, and can requeue it."""
-        return 128 + (self.signum or signal.SIGTERM)
-
-    def __enter__(self):
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self.previous[sig] = signal.signal(sig, self._handle)
-        if hasattr(signal, "SIGUSR1"):
-            self.previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, self._handle_save)
-        return self
-
-    def _handle(self, signum, frame):
-        if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.requested, self.signum = True, signum
-        print(f"\n{signal.Signals(signum).name} received: finishing this step (or cutting the evaluation short), "
-              f"then saving last.pt (once a step has finished)", flush=True)
-
-    def _handle_save(self, signum, frame):
-        self.save_requested = True
-        print("\nSIGUSR1 received: saving last.pt after this step, then going on", flush=True)
-
-    def __exit__(self, *exc):
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-
-
-# What a process asks of the next step boundary, sent with the step's flags (gptkit's train.py: step_flags): the
-# largest request over the processes wins, so every process saves, or stops, after the same step.
-GO_ON, SAVE, STOP = 0.0, 0.5, 1.0
-
-
-class StepRequests:
-    """This process' request for the next step boundary: STOP after a stop signal; SAVE (last.pt, then go on)
-    after a SIGUSR1 here or, on the process that owns the clock (rank 0: one clock decides for the job), once
-    `interval_s` seconds have passed since the last save; else GO_ON. A request is sent once: `next()` forgets
-    a SIGUSR1 and restarts the clock as it returns SAVE. `clock`: seconds, monotonic (tests pass their own)."""
-
-    def __init__(self, stop: StopFlag, interval_s: float = 0.0, owns_clock: bool = True, clock=time.monotonic):
-        self.stop, self.interval_s, self.owns_clock, self.clock = stop, interval_s, owns_clock, clock
-        self.since = clock() if owns_clock and interval_s else 0.0
-
-    def next(self) -> float:
-        if self.stop.requested:
-            return STOP
-        due = self.owns_clock and self.interval_s > 0 and self.clock() - self.since >= self.interval_s
-        if self.stop.save_requested or due:
-            self.stop.save_requested = False
-            self.saved()
-            return SAVE
-        return GO_ON
-
-    def saved(self) -> None:
-        """last.pt was just saved (or a save is on its way): the clock starts again."""
-        if self.owns_clock and self.interval_s:
-            self.since = self.clock()
 
 
 def library_versions() -> dict[str, str]:

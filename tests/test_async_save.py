@@ -168,7 +168,8 @@ SIGTERM_WITH_A_SLOW_WRITER = r"""
 import os, signal, sys, time
 import train
 import gptkit.checkpoint.background as background
-real_save, real_step = background.save_checkpoint, train.forward_backward
+from gptkit import step
+real_save, real_step = background.save_checkpoint, step.forward_backward
 calls = {"n": 0}
 def slow_save(obj, path):
     time.sleep(0.5)  # (a delay, not a measurement: the write is pending when the loop ends)
@@ -178,7 +179,7 @@ def forward_backward(*args, **kwargs):
     if calls["n"] == 5:
         os.kill(os.getpid(), signal.SIGTERM)
     return real_step(*args, **kwargs)
-background.save_checkpoint, train.forward_backward = slow_save, forward_backward
+background.save_checkpoint, step.forward_backward = slow_save, forward_backward
 train.main(sys.argv[1:])
 """
 

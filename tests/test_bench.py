@@ -99,15 +99,35 @@ def test_decode_window_comparison(tiny_model, tiny_config):
 
 
 def test_training_step_is_timed_as_train_py_runs_it(monkeypatch):
-    """train.py checks the NaN/stop flags every step (train.StepGuard: on a GPU without waiting, elsewhere
+    """train.py checks the NaN/stop flags every step (step.StepGuard: on a GPU without waiting, elsewhere
     before the optimizer step); the benchmarked step must too, or its tokens/s would not be a run's."""
-    import train
+    from gptkit.step import StepGuard
 
     calls = []
-    real = train.StepGuard.check
-    monkeypatch.setattr(train.StepGuard, "check", lambda self, *a: calls.append(1) or real(self, *a))
+    real = StepGuard.check
+    monkeypatch.setattr(StepGuard, "check", lambda self, *a: calls.append(1) or real(self, *a))
     bench.main(["--models=tiny", "--device=cpu", "--warmup=1", "--repeats=2", "--skip_decode"])
     assert len(calls) == 3
+
+
+def test_training_rows_synchronise_once_per_window(monkeypatch):
+    """A row's steps are train.py's step itself (gptkit/step.py's TrainStep, one call a step), timed as one window:
+    the device is synchronised after the first step (its time, compilation included), then once before the
+    window and once after it, never per step, whatever the window's length; the optimizer's share is still
+    measured (host clock on the CPU, CUDA events on a GPU: no synchronisation)."""
+    from gptkit.runtime import Runtime
+    from gptkit.step import TrainStep
+
+    syncs, steps = [], []
+    real_sync, real_call = Runtime.synchronize, TrainStep.__call__
+    monkeypatch.setattr(Runtime, "synchronize", lambda self: syncs.append(1) or real_sync(self))
+    monkeypatch.setattr(TrainStep, "__call__", lambda self, *a, **k: steps.append(1) or real_call(self, *a, **k))
+    for repeats in (2, 5):
+        syncs.clear()
+        steps.clear()
+        rows = bench.main(["--models=tiny", "--device=cpu", "--warmup=2", f"--repeats={repeats}", "--skip_decode"])
+        assert (len(steps), len(syncs)) == (2 + repeats, 3)
+        assert 0 < rows[0]["optimizer_share"] < 1
 
 
 def test_loss_slice_sizes_give_one_row_each(monkeypatch):

@@ -37,6 +37,7 @@ from gptkit.chat import ChatTokens, prompt_ids
 from gptkit.checkpoint import save_checkpoint
 from gptkit.cpu_decode import BLOCK, PackedLinear, pack_for_cpu
 from gptkit.generate import SamplingOptions, decode_one_token, decode_step, generate, prefill
+from gptkit.inference import setup_inference
 from gptkit.serving.engine import Engine, Finished, Request
 from gptkit.tokenizer import CHAT_SPECIALS, Tokenizer
 from model import GPT, GPTConfig
@@ -562,9 +563,9 @@ def test_setup_inference_can_leave_the_thread_count_to_the_engine():
     workers would otherwise start there; sample.py's: set at once."""
     before = torch.get_num_threads()
     try:
-        inference = runtime.setup_inference("cpu", "auto", "auto", threads=before + 1, set_threads=False)
+        inference = setup_inference("cpu", "auto", "auto", threads=before + 1, set_threads=False)
         assert inference.n_threads == before + 1 and torch.get_num_threads() == before
-        inference = runtime.setup_inference("cpu", "auto", "auto", threads=before + 1)
+        inference = setup_inference("cpu", "auto", "auto", threads=before + 1)
         assert inference.n_threads == before + 1 and torch.get_num_threads() == before + 1
     finally:
         torch.set_num_threads(before)
@@ -583,7 +584,7 @@ def test_freed_blocks_of_a_few_mb_are_kept_for_the_next_ones():
 import resource, sys, torch
 torch.set_num_threads(1)
 from gptkit.generate import SamplingOptions, candidates, inverse_cdf_draw
-from gptkit.runtime import keep_freed_memory
+from gptkit.inference import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
 logits, uniform = torch.randn(16, 50257), torch.rand(16, dtype=torch.float64)
@@ -626,18 +627,18 @@ def test_huge_page_copies_hold_the_same_values_in_2_mib_pages():
     and where the kernel's transparent huge pages are not switched off it is backed by them, but for its
     last part (less than 2 MiB: 4 KiB pages). A tensor under 2 MiB is left as it is."""
     t = torch.randn(1024, 2048 + 100)  # 8 MiB and 400 KiB
-    kept = runtime.huge_page_copy(t)
+    kept = cpu_decode.huge_page_copy(t)
     assert torch.equal(kept, t) and kept.dtype == t.dtype and kept.data_ptr() % (2 << 20) == 0
-    assert runtime.in_huge_pages(kept) and runtime.in_huge_pages(kept[100:]) and not runtime.in_huge_pages(t)
+    assert cpu_decode.in_huge_pages(kept) and cpu_decode.in_huge_pages(kept[100:]) and not cpu_decode.in_huge_pages(t)
     mode = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
     if "[never]" not in mode:
         assert huge_kb(kept) == 8 * 1024, mode  # four huge pages, the last 400 KiB in small ones
     at = kept.data_ptr()
     del kept
     gc.collect()
-    assert not any(lo <= at < hi for lo, hi in runtime._HUGE_RANGES.values())  # forgotten with its mapping
+    assert not any(lo <= at < hi for lo, hi in cpu_decode._HUGE_RANGES.values())  # forgotten with its mapping
     small = torch.randn(1000)
-    assert runtime.huge_page_copy(small) is small
+    assert cpu_decode.huge_page_copy(small) is small
 
 
 @pytest.mark.skipif(platform.system() != "Linux", reason="madvise's huge pages are Linux's")
@@ -650,10 +651,10 @@ def test_packed_weights_of_2_mib_or_more_live_in_huge_pages(fmt):
     packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
     sizes = [m.weight.numel() * m.weight.element_size() for m in packed]
     assert len(packed) == 5 and any(n >= 2 << 20 for n in sizes)  # (int8: some under 2 MiB too)
-    assert [runtime.in_huge_pages(m.weight) for m in packed] == [n >= 2 << 20 for n in sizes]
+    assert [cpu_decode.in_huge_pages(m.weight) for m in packed] == [n >= 2 << 20 for n in sizes]
     if fmt == "float32":
         assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr()
-        assert runtime.in_huge_pages(model.transformer.wte.weight)
+        assert cpu_decode.in_huge_pages(model.transformer.wte.weight)
 
 
 def test_the_cpu_default_dtype_is_float32():
@@ -674,23 +675,23 @@ def sample_text(capsys, ckpt, *args) -> tuple[str, str]:
 def test_the_cpu_default_packs_float32_and_keeps_the_logits(kernels, trained, monkeypatch):
     """--quantize=auto: float32 packing on the CPU with float32 weights (the same logits, within float32's
     rounding of the products in another order), the model as loaded elsewhere."""
-    inference = runtime.setup_inference("cpu", "auto", "auto", threads=1)
+    inference = setup_inference("cpu", "auto", "auto", threads=1)
     assert inference.quantize == "float32" and inference.auto
     model = inference.place(copy.deepcopy(trained))
     assert isinstance(model.lm_head, PackedLinear) and model.lm_head.fmt == "float32"
     ids = counting_sequences(1, 32, 67, "cpu")[0].tolist()
     reference = stepwise_logits(trained, ids)
     assert (stepwise_logits(model, ids) - reference).abs().max() < 1e-5 * (reference.max() - reference.min())
-    assert runtime.setup_inference("cpu", "bfloat16", "auto", threads=1).quantize == "none"
-    assert runtime.setup_inference("cpu", "auto", "none", threads=1).quantize == "none"
+    assert setup_inference("cpu", "bfloat16", "auto", threads=1).quantize == "none"
+    assert setup_inference("cpu", "auto", "none", threads=1).quantize == "none"
     # where the kernels cannot run, auto keeps the model as loaded (torch's products would be no faster)
     monkeypatch.setattr(cpu_decode, "kernels", lambda: None)
-    inference = runtime.setup_inference("cpu", "auto", "auto", threads=1)
+    inference = setup_inference("cpu", "auto", "auto", threads=1)
     model = inference.place(copy.deepcopy(trained))
     assert isinstance(model.lm_head, torch.nn.Linear) and inference.quantize == "none"
     gpu = runtime.Runtime(torch.device("cuda", 0), torch.bfloat16)  # what setup_runtime gives on a GPU
-    monkeypatch.setattr(runtime, "setup_runtime", lambda device, dtype: gpu)
-    assert runtime.setup_inference("cuda", "auto", "auto").quantize == "none"
+    monkeypatch.setattr("gptkit.inference.setup_runtime", lambda device, dtype: gpu)
+    assert setup_inference("cuda", "auto", "auto").quantize == "none"
 
 
 def test_sample_py_quantize_and_threads(kernels, ckpt, capsys):
@@ -766,7 +767,7 @@ def test_quantize_is_refused_off_the_cpu_and_with_a_16_bit_dtype(ckpt, monkeypat
     assert "--quantize=int8" in message and "--dtype" in message
     assert "threads must be >= 0" in one_line_error(sample.main, f"--ckpt={ckpt}", "--device=cpu", "--threads=-2")
     gpu = runtime.Runtime(torch.device("cuda", 0), torch.bfloat16)  # what setup_runtime gives on a GPU
-    monkeypatch.setattr(runtime, "setup_runtime", lambda device, dtype: gpu)
+    monkeypatch.setattr("gptkit.inference.setup_runtime", lambda device, dtype: gpu)
     for main in (sample.main, chat.main):
         message = one_line_error(main, f"--ckpt={ckpt}", "--quantize=float16")
         assert "--quantize=float16 is for decoding on the CPU; on cuda" in message

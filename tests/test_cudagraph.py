@@ -16,6 +16,7 @@ import train
 from gptkit import optim, runtime
 from gptkit.cudagraph import GraphedStep
 from gptkit.runtime import DeviceError, Dist, Runtime, resolve_cuda_graphs
+from gptkit.step import StepGuard
 from tests.test_train import (
     REPO,
     assert_resume_matches_uninterrupted,
@@ -29,15 +30,15 @@ from tests.test_train import (
 
 GRAPHS_ON_CPU = """
 import train
-from gptkit import optim, runtime
-train.DEFERRED_DEVICE_TYPES = optim.FUSED_DEVICE_TYPES = runtime.GRAPH_DEVICE_TYPES = ("cpu",)
+from gptkit import optim, runtime, step
+step.DEFERRED_DEVICE_TYPES = optim.FUSED_DEVICE_TYPES = runtime.GRAPH_DEVICE_TYPES = ("cpu",)
 """
 
 
 @pytest.fixture
 def gpu_like(monkeypatch):
     """The CUDA choices on the CPU: fused AdamW, flags read a step late, and the graph path allowed."""
-    monkeypatch.setattr(train, "DEFERRED_DEVICE_TYPES", ("cpu",))
+    monkeypatch.setattr("gptkit.step.DEFERRED_DEVICE_TYPES", ("cpu",))
     monkeypatch.setattr(optim, "FUSED_DEVICE_TYPES", ("cpu",))
     monkeypatch.setattr(runtime, "GRAPH_DEVICE_TYPES", ("cpu",))
 
@@ -191,7 +192,7 @@ def test_the_guard_reuses_one_host_buffer(gpu_like):
     allocated per step for them (a new pinned tensor and event a step made the GPU's step time creep up)."""
     rt = runtime.setup_runtime("cpu", "float32")
     optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(3))], lr=0.1, fused=True)
-    guard = train.StepGuard(optimizer, rt, Dist())
+    guard = StepGuard(optimizer, rt, Dist())
     one = torch.tensor(1.0)
     seen = set()
     for step in range(50):
@@ -271,3 +272,94 @@ def test_settings_a_capture_cannot_record_are_refused_before_the_first_step(char
         bench.main(["--device=cpu", "--models=tiny", "--skip_decode", "--compile=False",
                     "--compile_mode=reduce-overhead"])
 
+
+
+def test_a_save_asked_in_the_warm_up_is_written_before_the_capture_begins(char_dataset, tmp_path, monkeypatch,
+                                                                          gpu_like):
+    """--async_save: last.pt, saved at step 2's evaluation, is still being written in the background when the step
+    whose capture begins comes (step 3, after the three warm-up steps): the capture waits for it, so that the
+    writer thread never touches the device while a capture records. The writer is held until that moment (on
+    the CPU: where GraphedStep would capture), then released: the write is complete when the capture begins."""
+    import threading
+
+    import gptkit.checkpoint.background as background
+
+    release, written = threading.Event(), threading.Event()
+    real_save, real_begins = background.save_checkpoint, GraphedStep.capture_begins
+
+    def held_save(obj, path):
+        if path.name == "last.pt" and not release.is_set():
+            release.wait(timeout=60)  # (a limit, should the capture never begin: the run then goes on, and fails)
+            real_save(obj, path)
+            written.set()
+        else:
+            real_save(obj, path)
+
+    seen = []
+
+    def capture_begins(self):
+        seen.append((self.steps, written.is_set()))  # the write is held: not done
+        release.set()
+        real_begins(self)
+        seen.append((self.steps, written.is_set()))
+
+    monkeypatch.setattr(background, "save_checkpoint", held_save)
+    monkeypatch.setattr(GraphedStep, "capture_begins", capture_begins)
+    out = tmp_path / "out"
+    train.main(tiny_args(char_dataset, out, max_iters=5, eval_interval=2, lr_decay_iters=5, async_save=True,
+                         cuda_graphs=True))
+    assert seen == [(3, False), (3, True)]
+    from gptkit.checkpoint import load_checkpoint
+
+    assert load_checkpoint(out / "last.pt")["step"] == 5
+
+
+def test_a_recompile_inside_the_capture_names_its_guard(monkeypatch):
+    """A compiled model that would compile again inside the capture fails there with the guard that changed
+    (torch._dynamo's error_on_recompile, on for the capture only), not with an error from inside the CUDA
+    capture. On the CPU torch.cuda's graph is a stand-in, inside which the step runs as it would be recorded."""
+    import contextlib
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.scale = torch.nn.Linear(4, 4), 1.0
+
+        def forward(self, x, y):
+            return None, ((self.lin(x.float()) * self.scale - y.float()) ** 2).mean()
+
+    class Loader:
+        def next_batch(self):
+            return torch.ones(2, 4, dtype=torch.long), torch.zeros(2, 4, dtype=torch.long)
+
+        def prefetch(self):
+            pass
+
+    class Graph:
+        def replay(self):
+            pass
+
+    recorded = []
+
+    @contextlib.contextmanager
+    def graph(cuda_graph, **kwargs):
+        recorded.append(torch._dynamo.config.error_on_recompile)
+        yield
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    from gptkit.config import TrainConfig
+
+    model = Model()
+    opt = optim.make_adamw(list(model.parameters()), TrainConfig(learning_rate=0.1), "cpu", graphable=True)
+    torch._dynamo.reset()
+    step = GraphedStep(torch.compile(model, backend="eager"), opt, torch.device("cpu"), accum=1, batch_size=2,
+                       block_size=4, grad_clip=1.0, autocast=Runtime(torch.device("cpu"), torch.float32).autocast)
+    step(Loader(), False)  # compiled here, as in a warm-up step
+    step._capture()  # the same guards: recorded once, no recompile
+    model.scale = 2.0  # a guard of the compiled forward no longer holds
+    with pytest.raises(torch._dynamo.exc.RecompileError, match=r"self\.scale == 1\.0"):
+        step._capture()
+    assert recorded == [True, True] and torch._dynamo.config.error_on_recompile is False
+    torch._dynamo.reset()

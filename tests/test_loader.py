@@ -190,14 +190,14 @@ def test_prefetch_reads_ahead_without_moving_the_data_position(data_dir):
 def test_training_step_reads_the_next_batch_before_it_returns(data_dir):
     """train.py's step reads the next step's first batch before its host synchronisation (the NaN/stop check
     follows forward_backward), so that the read overlaps the GPU's work instead of stalling it."""
-    import train
     from gptkit.runtime import setup_runtime
+    from gptkit.step import forward_backward
     from model import GPT, GPTConfig
 
     tiny_model = GPT(GPTConfig(block_size=16, vocab_size=N_TOKENS, n_layer=1, n_head=1, n_embd=8))
     loader = BatchLoader(data_dir, batch_size=2, block_size=16, seed=3)
     opt = torch.optim.SGD(tiny_model.parameters(), lr=0.0)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
-    train.forward_backward(tiny_model, opt, scaler, loader.next_batch, 2, setup_runtime("cpu"), 1.0,
-                           prefetch=loader.prefetch)
+    forward_backward(tiny_model, opt, scaler, loader.next_batch, 2, setup_runtime("cpu"), 1.0,
+                     prefetch=loader.prefetch)
     assert loader.calls == 2 and loader._prefetched is not None

@@ -198,6 +198,7 @@ def test_lora_keeps_a_longer_base_whole(char_dataset, tmp_path):
     import export
     import train
     from gptkit.checkpoint import load_checkpoint, model_from_checkpoint
+    from gptkit.checkpoint.resume import resolve_config
     from gptkit.generate import SamplingOptions, generate
     from gptkit.runtime import Dist
 
@@ -210,7 +211,7 @@ def test_lora_keeps_a_longer_base_whole(char_dataset, tmp_path):
     a, b = load_checkpoint(full / "last.pt"), load_checkpoint(cut / "last.pt")
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])  # resumed == uninterrupted
     assert a["model_config"]["block_size"] == 64 and a["loader"]["block_size"] == 32  # 32-token sequences
-    cfg = train.resolve_config(run_args(char_dataset, cut, init_from="resume", block_size=32))[0]
+    cfg = resolve_config(run_args(char_dataset, cut, init_from="resume", block_size=32))[0]
     run = train.Run(cfg, [], Dist(), None, None, model_from_checkpoint(a), None, None, None, None, None, accum=2)
     assert run.tokens_per_step == 4 * 32 * 2
 
@@ -270,6 +271,7 @@ def test_cast_frozen_base_keeps_the_residual_stream_in_fp32(tiny_config, tied):
 
 def test_a_gpu_lora_run_casts_only_the_blocks(char_dataset, base_run, tmp_path):
     import train
+    from gptkit.checkpoint.resume import resolve_config
     from gptkit.runtime import Dist, Runtime
 
     class CudaLike(Runtime):  # what setup_run sees on a GPU with bf16; the tensors stay on the CPU here
@@ -278,7 +280,7 @@ def test_a_gpu_lora_run_casts_only_the_blocks(char_dataset, base_run, tmp_path):
             return "cuda"
 
     argv = lora_args(char_dataset, base_run, tmp_path / "lora")
-    cfg, _ = train.resolve_config(argv)
+    cfg, _ = resolve_config(argv)
     data_dir, meta = train.load_dataset(cfg, Dist())
     (tmp_path / "lora").mkdir()
     run, _, _ = train.setup_run(cfg, None, argv, Dist(), CudaLike(torch.device("cpu"), torch.bfloat16), data_dir, meta)

@@ -15,9 +15,10 @@ from conftest import tiny_args, torch_threads
 
 import train
 from gptkit.checkpoint import load_checkpoint, save_checkpoint
-from gptkit.config import TrainConfig, load_config
+from gptkit.config import TrainConfig
 from gptkit.generate import SamplingOptions, generate
 from gptkit.optim import Muon, MuonAdamW, get_lr, make_optimizer, newton_schulz_dtype, set_lr, step_unless
+from gptkit.options import load_config
 from model import ARCH_PRESETS, GPT, GPTConfig
 
 REPO = Path(__file__).resolve().parents[1]

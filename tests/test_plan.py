@@ -15,10 +15,15 @@ from torch.utils._pytree import tree_flatten
 
 import model as model_module
 import train
-from gptkit import lora, plan
-from gptkit.config import ConfigError, TrainConfig, build_config, load_config
+from gptkit import batch_size, lora, plan, plan_report
+from gptkit.checkpoint import load_base_model
+from gptkit.checkpoint.resume import resolve_config
+from gptkit.checkpoint.run_model import attach_lora, build_model
+from gptkit.config import TrainConfig
 from gptkit.optim import make_optimizer
+from gptkit.options import ConfigError, build_config, load_config
 from gptkit.runtime import Dist, Runtime
+from gptkit.step import forward_backward
 from model import GPT, GPTConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -151,7 +156,7 @@ def allocator_peak(model: GPT, optimizer: str, batch: int, checkpointing: bool =
     x = torch.randint(0, c.vocab_size, (batch, c.block_size), generator=torch.Generator().manual_seed(0))
 
     def step():
-        train.forward_backward(model, opt, scaler, lambda: (x, x), 1, rt, 1.0)
+        forward_backward(model, opt, scaler, lambda: (x, x), 1, rt, 1.0)
         scaler.step(opt)
         opt.zero_grad(set_to_none=True)
 
@@ -264,17 +269,17 @@ def test_the_plans_model_is_the_model_train_builds(char_dataset, tiny_gpt2_folde
             run_args(char_dataset, lora_run, init_from="resume", max_iters=5)]
     meta = read_meta(char_dataset)
     for argv in runs:
-        cfg, ckpt = train.resolve_config(argv)
+        cfg, ckpt = resolve_config(argv)
         if "tiny-gpt2" in cfg.init_from:  # a char dataset cannot train the GPT-2 folder: build it by hand
-            real, _ = train.load_base_model(cfg.init_from, cfg.dropout)
+            real, _ = load_base_model(cfg.init_from, cfg.dropout)
             if not cfg.lora_rank:
                 real.crop_block_size(cfg.block_size)
         else:
-            real, _ = train.build_model(cfg, meta, ckpt)
-        train.attach_lora(cfg, real, ckpt)
-        planned, _ = plan.plan_model(cfg, ckpt, plan.dataset_vocabulary(cfg))
+            real, _ = build_model(cfg, meta, ckpt)
+        attach_lora(cfg, real, ckpt)
+        planned, _ = plan_report.plan_model(cfg, ckpt, plan_report.dataset_vocabulary(cfg))
         assert shapes(planned) == shapes(real), argv
-        report = plan.make_plan(cfg, ckpt)
+        report = plan_report.make_plan(cfg, ckpt)
         assert report["parameters"] == sum(p.numel() for p in real.parameters())
         assert report["trainable"] == lora.trainable_parameters(real)
 
@@ -332,12 +337,12 @@ def test_auto_on_cuda_tries_real_steps_and_survives_out_of_memory(monkeypatch, c
         if batch > 6:
             raise torch.OutOfMemoryError("CUDA out of memory (stand-in)")
 
-    monkeypatch.setattr(train, "trial_step", trial_step)
-    monkeypatch.setattr(train, "gpu_free_bytes", lambda rt: 80 * plan.GiB)
+    monkeypatch.setattr(batch_size, "trial_step", trial_step)
+    monkeypatch.setattr(batch_size, "gpu_free_bytes", lambda rt: 80 * plan.GiB)
     cfg = build_config(TrainConfig, {"batch_size": None, "tokens_per_step": 48 * 32, "block_size": 32,
                                      "n_layer": 2, "n_head": 2, "n_embd": 32})
     model = model_for(tiny(n_head=2, n_embd=32))
-    chosen = train.choose_batch_size(cfg, model, None, Dist(), Runtime(torch.device("cuda"), torch.bfloat16))
+    chosen = batch_size.choose_batch_size(cfg, model, None, Dist(), Runtime(torch.device("cuda"), torch.bfloat16))
     assert chosen.batch_size == 6 and chosen.gradient_accumulation_steps == 8  # 6 x 32 x 8 = 48 x 32 tokens
     assert tried[0] == 48 and 6 in tried and len(tried) <= 5  # the plan's estimate (80 GiB: all 48) first
     assert "batch_size=auto: 6 " in capsys.readouterr().out
@@ -348,10 +353,10 @@ def test_auto_on_cpu_picks_from_the_plan_keeps_tokens_per_step_and_resume_keeps_
     """With room for 5 sequences (a stand-in for the free RAM) it picks 4 of the 16 a step takes."""
     out = tmp_path / "out"
     args = run_args(char_dataset, out, batch_size="auto", tokens_per_step=16 * 32, gradient_accumulation_steps=1)
-    cfg, _ = train.resolve_config(args)
+    cfg, _ = resolve_config(args)
     from gptkit.shards import read_meta
 
-    model, _ = train.build_model(cfg, read_meta(char_dataset), None)
+    model, _ = build_model(cfg, read_meta(char_dataset), None)
     setup = plan.Setup("cpu", torch.float32, 32, accum=2)
     room = (plan.memory(model, setup, 5).peak + plan.memory(model, setup, 6).peak) / 2
     monkeypatch.setattr(plan, "cpu_device", lambda: SimpleNamespace(capacity=room))
@@ -373,9 +378,9 @@ def test_out_of_memory_names_the_plans_largest_micro_batch(monkeypatch):
     cfg = build_config(TrainConfig, {"batch_size": 64, "gradient_accumulation_steps": 2, "block_size": 256,
                                      "n_layer": 2, "n_head": 4, "n_embd": 64})
     rt = Runtime(torch.device("cuda"), torch.bfloat16)
-    monkeypatch.setattr(train.torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=2 * plan.GiB))
-    monkeypatch.setattr(train, "resolve_compile", lambda flag, device: (True, ""))
-    message = train.oom_message(SimpleNamespace(cfg=cfg, rt=rt, d=Dist(), raw_model=model, model=model))
+    monkeypatch.setattr(batch_size.torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=2 * plan.GiB))
+    monkeypatch.setattr(batch_size, "resolve_compile", lambda flag, device: (True, ""))
+    message = batch_size.oom_message(SimpleNamespace(cfg=cfg, rt=rt, d=Dist(), raw_model=model, model=model))
     setup = plan.Setup("cuda", torch.bfloat16, 256, accum=2, compile=True)
     fits = plan.largest_batch(model, setup, plan.Device("", "cuda", 2 * plan.GiB, None, "").capacity)
     batch = max(b for b in plan.valid_batches(128, 1) if b <= fits)

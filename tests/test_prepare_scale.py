@@ -14,7 +14,7 @@ import pytest
 from conftest import needs_gpt2_bpe
 
 from gptkit import shards
-from gptkit.prepare import cuts, hub, local, parallel, pipeline
+from gptkit.prepare import cuts, hub, local, pipeline, pool
 from gptkit.shards import DataError, TokenDataset
 from gptkit.tokenizer import Tokenizer
 from prepare import text
@@ -199,7 +199,7 @@ def test_ordered_map_keeps_order_and_a_bounded_number_in_flight():
             yield i
 
     got = []
-    for task, result in parallel.ordered_map(_square, tasks(), 2, ahead=3):
+    for task, result in pool.ordered_map(_square, tasks(), 2, ahead=3):
         assert len(pulled) - len(got) <= 3  # submitted and not yet consumed
         got.append(result)
         assert task == len(got) - 1
@@ -211,8 +211,8 @@ def _die(x):
 
 
 def test_a_worker_that_dies_is_a_one_line_error():
-    with pytest.raises(parallel.WorkerError, match="worker process died") as e:
-        list(parallel.ordered_map(_die, range(4), 2))
+    with pytest.raises(pool.WorkerError, match="worker process died") as e:
+        list(pool.ordered_map(_die, range(4), 2))
     assert "\n" not in str(e.value)
 
 

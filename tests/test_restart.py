@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
+import gptkit.step
 import train
 from gptkit.checkpoint import load_checkpoint
-from gptkit.runtime import GO_ON, SAVE, STOP, StepRequests, StopFlag
+from gptkit.step import GO_ON, SAVE, STOP, StepRequests, StopFlag
 from tests.conftest import make_char_dataset, torch_threads
 from tests.test_train import assert_same_weights, tiny_args, train_losses, weights
 
@@ -144,11 +145,11 @@ def test_sigusr1_saves_after_the_step_and_goes_on(char_dataset, tmp_path, monkey
     if deferred:
         from gptkit import optim
 
-        monkeypatch.setattr(train, "DEFERRED_DEVICE_TYPES", ("cpu",))
+        monkeypatch.setattr("gptkit.step.DEFERRED_DEVICE_TYPES", ("cpu",))
         monkeypatch.setattr(optim, "FUSED_DEVICE_TYPES", ("cpu",))
     args = dict(max_iters=8, eval_interval=3)
     single(tiny_args(char_dataset, tmp_path / "quiet", **args))
-    saves, real, calls = record_saves(monkeypatch), train.forward_backward, [0]
+    saves, real, calls = record_saves(monkeypatch), gptkit.step.forward_backward, [0]
 
     def forward_backward(*a, **k):
         calls[0] += 1
@@ -156,7 +157,7 @@ def test_sigusr1_saves_after_the_step_and_goes_on(char_dataset, tmp_path, monkey
             os.kill(os.getpid(), signal.SIGUSR1)
         return real(*a, **k)
 
-    monkeypatch.setattr(train, "forward_backward", forward_backward)
+    monkeypatch.setattr(gptkit.step, "forward_backward", forward_backward)
     assert single(tiny_args(char_dataset, tmp_path / "signalled", **args))["step"] == 8
     last = [step for name, step in saves if name == "last.pt"]
     assert last == [3, 5 if deferred else 4, 6, 8]
@@ -167,13 +168,13 @@ def test_sigusr1_saves_after_the_step_and_goes_on(char_dataset, tmp_path, monkey
 def test_checkpoint_interval_s_saves_on_rank_0s_clock(char_dataset, tmp_path, monkeypatch):
     """A clock that moves 10 s per step and checkpoint_interval_s=25: last.pt after step 3 (30 s), again 25 s
     after the save at the evaluation of step 4, so after step 7, then step 8's evaluation, and the end."""
-    now, real = [0.0], train.forward_backward
+    now, real = [0.0], gptkit.step.forward_backward
 
     def forward_backward(*a, **k):
         now[0] += 10
         return real(*a, **k)
 
-    monkeypatch.setattr(train, "forward_backward", forward_backward)
+    monkeypatch.setattr(gptkit.step, "forward_backward", forward_backward)
     monkeypatch.setattr(train, "StepRequests", functools.partial(StepRequests, clock=lambda: now[0]))
     saves = record_saves(monkeypatch)
     single(tiny_args(char_dataset, tmp_path / "out", max_iters=10, lr_decay_iters=10, eval_interval=4,
@@ -194,9 +195,10 @@ import io, os, signal, sys
 sys.path.insert(0, {repo!r})
 import torch
 import train
+from gptkit import step
 here = os.environ["TORCHELASTIC_RESTART_COUNT"] + ":" + os.environ["RANK"] + ":"
 steps, last_saves = [0], [0]
-real_step, real_save = train.forward_backward, torch.save
+real_step, real_save = step.forward_backward, torch.save
 
 def forward_backward(*args, **kwargs):
     steps[0] += 1
@@ -214,7 +216,7 @@ def save(obj, f, *args, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
     return real_save(obj, f, *args, **kwargs)
 
-train.forward_backward, torch.save = forward_backward, save
+step.forward_backward, torch.save = forward_backward, save
 train.main(sys.argv[1:])
 """
 

@@ -177,10 +177,10 @@ def record_masked_steps(monkeypatch) -> tuple[list[float], list[bool]]:
 @pytest.fixture
 def deferred_on_cpu(monkeypatch):
     """train.py's GPU way of checking a step, on the CPU: fused AdamW masks a flagged step on the device and
-    the flags are read one step late (train.StepGuard)."""
+    the flags are read one step late (step.StepGuard)."""
     from gptkit import optim
 
-    monkeypatch.setattr(train, "DEFERRED_DEVICE_TYPES", ("cpu",))
+    monkeypatch.setattr("gptkit.step.DEFERRED_DEVICE_TYPES", ("cpu",))
     monkeypatch.setattr(optim, "FUSED_DEVICE_TYPES", ("cpu",))
 
 
@@ -203,17 +203,18 @@ def test_deferred_check_never_applies_a_non_finite_step(char_dataset, tmp_path, 
 def test_guard_reads_the_flags_a_step_late_when_deferred(deferred_on_cpu):
     """StepGuard on its own: deferred, check() answers the previous step's flags; settle() the last one's."""
     from gptkit.runtime import Dist, setup_runtime
+    from gptkit.step import StepGuard, Verdict
 
     rt = setup_runtime("cpu", "float32")
     p = torch.nn.Parameter(torch.zeros(3))
     optimizer = torch.optim.AdamW([p], lr=0.1, fused=True)
-    guard = train.StepGuard(optimizer, rt, Dist())
+    guard = StepGuard(optimizer, rt, Dist())
     assert guard.deferred
     one, nan = torch.tensor(1.0), torch.tensor(float("nan"))
-    assert guard.check(0, one, one, False) == train.Verdict()  # nothing before step 0
-    assert guard.check(1, nan, one, True) == train.Verdict(loss=1.0, grad_norm=1.0)  # step 0's flags
+    assert guard.check(0, one, one, False) == Verdict()  # nothing before step 0
+    assert guard.check(1, nan, one, True) == Verdict(loss=1.0, grad_norm=1.0)  # step 0's flags
     verdict = guard.settle()  # step 1's, read now
-    assert verdict.bad_step == 1 and verdict.stop and guard.settle() == train.Verdict()
+    assert verdict.bad_step == 1 and verdict.stop and guard.settle() == Verdict()
     p.grad = torch.full((3,), float("nan"))
     guard.check(2, nan, one, False)
     guard.optimizer_step(optimizer, torch.amp.GradScaler("cpu", enabled=False))
@@ -270,14 +271,15 @@ def assert_resume_matches_uninterrupted(data, full, cut, **args) -> None:
 SIGNAL_AT_STEP = """
 import os, signal, sys
 import train
-real = train.forward_backward
+from gptkit import step
+real = step.forward_backward
 calls = {"n": 0}
 def forward_backward(*args, **kwargs):  # send SIGTERM to ourselves in the middle of step STOP
     calls["n"] += 1
     if calls["n"] == STOP + 1:
         os.kill(os.getpid(), signal.SIGTERM)
     return real(*args, **kwargs)
-train.forward_backward = forward_backward
+step.forward_backward = forward_backward
 train.main(sys.argv[1:])
 """
 
@@ -298,9 +300,8 @@ train.main(sys.argv[1:])
 
 
 DEFERRED = """
-import train
-from gptkit import optim
-train.DEFERRED_DEVICE_TYPES = optim.FUSED_DEVICE_TYPES = ("cpu",)
+from gptkit import optim, step
+step.DEFERRED_DEVICE_TYPES = optim.FUSED_DEVICE_TYPES = ("cpu",)
 """
 
 
@@ -309,7 +310,7 @@ def test_sigterm_saves_and_resume_matches_uninterrupted(char_dataset, tmp_path, 
     """A SIGTERM mid-step finishes that step (and, as on a GPU, where the flags are read a step late, the
     next one too, unless an evaluation comes first), saves and exits 143; the resumed run is bit-exact."""
     if deferred:
-        monkeypatch.setattr(train, "DEFERRED_DEVICE_TYPES", ("cpu",))
+        monkeypatch.setattr("gptkit.step.DEFERRED_DEVICE_TYPES", ("cpu",))
         from gptkit import optim
         monkeypatch.setattr(optim, "FUSED_DEVICE_TYPES", ("cpu",))
     full, cut = tmp_path / "full", tmp_path / "cut"

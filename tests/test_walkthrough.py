@@ -17,8 +17,9 @@ from conftest import needs_gpt2_bpe, tiny_args, torch_threads, write_dataset
 import train
 from gptkit import metrics, network
 from gptkit.checkpoint import save_checkpoint
-from gptkit.config import ConfigError, TrainConfig, build_config
+from gptkit.config import TrainConfig
 from gptkit.optim import get_lr
+from gptkit.options import ConfigError, build_config
 from gptkit.tokenizer import CHAT_SPECIALS, Tokenizer
 from model import GPT, GPTConfig
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from gptkit.checkpoint.file import save_checkpoint
-from gptkit.checkpoint.folder import save_sharded
+from gptkit.checkpoint.sharded import save_sharded
 
 
 class CheckpointSaver:
@@ -98,7 +98,7 @@ class CheckpointSaver:
 
     def save_sharded(self, path: str | Path, record: dict | None, model: torch.nn.Module, optimizer, *,
                      adapters_only: bool = False) -> None:
-        """save_sharded (gptkit/checkpoint/folder.py), every process at once; in the background, DCP's
+        """save_sharded (gptkit/checkpoint/sharded.py), every process at once; in the background, DCP's
         async_save stages each process' shards to CPU memory and writes them from a thread, and rank 0 (which
         passes `record`) finishes the folder (checksums, record, renames) in the background once every process
         has written."""

@@ -24,8 +24,8 @@ import torch
 
 from gptkit import checksum, lora, nanogpt
 from gptkit.checkpoint.damage import check_container, corrupt, first_sentence, verify
-from gptkit.checkpoint.folder import read as read_folder
 from gptkit.checkpoint.layout import CheckpointError, find_checkpoint, is_sharded_checkpoint, remove_folders
+from gptkit.checkpoint.sharded import read as read_sharded
 from gptkit.files import atomic_write
 from gptkit.tokenizer import with_tokenizer_files
 
@@ -77,7 +77,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     p = find_checkpoint(path)
     damaged_optimizer = "note" if mmap else "error"
     if p.is_dir():
-        return read_folder(p, map_location, damaged_optimizer)
+        return read_sharded(p, map_location, damaged_optimizer)
     check_container(p)
     # Reading everything into memory: mapped, then copied and checked in one pass (damage.verify's copy)
     read_once = not mmap and torch.device(map_location).type == "cpu"

@@ -1,5 +1,5 @@
 """Where a run's checkpoints are: a file (out_dir/best.pt, last.pt), a sharded folder (out_dir/best/, last/, a
-run under FSDP: gptkit/checkpoint/folder.py), or nanoGPT's out_dir/ckpt.pt; finding the one to read, removing
+run under FSDP: gptkit/checkpoint/sharded.py), or nanoGPT's out_dir/ckpt.pt; finding the one to read, removing
 one, and naming the others of a run when one is damaged. Nothing here reads a checkpoint's content."""
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ from gptkit.cli import one_line
 from gptkit.network import hub_unreachable
 from gptkit.prepare import pipeline
 from gptkit.prepare.local import distinct_chars
-from gptkit.prepare.parallel import ordered_map
 from gptkit.prepare.pipeline import Result, ValRule
+from gptkit.prepare.pool import ordered_map
 from gptkit.prepare.writer import DEFAULT_SHARD_TOKENS, check_positive, make_fingerprint
 from gptkit.shards import DataError
 from gptkit.tokenizer import Tokenizer, resolve_tokenizer

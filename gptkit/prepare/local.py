@@ -33,8 +33,8 @@ from gptkit import shards
 from gptkit.cli import one_line
 from gptkit.files import atomic_write
 from gptkit.prepare import cuts
-from gptkit.prepare.parallel import ordered_map
 from gptkit.prepare.pipeline import Job, Result, ValRule, already_prepared, run, worker_tokenizer
+from gptkit.prepare.pool import ordered_map
 from gptkit.prepare.writer import DEFAULT_SHARD_TOKENS, MIN_TOKENS, check_positive, make_fingerprint
 from gptkit.shards import DataError
 from gptkit.tokenizer import resolve_tokenizer

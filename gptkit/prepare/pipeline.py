@@ -4,7 +4,7 @@
 
 A task is a small, picklable description of a bounded piece of input (byte ranges of files, a range of dataset
 rows, or a batch of streamed texts) with a ``cursor``: where the input stands once it is written. ``work``
-runs in the workers (``gptkit/prepare/parallel.py``), reads and tokenises its task and returns a ``Result``;
+runs in the workers (``gptkit/prepare/pool.py``), reads and tokenises its task and returns a ``Result``;
 results are written in task order, so the shards are the same whatever the number of workers. After a task
 that completed a shard (or a minute after the last one) the writer checkpoints with that task's cursor; a
 resumed run asks ``tasks(cursor)`` for the tasks after it (``gptkit/prepare/writer.py`` has the rules).
@@ -25,7 +25,7 @@ import numpy as np
 from tqdm import tqdm
 
 from gptkit import shards
-from gptkit.prepare.parallel import ordered_map
+from gptkit.prepare.pool import ordered_map
 from gptkit.prepare.writer import DEFAULT_SHARD_TOKENS, DatasetWriter, check_positive, check_prepared
 from gptkit.tokenizer import Tokenizer
 

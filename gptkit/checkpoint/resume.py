@@ -1,0 +1,143 @@
+"""What a training run continues from: `--init_from=resume`, `--resume=auto` (continue out_dir's checkpoint if it
+is one of this run, else start), the checks that a checkpoint belongs to the run, and that a new run never
+replaces an earlier run's checkpoints.
+
+    cfg, ckpt = resolve_config(argv)   # the run's config; the checkpoint it continues (None: a new run)
+    check_out_dir(cfg)                 # a new run into an out_dir that holds checkpoints: an error, unless --overwrite
+
+A resumed run keeps its checkpoint's config, model shape and optimizer; what the command line sets explicitly
+overrides the rest.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from gptkit.checkpoint.file import RESUME_KEYS, load_checkpoint
+from gptkit.checkpoint.layout import saved_checkpoint
+from gptkit.cli import UserError
+from gptkit.config import TrainConfig
+from gptkit.options import build_config, parse_args
+from gptkit.shards import dataset_dir
+from model import GPTConfig
+
+# The shape and architecture a resumed run must keep (model.py's GPTConfig says which settings they are).
+MODEL_KEYS = GPTConfig.shape_names()
+
+
+class ResumeError(UserError):
+    """A run that cannot continue (or start) as asked in its out_dir; the message says why and what to do."""
+
+
+def resolve_config(argv: list[str]) -> tuple[TrainConfig, dict | None]:
+    """The run's config and, when resuming, the checkpoint. A resumed run starts from the checkpoint's config;
+    what argv sets explicitly overrides it, except the model's shape, which must match."""
+    values = parse_args(TrainConfig, argv)
+    out_dir = Path(values.get("out_dir", TrainConfig.out_dir))
+    auto = values.get("init_from") != "resume" and values.get("resume") == "auto"
+    if values.get("init_from") != "resume":
+        asked = build_config(TrainConfig, values)  # the run as the command starts it
+        if not (auto and auto_resumes(asked, out_dir)):
+            return asked, None
+    last = saved_checkpoint(out_dir, "last")  # last.pt, or a sharded last/ (a run under FSDP)
+    if last is None:
+        if (out_dir / "ckpt.pt").is_file():  # nanoGPT's: no data position or RNG state to resume exactly
+            raise ResumeError(f"{out_dir}/ckpt.pt is nanoGPT's checkpoint, which cannot be resumed exactly here; "
+                             f"continue from its weights with --init_from={out_dir} --out_dir=NEW_DIR")
+        raise ResumeError(f"nothing to resume: {out_dir}/last.pt does not exist; start with --init_from=scratch")
+    # Not memory-mapped: the optimizer state would otherwise keep pointing into the file that the next save
+    # replaces. (A --plan reads only the config: memory-mapped, nothing else is read.)
+    ckpt = load_checkpoint(last, mmap=bool(values.get("plan")))
+    # (a sharded checkpoint's optimizer state is read into the run later: restore_state)
+    missing = [k for k in RESUME_KEYS if k not in ckpt and not (k == "optimizer" and ckpt.get("sharded"))]
+    if missing:
+        raise ResumeError(f"{out_dir}/last.pt cannot be resumed: it has no {', '.join(missing)} (a weights-only "
+                         f"checkpoint?); start a new run, or fine-tune from it")
+    if auto:
+        check_same_run(asked, values, ckpt, out_dir)
+        if os.environ.get("RANK", "0") == "0":
+            print(f"resume=auto: {last} holds step {ckpt['step']} of this run: continuing it", flush=True)
+        if asked.init_from != "scratch":  # a fine-tune's block_size may have been fitted to its data: kept
+            values.pop("block_size", None)
+        values["init_from"] = "resume"
+    base = dict(ckpt["config"])
+    # Through GPTConfig: a checkpoint older than an option has its default, and `auto` options their values.
+    saved_model = GPTConfig.from_dict(ckpt["model_config"]).to_dict()
+    saved_shape = {k: saved_model[k] for k in MODEL_KEYS}
+    if ckpt.get("lora"):  # the model has its base's positions; the run trained on sequences of block_size
+        saved_shape["block_size"] = base["block_size"]
+    differing = [f"{k} (checkpoint {saved_shape[k]!r}, asked {values[k]!r})"
+                 for k in MODEL_KEYS if values.get(k) is not None and values[k] != saved_shape[k]]
+    if differing:
+        raise ResumeError(f"cannot resume {out_dir}/last.pt with a different model shape: {'; '.join(differing)}")
+    saved_optimizer = base.get("optimizer", "adamw")  # its state is that optimizer's
+    if values.get("optimizer", saved_optimizer) != saved_optimizer:
+        raise ResumeError(f"cannot resume {out_dir}/last.pt with --optimizer={values['optimizer']}: it was trained "
+                         f"with {saved_optimizer}; start a new run, or fine-tune from it")
+    base.update(values)
+    base.update(saved_shape)
+    cfg = build_config(TrainConfig, base)
+    if not cfg.plan and os.environ.get("RANK", "0") == "0":
+        for line in resume_notes(cfg, values, ckpt, out_dir):
+            print(f"note: {line}")
+    return cfg, ckpt
+
+
+def auto_resumes(asked: TrainConfig, out_dir: Path) -> bool:
+    """resume=auto: whether out_dir holds a checkpoint to continue (last.pt, or a sharded last/), said in the
+    run's first line (rank 0)."""
+    last = saved_checkpoint(out_dir, "last")
+    if last is None and os.environ.get("RANK", "0") == "0":
+        start = "from scratch" if asked.init_from == "scratch" else f"from {asked.init_from}"
+        print(f"resume=auto: no checkpoint in {out_dir}/ (no last.pt or last/): starting {start}", flush=True)
+    return last is not None
+
+
+def check_same_run(asked: TrainConfig, values: dict, ckpt: dict, out_dir: Path) -> None:
+    """resume=auto continues a checkpoint of this run only: one of another dataset, or another model shape
+    (all of it for a run from scratch; what the command sets explicitly for a fine-tune, whose base decides the
+    rest) is a one-line error naming the difference. (The tokenizer is checked against the dataset's later.)"""
+    saved = ckpt["config"]
+    diffs = []
+    here = dataset_dir(asked.dataset, asked.data_root).resolve()
+    there = dataset_dir(saved.get("dataset", ""), saved.get("data_root", TrainConfig.data_root)).resolve()
+    if here != there:
+        diffs.append(f"dataset (checkpoint {str(there)!r}, this run {str(here)!r})")
+    saved_model = GPTConfig.from_dict(ckpt["model_config"]).to_dict()
+    wanted = asked.model_config(vocab_size=1).to_dict() if asked.init_from == "scratch" else values
+    keys = [k for k in MODEL_KEYS if k in wanted and not (k == "block_size" and asked.init_from != "scratch")]
+    diffs += [f"{k} (checkpoint {saved_model[k]!r}, this run {wanted[k]!r})"
+              for k in keys if wanted[k] is not None and wanted[k] != saved_model[k]]
+    if diffs:
+        raise ResumeError(f"resume=auto: {out_dir}/ holds a checkpoint of another run: {'; '.join(diffs)}; choose "
+                         f"another --out_dir (or, to replace it, drop --resume=auto and pass --overwrite=True)")
+
+
+def resume_notes(cfg: TrainConfig, values: dict, ckpt: dict, out_dir: Path) -> list[str]:
+    """What a resumed run does that its command line may not have meant: a run that is finished already, or a
+    max_iters raised past the schedule's end (lr_decay_iters, kept from the checkpoint)."""
+    notes, step = [], int(ckpt["step"])
+    raised = values.get("max_iters", cfg.max_iters) > ckpt["config"].get("max_iters", cfg.max_iters)
+    if step >= cfg.max_iters and not cfg.eval_only:
+        notes.append(f"{out_dir}/last.pt is at step {step}, and max_iters is {cfg.max_iters}: the run is finished, "
+                     f"so it is evaluated once and nothing is trained; to train on, raise --max_iters (and "
+                     f"--lr_decay_iters with it)")
+    elif raised and cfg.decay_lr and "lr_decay_iters" not in values and cfg.lr_decay_iters < cfg.max_iters:
+        notes.append(f"max_iters is {cfg.max_iters} but lr_decay_iters stays the checkpoint's {cfg.lr_decay_iters}: "
+                     f"from step {cfg.lr_decay_iters} on the learning rate stays at min_lr ({cfg.min_lr:g}); to "
+                     f"decay over the longer run, add --lr_decay_iters={cfg.max_iters}")
+    return notes
+
+
+def check_out_dir(cfg: TrainConfig) -> None:
+    """Never let a new run silently replace the checkpoints of an earlier one."""
+    if cfg.init_from == "resume" or cfg.overwrite:
+        return
+    existing = [p.name + "/" * p.is_dir() for p in (saved_checkpoint(cfg.out_dir, n) for n in ("last", "best"))
+                if p is not None]
+    if existing:
+        raise ResumeError(
+            f"{cfg.out_dir}/ already holds {' and '.join(existing)}; continue it with --init_from=resume, "
+            f"choose another --out_dir, or pass --overwrite=True to replace it"
+        )
