@@ -42,7 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a file from anywhere: the scripts and gptkit are in the checkout
 
-from benchmarks.serve_load import (  # noqa: E402
+from benchmarks.servers import (  # noqa: E402
     LlamaServer,
     LoadError,
     LocalServer,

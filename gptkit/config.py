@@ -20,7 +20,6 @@ from gptkit.inference import QUANTIZE
 from gptkit.lora import LoRAError, LoRASettings
 from gptkit.options import (
     ConfigError,
-    read_config_file,  # noqa: F401 -- benchmarks/serve_load.py imports it from here, until it takes gptkit.options'
     setting,
     settings_of,
 )

@@ -51,7 +51,6 @@ block_size tokens before them, so the text past block_size differs from nanoGPT'
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -59,7 +58,7 @@ import torch
 import torch.nn.functional as F
 
 from gptkit.cli import UserError
-from gptkit.runtime import resolve_compile
+from gptkit.runtime import ram, resolve_compile
 from model import GPT, no_tf32
 
 # ----------------------------------------------------------------------------- options
@@ -374,13 +373,8 @@ def _free_memory(device: torch.device) -> int | None:
         free, _ = torch.cuda.mem_get_info(device)
         return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     try:
-        with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, ValueError, IndexError, StopIteration):
-        pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):  # no sysconf (Windows)
+        return ram()[1]
+    except (AttributeError, ValueError, OSError):  # no sysconf either (Windows)
         return None
 
 

@@ -25,6 +25,7 @@ import torch
 
 from gptkit.lora import LoRALinear
 from gptkit.optim import block_matrices
+from gptkit.runtime import ram
 from model import loss_chunk_rows
 
 if TYPE_CHECKING:  # annotations only
@@ -701,16 +702,6 @@ class Device:
         if self.kind != "cuda":
             return (self.memory - CPU_RESERVED) / CPU_MALLOC_FACTOR
         return (self.memory - GPU_RESERVED) * (1 - GPU_FRAGMENTATION)
-
-
-def ram() -> tuple[int, int]:
-    """(total, available) bytes of this machine's memory."""
-    try:
-        info = dict(line.split(":", 1) for line in open("/proc/meminfo"))
-        return int(info["MemTotal"].split()[0]) * 1024, int(info["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):  # not Linux
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        return total, total
 
 
 def cpu_device() -> Device:

@@ -38,9 +38,9 @@ from gptkit.plan import (
     loss_rows,
     matmul_weights,
     memory,
-    ram,
     run_flops,
 )
+from gptkit.runtime import ram
 from gptkit.shards import PREPARE_COMMANDS, dataset_dir, prepare_command, read_meta
 from model import GPT, GPTConfig
 

@@ -176,6 +176,17 @@ def refuse_uncapturable(cuda_graphs: bool | None, *, activation_checkpointing: b
 GRAPH_DEVICE_TYPES = ("cuda",)
 
 
+def ram() -> tuple[int, int]:
+    """(total, available) bytes of this machine's memory (Linux's MemTotal and MemAvailable; elsewhere the
+    total for both)."""
+    try:
+        info = dict(line.split(":", 1) for line in open("/proc/meminfo"))
+        return int(info["MemTotal"].split()[0]) * 1024, int(info["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):  # not Linux
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return total, total
+
+
 def process_elapsed() -> float:
     """Seconds since this process started (on Linux from /proc, so imports and CUDA's start count too; elsewhere
     since the first call): the clock a run's elapsed_s is read on, so that it is the wall's."""

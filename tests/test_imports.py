@@ -13,9 +13,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 # model.py's delegates: (function, the module it imports inside it), the one allowed upward import.
 MODEL_DELEGATES = {("from_pretrained", "gptkit.hf_gpt2"), ("generate", "gptkit.generate")}
-# Parser names still imported through gptkit.config by a file another change owns: (file, name). benchmarks/
-# serve_load.py takes read_config_file from there until it imports it from gptkit.options.
-PENDING_CONFIG_IMPORTS = {("benchmarks/serve_load.py", "read_config_file")}
 
 
 def modules(root: Path) -> dict[str, Path]:
@@ -34,9 +31,11 @@ def modules(root: Path) -> dict[str, Path]:
 
 
 def scripts(known: dict[str, Path], root: Path) -> set[str]:
-    """What a user runs: the files at the top (model.py aside), prepare/*.py and benchmarks/*.py."""
+    """What a user runs: the files at the top (model.py aside), and those of prepare/ and benchmarks/ that run as
+    a program (`if __name__ == "__main__":`; benchmarks/servers.py, say, is the serving benchmarks' module)."""
     return {name for name, path in known.items() if path.name != "__init__.py" and name != "model"
-            and (path.parent == root or path.parent.relative_to(root).parts in (("prepare",), ("benchmarks",)))}
+            and (path.parent == root or (path.parent.relative_to(root).parts in (("prepare",), ("benchmarks",))
+                                         and '__name__ == "__main__"' in path.read_text(encoding="utf-8")))}
 
 
 def imports(path: Path, name: str, known: dict[str, Path]) -> list[tuple[str, str | None, int]]:
@@ -179,5 +178,5 @@ def test_the_parsers_names_come_from_gptkit_options(path):
     rel = str(path.relative_to(REPO))
     through_config = [alias.name for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
                       if isinstance(node, ast.ImportFrom) and node.module == "gptkit.config"
-                      for alias in node.names if alias.name in parser and (rel, alias.name) not in PENDING_CONFIG_IMPORTS]
+                      for alias in node.names if alias.name in parser]
     assert through_config == [], f"{rel}: import {', '.join(through_config)} from gptkit.options"

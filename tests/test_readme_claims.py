@@ -14,7 +14,8 @@ from conftest import needs_gpt2_bpe, torch_threads
 import chat
 from gptkit.chat import prompt_ids
 from gptkit.checkpoint import save_checkpoint
-from gptkit.config import read_config_file
+from gptkit.options import read_config_file
+from gptkit.prepare.conversations import chat_tokenizer
 from gptkit.tokenizer import CHAT_SPECIALS, Tokenizer
 from model import GPT, GPTConfig
 from prepare import chat as prepare_chat
@@ -76,7 +77,7 @@ def test_only_prepare_chat_py_adds_the_chat_markers_as_the_readme_says(tmp_path)
     assert Tokenizer({"kind": "char", "chars": list("abc")}).special == {}
     conversations = tmp_path / "c.jsonl"
     conversations.write_text('{"messages": [{"role": "user", "content": "abc"}]}\n')
-    char = prepare_chat.chat_tokenizer("char", conversations, str(tmp_path))
+    char = chat_tokenizer("char", lambda: prepare_chat.conversation_chars(conversations), str(tmp_path))
     assert list(char.special) == list(CHAT_SPECIALS)  # added by prepare/chat.py, after the characters
     assert tuple(prepare_tokenizer.TokenizerConfig().special) == CHAT_SPECIALS
 
@@ -84,7 +85,7 @@ def test_only_prepare_chat_py_adds_the_chat_markers_as_the_readme_says(tmp_path)
 @needs_gpt2_bpe
 def test_gpt2s_bpe_gets_the_chat_markers_from_prepare_chat_py_only(tmp_path):
     assert Tokenizer.tiktoken("gpt2").special == {"<|endoftext|>": 50256}
-    gpt2 = prepare_chat.chat_tokenizer("gpt2", tmp_path / "unused.jsonl", str(tmp_path))
+    gpt2 = chat_tokenizer("gpt2", lambda: prepare_chat.conversation_chars(tmp_path / "unused.jsonl"), str(tmp_path))
     assert gpt2.special == {"<|endoftext|>": 50256, "<|system|>": 50257, "<|user|>": 50258, "<|assistant|>": 50259,
                             "<|end|>": 50260}
 

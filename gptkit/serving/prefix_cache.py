@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gptkit.runtime import ram
+
 AUTO_SHARE = 4  # --prefix_cache=auto: a quarter of the memory available when the server starts ...
 AUTO_MAX = 4 * 2**30  # ... and at most 4 GiB (~58,000 tokens of GPT-2 small in float32)
 
@@ -40,8 +42,6 @@ def auto_bound(device: torch.device) -> int:
     if device.type == "cuda":
         available = torch.cuda.mem_get_info(device)[0]
     else:
-        from gptkit.plan import ram
-
         available = ram()[1]
     return min(available // AUTO_SHARE, AUTO_MAX)
 
