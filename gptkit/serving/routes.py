@@ -101,7 +101,8 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-def bad(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+def invalid_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    """A 400: the request is refused for what it asks (`param`, the field at fault, as OpenAI names it)."""
     return ApiError(400, message, param=param, code=code)
 
 
@@ -131,9 +132,9 @@ async def read_json(request: HttpRequest) -> dict[str, Any]:
     try:
         data = json.loads(bytes(body), parse_constant=no_constant)
     except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise bad(f"the request body is not valid JSON: {e}") from None
+        raise invalid_request(f"the request body is not valid JSON: {e}") from None
     if not isinstance(data, dict):
-        raise bad("the request body must be a JSON object")
+        raise invalid_request("the request body must be a JSON object")
     return data
 
 
@@ -142,9 +143,9 @@ def parse_body(schema: type, body: dict[str, Any]) -> Any:
     try:
         return parse(schema, body)
     except RequestError as e:
-        raise bad(e.message, e.param, e.code) from None
+        raise invalid_request(e.message, e.param, e.code) from None
     except RecursionError:  # a body nested deeper than the validator goes
-        raise bad("the request body is nested too deeply") from None
+        raise invalid_request("the request body is nested too deeply") from None
 
 
 # ----------------------------------------------------------------------------- a checked request
@@ -229,7 +230,7 @@ class Api:
     async def chat_completions(self, request: HttpRequest) -> Response:
         body = parse_body(ChatRequest, await read_json(request))
         if self.chat_tokens is None:
-            raise bad(self.chat_problem, code="not_a_chat_model")
+            raise invalid_request(self.chat_problem, code="not_a_chat_model")
         return await self._answer(request, self._chat_job(body))
 
     async def tokenize(self, request: HttpRequest) -> Response:
@@ -240,11 +241,11 @@ class Api:
         self._check_model(body.model)
         if body.messages is not None:
             if self.chat_tokens is None:
-                raise bad(self.chat_problem, code="not_a_chat_model")
+                raise invalid_request(self.chat_problem, code="not_a_chat_model")
             try:
                 ids = prompt_ids(check_messages([m.plain() for m in body.messages]), self.tokenizer)
             except (ChatError, DataError) as e:
-                raise bad(str(e), "messages") from None
+                raise invalid_request(str(e), "messages") from None
         else:
             ids = self._encode(body.prompt)
         return JSONResponse({"count": len(ids), "max_model_len": self.block_size, "tokens": ids})
@@ -272,7 +273,7 @@ class Api:
         try:
             prompt = prompt_ids(check_messages([m.plain() for m in body.messages]), self.tokenizer)
         except (ChatError, DataError) as e:
-            raise bad(str(e), "messages") from None
+            raise invalid_request(str(e), "messages") from None
         max_tokens, param = body.reply_tokens
         top = (body.top_logprobs or 0) if body.logprobs else None
         return self._job(body, True, [prompt], [self._budget(prompt, max_tokens, param, chat=True)],
@@ -282,10 +283,10 @@ class Api:
              budgets: list[int], stop_ids: frozenset[int], logprobs: int | None, echo: list[str] | None) -> Job:
         capacity = self.engine.max_batch + self.engine.max_queue
         if body.n > capacity:
-            raise bad(f"n must be at most {capacity} (the replies this server decodes at once), got {body.n}",
+            raise invalid_request(f"n must be at most {capacity} (the replies this server decodes at once), got {body.n}",
                       "n")
         if len(prompts) * body.n > capacity:
-            raise bad(f"{len(prompts)} prompts times n={body.n} is {len(prompts) * body.n} replies; this server "
+            raise invalid_request(f"{len(prompts)} prompts times n={body.n} is {len(prompts) * body.n} replies; this server "
                       f"decodes at most {capacity} at once", "n")
         # top_p 0 keeps the likeliest token only: greedy, as OpenAI documents it.
         sampling = SamplingOptions(temperature=body.temperature if body.top_p > 0 else 0.0,
@@ -302,10 +303,10 @@ class Api:
         ids = {int(t): b for t, b in bias.items()}
         outside = [t for t in ids if t >= vocab]
         if outside:
-            raise bad(f"logit_bias: token id {outside[0]} is outside the model's vocabulary [0, {vocab})",
+            raise invalid_request(f"logit_bias: token id {outside[0]} is outside the model's vocabulary [0, {vocab})",
                       "logit_bias")
         if sum(b <= BAN for b in ids.values()) >= vocab:
-            raise bad("logit_bias bans every token of the vocabulary: nothing could be drawn", "logit_bias")
+            raise invalid_request("logit_bias bans every token of the vocabulary: nothing could be drawn", "logit_bias")
         return {t: b for t, b in ids.items() if b != 0}
 
     def _completion_prompts(self, prompt: Any, skip_special: bool) -> tuple[list[list[int]], list[str]]:
@@ -324,17 +325,17 @@ class Api:
     def _encode(self, text: str) -> list[int]:
         if not text:
             if self.tokenizer.eot_id is None:
-                raise bad("the prompt is empty, and this model has no end-of-text token to start from", "prompt")
+                raise invalid_request("the prompt is empty, and this model has no end-of-text token to start from", "prompt")
             return [self.tokenizer.eot_id]  # where documents start, as sample.py's empty prompt
         try:
             return self.tokenizer.encode(text)
         except DataError as e:  # a character a char-level model does not know
-            raise bad(str(e), "prompt") from None
+            raise invalid_request(str(e), "prompt") from None
 
     def _ids(self, ids: list[int]) -> list[int]:
         vocab = self.tokenizer.vocab_size
         if not all(t < vocab for t in ids):
-            raise bad(f"a prompt of token ids must be non-empty, each id in [0, {vocab})", "prompt")
+            raise invalid_request(f"a prompt of token ids must be non-empty, each id in [0, {vocab})", "prompt")
         return list(ids)
 
     def _budget(self, prompt: list[int], max_tokens: int | None, param: str, chat: bool) -> int:
@@ -342,13 +343,13 @@ class Api:
         only scored, max_tokens=0, may fill it)."""
         room = self.block_size - len(prompt)
         if room < (0 if max_tokens == 0 else 1):
-            raise bad(f"the prompt has {len(prompt)} tokens, but the model's context is {self.block_size} "
+            raise invalid_request(f"the prompt has {len(prompt)} tokens, but the model's context is {self.block_size} "
                       f"tokens, and a prompt may have at most {self.block_size - 1} of them, to leave room for a "
                       f"reply", "messages" if chat else "prompt", code="context_length_exceeded")
         if max_tokens is None:
             return room if chat else min(DEFAULT_COMPLETION_TOKENS, room)
         if max_tokens > room:
-            raise bad(f"{param} is {max_tokens}, but the prompt has {len(prompt)} tokens and the model's "
+            raise invalid_request(f"{param} is {max_tokens}, but the prompt has {len(prompt)} tokens and the model's "
                       f"context is {self.block_size}: a reply can have at most {room}", param,
                       code="context_length_exceeded")
         return max_tokens
@@ -517,7 +518,7 @@ class Choices:
                                code="queue_full") from None
             if isinstance(e, EngineStopped):
                 raise ApiError(503, str(e), type="server_error", code="shutting_down") from None
-            raise bad(str(e), "prompt") from None  # engine.check: what the checks above let through
+            raise invalid_request(str(e), "prompt") from None  # engine.check: what the checks above let through
 
     def _emitter(self, index: int):
         def emit(event: Token | Finished | PromptLogprobs) -> None:  # on the engine's thread
