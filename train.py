@@ -70,12 +70,17 @@ from gptkit.runtime import (
 )
 from gptkit.shards import DataError, dataset_dir, read_meta, require_dataset
 from gptkit.step import NonFiniteError, StepRequests, StopFlag, TrainStep
+from gptkit.threads import Threads, resolve_threads
 from gptkit.tokenizer import Tokenizer, with_tokenizer_files
 from model import GPT
 
 # A run on the CPU that needs more training FLOPs than this was sized for a GPU (configs/shakespeare.py needs
 # ~6e15; configs/shakespeare_cpu.py ~1e13): say so before it starts.
 CPU_FLOPS_BUDGET = 1e14
+
+
+# A run whose caller chose no thread count (setup_run called from Python): torch's own, left as it is.
+TORCH_OWN = Threads(None, "torch's own count")
 
 
 class TrainError(UserError):
@@ -144,7 +149,7 @@ def lock_out_dir(out_dir: str, d: Dist):
         lock.release()
 
 
-def write_run_info(cfg: TrainConfig, argv: list[str], d: Dist, rt: Runtime) -> None:
+def write_run_info(cfg: TrainConfig, argv: list[str], d: Dist, rt: Runtime, threads: Threads) -> None:
     out = Path(cfg.out_dir)
     if cfg.init_from != "resume":
         # A new run starts new logs; with --overwrite=True the old run's checkpoints go now, so that a stale
@@ -157,7 +162,7 @@ def write_run_info(cfg: TrainConfig, argv: list[str], d: Dist, rt: Runtime) -> N
     info = {"argv": ["train.py", *argv], "config": config_to_dict(cfg), "versions": library_versions(),
             "code": code_version(Path(__file__).resolve().parent),
             "world_size": d.world_size, "device": str(rt.device), "dtype": rt.dtype_name,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            "threads": threads.record(), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
     with open(out / "runs.jsonl", "a") as f:  # one line per invocation: a resumed run keeps the history
         f.write(json.dumps(info) + "\n")
 
@@ -186,6 +191,7 @@ class Run:
     graphed: GraphedStep | None = None  # with cuda_graphs: the whole step, replayed as one CUDA graph
     hellaswag: list[hellaswag.Encoded] | None = None  # HellaSwag's items, when hellaswag_interval is set
     saver: CheckpointSaver = field(default_factory=CheckpointSaver)  # writes in the background with async_save
+    threads: Threads = TORCH_OWN  # torch's CPU threads (gptkit/threads.py), chosen at the start
 
     @property
     def tokens_per_step(self) -> int:
@@ -193,9 +199,10 @@ class Run:
 
 
 def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Runtime,
-              data_dir: Path, meta: dict) -> tuple[Run, int, float]:
+              data_dir: Path, meta: dict, threads: Threads | None = None) -> tuple[Run, int, float]:
     """The model, optimizer, data and wrappers of a new or resumed run; returns it with its step and best
-    val loss."""
+    val loss. `threads`: torch's CPU threads, already applied (None: torch's own count)."""
+    threads = threads or TORCH_OWN
     if cfg.batch_size is not None and cfg.gradient_accumulation_steps % d.world_size:  # (auto: chosen below)
         raise TrainError(f"gradient_accumulation_steps ({cfg.gradient_accumulation_steps}) must be divisible by "
                          f"the number of processes ({d.world_size})")
@@ -226,7 +233,7 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
                            mode=cfg.data_mode, rank=d.rank, world_size=d.world_size, device=rt.device),
         val=ValBatches(data_dir, "val", batch_size=cfg.batch_size, block_size=block, n_batches=cfg.eval_iters,
                        rank=d.rank, world_size=d.world_size, device=rt.device),
-        accum=cfg.gradient_accumulation_steps // d.world_size, lora=lora_info,
+        accum=cfg.gradient_accumulation_steps // d.world_size, threads=threads, lora=lora_info,
         saver=CheckpointSaver(background=cfg.async_save),
     )
     if graphs:  # (the capture waits for a checkpoint still being written: no other thread on the device then)
@@ -238,8 +245,10 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
     if d.master:
         print("config:")
         print_config(cfg)
-        write_run_info(cfg, argv, d, rt)
+        write_run_info(cfg, argv, d, rt, threads)
         print(why)
+        if rt.device_type == "cpu":
+            print(f"threads: {threads.describe()}")
         if rt.device_type == "cuda":
             print(graphs_line)
         if parallel_line:
@@ -334,7 +343,8 @@ def make_metrics(run: Run, start_step: int = 0) -> Metrics:
     metrics = Metrics(cfg.out_dir, master=d.master, tokens_per_step=run.tokens_per_step, flops_per_token=fpt,
                       peak_flops=peak_flops(rt.device, rt.dtype), world_size=d.world_size,
                       max_iters=cfg.max_iters, device=rt.device, wandb_run=wandb_run, answers_only=answers_only,
-                      log_interval=cfg.log_interval, started=time.perf_counter() - process_elapsed())
+                      log_interval=cfg.log_interval, started=time.perf_counter() - process_elapsed(),
+                      cpu_threads=run.threads.count if rt.device_type == "cpu" else None)
     metrics.step = start_step  # (for its progress lines)
     return metrics
 
@@ -482,14 +492,16 @@ def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, requests:
     return {"step": step, "val_loss": val_loss, "best_val_loss": best_val, "stopped": stopped}
 
 
-def train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Runtime) -> dict:
-    """Run the training loop; returns a summary (final step, last val loss, best val loss)."""
+def train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Runtime,
+          threads: Threads | None = None) -> dict:
+    """Run the training loop; returns a summary (final step, last val loss, best val loss). `threads`: torch's
+    CPU threads, applied by the caller."""
     data_dir, meta = load_dataset(cfg, d)
     cfg = fit_block_size(cfg, meta, d)
     hellaswag_items = load_hellaswag(cfg, meta, d)  # now: no network is an error at the start, not at step 5000
     with lock_out_dir(cfg.out_dir, d):
         check_out_dir(cfg)
-        run, step, best_val = setup_run(cfg, ckpt, argv, d, rt, data_dir, meta)
+        run, step, best_val = setup_run(cfg, ckpt, argv, d, rt, data_dir, meta, threads)
         run.hellaswag = hellaswag_items
         metrics = make_metrics(run, step)
         try:
@@ -534,7 +546,8 @@ def main(argv: list[str] | None = None) -> dict:
     if cfg.plan:
         return plan_run(cfg, ckpt, argv)
     with distributed(cfg.device, cfg.dtype, cfg.backend) as (d, rt):
-        return train(cfg, ckpt, argv, d, rt)
+        with resolve_threads(cfg.threads, rt.device_type).applied() as threads:  # (left as they were on return)
+            return train(cfg, ckpt, argv, d, rt, threads)
 
 
 if __name__ == "__main__":
