@@ -45,7 +45,7 @@ from gptkit.checkpoint import (
     saved_checkpoint,
 )
 from gptkit.checkpoint.background import CheckpointSaver
-from gptkit.checkpoint.resume import check_out_dir, resolve_config
+from gptkit.checkpoint.resume import check_out_dir, resolve_config, set_aside_damaged_best
 from gptkit.checkpoint.run_model import attach_lora, build_model, check_vocab, with_base_shape
 from gptkit.cli import UserError
 from gptkit.config import TrainConfig
@@ -501,6 +501,8 @@ def train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Run
     hellaswag_items = load_hellaswag(cfg, meta, d)  # now: no network is an error at the start, not at step 5000
     with lock_out_dir(cfg.out_dir, d):
         check_out_dir(cfg)
+        # a resumed run checks best.pt as it checked last.pt: a damaged one is set aside, said in one line
+        aside = set_aside_damaged_best(cfg.out_dir, ckpt["best_val_loss"]) if ckpt is not None and d.master else None
         run, step, best_val = setup_run(cfg, ckpt, argv, d, rt, data_dir, meta, threads)
         run.hellaswag = hellaswag_items
         metrics = make_metrics(run, step)
@@ -515,17 +517,21 @@ def train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Run
     if summary["stopped"]:  # by a signal (on this rank or another): exit as the signal would have
         raise SystemExit(stop.exit_code)
     if d.master and not cfg.eval_only:
-        print(where_checkpoints_are(cfg.out_dir, summary))
+        print(where_checkpoints_are(cfg.out_dir, summary, aside))
     return summary
 
 
-def where_checkpoints_are(out_dir: str, summary: dict) -> str:
-    """The run's last line: where its checkpoints are, and how to use them."""
+def where_checkpoints_are(out_dir: str, summary: dict, aside: Path | None = None) -> str:
+    """The run's last line: where its checkpoints are, and how to use them. `aside`: where a damaged best
+    checkpoint was set aside at the start, said again when no later evaluation replaced it."""
     saved = [p.name for p in (saved_checkpoint(out_dir, n) for n in ("best", "last")) if p is not None]
     if not saved:
         return f"done at step {summary['step']}; no checkpoint was saved in {out_dir}/"
-    return (f"done at step {summary['step']} (best val loss {summary['best_val_loss']:.4f}); checkpoints in "
-            f"{out_dir}/: {', '.join(saved)}; sample with: python sample.py --ckpt {out_dir}/")
+    best = f"best val loss {summary['best_val_loss']:.4f}"
+    if aside is not None and saved_checkpoint(out_dir, "best") is None:
+        best += f", reached by the damaged best checkpoint set aside as {aside}; none since beat it"
+    return (f"done at step {summary['step']} ({best}); checkpoints in {out_dir}/: {', '.join(saved)}; sample "
+            f"with: python sample.py --ckpt {out_dir}/")
 
 
 def plan_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str]) -> dict:
