@@ -56,6 +56,7 @@ from gptkit.metrics import LineProgress, Metrics, peak_flops, start_wandb
 from gptkit.optim import describe, load_optimizer_state, make_optimizer
 from gptkit.options import config_to_dict, print_config
 from gptkit.plan_report import format_plan, make_plan
+from gptkit.prepare.local import DownloadError
 from gptkit.prepare.tiny_shakespeare import DATASETS as SHAKESPEARE_DATASETS
 from gptkit.prepare.tiny_shakespeare import prepare_shakespeare
 from gptkit.runtime import (
@@ -98,9 +99,13 @@ def load_dataset(cfg: TrainConfig, d: Dist) -> tuple[Path, dict]:
         print(f"dataset {cfg.dataset!r} not prepared yet: preparing it at {path}")
         try:
             prepare_shakespeare(path, SHAKESPEARE_DATASETS[path.name])
-        except DataError as e:  # e.g. no network
-            raise TrainError(f"could not prepare {path}: {e} (with a local copy: python prepare/{path.name}.py "
-                             f"--input PATH)") from None
+        except DownloadError as e:  # no network: the prepare script takes a copy of the text
+            out = "" if path == Path("data") / path.name else f" --out_dir {shlex.quote(str(path))}"
+            raise TrainError(f"could not download the text of {path.name} to prepare {path} ({e.reason}); with a "
+                             f"copy of it here, run: python prepare/{path.name}.py --input PATH_TO_THE_TEXT{out} "
+                             f"(then this command again)") from None
+        except DataError as e:
+            raise TrainError(f"could not prepare {path}: {e}") from None
     d.barrier()  # every rank waits here, whatever it saw on disk, so the collectives stay in step
     path = require_dataset(cfg.dataset, cfg.data_root)
     meta = read_meta(path)
@@ -280,10 +285,12 @@ def restore_state(run: Run, ckpt: dict) -> tuple[int, float]:
     return int(ckpt["step"]), float(ckpt["best_val_loss"])
 
 
-def save(run: Run, name: str, step: int, best_val: float, requests: StepRequests | None = None) -> None:
+def save(run: Run, name: str, step: int, best_val: float, requests: StepRequests | None = None,
+         asked: str = "") -> None:
     """Every rank calls this at the same steps: each contributes its RNG state; rank 0 writes, or under FSDP
     every rank writes its shards of a sharded checkpoint, the folder `name` without .pt (rank 0 the rest).
-    `requests`: a save of last.pt restarts the clock of checkpoint_interval_s."""
+    `requests`: a save of last.pt restarts the clock of checkpoint_interval_s. `asked`: what asked for this
+    save (SIGUSR1, the clock): rank 0 says when it is written (with async_save, once the write is done)."""
     if requests is not None:
         requests.saved()
     rt, d = run.rt, run.d
@@ -300,11 +307,16 @@ def save(run: Run, name: str, step: int, best_val: float, requests: StepRequests
                                  loader=run.loader, meta=run.meta, config=config_to_dict(run.cfg), argv=run.argv,
                                  step=step, best_val_loss=best_val, rng=rngs, versions=library_versions(),
                                  lora_info=run.lora, sharded=sharded)
+    path = Path(run.cfg.out_dir) / (Path(name).stem if sharded else name)
+    done = None
+    if asked and d.master:  # (one write of the whole line: with async_save the writing thread prints it)
+        def done():
+            sys.stdout.write(f"saved {path}{'/' * sharded} at step {step} ({asked}); going on\n")
+            sys.stdout.flush()
     if sharded:
-        run.saver.save_sharded(Path(run.cfg.out_dir) / Path(name).stem, state, run.raw_model, run.optimizer,
-                               adapters_only=bool(run.lora))
+        run.saver.save_sharded(path, state, run.raw_model, run.optimizer, adapters_only=bool(run.lora), done=done)
     elif d.master:
-        run.saver.save(state, Path(run.cfg.out_dir) / name)
+        run.saver.save(state, path, done=done)
 
 
 def make_metrics(run: Run, start_step: int = 0) -> Metrics:
@@ -460,7 +472,8 @@ def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, requests:
             if improved and step > 0:
                 save(run, "best.pt", step, best_val)
             if step > start_step and (improved or cfg.always_save_checkpoint or step >= cfg.max_iters or save_asked):
-                save(run, "last.pt", step, best_val, requests)  # (on the start step last.pt holds this state)
+                # (on the start step last.pt holds this state)
+                save(run, "last.pt", step, best_val, requests, asked=requests.why_saved() if save_asked else "")
             save_asked = False
             if step > start_step:
                 metrics.start_timing()  # keep the evaluation out of the step timings
@@ -487,7 +500,7 @@ def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, requests:
             break
         save_asked = out.verdict.save  # SIGUSR1 or the clock, on any rank: save last.pt, then go on
         if save_asked and step % cfg.eval_interval and step < cfg.max_iters:  # (else with the evaluation)
-            save(run, "last.pt", step, best_val, requests)
+            save(run, "last.pt", step, best_val, requests, asked=requests.why_saved())
             save_asked = False
     return {"step": step, "val_loss": val_loss, "best_val_loss": best_val, "stopped": stopped}
 

@@ -417,14 +417,25 @@ def test_shakespeare_is_prepared_on_the_fly_or_explains_how(tmp_path, monkeypatc
     args = [f"--data_root={tmp_path}", "--dataset=shakespeare_char", f"--out_dir={tmp_path / 'out'}",
             "--device=cpu", "--n_layer=1", "--n_head=1", "--n_embd=16", "--block_size=16", "--batch_size=2",
             "--gradient_accumulation_steps=1", "--max_iters=1", "--eval_iters=1"]
-    with pytest.raises(SystemExit, match=r"could not download .*python prepare/shakespeare_char.py --input PATH"):
+    with pytest.raises(SystemExit) as e:
         train.main(args)
+    message = str(e.value.code)
+    # one line, with the command that works here (train.py takes no --input): run as it is written, it prepares
+    # the dataset where this run looks for it
+    folder = tmp_path / "shakespeare_char"
+    command = f"python prepare/shakespeare_char.py --input PATH_TO_THE_TEXT --out_dir {folder}"
+    assert message == (f"error: could not download the text of shakespeare_char to prepare {folder} (no network); "
+                       f"with a copy of it here, run: {command} (then this command again)")
     assert not (tmp_path / "out").exists()
-    # with the text already downloaded (here: copied) into the dataset folder, train.py prepares it itself
-    (tmp_path / "shakespeare_char").mkdir(exist_ok=True)
-    (tmp_path / "shakespeare_char" / "input.txt").write_bytes(shakespeare_path.read_bytes())
+    prepare = command.replace("PATH_TO_THE_TEXT", str(shakespeare_path)).split()[1:]
+    subprocess.run([sys.executable, *prepare], cwd=REPO, check=True, capture_output=True, timeout=300)
     assert train.main(args)["step"] == 1
-    assert (tmp_path / "shakespeare_char" / "meta.json").is_file()
+    # with the text already downloaded (here: copied) into the dataset folder, train.py prepares it itself
+    other = [a.replace(str(tmp_path), str(tmp_path / "other")) for a in args]
+    (tmp_path / "other" / "shakespeare_char").mkdir(parents=True)
+    (tmp_path / "other" / "shakespeare_char" / "input.txt").write_bytes(shakespeare_path.read_bytes())
+    assert train.main(other)["step"] == 1
+    assert (tmp_path / "other" / "shakespeare_char" / "meta.json").is_file()
 
 
 def test_a_busy_out_dir_is_refused_at_once_and_nothing_is_touched(char_dataset, tmp_path):
