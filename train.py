@@ -54,7 +54,7 @@ from gptkit.files import OutDirBusyError, OutDirLock
 from gptkit.loader import BatchLoader, ValBatches
 from gptkit.metrics import LineProgress, Metrics, peak_flops, start_wandb
 from gptkit.optim import describe, load_optimizer_state, make_optimizer
-from gptkit.options import config_to_dict, print_config
+from gptkit.options import ConfigError, config_to_dict, print_config
 from gptkit.plan_report import format_plan, make_plan
 from gptkit.prepare.local import DownloadError
 from gptkit.prepare.tiny_shakespeare import DATASETS as SHAKESPEARE_DATASETS
@@ -113,6 +113,23 @@ def load_dataset(cfg: TrainConfig, d: Dist) -> tuple[Path, dict]:
     # hours of training; the checkpoints carry these files.
     with_tokenizer_files(meta)
     return path, meta
+
+
+def check_accumulation(cfg: TrainConfig, world_size: int) -> None:
+    """gradient_accumulation_steps counts the micro-batches of all processes together: a multiple of their
+    number, or a one-line error (before any process group: every process says it alike, one prints it) with the
+    setting that works, and the batch size that keeps the tokens per step where there is one."""
+    accum = cfg.gradient_accumulation_steps
+    if cfg.batch_size is None or accum % world_size == 0:  # (batch_size=auto chooses the accumulation itself)
+        return
+    fit = -(-accum // world_size) * world_size  # the next multiple
+    keep = ""
+    if cfg.batch_size * accum % fit == 0:
+        keep = (f"; to keep its {cfg.batch_size * accum * cfg.block_size:,} tokens per step: "
+                f"--gradient_accumulation_steps={fit} --batch_size={cfg.batch_size * accum // fit}")
+    raise ConfigError(f"gradient_accumulation_steps ({accum}) counts the micro-batches of all {world_size} "
+                      f"processes together, so it must be a multiple of {world_size}: use "
+                      f"--gradient_accumulation_steps={fit}{keep}")
 
 
 def fit_block_size(cfg: TrainConfig, meta: dict, d: Dist) -> TrainConfig:
@@ -208,9 +225,6 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
     """The model, optimizer, data and wrappers of a new or resumed run; returns it with its step and best
     val loss. `threads`: torch's CPU threads, already applied (None: torch's own count)."""
     threads = threads or TORCH_OWN
-    if cfg.batch_size is not None and cfg.gradient_accumulation_steps % d.world_size:  # (auto: chosen below)
-        raise TrainError(f"gradient_accumulation_steps ({cfg.gradient_accumulation_steps}) must be divisible by "
-                         f"the number of processes ({d.world_size})")
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     model, added_tokens = build_model(cfg, meta, ckpt)
     if ckpt is None and cfg.init_from != "scratch":
@@ -564,6 +578,7 @@ def main(argv: list[str] | None = None) -> dict:
     cfg, ckpt = resolve_config(argv)
     if cfg.plan:
         return plan_run(cfg, ckpt, argv)
+    check_accumulation(cfg, int(os.environ.get("WORLD_SIZE", 1)))
     with distributed(cfg.device, cfg.dtype, cfg.backend) as (d, rt):
         with resolve_threads(cfg.threads, rt.device_type).applied() as threads:  # (left as they were on return)
             return train(cfg, ckpt, argv, d, rt, threads)

@@ -143,6 +143,10 @@ class TrainConfig(ModelSettings):
         self.validate_tokens_per_step()
         if self.resume == "auto" and self.overwrite:
             raise ConfigError("resume=auto continues the run in out_dir and overwrite=True replaces it: drop one")
+        if self.init_from == "resume" and self.overwrite:
+            raise ConfigError("init_from=resume continues the run in out_dir, and overwrite=True is for a new run "
+                              "that replaces it: drop --overwrite=True to continue it, or --init_from=resume to "
+                              "start again")
         if self.threads < 0:
             raise ConfigError(f"threads must be >= 0 (0 = auto), got {self.threads}")
         for name in ("plan_gpus", "device_memory_gb", "usd_per_gpu_hour", "checkpoint_interval_s"):

@@ -26,6 +26,9 @@ from model import GPTConfig
 
 # The shape and architecture a resumed run must keep (model.py's GPTConfig says which settings they are).
 MODEL_KEYS = GPTConfig.shape_names()
+# How one invocation starts, not what the run is: a resumed run takes them from its own command line only, never
+# from the checkpoint's config (a run started with --overwrite=True is continued without it).
+INVOCATION_KEYS = ("overwrite", "resume", "plan")
 
 
 class ResumeError(UserError):
@@ -63,7 +66,7 @@ def resolve_config(argv: list[str]) -> tuple[TrainConfig, dict | None]:
         if asked.init_from != "scratch":  # a fine-tune's block_size may have been fitted to its data: kept
             values.pop("block_size", None)
         values["init_from"] = "resume"
-    base = dict(ckpt["config"])
+    base = {k: v for k, v in ckpt["config"].items() if k not in INVOCATION_KEYS}
     # Through GPTConfig: a checkpoint older than an option has its default, and `auto` options their values.
     saved_model = GPTConfig.from_dict(ckpt["model_config"]).to_dict()
     saved_shape = {k: saved_model[k] for k in MODEL_KEYS}
