@@ -1,7 +1,7 @@
 """Training on a busy CPU: ms per step of the quick start (configs/shakespeare_cpu.py, a fixed number of steps)
 with each thread setting, while 0, 1 and 2 busy neighbours run, and nanoGPT's train.py beside it.
 
-    python benchmarks/train_threads.py                                       # ~15 min on 2 cores
+    python benchmarks/train_threads.py                                       # ~10-20 min on 2 cores
     python benchmarks/train_threads.py --nanogpt ../shared/anchors/nanoGPT   # + nanoGPT's rows
     python benchmarks/train_threads.py --steps 4 --neighbours 0,1 -- --n_layer=1   # a rehearsal, tiny
 
