@@ -53,6 +53,7 @@ from gptkit.options import ConfigError, load_config, setting
 from gptkit.preference import Pairs
 from gptkit.runtime import Dist, Runtime, distributed, resolve_compile
 from gptkit.shards import TokenDataset, require_dataset
+from gptkit.threads import Threads, resolve_threads
 from gptkit.tokenizer import Tokenizer
 from model import GPT, bucketed_forward
 
@@ -208,7 +209,8 @@ def preference_inputs(cfg: EvalConfig, tokenizer: Tokenizer) -> tuple[GPT | None
 # ----------------------------------------------------------------------------- the script
 
 
-def run(cfg: EvalConfig, d: Dist, rt: Runtime, err=None) -> dict:
+def run(cfg: EvalConfig, d: Dist, rt: Runtime, err=None, threads: Threads | None = None) -> dict:
+    """The task's result; `threads`: torch's CPU threads, applied by the caller (said on the CPU)."""
     err = err if err is not None else sys.stderr
     log = (lambda text: print(text, file=err, flush=True)) if d.master else (lambda text: None)
     model, tokenizer, what, settings = load_model_and_settings(cfg.ckpt, cfg.init_from)
@@ -227,8 +229,9 @@ def run(cfg: EvalConfig, d: Dist, rt: Runtime, err=None) -> dict:
     use_compile, why = resolve_compile(cfg.compile, rt.device)
     # Sequence lengths vary from batch to batch: compiled for dynamic shapes, so it does not recompile each time.
     hidden = torch.compile(model.hidden_states, dynamic=True) if use_compile else None
+    on = f"{rt.device} {rt.dtype_name}" + (f", {threads.describe()}" if threads and rt.device_type == "cpu" else "")
     log(f"eval.py: {what}, {model.num_params(non_embedding=False) / 1e6:.2f}M parameters, {tokenizer.kind} tokenizer; {d.world_size} "
-        f"process(es) on {rt.device} {rt.dtype_name}; {why}")
+        f"process(es) on {on}; {why}")
     started = time.perf_counter()
     if cfg.task == "hellaswag":
         scores = hellaswag.score(model, encoded, rt, d, batch_items=cfg.batch_size, hidden=hidden, progress=d.master)
@@ -264,7 +267,8 @@ def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
     cfg = load_config(EvalConfig, argv, allow_files=False, prog="eval.py")
     with distributed(cfg.device, cfg.dtype) as (d, rt):
-        result = run(cfg, d, rt)
+        with resolve_threads(cfg.threads, rt.device_type).applied() as threads:  # (left as they were on return)
+            result = run(cfg, d, rt, threads=threads)
     if d.master:
         print(json.dumps(result), flush=True)
     return result

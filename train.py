@@ -45,7 +45,7 @@ from gptkit.checkpoint import (
     saved_checkpoint,
 )
 from gptkit.checkpoint.background import CheckpointSaver
-from gptkit.checkpoint.resume import check_out_dir, resolve_config
+from gptkit.checkpoint.resume import check_out_dir, resolve_config, set_aside_damaged_best
 from gptkit.checkpoint.run_model import attach_lora, build_model, check_vocab, with_base_shape
 from gptkit.cli import UserError
 from gptkit.config import TrainConfig
@@ -54,8 +54,9 @@ from gptkit.files import OutDirBusyError, OutDirLock
 from gptkit.loader import BatchLoader, ValBatches
 from gptkit.metrics import LineProgress, Metrics, peak_flops, start_wandb
 from gptkit.optim import describe, load_optimizer_state, make_optimizer
-from gptkit.options import config_to_dict, print_config
+from gptkit.options import ConfigError, config_to_dict, print_config
 from gptkit.plan_report import format_plan, make_plan
+from gptkit.prepare.local import DownloadError
 from gptkit.prepare.tiny_shakespeare import DATASETS as SHAKESPEARE_DATASETS
 from gptkit.prepare.tiny_shakespeare import prepare_shakespeare
 from gptkit.runtime import (
@@ -70,12 +71,17 @@ from gptkit.runtime import (
 )
 from gptkit.shards import DataError, dataset_dir, read_meta, require_dataset
 from gptkit.step import NonFiniteError, StepRequests, StopFlag, TrainStep
+from gptkit.threads import Threads, resolve_threads
 from gptkit.tokenizer import Tokenizer, with_tokenizer_files
 from model import GPT
 
 # A run on the CPU that needs more training FLOPs than this was sized for a GPU (configs/shakespeare.py needs
 # ~6e15; configs/shakespeare_cpu.py ~1e13): say so before it starts.
 CPU_FLOPS_BUDGET = 1e14
+
+
+# A run whose caller chose no thread count (setup_run called from Python): torch's own, left as it is.
+TORCH_OWN = Threads(None, "torch's own count")
 
 
 class TrainError(UserError):
@@ -93,9 +99,13 @@ def load_dataset(cfg: TrainConfig, d: Dist) -> tuple[Path, dict]:
         print(f"dataset {cfg.dataset!r} not prepared yet: preparing it at {path}")
         try:
             prepare_shakespeare(path, SHAKESPEARE_DATASETS[path.name])
-        except DataError as e:  # e.g. no network
-            raise TrainError(f"could not prepare {path}: {e} (with a local copy: python prepare/{path.name}.py "
-                             f"--input PATH)") from None
+        except DownloadError as e:  # no network: the prepare script takes a copy of the text
+            out = "" if path == Path("data") / path.name else f" --out_dir {shlex.quote(str(path))}"
+            raise TrainError(f"could not download the text of {path.name} to prepare {path} ({e.reason}); with a "
+                             f"copy of it here, run: python prepare/{path.name}.py --input PATH_TO_THE_TEXT{out} "
+                             f"(then this command again)") from None
+        except DataError as e:
+            raise TrainError(f"could not prepare {path}: {e}") from None
     d.barrier()  # every rank waits here, whatever it saw on disk, so the collectives stay in step
     path = require_dataset(cfg.dataset, cfg.data_root)
     meta = read_meta(path)
@@ -103,6 +113,23 @@ def load_dataset(cfg: TrainConfig, d: Dist) -> tuple[Path, dict]:
     # hours of training; the checkpoints carry these files.
     with_tokenizer_files(meta)
     return path, meta
+
+
+def check_accumulation(cfg: TrainConfig, world_size: int) -> None:
+    """gradient_accumulation_steps counts the micro-batches of all processes together: a multiple of their
+    number, or a one-line error (before any process group: every process says it alike, one prints it) with the
+    setting that works, and the batch size that keeps the tokens per step where there is one."""
+    accum = cfg.gradient_accumulation_steps
+    if cfg.batch_size is None or accum % world_size == 0:  # (batch_size=auto chooses the accumulation itself)
+        return
+    fit = -(-accum // world_size) * world_size  # the next multiple
+    keep = ""
+    if cfg.batch_size * accum % fit == 0:
+        keep = (f"; to keep its {cfg.batch_size * accum * cfg.block_size:,} tokens per step: "
+                f"--gradient_accumulation_steps={fit} --batch_size={cfg.batch_size * accum // fit}")
+    raise ConfigError(f"gradient_accumulation_steps ({accum}) counts the micro-batches of all {world_size} "
+                      f"processes together, so it must be a multiple of {world_size}: use "
+                      f"--gradient_accumulation_steps={fit}{keep}")
 
 
 def fit_block_size(cfg: TrainConfig, meta: dict, d: Dist) -> TrainConfig:
@@ -144,7 +171,7 @@ def lock_out_dir(out_dir: str, d: Dist):
         lock.release()
 
 
-def write_run_info(cfg: TrainConfig, argv: list[str], d: Dist, rt: Runtime) -> None:
+def write_run_info(cfg: TrainConfig, argv: list[str], d: Dist, rt: Runtime, threads: Threads) -> None:
     out = Path(cfg.out_dir)
     if cfg.init_from != "resume":
         # A new run starts new logs; with --overwrite=True the old run's checkpoints go now, so that a stale
@@ -157,7 +184,7 @@ def write_run_info(cfg: TrainConfig, argv: list[str], d: Dist, rt: Runtime) -> N
     info = {"argv": ["train.py", *argv], "config": config_to_dict(cfg), "versions": library_versions(),
             "code": code_version(Path(__file__).resolve().parent),
             "world_size": d.world_size, "device": str(rt.device), "dtype": rt.dtype_name,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            "threads": threads.record(), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
     with open(out / "runs.jsonl", "a") as f:  # one line per invocation: a resumed run keeps the history
         f.write(json.dumps(info) + "\n")
 
@@ -186,6 +213,7 @@ class Run:
     graphed: GraphedStep | None = None  # with cuda_graphs: the whole step, replayed as one CUDA graph
     hellaswag: list[hellaswag.Encoded] | None = None  # HellaSwag's items, when hellaswag_interval is set
     saver: CheckpointSaver = field(default_factory=CheckpointSaver)  # writes in the background with async_save
+    threads: Threads = TORCH_OWN  # torch's CPU threads (gptkit/threads.py), chosen at the start
 
     @property
     def tokens_per_step(self) -> int:
@@ -193,12 +221,10 @@ class Run:
 
 
 def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Runtime,
-              data_dir: Path, meta: dict) -> tuple[Run, int, float]:
+              data_dir: Path, meta: dict, threads: Threads | None = None) -> tuple[Run, int, float]:
     """The model, optimizer, data and wrappers of a new or resumed run; returns it with its step and best
-    val loss."""
-    if cfg.batch_size is not None and cfg.gradient_accumulation_steps % d.world_size:  # (auto: chosen below)
-        raise TrainError(f"gradient_accumulation_steps ({cfg.gradient_accumulation_steps}) must be divisible by "
-                         f"the number of processes ({d.world_size})")
+    val loss. `threads`: torch's CPU threads, already applied (None: torch's own count)."""
+    threads = threads or TORCH_OWN
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     model, added_tokens = build_model(cfg, meta, ckpt)
     if ckpt is None and cfg.init_from != "scratch":
@@ -226,7 +252,7 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
                            mode=cfg.data_mode, rank=d.rank, world_size=d.world_size, device=rt.device),
         val=ValBatches(data_dir, "val", batch_size=cfg.batch_size, block_size=block, n_batches=cfg.eval_iters,
                        rank=d.rank, world_size=d.world_size, device=rt.device),
-        accum=cfg.gradient_accumulation_steps // d.world_size, lora=lora_info,
+        accum=cfg.gradient_accumulation_steps // d.world_size, threads=threads, lora=lora_info,
         saver=CheckpointSaver(background=cfg.async_save),
     )
     if graphs:  # (the capture waits for a checkpoint still being written: no other thread on the device then)
@@ -238,8 +264,10 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
     if d.master:
         print("config:")
         print_config(cfg)
-        write_run_info(cfg, argv, d, rt)
+        write_run_info(cfg, argv, d, rt, threads)
         print(why)
+        if rt.device_type == "cpu":
+            print(f"threads: {threads.describe()}")
         if rt.device_type == "cuda":
             print(graphs_line)
         if parallel_line:
@@ -271,10 +299,12 @@ def restore_state(run: Run, ckpt: dict) -> tuple[int, float]:
     return int(ckpt["step"]), float(ckpt["best_val_loss"])
 
 
-def save(run: Run, name: str, step: int, best_val: float, requests: StepRequests | None = None) -> None:
+def save(run: Run, name: str, step: int, best_val: float, requests: StepRequests | None = None,
+         asked: str = "") -> None:
     """Every rank calls this at the same steps: each contributes its RNG state; rank 0 writes, or under FSDP
     every rank writes its shards of a sharded checkpoint, the folder `name` without .pt (rank 0 the rest).
-    `requests`: a save of last.pt restarts the clock of checkpoint_interval_s."""
+    `requests`: a save of last.pt restarts the clock of checkpoint_interval_s. `asked`: what asked for this
+    save (SIGUSR1, the clock): rank 0 says when it is written (with async_save, once the write is done)."""
     if requests is not None:
         requests.saved()
     rt, d = run.rt, run.d
@@ -291,11 +321,16 @@ def save(run: Run, name: str, step: int, best_val: float, requests: StepRequests
                                  loader=run.loader, meta=run.meta, config=config_to_dict(run.cfg), argv=run.argv,
                                  step=step, best_val_loss=best_val, rng=rngs, versions=library_versions(),
                                  lora_info=run.lora, sharded=sharded)
+    path = Path(run.cfg.out_dir) / (Path(name).stem if sharded else name)
+    done = None
+    if asked and d.master:  # (one write of the whole line: with async_save the writing thread prints it)
+        def done():
+            sys.stdout.write(f"saved {path}{'/' * sharded} at step {step} ({asked}); going on\n")
+            sys.stdout.flush()
     if sharded:
-        run.saver.save_sharded(Path(run.cfg.out_dir) / Path(name).stem, state, run.raw_model, run.optimizer,
-                               adapters_only=bool(run.lora))
+        run.saver.save_sharded(path, state, run.raw_model, run.optimizer, adapters_only=bool(run.lora), done=done)
     elif d.master:
-        run.saver.save(state, Path(run.cfg.out_dir) / name)
+        run.saver.save(state, path, done=done)
 
 
 def make_metrics(run: Run, start_step: int = 0) -> Metrics:
@@ -334,7 +369,8 @@ def make_metrics(run: Run, start_step: int = 0) -> Metrics:
     metrics = Metrics(cfg.out_dir, master=d.master, tokens_per_step=run.tokens_per_step, flops_per_token=fpt,
                       peak_flops=peak_flops(rt.device, rt.dtype), world_size=d.world_size,
                       max_iters=cfg.max_iters, device=rt.device, wandb_run=wandb_run, answers_only=answers_only,
-                      log_interval=cfg.log_interval, started=time.perf_counter() - process_elapsed())
+                      log_interval=cfg.log_interval, started=time.perf_counter() - process_elapsed(),
+                      cpu_threads=run.threads.count if rt.device_type == "cpu" else None)
     metrics.step = start_step  # (for its progress lines)
     return metrics
 
@@ -450,7 +486,8 @@ def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, requests:
             if improved and step > 0:
                 save(run, "best.pt", step, best_val)
             if step > start_step and (improved or cfg.always_save_checkpoint or step >= cfg.max_iters or save_asked):
-                save(run, "last.pt", step, best_val, requests)  # (on the start step last.pt holds this state)
+                # (on the start step last.pt holds this state)
+                save(run, "last.pt", step, best_val, requests, asked=requests.why_saved() if save_asked else "")
             save_asked = False
             if step > start_step:
                 metrics.start_timing()  # keep the evaluation out of the step timings
@@ -477,19 +514,23 @@ def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, requests:
             break
         save_asked = out.verdict.save  # SIGUSR1 or the clock, on any rank: save last.pt, then go on
         if save_asked and step % cfg.eval_interval and step < cfg.max_iters:  # (else with the evaluation)
-            save(run, "last.pt", step, best_val, requests)
+            save(run, "last.pt", step, best_val, requests, asked=requests.why_saved())
             save_asked = False
     return {"step": step, "val_loss": val_loss, "best_val_loss": best_val, "stopped": stopped}
 
 
-def train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Runtime) -> dict:
-    """Run the training loop; returns a summary (final step, last val loss, best val loss)."""
+def train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Runtime,
+          threads: Threads | None = None) -> dict:
+    """Run the training loop; returns a summary (final step, last val loss, best val loss). `threads`: torch's
+    CPU threads, applied by the caller."""
     data_dir, meta = load_dataset(cfg, d)
     cfg = fit_block_size(cfg, meta, d)
     hellaswag_items = load_hellaswag(cfg, meta, d)  # now: no network is an error at the start, not at step 5000
     with lock_out_dir(cfg.out_dir, d):
         check_out_dir(cfg)
-        run, step, best_val = setup_run(cfg, ckpt, argv, d, rt, data_dir, meta)
+        # a resumed run checks best.pt as it checked last.pt: a damaged one is set aside, said in one line
+        aside = set_aside_damaged_best(cfg.out_dir, ckpt["best_val_loss"]) if ckpt is not None and d.master else None
+        run, step, best_val = setup_run(cfg, ckpt, argv, d, rt, data_dir, meta, threads)
         run.hellaswag = hellaswag_items
         metrics = make_metrics(run, step)
         try:
@@ -503,17 +544,21 @@ def train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Run
     if summary["stopped"]:  # by a signal (on this rank or another): exit as the signal would have
         raise SystemExit(stop.exit_code)
     if d.master and not cfg.eval_only:
-        print(where_checkpoints_are(cfg.out_dir, summary))
+        print(where_checkpoints_are(cfg.out_dir, summary, aside))
     return summary
 
 
-def where_checkpoints_are(out_dir: str, summary: dict) -> str:
-    """The run's last line: where its checkpoints are, and how to use them."""
+def where_checkpoints_are(out_dir: str, summary: dict, aside: Path | None = None) -> str:
+    """The run's last line: where its checkpoints are, and how to use them. `aside`: where a damaged best
+    checkpoint was set aside at the start, said again when no later evaluation replaced it."""
     saved = [p.name for p in (saved_checkpoint(out_dir, n) for n in ("best", "last")) if p is not None]
     if not saved:
         return f"done at step {summary['step']}; no checkpoint was saved in {out_dir}/"
-    return (f"done at step {summary['step']} (best val loss {summary['best_val_loss']:.4f}); checkpoints in "
-            f"{out_dir}/: {', '.join(saved)}; sample with: python sample.py --ckpt {out_dir}/")
+    best = f"best val loss {summary['best_val_loss']:.4f}"
+    if aside is not None and saved_checkpoint(out_dir, "best") is None:
+        best += f", reached by the damaged best checkpoint set aside as {aside}; none since beat it"
+    return (f"done at step {summary['step']} ({best}); checkpoints in {out_dir}/: {', '.join(saved)}; sample "
+            f"with: python sample.py --ckpt {out_dir}/")
 
 
 def plan_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str]) -> dict:
@@ -533,8 +578,10 @@ def main(argv: list[str] | None = None) -> dict:
     cfg, ckpt = resolve_config(argv)
     if cfg.plan:
         return plan_run(cfg, ckpt, argv)
+    check_accumulation(cfg, int(os.environ.get("WORLD_SIZE", 1)))
     with distributed(cfg.device, cfg.dtype, cfg.backend) as (d, rt):
-        return train(cfg, ckpt, argv, d, rt)
+        with resolve_threads(cfg.threads, rt.device_type).applied() as threads:  # (left as they were on return)
+            return train(cfg, ckpt, argv, d, rt, threads)
 
 
 if __name__ == "__main__":

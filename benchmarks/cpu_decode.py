@@ -24,7 +24,7 @@ run each engine once in turn (a machine whose speed drifts slows a whole round a
 rounds, and for gptkit the median of each round's ratio to llama.cpp of the same bytes per weight. gptkit
 decodes through gptkit.generate.generate_stream, what sample.py runs; its rows are the model as loaded
 (--quantize=none) and packed (float32 is the scripts' default on the CPU). --engines picks engines. Every
-engine uses the same thread count: --threads, else gptkit.cpu_decode.choose_threads() (the cores other
+engine uses the same thread count: --threads, else gptkit.threads.choose_threads() (the cores other
 processes leave free, at the start); the first line says which CPU features llama.cpp's ggml was built with.
 
 Agreement: teacher-forced, over new_tokens positions of one random token sequence: the share of positions
@@ -69,6 +69,7 @@ import torch  # noqa: E402
 from gptkit import cli, cpu_decode  # noqa: E402
 from gptkit.generate import SamplingOptions, decode_one_token, generate_stream, prefill  # noqa: E402
 from gptkit.options import read_config_file  # noqa: E402
+from gptkit.threads import choose_threads  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 SHAKESPEARE_CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # its 65 characters
@@ -620,7 +621,7 @@ def main(argv: list[str] | None = None) -> None:
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
         threads, why = args.threads, f"--threads; load average {load:.1f} at the start"
     else:
-        threads, why = cpu_decode.choose_threads()
+        threads, why = choose_threads()
     torch.set_num_threads(threads)
     cpu_decode.kernels()  # compiled (or loaded from the cache) before anything is timed
     began = time.perf_counter()

@@ -29,6 +29,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from gptkit import cli, cpu_decode  # noqa: E402
+from gptkit.threads import choose_threads  # noqa: E402
 
 SHAPES = ((2304, 768, "attn.c_attn"), (768, 768, "attn.c_proj"), (3072, 768, "mlp.c_fc"), (768, 3072, "mlp.c_proj"),
           (50257, 768, "head"))
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     p = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--formats", default="float32,int8", help="comma-separated: float32, int8")
     p.add_argument("--rows", default="1,4,8,16,22,64,96,352", help="comma-separated numbers of activation rows")
-    p.add_argument("--threads", type=int, default=0, help="torch's threads (0: cpu_decode.choose_threads())")
+    p.add_argument("--threads", type=int, default=0, help="torch's threads (0: gptkit.threads.choose_threads())")
     p.add_argument("--repeats", type=int, default=15, help="timed calls per figure (the median is shown)")
     args = p.parse_args(argv)
     formats = args.formats.split(",")
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     kernels = cpu_decode.kernels()
     if kernels is None:
         raise cli.UserError("the CPU kernels cannot run here (see python -m gptkit.cpu_decode --build)")
-    torch.set_num_threads(args.threads or cpu_decode.choose_threads()[0])
+    torch.set_num_threads(args.threads or choose_threads()[0])
     print(f"cpu_products: {cpu_decode.kernels_status()}, {torch.get_num_threads()} threads; ms per product "
           f"(median of {args.repeats})")
     print("| format | matrix (out x in) | rows | kernel ms | torch ms | torch / kernel | kernel GFLOP/s |")

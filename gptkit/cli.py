@@ -16,19 +16,28 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import sys
+import time
 from collections.abc import Callable
 
 EXIT_ERROR = 1  # every script, every kind of user error (bad option, missing file, no network, ...)
+QUIET_WAIT_S = 30.0  # _leave_quietly
 
 
 class UserError(Exception):
-    """A problem the user can fix: the message is one line saying what is wrong and how to fix it."""
+    """A problem the user can fix: the message is one line saying what is wrong and how to fix it.
+    `every_rank`: every process of a torchrun job meets it alike (a bad setting), so one process per machine
+    says it (entry_point)."""
+
+    every_rank = False
 
 
 class UsageError(UserError):
     """A bad command line."""
+
+    every_rank = True
 
 
 def one_line(text: object) -> str:
@@ -45,7 +54,9 @@ def describe_os_error(e: OSError) -> str:
 def entry_point(oom_hint: str = "use a smaller batch or model") -> Callable:
     """Wrap a script's `main(argv=None)`: user errors and OS errors become the one-line exit, Ctrl-C a short
     'interrupted', a closed stdout pipe (`| head`) a quiet exit; anything else is a bug and keeps its
-    traceback. `oom_hint` completes the out-of-GPU-memory message."""
+    traceback. `oom_hint` completes the out-of-GPU-memory message. Under torchrun an error that every process
+    meets alike (UserError.every_rank) is said by the first process of each machine (LOCAL_RANK 0) only; the
+    others exit with the same code, quietly."""
 
     def wrap(main: Callable) -> Callable:
         @functools.wraps(main)
@@ -53,6 +64,8 @@ def entry_point(oom_hint: str = "use a smaller batch or model") -> Callable:
             try:
                 return main(argv)
             except UserError as e:
+                if e.every_rank and os.environ.get("LOCAL_RANK", "0") != "0":
+                    _leave_quietly()
                 fail(one_line(e))
             except BrokenPipeError:
                 # The reader left. Pointing stdout at /dev/null keeps Python's final flush of the unwritten
@@ -75,7 +88,34 @@ def entry_point(oom_hint: str = "use a smaller batch or model") -> Callable:
 
 def fail(message: str) -> None:
     """The one-line exit."""
+    _tell_torchrun(f"error: {message}")
     sys.exit(f"error: {message}")
+
+
+def _leave_quietly() -> None:
+    """A process of a torchrun job that meets the error its machine's first process says. Under torchrun it
+    waits (QUIET_WAIT_S at most) for torchrun to stop it once that process has failed: exiting at once, it
+    could be first, and torchrun would stop the process that says the error before it has."""
+    _tell_torchrun("the same error as local rank 0's")
+    if os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        time.sleep(QUIET_WAIT_S)
+    sys.exit(EXIT_ERROR)
+
+
+def _tell_torchrun(message: str) -> None:
+    """Under torchrun, the failure's line in the file torchrun reads for each process that fails, so its summary
+    of the failures shows it instead of a link to its docs (torchrun still raises its own traceback: it does for
+    any process that exits with an error)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    try:
+        with open(path, "w") as f:
+            # (torchrun's own layout, whose "py_callstack" its summary shows: here the line, as there is no bug)
+            json.dump({"message": {"message": message, "extraInfo": {"py_callstack": message,
+                                                                     "timestamp": str(int(time.time()))}}}, f)
+    except OSError:  # a summary without our line: the line above it still says it
+        pass
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -7,7 +7,7 @@ there. A config file holds assignments only (`lr_decay_iters = max_iters`), pars
 command line wins over the files, and a file's lines see its values.
 
 The model's settings are GPTConfig's (model.py declares each once, with its help): TrainConfig inherits them.
-What sample.py, chat.py, serve.py and eval.py share (checkpoint, device, dtype, quantize, threads, sampling) is
+What sample.py, chat.py, serve.py and eval.py share (checkpoint, device, dtype, threads, quantize, sampling) is
 declared once here too, in InferenceSettings and the classes that extend it; each script's config extends one.
 """
 
@@ -24,6 +24,7 @@ from gptkit.options import (
     settings_of,
 )
 from gptkit.runtime import refuse_uncapturable
+from gptkit.threads import THREADS_HELP
 from model import GPTConfig
 
 # ----------------------------------------------------------------------------- the training run
@@ -119,6 +120,7 @@ class TrainConfig(ModelSettings):
         "auto (bf16 on CUDA where supported, else fp16 + GradScaler; fp32 on CPU/MPS), float32, bfloat16, float16",
         ("auto", "float32", "bfloat16", "float16"),
     )
+    threads: int = setting(0, THREADS_HELP)  # gptkit/threads.py's resolve_threads; recorded in runs.jsonl
     compile: bool | None = setting(None, "torch.compile the model: True, False, or auto (None: on for CUDA)")
     compile_scope: str = setting("model", "what torch.compile compiles: model (one graph with the head and loss: "
                                           "the fastest steps) or blocks (each transformer block on its own, the "
@@ -141,6 +143,12 @@ class TrainConfig(ModelSettings):
         self.validate_tokens_per_step()
         if self.resume == "auto" and self.overwrite:
             raise ConfigError("resume=auto continues the run in out_dir and overwrite=True replaces it: drop one")
+        if self.init_from == "resume" and self.overwrite:
+            raise ConfigError("init_from=resume continues the run in out_dir, and overwrite=True is for a new run "
+                              "that replaces it: drop --overwrite=True to continue it, or --init_from=resume to "
+                              "start again")
+        if self.threads < 0:
+            raise ConfigError(f"threads must be >= 0 (0 = auto), got {self.threads}")
         for name in ("plan_gpus", "device_memory_gb", "usd_per_gpu_hour", "checkpoint_interval_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0 (0 = unset), got {getattr(self, name)}")
@@ -234,8 +242,11 @@ class InferenceSettings:
         "bfloat16, float16",
         ("auto", "float32", "bfloat16", "float16"),
     )
+    threads: int = setting(0, THREADS_HELP)  # gptkit/threads.py's resolve_threads
 
     def validate(self) -> None:
+        if self.threads < 0:
+            raise ConfigError(f"threads must be >= 0 (0 = auto), got {self.threads}")
         if self.ckpt and self.init_from:
             raise ConfigError("give either --ckpt or --init_from, not both")
         if self.init_from in ("scratch", "resume"):
@@ -251,8 +262,6 @@ class DecodeSettings(InferenceSettings):
                                     "with float32 weights, else none), none (the model as loaded), float32 (the "
                                     "same weights, faster kernels), float16 (half the bytes) or int8 (8 bits and a "
                                     "scale per 32)", QUANTIZE)
-    threads: int = setting(0, "CPU threads; 0 = auto: OMP_NUM_THREADS if it is set, else the cores other processes "
-                              "leave free")
 
 
 @dataclass

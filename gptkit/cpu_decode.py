@@ -5,7 +5,6 @@ weights.
     pack_for_cpu(model, "float32")     # in place: every block Linear and the head; the same weights, read faster
                                        # (sample.py, chat.py and serve.py do this by default on the CPU)
     pack_for_cpu(model, "int8")        # about a quarter of the bytes per token: --quantize int8 in sample/chat/serve
-    threads, why = choose_threads()    # the cores other processes leave free, and a few words saying so
 
 Why kernels of our own. Decoding one token reads every weight once (GPT-2 small: 500 MB in float32), so its
 speed is the memory bandwidth its matrix-vector products draw. torch's float32 product of one row streams
@@ -449,57 +448,6 @@ def in_huge_pages(t: torch.Tensor) -> bool:
     """Whether `t`'s data lies in a mapping that huge_page_copy made (a view of its copy included)."""
     at = t.data_ptr()
     return any(lo <= at < hi for lo, hi in _HUGE_RANGES.values())
-
-
-# ----------------------------------------------------------------------------- threads
-
-
-def choose_threads(seconds: float = 0.25) -> tuple[int, str]:
-    """The number of torch threads for decoding on the CPU, and a few words saying why: the cores this
-    process may run on less those that other processes keep busy, at least one. Decoding waits for its
-    slowest thread at every product, so a thread that has to share a core with another process slows every
-    step (BENCHMARKS.md, "CPU inference": llama.cpp's and this module's decoding on cores that are busy).
-
-    "Busy" is measured now, over `seconds`, from /proc/stat (Linux): the load average is a minute-long
-    moving average, which right after another job ends still counts its cores as taken. Elsewhere the
-    1-minute load average stands in."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    busy = busy_cores(seconds)
-    if busy is not None:
-        why = f"auto: {cores} core{'s' * (cores != 1)}, {busy:.1f} busy with other processes"
-    else:
-        try:
-            busy = os.getloadavg()[0]
-        except (OSError, AttributeError):  # not on this platform (Windows)
-            busy = 0.0
-        why = f"auto: {cores} core{'s' * (cores != 1)}, load average {busy:.1f}"
-    return max(1, min(cores, round(cores - busy))), why
-
-
-def _cpu_times() -> tuple[int, int, int] | None:
-    """(busy, total, cpus) from /proc/stat's first line (all CPUs, in clock ticks: busy is all but idle and
-    iowait), or None where there is no /proc/stat."""
-    try:
-        lines = Path("/proc/stat").read_text().splitlines()
-        ticks = [int(x) for x in lines[0].split()[1:9]]  # user nice system idle iowait irq softirq steal
-        cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
-        return sum(ticks) - ticks[3] - ticks[4], sum(ticks), cpus
-    except (OSError, ValueError, IndexError):  # none here, or not the layout Linux writes: the load average then
-        return None
-
-
-def busy_cores(seconds: float = 0.25) -> float | None:
-    """How many of the machine's cores are busy over the next `seconds` (this process waits meanwhile, so
-    they are other processes'), or None where /proc/stat cannot tell."""
-    before = _cpu_times()
-    if before is None:
-        return None
-    time.sleep(seconds)
-    after = _cpu_times()
-    if after is None:
-        return None
-    total = after[1] - before[1]
-    return 0.0 if total <= 0 else (after[0] - before[0]) / total * after[2]
 
 
 @cli.entry_point()

@@ -12,7 +12,6 @@ Training's runtime (device, dtype, autocast, compile, torchrun) is gptkit/runtim
 from __future__ import annotations
 
 import ctypes
-import os
 import platform
 from dataclasses import dataclass
 
@@ -20,6 +19,7 @@ import torch
 
 from gptkit import cpu_decode
 from gptkit.runtime import DeviceError, Runtime, setup_runtime
+from gptkit.threads import resolve_threads
 
 # The decoding scripts' --quantize: "none" runs the model as loaded; float32, float16 and int8 are
 # gptkit/cpu_decode.py's weight formats for the Linear layers (CPU only); "auto" (the default) is float32 on
@@ -70,7 +70,8 @@ def setup_inference(device: str = "auto", dtype: str = "auto", quantize: str = "
     """setup_runtime for the scripts that decode (sample.py, chat.py, serve.py), before the model is loaded:
     resolves --quantize=auto (float32 on the CPU in float32, else none), refuses a --quantize this runtime
     cannot use (a one-line DeviceError) and chooses the CPU's thread count, --threads, or OMP_NUM_THREADS when
-    set (torch reads it at start), else cpu_decode.choose_threads(): Inference.n_threads. set_threads: set it
+    set (torch reads it at start), else the cores other processes leave free (gptkit/threads.py's
+    resolve_threads, as train.py and eval.py choose theirs): Inference.n_threads. set_threads: set it
     on this thread now (torch.set_num_threads); serve.py sets it on its engine's thread instead (Engine says
     why: setting it here would already start this thread's OpenMP workers)."""
     rt = setup_runtime(device, dtype)
@@ -85,19 +86,14 @@ def setup_inference(device: str = "auto", dtype: str = "auto", quantize: str = "
     if quantize != "none" and rt.dtype != torch.float32:
         raise DeviceError(f"--quantize={quantize} computes in float32 from {quantize} weights; it does not "
                           f"combine with --dtype={rt.dtype_name} (leave --dtype at auto)")
-    if threads < 0:
-        raise DeviceError(f"threads must be >= 0 (0 = auto), got {threads}")
+    try:
+        chosen = resolve_threads(threads, rt.device_type)
+    except ValueError as e:
+        raise DeviceError(str(e)) from None
     if rt.device_type == "cpu":
         keep_freed_memory()
-    note, n = "", None
-    if threads:
-        n, note = threads, f"{_threads(threads)} (--threads)"
-    elif rt.device_type == "cpu" and os.environ.get("OMP_NUM_THREADS"):
-        n = torch.get_num_threads()
-        note = f"{_threads(n)} (OMP_NUM_THREADS)"
-    elif rt.device_type == "cpu":
-        n, why = cpu_decode.choose_threads()
-        note = f"{_threads(n)} ({why}; --threads to choose)"
+    # (on a GPU: torch's own count, left as it is and not shown, unless --threads sets it)
+    n, note = chosen.n, chosen.describe() if chosen.n is not None else ""
     if n is not None and set_threads:
         torch.set_num_threads(n)
     return Inference(rt, quantize, note, auto=auto, n_threads=n)
@@ -118,8 +114,3 @@ def keep_freed_memory() -> bool:
         return False
     m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's <malloc.h>
     return bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(mallopt(m_trim_threshold, 256 << 20))
-
-
-def _threads(n: int) -> str:
-    """'1 thread', '2 threads'."""
-    return f"{n} thread{'s' * (n != 1)}"

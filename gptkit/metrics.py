@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from gptkit.cli import UserError
+from gptkit.threads import choose_threads
 
 # Peak dense tensor-core FLOP/s from the vendors' datasheets (their sparsity figures halved): (name,
 # bf16/fp16, TF32). A float32 run on CUDA multiplies in TF32 (setup_runtime turns it on), whose dense peak is
@@ -93,12 +94,17 @@ class Metrics:
     Rates (ms/step, tokens/s, MFU) and the ETA leave out the run's first step, which compiles and warms up:
     timing starts with `start_timing()`, and is restarted after every evaluation. The ETA uses the median
     step time of the recent log intervals, so one slow interval does not swing it.
+
+    Steps that become far slower than the first ones (the median of the recent intervals SLOWDOWN times the
+    early ones', each over at least EARLY_STEPS steps) get one note, once: on the CPU (`cpu_threads`: the run's
+    thread count) other processes on the same cores are the usual cause, and fewer threads the remedy
+    (gptkit/threads.py says why), so the note names the --threads to continue with.
     """
 
     def __init__(self, out_dir: str | Path, *, master: bool, tokens_per_step: int, flops_per_token: float,
                  peak_flops: float | None, world_size: int, max_iters: int, device: torch.device,
                  wandb_run=None, answers_only: bool = False, started: float | None = None,
-                 log_interval: int = 1):
+                 log_interval: int = 1, cpu_threads: int | None = None):
         self.path = Path(out_dir) / "metrics.jsonl"
         # A chat dataset's loss is over the assistant's replies only: the log lines say so ("answer loss"), and
         # metrics.jsonl's entries carry "loss_on": "answers".
@@ -111,6 +117,10 @@ class Metrics:
         self.timing = False  # off until the first step is done
         self.t0, self.steps = 0.0, 0  # the clock of the current interval and the steps timed in it
         self.recent_step_times: list[float] = []  # seconds per step of the recent log intervals
+        # the first intervals' (EARLY_STEPS steps at least), kept for the slowdown's note; the intervals logged
+        self.early_step_times: list[float] = []
+        self.early_steps = self.intervals = 0
+        self.cpu_threads, self.slowdown_said = cpu_threads, cpu_threads is None  # (no note off the CPU)
         # entries carry elapsed_s, wall seconds since `started` (a time.perf_counter() value; default: now)
         self.created = time.perf_counter() if started is None else started
         # Slow steps (a GPU-sized config on a CPU) get a short progress line between the log lines: after the
@@ -176,6 +186,9 @@ class Metrics:
         own = "".join(f" | {name} {value:.4g}" for name, value in extra.items())
         print(f"step {step}/{self.max_iters} | {self.label} {loss:.4f} | lr {lr:.2e} | grad {grad_norm:.3f}{own} | "
               f"{speed} | mem {entry['peak_mem_mb']:,.0f} MB", flush=True)
+        note = self._slowdown_note()
+        if note:
+            print(f"note: {note}", flush=True)
 
     def _rates(self) -> dict:
         """ms/step, tokens/s and MFU over the steps timed since the last log line (None before any)."""
@@ -183,10 +196,34 @@ class Metrics:
             return {"ms_per_step": None, "tokens_per_s": None, "mfu": None}
         now = time.perf_counter()
         dt = (now - self.t0) / self.steps
+        if self.early_steps < EARLY_STEPS or len(self.early_step_times) < MIN_INTERVALS:
+            self.early_step_times.append(dt)
+            self.early_steps += self.steps
         self.t0, self.steps = now, 0
-        self.recent_step_times = (self.recent_step_times + [dt])[-20:]
+        self.recent_step_times = (self.recent_step_times + [dt])[-RECENT_INTERVALS:]
+        self.intervals += 1
         mfu = self.flops_per_step / dt / self.peak if self.peak else None
         return {"ms_per_step": dt * 1000, "tokens_per_s": self.tokens_per_step / dt, "mfu": mfu}
+
+    def _slowdown_note(self) -> str | None:
+        """The note, once, when the recent intervals' median step time is SLOWDOWN times the early ones' (as
+        many intervals each, none in both); None otherwise."""
+        n = len(self.early_step_times)
+        if self.slowdown_said or self.early_steps < EARLY_STEPS or n < MIN_INTERVALS or self.intervals < 2 * n:
+            return None
+        early = statistics.median(self.early_step_times)
+        recent = statistics.median(self.recent_step_times[-n:])
+        if recent < SLOWDOWN * early:
+            return None
+        self.slowdown_said = True
+        slower = (f"steps now take {recent * 1000:,.0f} ms, {recent / early:.1f}x the first ones' "
+                  f"{early * 1000:,.0f} ms")
+        if self.cpu_threads == 1:
+            return f"{slower}: other processes are likely using the core this run computes on"
+        fewer = max(1, min(self.cpu_threads - 1, choose_threads()[0]))  # the cores left free now
+        return (f"{slower}: other processes are likely using the cores this run's {self.cpu_threads} threads "
+                f"compute on, and each product waits for its slowest thread; fewer threads run faster then: stop "
+                f"(Ctrl-C saves last.pt) and go on with --init_from=resume --threads={fewer}")
 
     def close(self) -> None:
         if self.wandb_run is not None:
@@ -212,6 +249,9 @@ class LineProgress:
 # Seconds without a printed line after which a slow run prints a progress line; and the first step's time
 # above which it says that the step is done (a GPU-sized step on a CPU takes seconds).
 PROGRESS_EVERY, FIRST_STEP_NOTE = 30.0, 5.0
+# The slowdown's note (Metrics): recent steps this many times slower than the first ones; the steps (and log
+# intervals) each median is taken over at least; the recent intervals kept (the ETA's median too).
+SLOWDOWN, EARLY_STEPS, MIN_INTERVALS, RECENT_INTERVALS = 3.0, 20, 3, 20
 
 
 def start_wandb(project: str, run_name: str, config: dict, out_dir: str | Path | None = None):

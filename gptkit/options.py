@@ -42,6 +42,8 @@ from gptkit.cli import UserError
 class ConfigError(UserError):
     """A bad config file, key or value; the message says which and how to fix it."""
 
+    every_rank = True  # the same files and command line in every process of a torchrun job
+
 
 @dataclass(frozen=True)
 class Alias:

@@ -356,21 +356,30 @@ class StepRequests:
     """This process' request for the next step boundary: STOP after a stop signal; SAVE (last.pt, then go on)
     after a SIGUSR1 here or, on the process that owns the clock (rank 0: one clock decides for the job), once
     `interval_s` seconds have passed since the last save; else GO_ON. A request is sent once: `next()` forgets
-    a SIGUSR1 and restarts the clock as it returns SAVE. `clock`: seconds, monotonic (tests pass their own)."""
+    a SIGUSR1 and restarts the clock as it returns SAVE. `clock`: seconds, monotonic (tests pass their own).
+    `asked`: what asked for the last SAVE sent, until the save is done (`why_saved()`)."""
 
     def __init__(self, stop: StopFlag, interval_s: float = 0.0, owns_clock: bool = True, clock=time.monotonic):
         self.stop, self.interval_s, self.owns_clock, self.clock = stop, interval_s, owns_clock, clock
         self.since = clock() if owns_clock and interval_s else 0.0
+        self.asked = ""
 
     def next(self) -> float:
         if self.stop.requested:
             return STOP
         due = self.owns_clock and self.interval_s > 0 and self.clock() - self.since >= self.interval_s
         if self.stop.save_requested or due:
+            self.asked = "SIGUSR1" if self.stop.save_requested else f"every checkpoint_interval_s={self.interval_s:g}"
             self.stop.save_requested = False
             self.saved()
             return SAVE
         return GO_ON
+
+    def why_saved(self) -> str:
+        """What asked for the save being done, in a few words (another process' SIGUSR1 when not this one's),
+        and forget it."""
+        asked, self.asked = self.asked or "a SIGUSR1 to another process", ""
+        return asked
 
     def saved(self) -> None:
         """last.pt was just saved (or a save is on its way): the clock starts again."""

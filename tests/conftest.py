@@ -83,11 +83,13 @@ def tiny_model(tiny_config):
 
 def tiny_args(data, out, **over) -> list[str]:
     """train.py's arguments for a tiny CPU run on `data` into `out` (2x32 model, 8 steps, evaluations at 3 and 6,
-    dropout 0.1); `over` changes or adds settings. Test files derive their own runs from this one."""
+    dropout 0.1, one thread); `over` changes or adds settings. Test files derive their own runs from this one.
+    One thread, not auto: the arithmetic (and so a bit-exact comparison of two runs) follows the thread count,
+    which auto would choose from the machine's load at each start."""
     args = dict(dataset=str(data), out_dir=str(out), n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4,
                 gradient_accumulation_steps=2, max_iters=8, eval_interval=3, eval_iters=3, log_interval=1,
                 warmup_iters=2, lr_decay_iters=8, learning_rate=3e-3, min_lr=3e-4, dropout=0.1, device="cpu",
-                compile=False)
+                compile=False, threads=1)
     args.update(over)
     return [f"--{k}={v}" for k, v in args.items()]
 

@@ -395,3 +395,79 @@ def test_the_issue_table_every_row_is_one_line(char_dataset, tmp_path, capsys):
             message = str(e.value.code)
             assert message.startswith("error: ") and "\n" not in message and "is corrupt" in message, message
     capsys.readouterr()
+
+
+# ----------------------------------------------------------------------------- a damaged best.pt on resume
+
+
+def no_better_evaluation(monkeypatch) -> None:
+    """Every evaluation from now on scores worse than any before: the resumed run never improves."""
+    monkeypatch.setattr(train, "evaluate", lambda *a, **k: 9.0)
+
+
+@pytest.mark.parametrize("resume", ["--init_from=resume", "--resume=auto"])
+def test_a_resumed_run_sets_a_damaged_best_aside_and_says_so(char_dataset, tmp_path, monkeypatch, capsys, resume):
+    """best.pt cut short, then the run resumed (from its whole last.pt) and never improving: one line says what
+    was found and done, the damaged file is kept aside byte for byte, no best.pt is left for sample.py to
+    take (it samples from last.pt), and the run's last line says so again."""
+    out = tmp_path / "out"
+    argv = tiny_run(char_dataset, out)
+    best = out / "best.pt"
+    best.write_bytes(best.read_bytes()[: best.stat().st_size // 2])
+    damaged = best.read_bytes()
+    capsys.readouterr()
+    no_better_evaluation(monkeypatch)
+    assert train.main([*argv, resume, "--max_iters=6", "--lr_decay_iters=6"])["step"] == 6
+    lines = capsys.readouterr().out.splitlines()
+    notes = [line for line in lines if "best.pt" in line and line.startswith("note:")]
+    assert notes == [f"note: {best} is damaged: it is not a complete checkpoint file (cut short, or not a checkpoint "
+                     f"at all); set aside as {best}.damaged; the next evaluation below its val loss "
+                     f"{load_checkpoint(out / 'last.pt')['best_val_loss']:.4f} writes a new best.pt, and until then "
+                     f"sample.py and the other readers of {out}/ take last.pt"]
+    assert (out / "best.pt.damaged").read_bytes() == damaged and not best.exists()
+    assert f"set aside as {best}.damaged; none since beat it); checkpoints in {out}/: last.pt;" in lines[-1]
+    sample.main([f"--ckpt={out}", "--max_new_tokens=3", "--device=cpu", "--threads=1"])
+    assert f"sample.py: {out}/last.pt (step 6)" in capsys.readouterr().err
+
+
+def test_a_later_best_replaces_the_damaged_one_and_a_whole_one_is_left_alone(char_dataset, tmp_path, monkeypatch,
+                                                                             capsys):
+    """A byte flipped in best.pt's weights: set aside on resume, and the first evaluation that improves writes
+    a new, whole best.pt. A resume whose best.pt is whole says nothing of it and moves nothing."""
+    out = tmp_path / "out"
+    argv = tiny_run(char_dataset, out)
+    best = out / "best.pt"
+    ckpt = load_checkpoint(best)
+    flip(best, offset_of(best, ckpt["model"]["transformer.h.0.mlp.c_fc.weight"]))
+    capsys.readouterr()
+    train.main([*argv, "--init_from=resume", "--max_iters=40", "--lr_decay_iters=40", "--eval_interval=4"])
+    out_text = capsys.readouterr().out
+    assert f"note: {best} is damaged: tensor model/transformer.h.0.mlp.c_fc.weight does not match the checksum " \
+           f"saved with it; set aside as {best}.damaged;" in out_text
+    assert "(best so far)" in out_text  # learning on: an evaluation beat the damaged one's
+    assert load_checkpoint(best)["step"] > 4 and (out / "best.pt.damaged").is_file()
+    before = [digest(p) for p in (best, out / "best.pt.damaged")]
+    no_better_evaluation(monkeypatch)
+    train.main([*argv, "--init_from=resume", "--max_iters=44", "--lr_decay_iters=44", "--eval_interval=4"])
+    assert "damaged" not in capsys.readouterr().out
+    assert [digest(p) for p in (best, out / "best.pt.damaged")] == before
+
+
+def test_a_damaged_sharded_best_is_set_aside_whole(tmp_path, capsys):
+    """A sharded best/ (a run under FSDP) is checked through its shards' checksums, without loading them, and
+    set aside as a folder; an earlier one set aside stays."""
+    from gptkit.checkpoint.resume import set_aside_damaged_best
+
+    folder, state = sharded(tmp_path)
+    best = folder.rename(folder.with_name("best"))
+    assert set_aside_damaged_best(best.parent, 1.5) is None and capsys.readouterr().out == ""
+    (best.parent / "best.damaged").mkdir()  # set aside before
+    shard = next(best.glob("*.distcp"))
+    flip(shard, offset_of(shard, state["model"]["transformer.h.0.attn.c_proj.weight"]))
+    assert set_aside_damaged_best(best.parent, 1.5) == best.parent / "best.damaged2"
+    assert capsys.readouterr().out.startswith(f"note: {best}/ is damaged: tensor model.transformer.h.0.attn.c_proj"
+                                              f".weight@0,0 in __0_0.distcp does not match the checksum saved with it;"
+                                              f" set aside as {best.parent / 'best.damaged2'}; the next evaluation "
+                                              f"below its val loss 1.5000 writes a new best.pt")
+    assert not best.exists() and (best.parent / "best.damaged").is_dir()
+    assert (best.parent / "best.damaged2" / checkpoint.RECORD).is_file()  # the folder whole, only renamed

@@ -1,7 +1,7 @@
 """gptkit/cpu_decode.py: the packed Linear layers against F.linear (bounds derived from each format), a tiny
 GPT packed and not (logits, greedy tokens through generate, the serving engine and a compiled step), the
-fallback where the kernels cannot run, the thread choice, and --quantize / --threads in sample.py, chat.py and
-serve.py.
+fallback where the kernels cannot run, and --quantize / --threads in sample.py, chat.py and serve.py (the
+thread choice itself: tests/test_threads.py).
 
 The kernels are compiled once per machine (~15 s of CPU time, then cached under torch's extension folder): only
 the session fixture `kernels` waits for that; the tests that need them skip, saying why, where the CPU cannot
@@ -529,33 +529,6 @@ def test_the_variants_follow_the_cpus_flags(monkeypatch, tmp_path):
 
 
 # ----------------------------------------------------------------------------- threads and the default dtype
-
-
-@pytest.mark.parametrize("busy, expected", [(0.0, 2), (0.6, 1), (1.4, 1), (7.0, 1)])
-def test_choose_threads_leaves_the_busy_cores(monkeypatch, busy, expected):
-    # /proc/stat's ticks over the wait: `busy` cores of 2 busy for all 100 ticks of the interval.
-    samples = iter([(1000, 5000, 2), (1000 + round(50 * busy), 5100, 2)])
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    monkeypatch.setattr(cpu_decode, "_cpu_times", lambda: next(samples))
-    threads, why = cpu_decode.choose_threads(seconds=0)
-    assert threads == expected and why == f"auto: 2 cores, {busy:.1f} busy with other processes"
-
-
-@pytest.mark.parametrize("load, expected", [(0.0, 2), (1.4, 1)])
-def test_without_proc_stat_the_load_average_stands_in(monkeypatch, load, expected):
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    monkeypatch.setattr(cpu_decode, "_cpu_times", lambda: None)
-    monkeypatch.setattr(os, "getloadavg", lambda: (load, 0.0, 0.0))
-    threads, why = cpu_decode.choose_threads(seconds=0)
-    assert threads == expected and why == f"auto: 2 cores, load average {load:.1f}"
-
-
-def test_busy_cores_reads_this_machine(monkeypatch):
-    # The real /proc/stat (Linux): a figure between 0 and the machine's CPUs.
-    if not Path("/proc/stat").exists():
-        pytest.skip("no /proc/stat on this platform")
-    busy = cpu_decode.busy_cores(0.05)
-    assert busy is not None and 0.0 <= busy <= os.cpu_count() + 1e-9
 
 
 def test_setup_inference_can_leave_the_thread_count_to_the_engine():

@@ -1,6 +1,7 @@
 """metrics.py: the peak-FLOPs table, and rates that leave out the first (compile, warm-up) step."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -90,3 +91,44 @@ def test_rates_leave_out_the_first_step(tmp_path, monkeypatch, log_interval):
     assert all(r["tokens_per_s"] == pytest.approx(2000.0) and r["mfu"] == pytest.approx(6e3 * 2 / 1e6) for r in timed)
     if log_interval == 1:  # the first line has only the warm-up step: no rate rather than a wrong one
         assert rows[0]["ms_per_step"] is None
+
+
+def run_steps(m: Metrics, clock: Clock, seconds: list[float], log_interval: int) -> None:
+    """Steps taking seconds[i] each (the first, warm-up, left out of the rates), logged every log_interval."""
+    for step, dt in enumerate(seconds, start=1):
+        clock.t += dt
+        m.step_done()
+        if step == 1:
+            m.start_timing()
+        if step % log_interval == 0:
+            m.log_step(step, loss=2.0, lr=1e-3, grad_norm=1.0, epoch=0.0)
+
+
+@pytest.mark.parametrize("log_interval", [1, 10])
+def test_steps_far_slower_than_the_first_ones_get_one_note_with_the_threads_to_use(tmp_path, monkeypatch, capsys,
+                                                                                  log_interval):
+    """On the CPU, with 2 threads: steps of 40 ms, then 400 ms (a busy neighbour) give one note, once, as soon
+    as the recent median is 3x the early one, naming both and --threads=1 (the cores left free, measured then:
+    here 1); steps 2x slower give none, nor a GPU run's."""
+    clock = Clock()
+    monkeypatch.setattr(metrics.time, "perf_counter", clock)
+    monkeypatch.setattr(metrics, "choose_threads", lambda: (1, "auto: 2 cores, 1.0 busy with other processes"))
+
+    def notes(threads: int | None, slow: float) -> list[str]:
+        m = Metrics(tmp_path, master=True, tokens_per_step=1000, flops_per_token=6.0, peak_flops=None, world_size=1,
+                    max_iters=1000, device=torch.device("cpu"), log_interval=log_interval, cpu_threads=threads)
+        run_steps(m, clock, [5.0] + [0.04] * 60 + [slow] * 300, log_interval)  # warm-up, 60 steps of 40 ms, slower
+        return [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+
+    said = notes(2, 0.4)
+    assert len(said) == 1
+    # the median of the recent steps once it is 3x the early one or more (halfway through the change: 220 ms)
+    slower = re.fullmatch(r"note: steps now take ([\d,]+) ms, ([\d.]+)x the first ones' 40 ms: (.*)", said[0])
+    assert slower and float(slower[2]) >= 3 and int(slower[1]) == pytest.approx(40 * float(slower[2]), abs=1)
+    assert slower[3] == ("other processes are likely using the cores this run's 2 threads compute on, and each "
+                         "product waits for its slowest thread; fewer threads run faster then: stop (Ctrl-C saves "
+                         "last.pt) and go on with --init_from=resume --threads=1")
+    assert notes(2, 0.08) == [] and notes(None, 0.4) == []  # 2x slower; a GPU run
+    said = notes(1, 0.4)  # one thread already: no setting to suggest
+    assert len(said) == 1 and said[0].endswith("x the first ones' 40 ms: other processes are likely using the core "
+                                               "this run computes on")

@@ -130,18 +130,19 @@ def test_step_requests():
 def record_saves(monkeypatch) -> list[tuple[str, int]]:
     saves, real = [], train.save
 
-    def save(run, name, step, best_val, requests=None):
+    def save(run, name, step, best_val, requests=None, **more):
         saves.append((name, step))
-        return real(run, name, step, best_val, requests)
+        return real(run, name, step, best_val, requests, **more)
 
     monkeypatch.setattr(train, "save", save)
     return saves
 
 
 @pytest.mark.parametrize("deferred", [False, True])
-def test_sigusr1_saves_after_the_step_and_goes_on(char_dataset, tmp_path, monkeypatch, deferred):
+def test_sigusr1_saves_after_the_step_and_goes_on(char_dataset, tmp_path, monkeypatch, capsys, deferred):
     """SIGUSR1 during step 4 saves last.pt after step 4 (deferred, as on a GPU where the flags are read a step
-    late: after step 5), and the run goes on to the end, as if no signal had come."""
+    late: after step 5), says so in one line naming the step once saved, and the run goes on to the end, as if
+    no signal had come."""
     if deferred:
         from gptkit import optim
 
@@ -158,16 +159,33 @@ def test_sigusr1_saves_after_the_step_and_goes_on(char_dataset, tmp_path, monkey
         return real(*a, **k)
 
     monkeypatch.setattr(gptkit.step, "forward_backward", forward_backward)
+    capsys.readouterr()
     assert single(tiny_args(char_dataset, tmp_path / "signalled", **args))["step"] == 8
     last = [step for name, step in saves if name == "last.pt"]
     assert last == [3, 5 if deferred else 4, 6, 8]
+    out = capsys.readouterr().out.splitlines()
+    said = out.index(f"saved {tmp_path / 'signalled' / 'last.pt'} at step {5 if deferred else 4} (SIGUSR1); going on")
+    assert "SIGUSR1 received: saving last.pt after this step, then going on" in out[:said]
+    assert sum(line.startswith("saved ") for line in out) == 1  # the other saves, as ever, silent
     assert train_losses(tmp_path / "signalled") == train_losses(tmp_path / "quiet")
     assert_same_weights(weights(tmp_path / "signalled"), weights(tmp_path / "quiet"))
 
 
-def test_checkpoint_interval_s_saves_on_rank_0s_clock(char_dataset, tmp_path, monkeypatch):
+@pytest.mark.parametrize("async_save", [False, True])
+def test_checkpoint_interval_s_saves_on_rank_0s_clock(char_dataset, tmp_path, monkeypatch, capsys, async_save):
     """A clock that moves 10 s per step and checkpoint_interval_s=25: last.pt after step 3 (30 s), again 25 s
-    after the save at the evaluation of step 4, so after step 7, then step 8's evaluation, and the end."""
+    after the save at the evaluation of step 4, so after step 7, then step 8's evaluation, and the end. The two
+    saves the clock asked for are said in a line each once written (with async_save: by the writing thread,
+    after the write)."""
+    from gptkit.checkpoint import background
+
+    real_write = background.save_checkpoint
+
+    def save_checkpoint(obj, path):
+        real_write(obj, path)
+        print(f"written: step {obj['step']}", flush=True)
+
+    monkeypatch.setattr(background, "save_checkpoint", save_checkpoint)
     now, real = [0.0], gptkit.step.forward_backward
 
     def forward_backward(*a, **k):
@@ -178,8 +196,14 @@ def test_checkpoint_interval_s_saves_on_rank_0s_clock(char_dataset, tmp_path, mo
     monkeypatch.setattr(train, "StepRequests", functools.partial(StepRequests, clock=lambda: now[0]))
     saves = record_saves(monkeypatch)
     single(tiny_args(char_dataset, tmp_path / "out", max_iters=10, lr_decay_iters=10, eval_interval=4,
-                     checkpoint_interval_s=25))
+                     checkpoint_interval_s=25, async_save=async_save))
     assert [step for name, step in saves if name == "last.pt"] == [3, 4, 7, 8, 10]
+    out = capsys.readouterr().out.splitlines()
+    said = [line for line in out if line.startswith("saved ")]
+    assert said == [f"saved {tmp_path / 'out' / 'last.pt'} at step {n} (every checkpoint_interval_s=25); going on"
+                    for n in (3, 7)]
+    for line, n in zip(said, (3, 7)):
+        assert out.index(f"written: step {n}") < out.index(line)
     with pytest.raises(SystemExit, match="checkpoint_interval_s must be >= 0"):
         single(tiny_args(char_dataset, tmp_path / "bad", checkpoint_interval_s=-1))
 

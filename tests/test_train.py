@@ -110,6 +110,25 @@ def test_scratch_run_refuses_to_replace_checkpoints(char_dataset, tmp_path):
     assert (out / "last.pt").read_bytes() != before
 
 
+def test_resume_with_overwrite_names_the_two_settings_passed(char_dataset, tmp_path):
+    """--init_from=resume with --overwrite=True is refused naming those two (not resume=auto, which a run started
+    with it records); and a run started with --overwrite=True continues with --resume=auto: how one invocation
+    starts is never taken from the checkpoint."""
+    out = tmp_path / "out"
+    train.main(tiny_args(char_dataset, out, max_iters=2, resume="auto"))
+    before = (out / "last.pt").read_bytes()
+    with pytest.raises(SystemExit) as e:
+        train.main([f"--out_dir={out}", "--init_from=resume", "--overwrite=True"])
+    assert str(e.value.code) == ("error: init_from=resume continues the run in out_dir, and overwrite=True is for a new "
+                                 "run that replaces it: drop --overwrite=True to continue it, or --init_from=resume "
+                                 "to start again")
+    assert (out / "last.pt").read_bytes() == before
+    again = tmp_path / "again"
+    train.main(tiny_args(char_dataset, again, max_iters=2, overwrite=True))
+    assert train.main(tiny_args(char_dataset, again, max_iters=4, resume="auto"))["step"] == 4
+    assert train.main([f"--out_dir={again}", "--init_from=resume", "--max_iters=5"])["step"] == 5
+
+
 def test_missing_dataset_names_the_prepare_command(tmp_path):
     with pytest.raises(SystemExit, match=r"python prepare/text.py --input YOUR_TEXT --name nope"):
         train.main([f"--data_root={tmp_path}", "--dataset=nope", f"--out_dir={tmp_path / 'o'}", "--device=cpu"])
@@ -370,6 +389,25 @@ def test_ddp_two_processes_match_one(char_dataset, tmp_path):
     assert_same_weights(weights(ddp), weights(single), exact=False)
 
 
+def test_torchrun_with_too_few_micro_batches_says_it_once_with_the_fix(char_dataset, tmp_path):
+    """gradient_accumulation_steps=1 on 2 processes: one `error:` line (not one per process) naming the setting
+    that works, before any process group; torchrun's summary shows that line as its root cause instead of a
+    link to its docs (its own traceback stays: torchrun raises one whenever a process fails)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / "train.py"),
+           *tiny_args(char_dataset, tmp_path / "out", gradient_accumulation_steps=1)]
+    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert res.returncode != 0
+    line = ("error: gradient_accumulation_steps (1) counts the micro-batches of all 2 processes together, so it must "
+            "be a multiple of 2: use --gradient_accumulation_steps=2; to keep its 128 tokens per step: "
+            "--gradient_accumulation_steps=2 --batch_size=2")
+    said = [text for text in (res.stdout + res.stderr).splitlines() if text.startswith("error:")]
+    assert said == [line], res.stdout + res.stderr
+    root_cause = res.stderr[res.stderr.index("Root Cause"):]
+    assert f"traceback : {line}" in root_cause and "To enable traceback" not in res.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_ddp_resume_with_dropout_is_exact(char_dataset, tmp_path):
     """Every rank's dropout stream is saved and restored: 2 + 2 resumed steps == 4 steps, under DDP."""
     full, cut = tmp_path / "full", tmp_path / "cut"
@@ -417,14 +455,25 @@ def test_shakespeare_is_prepared_on_the_fly_or_explains_how(tmp_path, monkeypatc
     args = [f"--data_root={tmp_path}", "--dataset=shakespeare_char", f"--out_dir={tmp_path / 'out'}",
             "--device=cpu", "--n_layer=1", "--n_head=1", "--n_embd=16", "--block_size=16", "--batch_size=2",
             "--gradient_accumulation_steps=1", "--max_iters=1", "--eval_iters=1"]
-    with pytest.raises(SystemExit, match=r"could not download .*python prepare/shakespeare_char.py --input PATH"):
+    with pytest.raises(SystemExit) as e:
         train.main(args)
+    message = str(e.value.code)
+    # one line, with the command that works here (train.py takes no --input): run as it is written, it prepares
+    # the dataset where this run looks for it
+    folder = tmp_path / "shakespeare_char"
+    command = f"python prepare/shakespeare_char.py --input PATH_TO_THE_TEXT --out_dir {folder}"
+    assert message == (f"error: could not download the text of shakespeare_char to prepare {folder} (no network); "
+                       f"with a copy of it here, run: {command} (then this command again)")
     assert not (tmp_path / "out").exists()
-    # with the text already downloaded (here: copied) into the dataset folder, train.py prepares it itself
-    (tmp_path / "shakespeare_char").mkdir(exist_ok=True)
-    (tmp_path / "shakespeare_char" / "input.txt").write_bytes(shakespeare_path.read_bytes())
+    prepare = command.replace("PATH_TO_THE_TEXT", str(shakespeare_path)).split()[1:]
+    subprocess.run([sys.executable, *prepare], cwd=REPO, check=True, capture_output=True, timeout=300)
     assert train.main(args)["step"] == 1
-    assert (tmp_path / "shakespeare_char" / "meta.json").is_file()
+    # with the text already downloaded (here: copied) into the dataset folder, train.py prepares it itself
+    other = [a.replace(str(tmp_path), str(tmp_path / "other")) for a in args]
+    (tmp_path / "other" / "shakespeare_char").mkdir(parents=True)
+    (tmp_path / "other" / "shakespeare_char" / "input.txt").write_bytes(shakespeare_path.read_bytes())
+    assert train.main(other)["step"] == 1
+    assert (tmp_path / "other" / "shakespeare_char" / "meta.json").is_file()
 
 
 def test_a_busy_out_dir_is_refused_at_once_and_nothing_is_touched(char_dataset, tmp_path):

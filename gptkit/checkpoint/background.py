@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -38,14 +39,17 @@ class CheckpointSaver:
 
     # ---- single-file checkpoints
 
-    def save(self, obj: dict, path: str | Path) -> None:
-        """Save `obj` to `path` as save_checkpoint does; in the background, return once it is copied."""
+    def save(self, obj: dict, path: str | Path, done: Callable[[], None] | None = None) -> None:
+        """Save `obj` to `path` as save_checkpoint does; in the background, return once it is copied. `done`:
+        called once the file is written (in the background: by the writing thread)."""
         self.wait()
+        done = done or (lambda: None)
         if not self.background:
             save_checkpoint(obj, path)
+            done()
             return
         snapshot, ready = self._copy(obj)
-        self._start(lambda: (ready() if ready else None, save_checkpoint(snapshot, path)))
+        self._start(lambda: (ready() if ready else None, save_checkpoint(snapshot, path), done()))
 
     def _copy(self, obj):
         """The nest `obj` with each tensor replaced by a CPU copy (tensors sharing their storage and view share
@@ -97,20 +101,23 @@ class CheckpointSaver:
     # ---- sharded checkpoints (FSDP)
 
     def save_sharded(self, path: str | Path, record: dict | None, model: torch.nn.Module, optimizer, *,
-                     adapters_only: bool = False) -> None:
+                     adapters_only: bool = False, done: Callable[[], None] | None = None) -> None:
         """save_sharded (gptkit/checkpoint/sharded.py), every process at once; in the background, DCP's
         async_save stages each process' shards to CPU memory and writes them from a thread, and rank 0 (which
         passes `record`) finishes the folder (checksums, record, renames) in the background once every process
-        has written."""
+        has written. `done`: called on rank 0 once the folder is in place."""
         self.wait()
+        done = done or (lambda: None)
         if not self.background:
             save_sharded(path, record, model, optimizer, adapters_only=adapters_only)
+            if record is not None:
+                done()
             return
         future, finish = save_sharded(path, record, model, optimizer, adapters_only=adapters_only,
                                       asynchronous=True)
         self._future = future
         if finish is not None:
-            self._start(lambda: (future.result(), finish()))
+            self._start(lambda: (future.result(), finish(), done()))
 
     # ---- waiting
 

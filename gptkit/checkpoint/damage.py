@@ -22,10 +22,15 @@ ZIP_MAGIC = b"PK"
 class CorruptCheckpointError(CheckpointError):
     """A checkpoint whose bytes changed since it was saved (a checksum does not match, or it is cut short)."""
 
+    what = ""  # what is wrong, in a few words (corrupt() sets it)
+
 
 def corrupt(p: Path, what: str) -> CorruptCheckpointError:
-    """The one-line error for a damaged checkpoint: what is wrong, that nothing was changed, what to try."""
-    return CorruptCheckpointError(f"{_shown(p)} is corrupt: {what}; nothing on disk was changed; {fallback(p)}")
+    """The one-line error for a damaged checkpoint: what is wrong, that nothing was changed, what to try. Its
+    `what` keeps the first part alone."""
+    error = CorruptCheckpointError(f"{_shown(p)} is corrupt: {what}; nothing on disk was changed; {fallback(p)}")
+    error.what = what
+    return error
 
 
 def _shown(p: Path) -> str:

@@ -26,6 +26,7 @@ from gptkit import checksum, lora, nanogpt
 from gptkit.checkpoint.damage import check_container, corrupt, first_sentence, verify
 from gptkit.checkpoint.layout import CheckpointError, find_checkpoint, is_sharded_checkpoint, remove_folders
 from gptkit.checkpoint.sharded import read as read_sharded
+from gptkit.checkpoint.sharded import verify_folder
 from gptkit.files import atomic_write
 from gptkit.tokenizer import with_tokenizer_files
 
@@ -66,16 +67,18 @@ def save_checkpoint(obj: dict, path: str | Path) -> None:
         remove_folders(path.with_suffix(""))
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = True) -> dict:
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", mmap: bool = True,
+                    damaged_optimizer: str | None = None) -> dict:
     """Load a checkpoint safely, verifying all its checksums. Memory-mapped by default (sample, eval, export:
     readers of the weights), where damage in the optimizer state alone is a one-line note and the optimizer
     state is left out of the dict; mmap=False (a resumed run) reads everything and refuses any damage.
+    damaged_optimizer ("note" or "error") overrides what mmap chooses.
 
     A sharded checkpoint (a folder) comes as the same dict, its model's weights whole, without the optimizer
     state (load_sharded_optimizer restores that) and with "sharded": the folder. nanoGPT's ckpt.pt comes
     converted (gptkit/nanogpt.py)."""
     p = find_checkpoint(path)
-    damaged_optimizer = "note" if mmap else "error"
+    damaged_optimizer = damaged_optimizer or ("note" if mmap else "error")
     if p.is_dir():
         return read_sharded(p, map_location, damaged_optimizer)
     check_container(p)
@@ -101,3 +104,14 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
         raise CheckpointError(f"{p} has checkpoint format {ckpt['format']}; this code reads up to {FORMAT_VERSION}")
     verify(ckpt, p, damaged_optimizer, copy=read_once)
     return ckpt
+
+
+def verify_checkpoint(path: str | Path) -> None:
+    """Check a saved checkpoint (a file or a sharded folder) through, all its checksums, the optimizer state's
+    included, keeping nothing in memory (a file memory-mapped, a folder's shards checked in place): returns
+    when it is whole, else raises the error a reader would meet (CorruptCheckpointError for damage)."""
+    p = Path(path)
+    if p.is_dir():
+        verify_folder(p)
+    else:
+        load_checkpoint(p, mmap=True, damaged_optimizer="error")

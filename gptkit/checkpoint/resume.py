@@ -4,6 +4,7 @@ replaces an earlier run's checkpoints.
 
     cfg, ckpt = resolve_config(argv)   # the run's config; the checkpoint it continues (None: a new run)
     check_out_dir(cfg)                 # a new run into an out_dir that holds checkpoints: an error, unless --overwrite
+    set_aside_damaged_best(out_dir, ckpt["best_val_loss"])   # a resumed run: best.pt checked as last.pt was
 
 A resumed run keeps its checkpoint's config, model shape and optimizer; what the command line sets explicitly
 overrides the rest.
@@ -14,8 +15,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from gptkit.checkpoint.file import RESUME_KEYS, load_checkpoint
-from gptkit.checkpoint.layout import saved_checkpoint
+from gptkit.checkpoint.damage import CorruptCheckpointError
+from gptkit.checkpoint.file import RESUME_KEYS, load_checkpoint, verify_checkpoint
+from gptkit.checkpoint.layout import CheckpointError, saved_checkpoint
 from gptkit.cli import UserError
 from gptkit.config import TrainConfig
 from gptkit.options import build_config, parse_args
@@ -24,6 +26,9 @@ from model import GPTConfig
 
 # The shape and architecture a resumed run must keep (model.py's GPTConfig says which settings they are).
 MODEL_KEYS = GPTConfig.shape_names()
+# How one invocation starts, not what the run is: a resumed run takes them from its own command line only, never
+# from the checkpoint's config (a run started with --overwrite=True is continued without it).
+INVOCATION_KEYS = ("overwrite", "resume", "plan")
 
 
 class ResumeError(UserError):
@@ -61,7 +66,7 @@ def resolve_config(argv: list[str]) -> tuple[TrainConfig, dict | None]:
         if asked.init_from != "scratch":  # a fine-tune's block_size may have been fitted to its data: kept
             values.pop("block_size", None)
         values["init_from"] = "resume"
-    base = dict(ckpt["config"])
+    base = {k: v for k, v in ckpt["config"].items() if k not in INVOCATION_KEYS}
     # Through GPTConfig: a checkpoint older than an option has its default, and `auto` options their values.
     saved_model = GPTConfig.from_dict(ckpt["model_config"]).to_dict()
     saved_shape = {k: saved_model[k] for k in MODEL_KEYS}
@@ -141,3 +146,31 @@ def check_out_dir(cfg: TrainConfig) -> None:
             f"{cfg.out_dir}/ already holds {' and '.join(existing)}; continue it with --init_from=resume, "
             f"choose another --out_dir, or pass --overwrite=True to replace it"
         )
+
+
+def set_aside_damaged_best(out_dir: str | Path, best_val_loss: float) -> Path | None:
+    """A resumed run checks the run's best checkpoint (best.pt, or a sharded best/) as its load checked last.pt,
+    checksums and all: a damaged one would be what sample.py, eval.py, chat.py and export.py take from the
+    run's folder. It is renamed aside, NAME.damaged (nothing is deleted: a copy from elsewhere may still be
+    compared with it), and a line says so. The run's best val loss stays the one that checkpoint reached: the
+    next evaluation that beats it writes a new best.pt (atomically, as every save), and until then, or if none
+    does, the folder's readers take last.pt (the run's last line says so again). Returns where it went, or None
+    when there is no best checkpoint or it is whole (rank 0 calls this, holding out_dir's lock)."""
+    best = saved_checkpoint(out_dir, "best")
+    if best is None:
+        return None
+    try:
+        verify_checkpoint(best)
+        return None
+    except CorruptCheckpointError as e:
+        what = e.what or str(e)
+    except (CheckpointError, OSError) as e:  # not readable as a checkpoint at all (a shard file missing, say)
+        what = str(e)
+    aside, n = best.with_name(f"{best.name}.damaged"), 2
+    while aside.exists():  # an earlier one set aside stays too
+        aside, n = best.with_name(f"{best.name}.damaged{n}"), n + 1
+    os.replace(best, aside)
+    print(f"note: {best}{'/' * aside.is_dir()} is damaged: {what}; set aside as {aside}; the next evaluation "
+          f"below its val loss {best_val_loss:.4f} writes a new best.pt, and until then sample.py and the other "
+          f"readers of {Path(out_dir)}/ take last.pt", flush=True)
+    return aside

@@ -171,13 +171,12 @@ def _verify_shards(folder: Path, record: dict, metadata, prefix: str) -> str | N
     return None
 
 
-def read(folder: Path, map_location: str | torch.device = "cpu", damaged_optimizer: str = "error") -> dict:
-    """A sharded checkpoint as load_checkpoint returns a file's: its record, the model's weights whole (read
-    from every process' shards, in this process alone: no process group is needed), and "sharded": the folder.
-    The optimizer state is not returned (load_sharded_optimizer restores it into a run), but its checksums are
-    verified: damage there is an error with damaged_optimizer="error" (a resumed run), a note with "note"."""
+def verify_folder(folder: Path, map_location: str | torch.device = "cpu", damaged_optimizer: str = "error"):
+    """Check a sharded checkpoint against its checksums without loading its tensors (the shards' bytes are read
+    and checked in place): its record and .metadata, then the model's items and the optimizer's (damage there:
+    an error with damaged_optimizer="error", a note with "note"). Returns the record (its checksums removed)
+    and DCP's metadata; raises a CheckpointError (CorruptCheckpointError for damage)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     problem = container_problem(folder / RECORD)
     if problem:
@@ -206,6 +205,18 @@ def read(folder: Path, map_location: str | torch.device = "cpu", damaged_optimiz
             print(damaged_optimizer_note(folder, wrong), file=sys.stderr)
         elif wrong:
             raise corrupt(folder, wrong)
+    return record, metadata
+
+
+def read(folder: Path, map_location: str | torch.device = "cpu", damaged_optimizer: str = "error") -> dict:
+    """A sharded checkpoint as load_checkpoint returns a file's: its record, the model's weights whole (read
+    from every process' shards, in this process alone: no process group is needed), and "sharded": the folder.
+    The optimizer state is not returned (load_sharded_optimizer restores it into a run), but its checksums are
+    verified: damage there is an error with damaged_optimizer="error" (a resumed run), a note with "note"."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    record, metadata = verify_folder(folder, map_location, damaged_optimizer)
     weights = {}
     for key, meta in metadata.state_dict_metadata.items():
         if key.startswith("model.") and isinstance(meta, TensorStorageMetadata):

@@ -63,12 +63,18 @@ def download(url: str, dest: Path) -> Path:
                     f.write(chunk)
                     bar.update(len(chunk))
     except (urllib.error.URLError, OSError) as e:  # URLError/HTTPError/timeouts are all OSErrors
-        reason = getattr(e, "reason", None) or e
-        raise DataError(
-            f"could not download {url} ({one_line(reason)}); check your network connection, "
-            "or pass --input PATH to use a local copy of the file"
-        ) from None
+        raise DownloadError(url, one_line(getattr(e, "reason", None) or e)) from None
     return dest
+
+
+class DownloadError(DataError):
+    """A source that could not be downloaded (no network, say): `url`, and `reason` in a few words. The message
+    is for the prepare scripts, which take --input; another caller (train.py) can say what works there."""
+
+    def __init__(self, url: str, reason: str):
+        super().__init__(f"could not download {url} ({reason}); check your network connection, or pass --input "
+                         f"PATH to use a local copy of the file")
+        self.url, self.reason = url, reason
 
 
 def obtain_input(input_path: str | None, url: str, out_dir: Path, filename: str = "input.txt") -> Path:
