@@ -349,7 +349,7 @@ def make_metrics(run: Run, start_step: int = 0) -> Metrics:
 
 
 @torch.no_grad()
-def evaluate(model, batches: ValBatches, rt: Runtime, d: Dist, stop: StopFlag | None = None,
+def evaluate(model, batches: ValBatches | ValPairs, rt: Runtime, d: Dist, stop: StopFlag | None = None,
              objective: Objective = next_token_loss) -> tuple[float, dict[str, float]] | None:
     """The objective's mean loss over the fixed validation batches, and the means of its metrics ({} for the
     next-token loss), each rank taking its share; None when a stop signal cut it short on any rank (a preempted
