@@ -17,8 +17,8 @@ plain DPO lets both fall together. On benchmarks/dpo_rule.py's task (BENCHMARKS.
 DPO reached 100% held-out accuracy while the chosen replies' log-probability fell from -1.1 to -60 nats: the
 model no longer says them (35% of its chat replies followed the rule; on one seed of four it never left 50%).
 With the anchor, on all four seeds: 100% within 150 steps, the chosen replies at -0.01 to -0.13 nats, 96-100%
-of the chat replies by the rule. The learning rate and step count are a starting point for GPT-2 124M, not tuned here: watch the val
-accuracy and the chosen log-probability in the log.
+of the chat replies by the rule. The learning rate and step count are a starting point for GPT-2 124M, not
+tuned here: watch the val accuracy and the chosen log-probability in the log.
 """
 
 init_from = "out-chat"  # the chat model to tune: configs/finetune_chat.py's out_dir

@@ -2,7 +2,8 @@
 on the CPU; only here is the step captured and replayed): the graphed run's steps equal the plain step's from one
 seed, eager and compiled with dropout (the random masks drawn inside the graph); a NaN that enters after the
 capture masks that step and every later one; an asynchronous save pending at the capture does not break it; a
-DPO step, with either reference, captured as well. gpu_check's tests part runs this file first, on its own, each test within a time limit."""
+DPO step, with either reference, captured as well. gpu_check's tests part runs this file first, on its own,
+each test within a time limit."""
 
 import threading
 from types import SimpleNamespace
