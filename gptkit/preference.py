@@ -76,7 +76,9 @@ class PairBatch:
         return (self.x, self.y) if self.ref is None else (self.x, self.y, self.ref)
 
     def with_tensors(self, tensors: tuple[torch.Tensor, ...]) -> PairBatch:
-        """The same pairs with other tensors of tensors()'s shapes (a graph's static buffers)."""
+        """A batch of the same kind with other tensors of tensors()'s shapes (a graph's static buffers, which
+        hold each step's pairs in turn: `pairs` and `split` stay this batch's, so what a step needs of a pair
+        must come in the tensors, as ref does)."""
         return dataclasses.replace(self, x=tensors[0], y=tensors[1], ref=tensors[2] if len(tensors) > 2 else None)
 
 
