@@ -468,8 +468,7 @@ def bench_train(name: str, rt: Runtime, args, variant: Variant) -> dict:
     batches = train_batches(args, cfg, batch, rt)
     graphed, optimizer_spans = None, None
     if v.cuda_graphs:  # train.py's step with --cuda_graphs (its optimizer step inside the graph: not timed apart)
-        graphed = GraphedStep(step_model, optimizer, rt.device, accum=args.accum, batch_size=batch,
-                              block_size=cfg.block_size, grad_clip=train_cfg.grad_clip,
+        graphed = GraphedStep(step_model, optimizer, rt.device, accum=args.accum, grad_clip=train_cfg.grad_clip,
                               autocast=lambda: rt.autocast(cache=False))
     else:
         optimizer_spans = time_optimizer_steps(optimizer, rt)

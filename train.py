@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from gptkit import cli, hellaswag, lora, parallel, plan
+from gptkit import cli, hellaswag, lora, objectives, parallel, plan
 from gptkit.batch_size import choose_batch_size, oom_message
 from gptkit.checkpoint import (
     build_checkpoint,
@@ -56,6 +56,7 @@ from gptkit.metrics import LineProgress, Metrics, peak_flops, start_wandb
 from gptkit.optim import describe, load_optimizer_state, make_optimizer
 from gptkit.options import ConfigError, config_to_dict, print_config
 from gptkit.plan_report import format_plan, make_plan
+from gptkit.preference import PairBatch, PairLoader, ValPairs
 from gptkit.prepare.local import DownloadError
 from gptkit.prepare.tiny_shakespeare import DATASETS as SHAKESPEARE_DATASETS
 from gptkit.prepare.tiny_shakespeare import prepare_shakespeare
@@ -70,7 +71,7 @@ from gptkit.runtime import (
     resolve_cuda_graphs,
 )
 from gptkit.shards import DataError, dataset_dir, read_meta, require_dataset
-from gptkit.step import NonFiniteError, StepRequests, StopFlag, TrainStep
+from gptkit.step import NonFiniteError, Objective, StepRequests, StopFlag, TrainStep, next_token_loss
 from gptkit.threads import Threads, resolve_threads
 from gptkit.tokenizer import Tokenizer, with_tokenizer_files
 from model import GPT
@@ -206,9 +207,11 @@ class Run:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
-    loader: BatchLoader
-    val: ValBatches
+    loader: BatchLoader | PairLoader
+    val: ValBatches | ValPairs
     accum: int  # micro-batches per process per step
+    objective: Objective = next_token_loss  # the micro-batch loss (gptkit/objectives.py: next-token or DPO)
+    reference: object = None  # DPO's reference (gptkit/dpo.py), saved in the checkpoints when precomputed
     lora: dict | None = None  # a LoRA run's settings and base (checkpoint.build_checkpoint's lora_info)
     graphed: GraphedStep | None = None  # with cuda_graphs: the whole step, replayed as one CUDA graph
     hellaswag: list[hellaswag.Encoded] | None = None  # HellaSwag's items, when hellaswag_interval is set
@@ -217,7 +220,7 @@ class Run:
 
     @property
     def tokens_per_step(self) -> int:
-        return self.cfg.batch_size * self.cfg.block_size * self.accum * self.d.world_size
+        return objectives.sequences_per_batch(self.cfg) * self.cfg.block_size * self.accum * self.d.world_size
 
 
 def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Runtime,
@@ -227,6 +230,7 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
     threads = threads or TORCH_OWN
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     model, added_tokens = build_model(cfg, meta, ckpt)
+    objectives.check_start(cfg, added_tokens)
     if ckpt is None and cfg.init_from != "scratch":
         cfg = with_base_shape(cfg, model, argv)
     check_vocab(data_dir, meta, model)
@@ -243,21 +247,20 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
     wrapped = parallel.wrap(model, sharing, rt, use_compile, cfg.compile_scope)
     graphs, graphs_line = resolve_cuda_graphs(cfg.cuda_graphs, rt, world_size=d.world_size,
                                               optimizer=cfg.optimizer, compiled=use_compile)
-    block = cfg.block_size  # the training sequences (a LoRA run's model may have more positions: its base's)
+    # the training sequences are block_size long (a LoRA run's model may have more positions: its base's)
+    loader, val = objectives.make_batches(cfg, data_dir, d, rt)
+    # the micro-batch loss; DPO's reference, precomputed here with the starting weights (or read back on resume)
+    loss_of, reference, objective_line = objectives.make_objective(cfg, model, loader, data_dir, ckpt, d, rt)
     run = Run(
         cfg=cfg, argv=argv, d=d, rt=rt, meta=meta, raw_model=model, model=wrapped,
         optimizer=make_optimizer(model, cfg, rt.device_type, graphable=graphs),
         scaler=torch.amp.GradScaler(rt.device_type, enabled=rt.needs_grad_scaler),
-        loader=BatchLoader(data_dir, "train", batch_size=cfg.batch_size, block_size=block, seed=cfg.seed,
-                           mode=cfg.data_mode, rank=d.rank, world_size=d.world_size, device=rt.device),
-        val=ValBatches(data_dir, "val", batch_size=cfg.batch_size, block_size=block, n_batches=cfg.eval_iters,
-                       rank=d.rank, world_size=d.world_size, device=rt.device),
-        accum=cfg.gradient_accumulation_steps // d.world_size, threads=threads, lora=lora_info,
-        saver=CheckpointSaver(background=cfg.async_save),
+        loader=loader, val=val, accum=cfg.gradient_accumulation_steps // d.world_size, objective=loss_of,
+        reference=reference, threads=threads, lora=lora_info, saver=CheckpointSaver(background=cfg.async_save),
     )
     if graphs:  # (the capture waits for a checkpoint still being written: no other thread on the device then)
-        run.graphed = GraphedStep(wrapped, run.optimizer, rt.device, accum=run.accum, batch_size=cfg.batch_size,
-                                  block_size=block, grad_clip=cfg.grad_clip, autocast=lambda: rt.autocast(cache=False),
+        run.graphed = GraphedStep(wrapped, run.optimizer, rt.device, accum=run.accum, grad_clip=cfg.grad_clip,
+                                  autocast=lambda: rt.autocast(cache=False), objective=loss_of,
                                   before_capture=run.saver.wait)
     torch.manual_seed(cfg.seed + d.rank)  # dropout masks: a different stream per rank
     step, best_val = restore_state(run, ckpt) if ckpt is not None else (0, float("inf"))
@@ -273,6 +276,9 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
         if parallel_line:
             print(parallel_line)
         print(describe(run.optimizer))
+        for line in (objective_line, objectives.dropout_note(cfg)):
+            if line:
+                print(line)
     return run, step, best_val
 
 
@@ -320,7 +326,8 @@ def save(run: Run, name: str, step: int, best_val: float, requests: StepRequests
         state = build_checkpoint(model=run.raw_model, optimizer=run.optimizer, scaler=run.scaler,
                                  loader=run.loader, meta=run.meta, config=config_to_dict(run.cfg), argv=run.argv,
                                  step=step, best_val_loss=best_val, rng=rngs, versions=library_versions(),
-                                 lora_info=run.lora, sharded=sharded)
+                                 lora_info=run.lora, sharded=sharded,
+                                 dpo_reference=objectives.reference_state(run.reference))
     path = Path(run.cfg.out_dir) / (Path(name).stem if sharded else name)
     done = None
     if asked and d.master:  # (one write of the whole line: with async_save the writing thread prints it)
@@ -345,7 +352,8 @@ def make_metrics(run: Run, start_step: int = 0) -> Metrics:
         # every parameter, as --plan counts them (num_params() would leave out the position embedding)
         params = run.raw_model.num_params(non_embedding=False)
         print(f"model: {params / 1e6:.2f}M parameters{trainable} | {d.world_size} process(es) on "
-              f"{rt.device} | {rt.dtype_name} | {run.tokens_per_step:,} tokens per step ({cfg.batch_size} x "
+              f"{rt.device} | {rt.dtype_name} | {run.tokens_per_step:,} tokens per step "
+              f"({objectives.describe_batch(cfg)} x "
               f"{cfg.block_size} x {run.accum} accumulation x {d.world_size} processes)")
         if rt.device_type == "cpu" and cfg.device == "auto":
             total = fpt * run.tokens_per_step * max(0, cfg.max_iters - start_step)
@@ -362,7 +370,8 @@ def make_metrics(run: Run, start_step: int = 0) -> Metrics:
             print("note: float16 on the CPU is emulated, many times slower than float32; drop --dtype (auto is "
                   "float32 on the CPU) or use --dtype=float32", flush=True)
     chat = run.meta.get("chat") or {}
-    answers_only = bool(run.meta["splits"]["train"].get("masks")) and chat.get("train_on") != "all"
+    answers_only = (bool(run.meta["splits"]["train"].get("masks")) and chat.get("train_on") != "all"
+                    and not objectives.is_dpo(cfg))
     if answers_only and d.master:
         print("loss: over the answer tokens only (a chat dataset: the assistant's replies and their <|end|> are the "
               "targets; the rest is context)")
@@ -376,32 +385,43 @@ def make_metrics(run: Run, start_step: int = 0) -> Metrics:
 
 
 @torch.no_grad()
-def evaluate(model, batches: ValBatches, rt: Runtime, d: Dist, stop: StopFlag | None = None) -> float | None:
-    """Mean loss over the fixed validation batches, each rank taking its share; None when a stop signal cut
-    it short on any rank (a preempted job has seconds, not the minutes an evaluation may take). A progress
-    bar shows on a terminal when an evaluation takes more than a few seconds. Under FSDP the model holds its
-    whole weights meanwhile (parallel.gathered): its forwards gather nothing, so the ranks' counts may differ."""
+def evaluate(model, batches: ValBatches | ValPairs, rt: Runtime, d: Dist, stop: StopFlag | None = None,
+             objective: Objective = next_token_loss) -> tuple[float, dict[str, float]] | None:
+    """The objective's mean loss over the fixed validation batches, and the means of its metrics ({} for the
+    next-token loss), each rank taking its share; None when a stop signal cut it short on any rank (a preempted
+    job has seconds, not the minutes an evaluation may take). Token windows count a batch each (all have the
+    same size); preference pairs count a pair each. A progress bar shows on a terminal when an evaluation takes
+    more than a few seconds. Under FSDP the model holds its whole weights meanwhile (parallel.gathered): its
+    forwards gather nothing, so the ranks' counts may differ."""
     model.eval()
-    total = torch.zeros(3, device=rt.device, dtype=torch.float64)  # [sum of batch losses, batches, cut short]
+    names = objectives.metric_names(objective)
+    # [sum of losses, count, cut short, the sums of the metrics]
+    total = torch.zeros(3 + len(names), device=rt.device, dtype=torch.float64)
     quiet = not (d.master and sys.stdout.isatty())
     # not on a terminal (a log file, a pipe): plain lines instead of the bar, when it takes more than seconds
     lines = LineProgress("evaluating", len(batches), "batches") if quiet and d.master else None
     with parallel.gathered(model):
-        for i, (x, y) in enumerate(tqdm(batches, desc="evaluating", unit="batch", leave=False, delay=3,
-                                        disable=quiet)):
+        for i, batch in enumerate(tqdm(batches, desc="evaluating", unit="batch", leave=False, delay=3,
+                                       disable=quiet)):
             if stop is not None and stop.requested:
                 total[2] = 1
                 break
-            with rt.autocast():
-                loss = model(x, y)[1]  # no logits with targets: the loss is computed a slice at a time
-            total[0] += loss.double()
-            total[1] += 1
+            with rt.autocast():  # (the next-token loss: no logits with targets, computed a slice at a time)
+                loss, metrics = objective(model, batch)
+            n = len(batch) if isinstance(batch, PairBatch) else 1
+            total[0] += loss.double() * n
+            total[1] += n
+            for j, name in enumerate(names):
+                total[3 + j] += metrics[name].double() * n
             if lines is not None:
                 lines.update(i + 1)  # (on a GPU the batches are only queued: the lines show the host's pace)
     if d.enabled:
         dist.all_reduce(total)  # evaluation's one collective: ranks agree on the loss and on a cut
     model.train()
-    return None if total[2] else (total[0] / total[1]).item()
+    if total[2]:
+        return None
+    means = (total / total[1]).tolist()
+    return means[0], dict(zip(names, means[3:]))
 
 
 def load_hellaswag(cfg: TrainConfig, meta: dict, d: Dist) -> list[hellaswag.Encoded] | None:
@@ -465,7 +485,8 @@ def rerun_command(argv: list[str], resume: bool = False) -> str:
 def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, requests: StepRequests) -> dict:
     cfg, d, stop = run.cfg, run.d, requests.stop
     start_step, val_loss, stopped, save_asked = step, None, False, False
-    train_step = TrainStep(run.model, run.optimizer, run.scaler, run.rt, d, cfg, accum=run.accum, graphed=run.graphed)
+    train_step = TrainStep(run.model, run.optimizer, run.scaler, run.rt, d, cfg, accum=run.accum,
+                           objective=run.objective, graphed=run.graphed)
     while True:
         # ---- evaluate and checkpoint
         if step % cfg.eval_interval == 0 or step >= cfg.max_iters or cfg.eval_only:
@@ -473,14 +494,16 @@ def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, requests:
             if verdict.bad_step is not None:
                 raise NonFiniteError(verdict)
             save_asked |= verdict.save
-            val_loss = None if verdict.stop else evaluate(run.model, run.val, run.rt, d, stop)
-            if val_loss is None:  # a stop signal, before or during the evaluation (evaluated again on resume)
+            evaluated = None if verdict.stop else evaluate(run.model, run.val, run.rt, d, stop, run.objective)
+            if evaluated is None:  # a stop signal, before or during the evaluation (evaluated again on resume)
                 stop_run(run, step, best_val, start_step)
                 stopped = True
                 break
+            val_loss, val_metrics = evaluated  # (best.pt: by the val loss, DPO's with its anchor as trained)
             improved = val_loss < best_val
             best_val = min(best_val, val_loss)
-            metrics.log_eval(step, val_loss, best_val, improved, hellaswag_scores(run, step))
+            scores = {**{f"val_{k}": v for k, v in val_metrics.items()}, **hellaswag_scores(run, step)}
+            metrics.log_eval(step, val_loss, best_val, improved, scores)
             # Step 0 of a fresh run is the random initialisation: not worth a file. A resumed run may start on a
             # step whose evaluation the stopped run never did: an improvement there is saved too.
             if improved and step > 0:
@@ -524,7 +547,8 @@ def train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Run
     """Run the training loop; returns a summary (final step, last val loss, best val loss). `threads`: torch's
     CPU threads, applied by the caller."""
     data_dir, meta = load_dataset(cfg, d)
-    cfg = fit_block_size(cfg, meta, d)
+    objectives.check_dataset(cfg, meta, repr(cfg.dataset))  # pairs for DPO, token windows for the next token
+    cfg = objectives.fit_block_size(cfg, data_dir, d.master) if objectives.is_dpo(cfg) else fit_block_size(cfg, meta, d)
     hellaswag_items = load_hellaswag(cfg, meta, d)  # now: no network is an error at the start, not at step 5000
     with lock_out_dir(cfg.out_dir, d):
         check_out_dir(cfg)

@@ -2,6 +2,7 @@
 and pairs that prefer the mark the prompt asks for.
 
     python -m benchmarks.dpo_rule --out bench-dpo-rule/          # writes sft.jsonl and pairs.jsonl there
+    python -m benchmarks.dpo_rule --out bench-dpo-rule/ --train  # and SFT -> DPO -> eval: the table by step
 
 The user asks for a made-up word and the mark to end it with ("say qoxet, end with !"); the reply is the word
 and a mark ("qoxet!"). In sft.jsonl (conversations, prepare/chat.py) the reply's mark is drawn at random
@@ -13,20 +14,39 @@ should: what they share cancels in DPO's margin. Every pair has its own word, an
 word, so a pair of the val split is held out twice over: its word was never seen, neither in the SFT data nor
 in the pairs tuned on.
 
-    python prepare/chat.py --input bench-dpo-rule/sft.jsonl --tokenizer char --block_size 32 --name rule_sft
-    python train.py --dataset=rule_sft ...                    # a tiny chat model from scratch
-    python prepare/preference.py --input bench-dpo-rule/pairs.jsonl --tokenizer OUT_DIR --block_size 32 \
-        --name rule_pairs --val_fraction 0.1
+--train runs the recipe with the project's own commands, each in its own process (all under --out):
+
+    python prepare/chat.py --input OUT/sft.jsonl --tokenizer char --block_size 40 --name sft
+    python train.py --dataset=sft ...                   # a tiny chat model from scratch (--sft_steps)
+    python prepare/preference.py --input OUT/pairs.jsonl --tokenizer OUT/sft --block_size 40 --name pairs
+    python eval.py --ckpt OUT/sft --task preference --dataset pairs       # the SFT model on the val pairs
+    python train.py --objective=dpo --init_from=OUT/sft --dataset=pairs ...   # once per --nll_weights value
+
+and prints, by step, each DPO run's val pairs (its evaluations: the accuracy and mean margin of the implicit
+reward against the SFT model, the chosen replies' mean log-probability), then each model scored alone (eval.py
+--task preference: the share of val pairs whose chosen reply it finds likelier) and the share of greedy
+replies, through the chat template and the serving engine as chat.py decodes, to prompts with unseen words
+that end with the asked-for mark.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import queue
 import random
+import shlex
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from gptkit import cli
+from gptkit.chat import ChatTokens, prompt_ids
+from gptkit.checkpoint import load_model
+from gptkit.serving.engine import Engine, Finished, Request
+
+REPO = Path(__file__).resolve().parents[1]
 
 MARKS = "!?."
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -70,19 +90,131 @@ def write(out: Path, n_sft: int, n_pairs: int, seed: int) -> tuple[Path, Path]:
     return sft, pairs
 
 
+# --train: the tiny chat model, its DPO runs, and how the runs are compared
+BLOCK = 40  # every conversation and pair of the task fits
+SFT_ARGS = ["--n_layer=2", "--n_head=2", "--n_embd=64", f"--block_size={BLOCK}", "--batch_size=32",
+            "--gradient_accumulation_steps=1", "--warmup_iters=20", "--learning_rate=3e-3", "--min_lr=3e-4",
+            "--dropout=0.0", "--eval_iters=5"]
+DPO_ARGS = ["--objective=dpo", "--gradient_accumulation_steps=1", "--warmup_iters=5", "--learning_rate=3e-3",
+            "--min_lr=1e-4", "--dropout=0.0", "--eval_iters=100"]
+COMMON = ["--device=cpu", "--compile=False", "--overwrite=True", "--always_save_checkpoint=True"]
+
+
+def run(cmd: list[str]) -> float:
+    print("$", shlex.join(cmd), flush=True)
+    t0 = time.perf_counter()
+    subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def scores(ckpt: Path, data: Path, reference: Path | None = None) -> dict:
+    """eval.py --task preference on the val pairs (against the reference, or by the model's log-probs)."""
+    cmd = [sys.executable, "eval.py", f"--ckpt={ckpt}", "--task=preference", f"--dataset={data}", "--device=cpu"]
+    done = subprocess.run(cmd + ([f"--reference={reference}"] if reference else []), cwd=REPO, check=True,
+                          capture_output=True, text=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def unseen_prompts(out: Path, n: int, seed: int) -> list[tuple[str, str]]:
+    """n (word, asked mark) with words that neither file holds."""
+    seen = {json.loads(line)["messages"][0]["content"].split()[1].rstrip(",")
+            for line in (out / "sft.jsonl").read_text().splitlines()}
+    seen |= {json.loads(line)["prompt"].split()[1].rstrip(",")
+             for line in (out / "pairs.jsonl").read_text().splitlines()}
+    rng = random.Random(seed + 1)
+    words = [w for w in made_up_words(n + len(seen), rng) if w not in seen][:n]
+    return [(w, rng.choice(MARKS)) for w in words]
+
+
+def rule_followed(ckpt: Path, prompts: list[tuple[str, str]]) -> float:
+    """The share of greedy replies (the chat template, the serving engine: chat.py's decoding) that end with
+    the asked-for mark."""
+    model, tokenizer, _ = load_model(str(ckpt))
+    engine = Engine(model, max_batch=16, max_queue=len(prompts)).start()
+    stops = ChatTokens.of(tokenizer).stop_ids
+    events = [queue.SimpleQueue() for _ in prompts]
+    for (word, mark), box in zip(prompts, events):
+        engine.submit(Request(prompt_ids([{"role": "user", "content": prompt(word, mark)}], tokenizer), 10,
+                              emit=box.put, stop_ids=stops))
+    followed = 0
+    for (_, mark), box in zip(prompts, events):
+        tokens = []
+        while not isinstance(event := box.get(timeout=600), Finished):
+            tokens.append(event.id)
+        followed += tokenizer.decode(tokens).endswith(mark)
+    engine.stop()
+    return followed / len(prompts)
+
+
+def train_and_compare(args, out: Path) -> None:
+    data = out / "data"
+    run([sys.executable, "prepare/chat.py", f"--input={out / 'sft.jsonl'}", "--tokenizer=char",
+         f"--block_size={BLOCK}", "--name=sft", f"--data_root={data}", "--overwrite"])
+    sft = out / "sft"
+    run([sys.executable, "train.py", f"--dataset={data / 'sft'}", f"--out_dir={sft}", *SFT_ARGS, *COMMON,
+         f"--max_iters={args.sft_steps}", f"--lr_decay_iters={args.sft_steps}", f"--eval_interval={args.sft_steps}",
+         f"--log_interval={args.sft_steps}"])
+    run([sys.executable, "prepare/preference.py", f"--input={out / 'pairs.jsonl'}", f"--tokenizer={sft}",
+         f"--block_size={BLOCK}", "--name=pairs", f"--data_root={data}", "--val_fraction=0.1", "--overwrite"])
+    pairs = data / "pairs"
+    prompts = unseen_prompts(out, args.chat_prompts, args.seed)
+    rows = {"SFT": (scores(sft, pairs), rule_followed(sft, prompts))}
+    by_step = {}
+    for weight in args.nll_weights:
+        name = f"DPO, nll_weight {weight:g}"
+        dpo = out / f"dpo_nll{weight:g}"
+        seconds = run([sys.executable, "train.py", f"--init_from={sft}", f"--dataset={pairs}", f"--out_dir={dpo}",
+                       *DPO_ARGS, *COMMON, f"--batch_size={args.batch_size}", f"--dpo_beta={args.beta}",
+                       f"--dpo_nll_weight={weight}", f"--max_iters={args.dpo_steps}",
+                       f"--lr_decay_iters={args.dpo_steps}", f"--eval_interval={args.eval_interval}",
+                       f"--log_interval={args.eval_interval}"])
+        lines = [json.loads(line) for line in (dpo / "metrics.jsonl").read_text().splitlines()]
+        by_step[name] = {m["step"]: m for m in lines if "val_loss" in m}
+        rows[name] = (scores(dpo / "last.pt", pairs), rule_followed(dpo / "last.pt", prompts))
+        print(f"{name}: {args.dpo_steps} steps in {seconds:.0f} s", flush=True)
+
+    n_val = rows["SFT"][0]["pairs"]
+    print(f"\nthe val pairs ({n_val}, words never seen) by step, against the SFT model: accuracy (margin > 0), "
+          f"mean margin (beta x nats), chosen replies' mean log-prob")
+    print(f"{'step':>6}" + "".join(f"{name:>34}" for name in by_step))
+    for step in sorted(next(iter(by_step.values()))):
+        cells = [by_step[name].get(step) for name in by_step]
+        print(f"{step:>6}" + "".join(f"{m['val_accuracy']:>14.1%}{m['val_reward_margin']:>10.3f}"
+                                     f"{m['val_chosen_logp']:>10.2f}" if m else f"{'':>34}" for m in cells))
+    print(f"\neach model alone on the val pairs (its own log-probabilities), and greedy chat replies to "
+          f"{len(prompts)} prompts with unseen words")
+    print(f"{'model':<24}{'accuracy':>10}{'margin':>10}{'chosen':>10}{'rejected':>10}{'rule followed':>15}")
+    for name, (s, followed) in rows.items():
+        print(f"{name:<24}{s['accuracy']:>10.1%}{s['margin']:>10.3f}{s['chosen_logp']:>10.2f}"
+              f"{s['rejected_logp']:>10.2f}{followed:>15.1%}")
+
+
 @cli.entry_point()
 def main(argv: list[str] | None = None) -> None:
     parser = cli.ArgumentParser(prog="python -m benchmarks.dpo_rule", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="bench-dpo-rule", help="folder for sft.jsonl and pairs.jsonl")
+    parser.add_argument("--out", default="bench-dpo-rule", help="folder for sft.jsonl and pairs.jsonl (and --train's "
+                                                                "runs)")
     parser.add_argument("--sft", type=int, default=20_000, help="SFT conversations")
     parser.add_argument("--pairs", type=int, default=4_000, help="preference pairs (train and val)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--train", action="store_true", help="then SFT -> DPO -> eval, and the tables")
+    parser.add_argument("--sft_steps", type=int, default=800, help="--train: SFT steps (32 conversations each)")
+    parser.add_argument("--dpo_steps", type=int, default=300, help="--train: DPO steps of each run")
+    parser.add_argument("--batch_size", type=int, default=64, help="--train: pairs per DPO step")
+    parser.add_argument("--beta", type=float, default=0.5, help="--train: dpo_beta")
+    parser.add_argument("--nll_weights", type=lambda s: [float(w) for w in s.split(",")], default=[0.0, 0.5],
+                        help="--train: one DPO run per dpo_nll_weight (a comma list)")
+    parser.add_argument("--eval_interval", type=int, default=25, help="--train: DPO steps between evaluations")
+    parser.add_argument("--chat_prompts", type=int, default=100, help="--train: prompts with unseen words")
     args = parser.parse_args(argv)
     if args.sft < 1 or args.pairs < 2:
         raise cli.UsageError("--sft must be at least 1 and --pairs at least 2")
-    sft, pairs = write(Path(args.out), args.sft, args.pairs, args.seed)
+    out = Path(args.out).resolve()
+    sft, pairs = write(out, args.sft, args.pairs, args.seed)
     print(f"wrote {sft} ({args.sft:,} conversations) and {pairs} ({args.pairs:,} pairs)")
+    if args.train:
+        train_and_compare(args, out)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gptkit.dpo import DPOError, DPOSettings
 from gptkit.generate import SamplingOptions
 from gptkit.inference import QUANTIZE
 from gptkit.lora import LoRAError, LoRASettings
@@ -109,6 +110,16 @@ class TrainConfig(ModelSettings):
                                 "LoRA: comma-separated Linear layers of each block to adapt (these four are all)")
     activation_checkpointing: bool = setting(False, "recompute each block in the backward pass: far less "
                                                     "activation memory for ~30% more compute")
+    # what the run trains for (README.md "Chat", preference tuning): the next token, or DPO on preference pairs
+    objective: str = setting("next_token", "next_token (the language-model loss on the dataset's tokens) or dpo "
+                                           "(preference pairs, prepare/preference.py, tuned against the model the "
+                                           "run starts from; batch_size counts pairs)", ("next_token", "dpo"))
+    dpo_beta: float = setting(0.1, "dpo: how far the model may move from its reference (larger keeps it closer)")
+    dpo_loss: str = setting("sigmoid", "dpo: sigmoid (DPO's loss) or ipo (IPO's squared loss)", ("sigmoid", "ipo"))
+    dpo_label_smoothing: float = setting(0.0, "dpo: the share of pairs assumed mislabelled, in [0, 0.5) "
+                                              "(conservative DPO; sigmoid loss only)")
+    dpo_nll_weight: float = setting(0.0, "dpo: add this times the chosen replies' negative log-likelihood per "
+                                         "token (an anchor that keeps them likely); 0 = plain DPO")
     # system
     parallel: str = setting("auto", "under torchrun: ddp (every process holds the whole model), fsdp (parameters, "
                                     "gradients and optimizer states sharded over the processes) or auto (DDP when "
@@ -140,6 +151,14 @@ class TrainConfig(ModelSettings):
         for name in ("eval_interval", "eval_iters", "log_interval", "batch_size", "gradient_accumulation_steps"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:  # batch_size None: auto
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.objective == "dpo":
+            dpo_settings(self)  # names a bad dpo_beta, dpo_loss, dpo_label_smoothing or dpo_nll_weight
+            if self.batch_size is None:
+                raise ConfigError("batch_size=auto sizes next-token micro-batches; with objective=dpo set "
+                                  "--batch_size to the pairs per micro-batch (each pair is two sequences)")
+            if self.init_from == "scratch":
+                raise ConfigError("objective=dpo tunes a trained chat model against itself: set --init_from to "
+                                  "its checkpoint (e.g. out-chat/, from configs/finetune_chat.py)")
         self.validate_tokens_per_step()
         if self.resume == "auto" and self.overwrite:
             raise ConfigError("resume=auto continues the run in out_dir and overwrite=True replaces it: drop one")
@@ -208,6 +227,15 @@ class TrainConfig(ModelSettings):
                              **{k: getattr(self, k) for k in GPTConfig.setting_names()})
         except ValueError as e:
             raise ConfigError(str(e).removeprefix("GPTConfig.")) from None
+
+
+def dpo_settings(cfg: TrainConfig) -> DPOSettings:
+    """The run's DPO settings (whatever its objective: they are only used with objective=dpo)."""
+    try:
+        return DPOSettings(beta=cfg.dpo_beta, label_smoothing=cfg.dpo_label_smoothing, loss=cfg.dpo_loss,
+                           nll_weight=cfg.dpo_nll_weight)
+    except DPOError as e:
+        raise ConfigError(str(e)) from None
 
 
 def lora_settings(cfg: TrainConfig) -> LoRASettings | None:

@@ -1,7 +1,7 @@
 """The whole training step as one CUDA graph: captured once, replayed every step, so that the host launches one
 graph instead of every kernel of the forward, the backward, the clipping and the optimizer step.
 
-    graphed = GraphedStep(model, optimizer, rt.device, accum=4, batch_size=16, block_size=256, grad_clip=1.0,
+    graphed = GraphedStep(model, optimizer, rt.device, accum=4, grad_clip=1.0,
                           autocast=lambda: rt.autocast(cache=False), before_capture=saver.wait)
     train_step = TrainStep(model, optimizer, scaler, rt, d, cfg, accum=4, graphed=graphed)   # gptkit/step.py
     loss, grad_norm, flags = graphed(loader, request)   # what TrainStep calls: device tensors, read a step later
@@ -9,8 +9,10 @@ graph instead of every kernel of the forward, the backward, the clipping and the
 A small model's step is bound by the host (Python, guards, kernel launches), not by the GPU: replaying a graph
 removes that. The step is gptkit/step.py's (accumulate, clip_gradients, non_finite: the same arithmetic as the
 plain step); what a graph needs besides, this module provides:
-- static inputs: each micro-batch is copied into fixed buffers (`batch`: one per tensor the loader gives, x and y
-  for the default objective) before the replay;
+- static inputs: each micro-batch is copied into fixed buffers before the replay (`batch`: one per tensor of
+  the micro-batch, shaped by the first step's: x and y for the default objective; a preference batch's x, y and
+  its reference log-probabilities, read with the batch, gptkit/preference.py's PairBatch.tensors), and the
+  objective is called with micro-batches made of those buffers;
 - a learning rate that lives on the device (a tensor the graph reads; optim.set_lr fills it) and fused AdamW
   with capturable=True (optim.make_adamw(..., graphable=True));
 - the flags on the device: [a NaN/inf this step or any earlier one, the step boundary's request], the request
@@ -58,21 +60,31 @@ def graph_batch_reserve(free_bytes: int) -> int:
     return int(free_bytes * GRAPH_MEMORY_MARGIN)
 
 
-class GraphedStep:
-    """gptkit/step.py's training step as one CUDA graph (this module's docstring). `inputs`: the tensors of a
-    micro-batch as the loader gives them, each of (batch_size, block_size) token ids (2: x and y, the default
-    objective's); `objective` as TrainStep's."""
+def batch_tensors(batch) -> tuple[torch.Tensor, ...]:
+    """The tensors of a micro-batch as the loader gives it: a tuple (x, y) itself, or an object's tensors()."""
+    return batch.tensors() if hasattr(batch, "tensors") else tuple(batch)
 
-    def __init__(self, model: torch.nn.Module, optimizer, device: torch.device, *, accum: int, batch_size: int,
-                 block_size: int, grad_clip: float, autocast, warmup: int = 3,
-                 objective: Objective = next_token_loss, inputs: int = 2,
+
+def batch_like(template, tensors: tuple[torch.Tensor, ...]):
+    """A micro-batch of the template's kind made of `tensors` (as batch_tensors gives them back)."""
+    return template.with_tensors(tensors) if hasattr(template, "with_tensors") else tensors
+
+
+class GraphedStep:
+    """gptkit/step.py's training step as one CUDA graph (this module's docstring). `objective` as TrainStep's:
+    it is called with micro-batches of the loader's kind whose tensors are the graph's static buffers."""
+
+    def __init__(self, model: torch.nn.Module, optimizer, device: torch.device, *, accum: int, grad_clip: float,
+                 autocast, warmup: int = 3, objective: Objective = next_token_loss,
                  before_capture: Callable[[], None] | None = None):
         self.model, self.optimizer, self.device = model, optimizer, device
         self.accum, self.grad_clip, self.autocast, self.warmup = accum, grad_clip, autocast, warmup
         self.objective, self.before_capture = objective, before_capture
-        shape = (accum, batch_size, block_size)
-        # the step's micro-batches, copied in: one buffer per tensor of the loader's batch
-        self.batch = tuple(torch.zeros(shape, dtype=torch.long, device=device) for _ in range(inputs))
+        # the step's micro-batches, copied in: one (accum, ...) buffer per tensor of a micro-batch, made at the
+        # first step with its shapes and dtypes; `template`, that first micro-batch, gives the objective's
+        # micro-batches their kind (batch_like)
+        self.batch: tuple[torch.Tensor, ...] = ()
+        self.template = None
         self.stop_in = torch.zeros((), device=device)  # the step boundary's request: 1.0 a stop (step.StepRequests)
         self.halted = torch.zeros((), device=device)  # 1.0 once any step was non-finite: every later one is masked
         self.params = trained_parameters(optimizer)
@@ -93,7 +105,13 @@ class GraphedStep:
         device tensors that a replay overwrites (copy or read them before the next call); the objective's
         metrics are in `metrics`. `stop_requested`: the request for the step boundary (a bool: a stop)."""
         for micro in range(self.accum):
-            for static, t in zip(self.batch, loader.next_batch(), strict=True):
+            batch = loader.next_batch()
+            tensors = batch_tensors(batch)
+            if self.template is None:
+                self.template = batch
+                self.batch = tuple(torch.zeros((self.accum, *t.shape), dtype=t.dtype, device=self.device)
+                                   for t in tensors)
+            for static, t in zip(self.batch, tensors, strict=True):
                 static[micro].copy_(t, non_blocking=True)
         self.stop_in.fill_(float(stop_requested))  # a scalar fill: no host-to-device copy
         if self.steps == self.warmup:
@@ -117,7 +135,7 @@ class GraphedStep:
         """The step itself, on the static tensors only (what the graph records): gptkit/step.py's forward and
         backward over the micro-batches, clip and non-finite check, then the flags and the masked optimizer
         step. Gradients are None before it runs."""
-        micro_batches = zip(*self.batch, strict=True)
+        micro_batches = (batch_like(self.template, tensors) for tensors in zip(*self.batch, strict=True))
         loss, metrics = accumulate(self.model, lambda: next(micro_batches), self.accum, self.autocast, self.device,
                                    objective=self.objective)
         grad_norm = clip_gradients(self.params, self.grad_clip)

@@ -23,11 +23,13 @@ DPO's loss sees only differences between a pair's two replies: what they share (
 after them) cancels, and so does any change to the chosen replies' likelihood that the rejected ones share.
 Adam still moves the weights in those directions, at its learning rate whatever the size of their gradients,
 and both replies' log-probabilities can then fall together while the margin barely moves: on
-benchmarks/dpo_rule.py's task, whose replies differ in one token, plain DPO took both from -1.1 to -41 nats
-in 100 steps, the held-out accuracy still 51%, and ended at 100% with the chosen replies at -81; with
-nll_weight=0.5 the chosen ones rose to -0.02 on the way to 100%. The anchor keeps the chosen replies likely.
+benchmarks/dpo_rule.py's task, whose replies differ in one token, plain DPO took the chosen replies from -1.1
+to -58 nats in 25 steps, the held-out accuracy still 50%, and ended at 100% with them at -60 (greedy chat
+replies by the rule: 35%); with nll_weight=0.5 they ended at -0.01, the accuracy at 100% from step 75, the
+chat replies 100% by the rule (BENCHMARKS.md, "Preference tuning"). The anchor keeps the chosen replies
+likely.
 
-What a step logs (`pair_metrics`, means over the pairs): the loss; the implicit rewards chosen =
+What a step logs (`pair_metrics`, means over the pairs): DPO's loss; the implicit rewards chosen =
 beta (pi_c - ref_c) and rejected = beta (pi_r - ref_r); the reward margin, chosen - rejected; the accuracy,
 the share of pairs with margin > 0; pi_c and pi_r, to see that the chosen replies' log-probability does not
 collapse while the margin grows; and the chosen replies' NLL per token.
@@ -126,9 +128,9 @@ def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_cho
 def pair_metrics(losses: torch.Tensor, chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor,
                  policy_chosen: torch.Tensor, policy_rejected: torch.Tensor) -> dict[str, torch.Tensor]:
     """The means over the pairs a step logs, as 0-d float32 tensors (reading one syncs the device: the caller
-    decides when). `loss` is DPO's alone, without the NLL anchor."""
+    decides when). `dpo_loss` is DPO's alone, without the NLL anchor (the step's loss has it)."""
     margin = chosen_rewards - rejected_rewards
-    return {"loss": losses.detach().mean(), "reward_margin": margin.mean(), "chosen_reward": chosen_rewards.mean(),
+    return {"dpo_loss": losses.detach().mean(), "reward_margin": margin.mean(), "chosen_reward": chosen_rewards.mean(),
             "rejected_reward": rejected_rewards.mean(), "accuracy": (margin > 0).float().mean(),
             "chosen_logp": policy_chosen.detach().mean(), "rejected_logp": policy_rejected.detach().mean()}
 
@@ -210,12 +212,21 @@ class PrecomputedReference:
         return cls(tables, meta.get("fingerprint", ""), block_size)
 
     def logps(self, model: nn.Module, batch: PairBatch) -> torch.Tensor:
-        """(2B,) the batch's reference log-probabilities, the chosen ones first (as policy_logps)."""
+        """(2B,) the batch's reference log-probabilities, the chosen ones first (as policy_logps): batch.ref
+        when they were read with the batch (PairLoader.reference_logps = reference.lookup), else looked up."""
+        return batch.ref if batch.ref is not None else self.lookup(batch)
+
+    def lookup(self, batch: PairBatch) -> torch.Tensor:
+        """The batch's rows of the table, gathered on the CPU and copied to the batch's device (without
+        blocking: from pinned memory on CUDA)."""
         table = self.tables.get(batch.split)
         if table is None:
             raise DPOError(f"the precomputed reference has no {batch.split!r} split (it has "
                            f"{', '.join(self.tables)}); compute it for every split the run reads")
-        return table[batch.pairs].t().reshape(-1).to(batch.x.device, non_blocking=True)
+        rows = table[batch.pairs].t().reshape(-1)
+        if batch.x.device.type == "cuda":
+            rows = rows.pin_memory()
+        return rows.to(batch.x.device, non_blocking=True)
 
     def state_dict(self) -> dict[str, Any]:
         return {"tables": dict(self.tables), "dataset": self.dataset, "block_size": self.block_size}
@@ -259,6 +270,9 @@ class DPOObjective:
 
     settings: DPOSettings
     reference: Any  # AdapterOffReference or PrecomputedReference
+    # the metrics each call returns (pair_metrics' and the NLL), the same whatever the batch
+    metric_names = ("dpo_loss", "reward_margin", "chosen_reward", "rejected_reward", "accuracy", "chosen_logp",
+                    "rejected_logp", "nll")
 
     def __call__(self, model: nn.Module, batch: PairBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return dpo_microbatch(model, batch, self.reference, self.settings)

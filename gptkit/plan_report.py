@@ -9,12 +9,13 @@ works them out, as plain values (make_plan) and as the table train.py prints (fo
 from __future__ import annotations
 
 import json
+import textwrap
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
-from gptkit import lora
+from gptkit import lora, objectives
 from gptkit.checkpoint import load_checkpoint
 from gptkit.cli import UserError, one_line
 from gptkit.config import lora_settings
@@ -40,6 +41,7 @@ from gptkit.plan import (
     memory,
     run_flops,
 )
+from gptkit.preference import is_preference_dataset
 from gptkit.runtime import ram
 from gptkit.shards import PREPARE_COMMANDS, dataset_dir, prepare_command, read_meta
 from model import GPT, GPTConfig
@@ -148,7 +150,7 @@ def plan_model(cfg, ckpt: dict | None, vocab: tuple[int, str, str] | None) -> tu
             raise PlanError(f"block_size {cfg.block_size} exceeds {cfg.init_from}'s context of {base.block_size}; "
                             f"use --block_size={base.block_size} or less")
         model = GPT(base)
-        if cfg.block_size < base.block_size and not cfg.lora_rank:
+        if cfg.block_size < base.block_size and not cfg.lora_rank and cfg.objective != "dpo":
             model.crop_block_size(cfg.block_size)
         return _with_lora(cfg, model), f"fine-tuning {cfg.init_from} (its shape; no weights are read)"
 
@@ -259,6 +261,13 @@ def make_plan(cfg, ckpt: dict | None = None, world_size: int = 1) -> dict:
     if world_size < 1 or (cfg.batch_size is not None and cfg.gradient_accumulation_steps % world_size):
         raise PlanError(f"gradient_accumulation_steps ({cfg.gradient_accumulation_steps}) must be divisible by the "
                         f"number of processes ({world_size})")
+    pairs = cfg.batch_size if objectives.is_dpo(cfg) else 0
+    if pairs:  # a micro-batch of B pairs is 2B sequences of the longest pair's length (when prepared: else
+        # block_size), each scored by the same forward and backward
+        data = dataset_dir(cfg.dataset, cfg.data_root)
+        if ckpt is None and (data / "meta.json").is_file() and is_preference_dataset(read_meta(data)):
+            cfg = objectives.fit_block_size(cfg, data, say=False)
+        cfg = replace(cfg, batch_size=2 * pairs)
     vocab = dataset_vocabulary(cfg) if ckpt is None else None
     columns, where = [], ""
     for kind in _kinds(cfg):
@@ -291,7 +300,27 @@ def make_plan(cfg, ckpt: dict | None = None, world_size: int = 1) -> dict:
                                 "memory": column.memory.as_dict(), "train_flops": train, "eval_flops": evaluation,
                                 "fsdp_memory": column.fsdp.as_dict() if column.fsdp else None,
                                 "parallel": parallel, "devices": rows})
+    if pairs:
+        plan["notes"] = dpo_notes(cfg, pairs, model.config.vocab_size)
     return plan
+
+
+def dpo_notes(cfg, pairs: int, vocab_size: int) -> list[str]:
+    """What the table leaves out of a DPO run (objective = "dpo", gptkit/dpo.py): its log-probabilities come
+    from every position's logits, whose float32 log-softmax the backward keeps, not from the sliced loss the
+    table counts; and its reference: a LoRA run's costs one more forward per micro-batch, a full fine-tune's
+    one forward over every pair before the first step."""
+    kept = 2 * pairs * cfg.block_size * vocab_size * 4
+    reference = ("the reference, the model with its adapters off: one more forward per micro-batch (about a third "
+                 "more)" if cfg.lora_rank else "the reference's log-probabilities: one forward over every pair "
+                 "before the first step")
+    text = (f"DPO: the micro-batch of {pairs} pairs is planned as {2 * pairs} sequences of {cfg.block_size:,} "
+            f"tokens (the longest pair's length, once the pairs are prepared): batch and largest count sequences. "
+            f"Not in the peak: "
+            f"every position's float32 log-softmax, {format_bytes(kept)} per micro-batch, kept for the backward "
+            f"(twice that for a moment), where the table counts the next-token loss's slices. Not in the FLOPs: "
+            f"{reference}.")
+    return textwrap.wrap(text, 110, initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False)
 
 
 def _device_row(column: Column, device: Device, flops: float, world_size: int, usd_per_gpu_hour: float) -> dict:
@@ -360,7 +389,7 @@ def format_plan(plan: dict, title: str) -> str:
                 fits += f"{'fits' if r['fsdp_fits'] else 'too big':>10}{r['fsdp_largest_batch']:>9}{r['parallel']:>6}"
             lines.append(f"  {r['name']:<{width - 2}}{format_bytes(r['memory']):>10}{fits}{time:>12}"
                          + (f"{usd:>10}" if costs else ""))
-    lines += ["", *NOTES, *(FSDP_NOTES if sharded else ())]
+    lines += ["", *NOTES, *(FSDP_NOTES if sharded else ()), *plan.get("notes", ())]
     return "\n".join(lines)
 
 

@@ -27,8 +27,9 @@ with the same global batch. ValPairs reads the split's pairs in their order, the
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,15 +57,29 @@ def check_preference_dataset(meta: dict[str, Any], label: str) -> None:
 @dataclass
 class PairBatch:
     """B pairs: x, y (2B, T) int64 (the chosen sequences, then the rejected ones; y = -1 where not a reply
-    token), `pairs` (B,) int64: their indices in `split` (what a precomputed reference is looked up by)."""
+    token), `pairs` (B,) int64: their indices in `split` (what a precomputed reference is looked up by), and
+    `ref` (2B,) float32 on x's device: the reference's log-probabilities of the replies when they were read
+    with the batch (PairLoader's reference_logps), else None."""
 
     x: torch.Tensor
     y: torch.Tensor
     pairs: torch.Tensor
     split: str
+    ref: torch.Tensor | None = None
 
     def __len__(self) -> int:  # pairs
         return len(self.pairs)
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The tensors a step computes with, on the device: x, y and ref when it is there (what a CUDA graph
+        copies into its static buffers, gptkit/cudagraph.py)."""
+        return (self.x, self.y) if self.ref is None else (self.x, self.y, self.ref)
+
+    def with_tensors(self, tensors: tuple[torch.Tensor, ...]) -> PairBatch:
+        """A batch of the same kind with other tensors of tensors()'s shapes (a graph's static buffers, which
+        hold each step's pairs in turn: `pairs` and `split` stay this batch's, so what a step needs of a pair
+        must come in the tensors, as ref does)."""
+        return dataclasses.replace(self, x=tensors[0], y=tensors[1], ref=tensors[2] if len(tensors) > 2 else None)
 
 
 class Pairs:
@@ -154,6 +169,9 @@ class PairLoader:
         self.order = EpochOrder(seed, len(self.pairs))
         self.calls = 0  # next_batch() calls so far
         self._prefetched: PairBatch | None = None
+        # When set, each batch's reference log-probabilities, read with it into batch.ref (a precomputed
+        # reference's table: gptkit/dpo.py), so that a step finds them on the device, as a CUDA graph needs.
+        self.reference_logps: Callable[[PairBatch], torch.Tensor] | None = None
 
     def next_batch(self) -> PairBatch:
         batch = self._prefetched if self._prefetched is not None else self._read(self.calls)
@@ -173,7 +191,10 @@ class PairLoader:
     def _read(self, call: int) -> PairBatch:
         first = (call * self.world_size + self.rank) * self.batch_size
         ks = np.arange(first, first + self.batch_size, dtype=np.int64)
-        return self.pairs.read(self.sample_pairs(ks), self.block_size, self.device)
+        batch = self.pairs.read(self.sample_pairs(ks), self.block_size, self.device)
+        if self.reference_logps is not None:
+            batch.ref = self.reference_logps(batch)
+        return batch
 
     @property
     def epoch(self) -> float:

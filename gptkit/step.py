@@ -34,7 +34,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -47,9 +47,10 @@ from gptkit.runtime import Dist, Runtime
 if TYPE_CHECKING:
     from gptkit.config import TrainConfig
 
-# A micro-batch as the loader gives it (x, y: token windows and their targets), and the objective: its loss, and
-# the scalar metrics to log beside it (device tensors).
-Batch = tuple[torch.Tensor, ...]
+# A micro-batch as the loader gives it (x, y: token windows and their targets; or the objective's own kind, a
+# gptkit/preference.py PairBatch for DPO), and the objective: its loss, and the scalar metrics to log beside it
+# (device tensors).
+Batch = Any
 Objective = Callable[[torch.nn.Module, Batch], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 # Where the flags are read a step late (the step masked on the device instead): where the host would wait.

@@ -146,7 +146,7 @@ def test_graph_step_outputs_and_learning_rate_tensor():
     assert isinstance(lr, torch.Tensor) and opt.defaults["fused"]
     optim.set_lr(opt, 0, cfg)
     assert opt.param_groups[0]["lr"] is lr and float(lr) == pytest.approx(0.1)
-    step = GraphedStep(Loss(), opt, torch.device("cpu"), accum=2, batch_size=2, block_size=4, grad_clip=1.0,
+    step = GraphedStep(Loss(), opt, torch.device("cpu"), accum=2, grad_clip=1.0,
                        autocast=Runtime(torch.device("cpu"), torch.float32).autocast)
     loss, norm, flags = step(Loader(), stop_requested=True)
     assert torch.equal(step.x, torch.ones(2, 2, 4, dtype=torch.long)) and loss > 0 and norm > 0
@@ -354,8 +354,8 @@ def test_a_recompile_inside_the_capture_names_its_guard(monkeypatch):
     model = Model()
     opt = optim.make_adamw(list(model.parameters()), TrainConfig(learning_rate=0.1), "cpu", graphable=True)
     torch._dynamo.reset()
-    step = GraphedStep(torch.compile(model, backend="eager"), opt, torch.device("cpu"), accum=1, batch_size=2,
-                       block_size=4, grad_clip=1.0, autocast=Runtime(torch.device("cpu"), torch.float32).autocast)
+    step = GraphedStep(torch.compile(model, backend="eager"), opt, torch.device("cpu"), accum=1, grad_clip=1.0,
+                       autocast=Runtime(torch.device("cpu"), torch.float32).autocast)
     step(Loader(), False)  # compiled here, as in a warm-up step
     step._capture()  # the same guards: recorded once, no recompile
     model.scale = 2.0  # a guard of the compiled forward no longer holds

@@ -1,10 +1,12 @@
 """train.py's whole step as one CUDA graph, on a GPU (tests/test_cudagraph.py checks the same arithmetic eagerly
 on the CPU; only here is the step captured and replayed): the graphed run's steps equal the plain step's from one
 seed, eager and compiled with dropout (the random masks drawn inside the graph); a NaN that enters after the
-capture masks that step and every later one; an asynchronous save pending at the capture does not break it.
-gpu_check's tests part runs this file first, on its own, each test within a time limit."""
+capture masks that step and every later one; an asynchronous save pending at the capture does not break it; a
+DPO step, with either reference, captured as well. gpu_check's tests part runs this file first, on its own,
+each test within a time limit."""
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -161,3 +163,35 @@ def test_cuda_a_nan_after_the_capture_masks_that_step_and_every_later_one(char_d
     assert float(step.halted) == 1.0
     for p, before in zip(step.params, seen["before"]):
         assert torch.equal(p, before)
+
+
+@pytest.fixture(scope="module")
+def dpo_task(tmp_path_factory):
+    """tests/test_dpo_train.py's small synthetic preference task: a tiny chat model and its pairs (on the CPU)."""
+    from tests import test_dpo_train
+
+    root = tmp_path_factory.mktemp("rule")
+    test_dpo_train.prepare_task(root, n_sft=300, n_pairs=200)
+    train.main(test_dpo_train.sft_args(root / "data" / "sft", root / "sft"))
+    return root / "sft", test_dpo_train.prepare_pairs(root, root / "sft")
+
+
+def test_cuda_the_captured_dpo_step_trains_as_the_plain_step(dpo_task, tmp_path, monkeypatch):
+    """objective=dpo, bf16, eager, 20 steps, with each reference: the full fine-tune's precomputed log-probabilities
+    copied into the graph's inputs with each batch's tokens, and LoRA's adapters-off forward (eval mode, no
+    gradients) recorded inside the graph. Each run captured once, after the three warm-up steps, and equal to the
+    plain step's run to bf16 rounding."""
+    from tests.test_dpo_train import dpo_args
+
+    same_float32_lr(monkeypatch)
+    captured = count_captures(monkeypatch)
+    sft, pairs = dpo_task
+    task = SimpleNamespace(sft=sft, pairs=pairs)
+    for name, over in (("precomputed", {}), ("lora", dict(lora_rank=4, lora_dropout=0.0))):
+        plain, graphed = tmp_path / f"{name}_plain", tmp_path / f"{name}_graphed"
+        args = dict(device="cuda", dtype="bfloat16", max_iters=20, lr_decay_iters=20, eval_interval=100, **over)
+        train.main(dpo_args(task, plain, cuda_graphs=False, **args))
+        train.main(dpo_args(task, graphed, cuda_graphs=True, **args))
+        assert captured == [3], name
+        captured.clear()
+        assert_same_run(plain, graphed, 20, trained=False)

@@ -1,4 +1,4 @@
-"""README.md's chat recipe, run as it is written, on a small conversations file.
+"""README.md's chat recipe and its preference-tuning recipe, run as they are written, on small files.
 
 The commands are read from the README's "Chat" section, not copied here: what a user types is what runs, with
 two changes that only save time and ports. The network is faked: the recipe's `init_from = "gpt2"` gets a tiny
@@ -153,3 +153,61 @@ def test_the_chat_recipe_runs_as_written(tmp_path, monkeypatch, capsys, tiny_gpt
         proc.terminate()
         proc.wait(timeout=WAIT)
     assert proc.returncode == 0, "".join(lines)
+
+
+def write_pairs(path: Path, n: int = 300, seed: int = 0) -> Path:
+    """Preference pairs in the README's layout for the same task: the word spelled backwards (chosen) against the
+    word as it is (rejected)."""
+    rng = random.Random(seed)
+    with open(path, "w", encoding="utf-8") as f:
+        for _ in range(n):
+            word = rng.choice(WORDS)
+            f.write(json.dumps({"prompt": f"spell {word} backwards", "chosen": word[::-1], "rejected": word}) + "\n")
+    return path
+
+
+@needs_gpt2_bpe
+def test_the_preference_recipe_runs_as_written(tmp_path, monkeypatch, capsys, tiny_gpt2):
+    """The chat recipe's fine-tune (its first two commands), then the preference recipe's four as written: pairs
+    in out-chat/'s tokens, DPO into out-dpo/ (its reference precomputed), eval.py against out-chat/, and chat.py
+    on the tuned model. Each training command with --max_iters=TRAIN_STEPS appended, and the fine-tune, which
+    test_the_chat_recipe_runs_as_written checks as written, with one validation batch."""
+    import chat
+    import eval as eval_script
+    import train
+    from gptkit import hf_gpt2
+    from gptkit.checkpoint import load_checkpoint
+    from prepare import chat as prepare_chat
+    from prepare import preference
+
+    section = readme_section("Chat: from a base model to an assistant")
+    blocks = code_blocks(section, "bash")
+    sft = commands(blocks[0])[:2]
+    steps = commands(next(b for b in blocks if "configs/dpo_chat.py" in b))
+    assert [s[:2] for s in steps] == [["python", "prepare/preference.py"], ["python", "train.py"],
+                                      ["python", "eval.py"], ["python", "chat.py"]]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").symlink_to(REPO / "configs")
+    write_conversations(tmp_path / sft[0][sft[0].index("--input") + 1])
+    write_pairs(tmp_path / steps[0][steps[0].index("--input") + 1])
+    monkeypatch.setattr(hf_gpt2, "_download", lambda repo, filename, name: tiny_gpt2 / filename)
+
+    with torch_threads(1):
+        prepare_chat.main(sft[0][2:])
+        train.main([*sft[1][2:], f"--max_iters={TRAIN_STEPS}", "--eval_iters=1"])  # (the chat test's own)
+        preference.main(steps[0][2:])
+        capsys.readouterr()
+        summary = train.main([*steps[1][2:], f"--max_iters={TRAIN_STEPS}"])
+        out = capsys.readouterr().out
+        assert "objective: DPO (sigmoid loss, beta 0.1, + 0.5 x the chosen replies' NLL per token)" in out
+        assert "checkpoints in out-dpo/" in out and summary["step"] == TRAIN_STEPS
+        ckpt = load_checkpoint(tmp_path / "out-dpo" / "last.pt")
+        assert ckpt["config"]["objective"] == "dpo" and "dpo_reference" in ckpt
+
+        eval_script.main(steps[2][2:])
+        scores = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert scores["task"] == "preference" and scores["pairs"] > 0 and scores["against"].startswith("reference")
+
+        monkeypatch.setattr(sys, "stdin", io.StringIO("spell crown backwards\n"))
+        chat.main(steps[3][2:])
+        assert capsys.readouterr().out.count("\n\n") == 1

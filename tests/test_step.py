@@ -108,8 +108,8 @@ def test_the_graphed_step_carries_the_objectives_metrics_too():
     rt = setup_runtime("cpu", "float32")
     model = tiny_gpt()
     optimizer = make_optimizer(model, CFG, "cpu", graphable=True)
-    graphed = GraphedStep(model, optimizer, rt.device, accum=ACCUM, batch_size=3, block_size=16,
-                          grad_clip=CFG.grad_clip, autocast=lambda: rt.autocast(cache=False), objective=with_metrics)
+    graphed = GraphedStep(model, optimizer, rt.device, accum=ACCUM, grad_clip=CFG.grad_clip,
+                          autocast=lambda: rt.autocast(cache=False), objective=with_metrics)
     step = TrainStep(model, optimizer, torch.amp.GradScaler("cpu", enabled=False), rt, Dist(), CFG, accum=ACCUM,
                      graphed=graphed)
     loader, data = Batches(37), Batches(37)
