@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,16 @@ import pytest
 # the `cuda` marker, and under CI a skip of any other test is a failure (tests/ci_skips.py); pytester runs
 # small pytest sessions for the test of that rule
 pytest_plugins = ["ci_skips", "pytester"]
+
+# One torch thread in each test process, and in what it starts, unless a test says otherwise. `pytest -n auto`
+# runs a process per core, and torch's default of a thread per core in each would put two threads on every core
+# (GNU OpenMP's team then waits for descheduled threads: the slowdown train.py's auto thread count avoids). And
+# a run's arithmetic follows its thread count, which auto would choose from the machine's load at each start:
+# tests comparing two runs bit for bit must not depend on that. (Set before torch starts, which reads it then;
+# tests of the auto choice unset it.)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+if "torch" in sys.modules:  # (a plugin started it before this file: it read no OMP_NUM_THREADS)
+    sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 REPO = Path(__file__).resolve().parents[1]
 # ../shared/data beside the checkout in this workplace (no network), or a copy of it inside the checkout

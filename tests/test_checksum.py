@@ -402,7 +402,7 @@ def test_the_issue_table_every_row_is_one_line(char_dataset, tmp_path, capsys):
 
 def no_better_evaluation(monkeypatch) -> None:
     """Every evaluation from now on scores worse than any before: the resumed run never improves."""
-    monkeypatch.setattr(train, "evaluate", lambda *a, **k: 9.0)
+    monkeypatch.setattr(train, "evaluate", lambda *a, **k: (9.0, {}))
 
 
 @pytest.mark.parametrize("resume", ["--init_from=resume", "--resume=auto"])
