@@ -33,7 +33,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from tqdm import tqdm
 
 from gptkit import cli, hellaswag, lora, objectives, parallel, plan
 from gptkit.batch_size import choose_batch_size, oom_message
@@ -50,13 +49,14 @@ from gptkit.checkpoint.run_model import attach_lora, build_model, check_vocab, w
 from gptkit.cli import UserError
 from gptkit.config import TrainConfig
 from gptkit.cudagraph import GraphedStep
+from gptkit.evaluation import evaluate, hellaswag_scores, load_hellaswag
 from gptkit.files import OutDirBusyError, OutDirLock
 from gptkit.loader import BatchLoader, ValBatches
-from gptkit.metrics import LineProgress, Metrics, peak_flops, start_wandb
+from gptkit.metrics import Metrics, peak_flops, start_wandb
 from gptkit.optim import describe, load_optimizer_state, make_optimizer
 from gptkit.options import ConfigError, config_to_dict, print_config
 from gptkit.plan_report import format_plan, make_plan
-from gptkit.preference import PairBatch, PairLoader, ValPairs
+from gptkit.preference import PairLoader, ValPairs
 from gptkit.prepare.local import DownloadError
 from gptkit.prepare.tiny_shakespeare import DATASETS as SHAKESPEARE_DATASETS
 from gptkit.prepare.tiny_shakespeare import prepare_shakespeare
@@ -73,7 +73,7 @@ from gptkit.runtime import (
 from gptkit.shards import DataError, dataset_dir, read_meta, require_dataset
 from gptkit.step import NonFiniteError, Objective, StepRequests, StopFlag, TrainStep, next_token_loss
 from gptkit.threads import Threads, resolve_threads
-from gptkit.tokenizer import Tokenizer, with_tokenizer_files
+from gptkit.tokenizer import with_tokenizer_files
 from model import GPT
 
 # A run on the CPU that needs more training FLOPs than this was sized for a GPU (configs/shakespeare.py needs
@@ -384,72 +384,6 @@ def make_metrics(run: Run, start_step: int = 0) -> Metrics:
     return metrics
 
 
-@torch.no_grad()
-def evaluate(model, batches: ValBatches | ValPairs, rt: Runtime, d: Dist, stop: StopFlag | None = None,
-             objective: Objective = next_token_loss) -> tuple[float, dict[str, float]] | None:
-    """The objective's mean loss over the fixed validation batches, and the means of its metrics ({} for the
-    next-token loss), each rank taking its share; None when a stop signal cut it short on any rank (a preempted
-    job has seconds, not the minutes an evaluation may take). Token windows count a batch each (all have the
-    same size); preference pairs count a pair each. A progress bar shows on a terminal when an evaluation takes
-    more than a few seconds. Under FSDP the model holds its whole weights meanwhile (parallel.gathered): its
-    forwards gather nothing, so the ranks' counts may differ."""
-    model.eval()
-    names = objectives.metric_names(objective)
-    # [sum of losses, count, cut short, the sums of the metrics]
-    total = torch.zeros(3 + len(names), device=rt.device, dtype=torch.float64)
-    quiet = not (d.master and sys.stdout.isatty())
-    # not on a terminal (a log file, a pipe): plain lines instead of the bar, when it takes more than seconds
-    lines = LineProgress("evaluating", len(batches), "batches") if quiet and d.master else None
-    with parallel.gathered(model):
-        for i, batch in enumerate(tqdm(batches, desc="evaluating", unit="batch", leave=False, delay=3,
-                                       disable=quiet)):
-            if stop is not None and stop.requested:
-                total[2] = 1
-                break
-            with rt.autocast():  # (the next-token loss: no logits with targets, computed a slice at a time)
-                loss, metrics = objective(model, batch)
-            n = len(batch) if isinstance(batch, PairBatch) else 1
-            total[0] += loss.double() * n
-            total[1] += n
-            for j, name in enumerate(names):
-                total[3 + j] += metrics[name].double() * n
-            if lines is not None:
-                lines.update(i + 1)  # (on a GPU the batches are only queued: the lines show the host's pace)
-    if d.enabled:
-        dist.all_reduce(total)  # evaluation's one collective: ranks agree on the loss and on a cut
-    model.train()
-    if total[2]:
-        return None
-    means = (total / total[1]).tolist()
-    return means[0], dict(zip(names, means[3:]))
-
-
-def load_hellaswag(cfg: TrainConfig, meta: dict, d: Dist) -> list[hellaswag.Encoded] | None:
-    """HellaSwag's items in the dataset's tokens, when hellaswag_interval asks for them: the file is obtained
-    (downloaded once into the cache) and read before the run starts."""
-    if not cfg.hellaswag_interval:
-        return None
-    tokenizer = Tokenizer.from_meta(meta)
-    if tokenizer.kind == "char":
-        raise TrainError(f"hellaswag_interval needs a BPE dataset such as GPT-2's, and {cfg.dataset!r} is "
-                         f"character-level; set --hellaswag_interval=0")
-    items = hellaswag.read_items(hellaswag.obtain_once(d), cfg.hellaswag_limit or None)
-    return hellaswag.encode(items, tokenizer, cfg.block_size)
-
-
-def hellaswag_scores(run: Run, step: int) -> dict[str, float]:
-    """HellaSwag accuracies for this evaluation's log line when they are due at `step`, else nothing. The
-    plain model is scored (not its DDP or compiled wrapper; under FSDP with its whole weights gathered); each
-    rank scores its share of the items."""
-    cfg = run.cfg
-    if run.hellaswag is None or not (step % cfg.hellaswag_interval == 0 or step >= cfg.max_iters or cfg.eval_only):
-        return {}
-    quiet = not (run.d.master and sys.stdout.isatty())
-    with parallel.gathered(run.model):
-        scores = hellaswag.score(run.raw_model, run.hellaswag, run.rt, run.d, progress=not quiet)
-    return {"hellaswag_acc": scores["acc"], "hellaswag_acc_norm": scores["acc_norm"]}
-
-
 # ----------------------------------------------------------------------------- the loop
 
 
@@ -502,7 +436,7 @@ def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, requests:
             val_loss, val_metrics = evaluated  # (best.pt: by the val loss, DPO's with its anchor as trained)
             improved = val_loss < best_val
             best_val = min(best_val, val_loss)
-            scores = {**{f"val_{k}": v for k, v in val_metrics.items()}, **hellaswag_scores(run, step)}
+            scores = {**{f"val_{k}": v for k, v in val_metrics.items()}, **hellaswag_scores(run.model, run.raw_model, run.hellaswag, run.cfg, step, run.rt, d)}
             metrics.log_eval(step, val_loss, best_val, improved, scores)
             # Step 0 of a fresh run is the random initialisation: not worth a file. A resumed run may start on a
             # step whose evaluation the stopped run never did: an improvement there is saved too.

@@ -43,6 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a file from anywhere: the scripts and gptkit are in the checkout
 
 from benchmarks.servers import (  # noqa: E402
+    RETRIES,
     LlamaServer,
     LoadError,
     LocalServer,
@@ -103,28 +104,42 @@ class Turn:
     first_token_s: float | None
     tokens: int
     seconds: float
+    retries: int = 0  # connections closed before any answer, and the request sent again
 
 
 async def converse(client, model: str, conversation: Conversation, turns: int, max_tokens: int,
                    extra: dict | None) -> list[Turn]:
-    """The conversation's turns, one after another: each a streamed completion of the whole history."""
+    """The conversation's turns, one after another: each a streamed completion of the whole history. A
+    connection the server closes before answering is sent again, at most RETRIES times (llama-server closes a
+    kept-alive connection after a few requests, and a request already on its way gets no answer); the turn's
+    time to first token counts from the first attempt."""
+    import openai
+
     out = []
     for turn in range(turns):
         prompt = conversation.ask(turn)
         start = time.perf_counter()
-        first, pieces, tokens = None, [], None
-        stream = await client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=1.0,
-                                                 seed=conversation.number * 100 + turn, stream=True,
-                                                 stream_options={"include_usage": True}, extra_body=extra)
-        async for chunk in stream:
-            if chunk.choices and chunk.choices[0].text:
-                first = first if first is not None else time.perf_counter() - start
-                pieces.append(chunk.choices[0].text)
-            if chunk.usage is not None:
-                tokens = chunk.usage.completion_tokens
+        for attempt in range(RETRIES + 1):
+            first, pieces, tokens = None, [], None
+            try:
+                stream = await client.completions.create(
+                    model=model, prompt=prompt, max_tokens=max_tokens, temperature=1.0,
+                    seed=conversation.number * 100 + turn, stream=True, stream_options={"include_usage": True},
+                    extra_body=extra)
+                async for chunk in stream:
+                    if chunk.choices and chunk.choices[0].text:
+                        first = first if first is not None else time.perf_counter() - start
+                        pieces.append(chunk.choices[0].text)
+                    if chunk.usage is not None:
+                        tokens = chunk.usage.completion_tokens
+                break
+            except openai.APIConnectionError:
+                if pieces or tokens is not None or attempt == RETRIES:
+                    raise
         reply = "".join(pieces)
         conversation.answered(reply)
-        out.append(Turn(turn, first, len(reply) if tokens is None else tokens, time.perf_counter() - start))
+        out.append(Turn(turn, first, len(reply) if tokens is None else tokens, time.perf_counter() - start,
+                        attempt))
     return out
 
 
@@ -179,8 +194,10 @@ def measure(servers: list[tuple[str, str, dict | None]], levels: list[int], args
                 row.turns += turns
                 row.tokens += sum(t.tokens for t in turns)
                 row.seconds += wall
+                retried = sum(t.retries for t in turns)
                 print(f"  {name}, {clients} client(s): {len(turns)} turns, {sum(t.tokens for t in turns)} tokens "
-                      f"in {wall:.1f} s", file=sys.stderr, flush=True)
+                      f"in {wall:.1f} s" + (f" ({retried} sent again: the connection was closed before any answer)"
+                                            if retried else ""), file=sys.stderr, flush=True)
     return list(rows.values())
 
 

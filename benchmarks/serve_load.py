@@ -65,6 +65,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a file from anywhere: the scripts and gptkit are in the checkout
 
 from benchmarks.servers import (  # noqa: E402
+    RETRIES,
     LlamaServer,
     LoadError,
     LocalServer,
@@ -88,7 +89,6 @@ class Result:
     retries: int = 0  # connections closed before any answer, and the request sent again
 
 
-RETRIES = 2
 
 
 SERIALS = itertools.count(1000)  # every request's prompt starts with a number of its own

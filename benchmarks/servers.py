@@ -17,6 +17,9 @@ from gptkit import cli
 from gptkit.options import read_config_file
 
 REPO = Path(__file__).resolve().parents[1]
+# A request whose connection the server closes before answering is sent again, at most this many times
+# (llama-server, now and then, closes a kept-alive connection that a request is already on its way on).
+RETRIES = 2
 SHAKESPEARE_CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # its 65 characters
 
 
