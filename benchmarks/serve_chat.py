@@ -234,7 +234,7 @@ def print_tables(rows: list[Row], args: argparse.Namespace, metrics: dict[str, d
 
 @cli.entry_point()
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", default="", help="a running serve.py, http://127.0.0.1:PORT (default: start one)")
     p.add_argument("--clients", default="1", help="comma-separated numbers of concurrent conversations")
     p.add_argument("--turns", type=int, default=11, help="turns of each conversation")

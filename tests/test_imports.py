@@ -180,3 +180,23 @@ def test_the_parsers_names_come_from_gptkit_options(path):
                       if isinstance(node, ast.ImportFrom) and node.module == "gptkit.config"
                       for alias in node.names if alias.name in parser]
     assert through_config == [], f"{rel}: import {', '.join(through_config)} from gptkit.options"
+
+
+def test_every_script_fails_the_one_way():
+    """One CLI story: every script's main is wrapped by cli.entry_point (a user error is one `error:` line and
+    exit 1) and parses with the typed parser or cli.ArgumentParser, never a bare argparse.ArgumentParser (whose
+    errors are a usage dump and exit 2)."""
+    known = modules(REPO)
+    problems = []
+    for name in sorted(scripts(known, REPO)):
+        path = known[name]
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        mains = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "main"]
+        wrapped = any(ast.unparse(d).startswith("cli.entry_point") for f in mains for d in f.decorator_list)
+        bare = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call)
+                and ast.unparse(n.func) in ("argparse.ArgumentParser", "ArgumentParser")]
+        if not wrapped:
+            problems.append(f"{path.relative_to(REPO)}: main is not wrapped by cli.entry_point")
+        if bare:
+            problems.append(f"{path.relative_to(REPO)}:{bare[0]}: a bare argparse.ArgumentParser (cli.ArgumentParser)")
+    assert problems == []
