@@ -16,11 +16,14 @@ MODEL_DELEGATES = {("from_pretrained", "gptkit.hf_gpt2"), ("generate", "gptkit.g
 
 
 def modules(root: Path) -> dict[str, Path]:
-    """Every Python file of the project outside tests/, by module name (a package by its __init__.py)."""
+    """Every Python file of the project outside tests/, by module name (a package by its __init__.py). Not
+    benchmarks/gpu/ (what each GPU run left: records, a probe among them, not code) nor shared/ (the shared data,
+    copied into the checkout for a GPU machine; git ignores it)."""
     found = {}
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root)
-        if rel.parts[0] in ("tests", "build", "dist") or any(p.startswith(".") for p in rel.parts):
+        if (rel.parts[0] in ("tests", "build", "dist", "shared") or rel.parts[:2] == ("benchmarks", "gpu")
+                or any(p.startswith(".") for p in rel.parts)):
             continue
         parts = list(rel.with_suffix("").parts)
         if parts[-1] == "__init__":
