@@ -33,9 +33,10 @@ only. The device is read first, on its own budget; then each asked part gets its
 --total_s (by default what the default parts need: 9.6 minutes), plus what earlier parts left unused. What a
 part needs is added up from its commands with the H200 figures (H200, one table, the slower of the runs of
 2026-11-26 and 2026-11-28: start + compile + steps x ms per step), and within a part each run may use the
-part's time less what the runs after it need. A --total_s that would give a part less than its floor is refused before anything runs, naming the least that
-fits; --dry_run prints the plan and runs nothing. The parts, in order (the default run: device to decode; every
-figure of its summary is measured in it, but transformers' beside our eager decoding):
+part's time less what the runs after it need. A --total_s that would give a part less than its floor is refused
+before anything runs, naming the least that fits; --dry_run prints the plan and runs nothing. The parts, in
+order (the default run: device to decode; every figure of its summary is measured in it, but transformers'
+beside our eager decoding):
 
   device       the device and its versions (torch, CUDA, cuDNN, Triton), and the measured dense bf16 peak: an
                8192 x 8192 x 8192 bf16 matmul timed after ~1 s of warm-up (the clocks up), in TFLOP/s, beside
@@ -157,7 +158,8 @@ H200 = {
     "decode_eager_s": Figure(28.0, "estimate: the compiled run (41.0 s on 11-28) less its compile (15.8 s), with 200 "
                                    "eager tokens (6.25 ms each) for 200 compiled (1.22 ms); with transformers' "
                                    "reference it took 47.0-47.5 s"),
-    "decode_compiled_s": Figure(41.0, "11-28 gpu_check.log, decode: compiled (its compile 15.8 s), 41.0 s (11-26: 27 s)"),
+    "decode_compiled_s": Figure(41.0, "11-28 gpu_check.log, decode: compiled (its compile 15.8 s), 41.0 s (11-26: "
+                                      "27 s)"),
     "plan_s": Figure(37.5, "11-26 gpu_check.log, memory plan: 37.5 s"),
     "graph_tests_s": Figure(59.0, "11-28 gpu_check.log: tests/test_cudagraph_cuda.py's five tests, 54.4 s by "
                                   "pytest's count, and ~4 s for the eager pair with dropout since added"),
@@ -199,8 +201,8 @@ class Budget:
         return (self.smoke, self.smoke_floor) if smoke else (self.gpu, self.gpu_floor)
 
 
-# The device read comes first, on its own budget: no other part's share can skip it (4.5 s measured, ~8 s on a
-# cold start, ~1 s more of the matmul's warm-up now).
+# The device read comes first, on its own budget: no other part's share can skip it (4.5 s on 2026-11-26, 10.0 s
+# with the matmul's 1 s of warm-up on 2026-11-28's slower host).
 DEVICE_BUDGET = Budget(15, 10, 25, 15)
 BUDGETS = {"tests": Budget(108.5, 60, 30, 20), "train": Budget(75.5, 40, 50, 25), "decode": Budget(69.5, 50, 40, 20),
            "shakespeare": Budget(73, 55, 60, 30), "steps": Budget(68.5, 50, 45, 20),
@@ -263,6 +265,8 @@ SHAKESPEARE_OPTIONS = ("--async_save=True", "--cuda_graphs=True")
 
 def shakespeare_options(smoke: bool) -> tuple[str, ...]:
     return tuple(o for o in SHAKESPEARE_OPTIONS if not (smoke and o.startswith("--cuda_graphs")))
+
+
 # (eager, then compiled. transformers' eager generate beside the eager rows, --hf_reference, is left to the
 # --smoke rehearsal and to a run of its own: ours was 1.28x its tokens/s on the H200 of 2026-11-28, and its
 # ~20 s no longer fit the default run once the budgets held the slower machine's figures)
