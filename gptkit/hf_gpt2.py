@@ -220,7 +220,7 @@ def load_pretrained(name_or_path: str, **overrides) -> GPT:
             f"only dropout and block_size can be changed"
         )
     config_path, weight_paths, source = _locate(name_or_path)
-    config = replace(config_from_hf(_read_json(config_path), source), vocab_multiple=VOCAB_MULTIPLE)
+    config = replace(config_from_hf(read_json(config_path), source), vocab_multiple=VOCAB_MULTIPLE)
     if "dropout" in overrides:
         config = replace(config, dropout=overrides["dropout"])  # replace() re-runs GPTConfig's checks
     block_size = overrides.get("block_size")
@@ -270,7 +270,7 @@ def _locate(name_or_path: str) -> tuple[Path, list[Path], str]:
         return config_path, [folder / "model.safetensors"], str(folder)
     index = folder / "model.safetensors.index.json"
     if index.is_file():  # a sharded save: the index maps every key to one of several files
-        weight_map = _read_json(index).get("weight_map")
+        weight_map = read_json(index).get("weight_map")
         if not isinstance(weight_map, dict):
             raise HFGPT2Error(f"{index} has no weight_map; re-save the model with save_pretrained")
         shards = [folder / name for name in sorted(set(weight_map.values()))]
@@ -308,7 +308,8 @@ def _download(repo: str, filename: str, name: str) -> Path:
         ) from None
 
 
-def _read_json(path: Path) -> dict:
+def read_json(path: Path) -> dict:
+    """A Hugging Face folder's JSON file (config.json, the weights' index) as a dict, or a one-line error."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:

@@ -8,7 +8,6 @@ works them out, as plain values (make_plan) and as the table train.py prints (fo
 
 from __future__ import annotations
 
-import json
 import textwrap
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -17,9 +16,9 @@ import torch
 
 from gptkit import lora, objectives
 from gptkit.checkpoint import load_checkpoint
-from gptkit.cli import UserError, one_line
+from gptkit.cli import UserError
 from gptkit.config import lora_settings
-from gptkit.hf_gpt2 import VOCAB_MULTIPLE, config_from_hf
+from gptkit.hf_gpt2 import VOCAB_MULTIPLE, config_from_hf, read_json
 from gptkit.lora import LoRASettings
 from gptkit.metrics import peak_flops_for
 from gptkit.plan import (
@@ -119,13 +118,7 @@ def base_config(init_from: str, dropout: float) -> GPTConfig:
     if not hf.is_file():
         raise PlanError(f"unknown pretrained model {init_from!r}: use one of {', '.join(GPT2_SHAPES)}, a local "
                         f"Hugging Face GPT-2 folder (config.json + model.safetensors) or a checkpoint of this project")
-    try:
-        spec = json.loads(hf.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise PlanError(f"cannot read {hf}: {one_line(e)}") from None
-    if not isinstance(spec, dict):
-        raise PlanError(f"{hf} does not hold a JSON object; is it a Hugging Face config file?")
-    return replace(config_from_hf(spec, str(path)), vocab_multiple=VOCAB_MULTIPLE, dropout=dropout)
+    return replace(config_from_hf(read_json(hf), str(path)), vocab_multiple=VOCAB_MULTIPLE, dropout=dropout)
 
 
 def plan_model(cfg, ckpt: dict | None, vocab: tuple[int, str, str] | None) -> tuple[GPT, str]:

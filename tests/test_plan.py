@@ -294,6 +294,13 @@ def test_plan_errors_are_one_line(tmp_path):
     with pytest.raises(SystemExit, match="^error: block_size 2048 exceeds gpt2's context of 1024"):
         train.main(["--plan", "--init_from=gpt2", "--block_size=2048", "--dataset=shakespeare",
                     f"--data_root={tmp_path}"])
+    folder = tmp_path / "hf"  # a Hugging Face folder whose config.json is damaged, then not an object
+    folder.mkdir()
+    for text, message in (("{not json", "cannot read .*config.json: "), ("[1, 2]", "does not hold a JSON object")):
+        (folder / "config.json").write_text(text)
+        with pytest.raises(SystemExit, match=f"^error: .*{message}") as e:
+            train.main(["--plan", f"--init_from={folder}", "--dataset=shakespeare", f"--data_root={tmp_path}"])
+        assert "\n" not in str(e.value)
 
 
 # ----------------------------------------------------------------------------- batch_size=auto
