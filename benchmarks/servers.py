@@ -68,6 +68,17 @@ def write_checkpoint(folder: Path, name: str, n_layer: int | None = None) -> Pat
     return folder
 
 
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGTERM (a server's graceful stop), then SIGKILL if it has not exited within a minute."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class LocalServer:
     """serve.py in a subprocess on a free 127.0.0.1 port; its stderr goes to a file beside the checkpoint,
     printed here when it is ready and, what came after (errors, TORCH_LOGS), when it stops."""
@@ -96,13 +107,7 @@ class LocalServer:
         raise LoadError(f"serve.py did not start within {timeout:.0f} s")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         rest = self.log.read_text()[self.shown :].strip()
         if rest:
             print(rest, file=sys.stderr)
@@ -156,13 +161,7 @@ class LlamaServer:
         raise LoadError(f"llama-server did not start within {timeout:.0f} s")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
 
 def check_url(url: str) -> str:
