@@ -1276,6 +1276,12 @@ def figure(value, target, met) -> dict:
     return {"value": value, "target": target, "met": met if value is not None else None}
 
 
+def bench_variant(row: dict) -> dict:
+    """A bench.py training row's variant: what the summary says it measured."""
+    return {k: row.get(k) for k in ("model", "batch_size", "sdpa", "compile_mode", "compile_optimizer",
+                                    "compile_scope", "cuda_graphs")}
+
+
 def summarise(report: dict, smoke: bool) -> dict:
     """The figures BENCHMARKS.md's GPU targets ask for, each with its target and whether it was met."""
     rows = [r for r in report["rows"] if r.get("status") == "ok"]
@@ -1309,18 +1315,14 @@ def summarise(report: dict, smoke: bool) -> dict:
     nanogpt_train = nanogpt.get("train") or {}
     nanogpt_val = nanogpt_train.get("reached") or nanogpt_train.get("best")
 
-    def variant(r):
-        return {k: r.get(k) for k in ("model", "batch_size", "sdpa", "compile_mode", "compile_optimizer",
-                                      "compile_scope", "cuda_graphs")}
-
     speedup = nanogpt_ms / best_12["ms"] if best_12 and nanogpt_ms else None
     summary = {
         "train_12x1024_no_bias": figure(speedup, TARGETS["vs_nanogpt"], speedup and speedup >= TARGETS["vs_nanogpt"])
-        | {"ms": best_12 and best_12["ms"], "nanogpt_ms": nanogpt_ms, "variant": best_12 and variant(best_12),
+        | {"ms": best_12 and best_12["ms"], "nanogpt_ms": nanogpt_ms, "variant": best_12 and bench_variant(best_12),
            "note": nanogpt_note(nanogpt, "bench") or "x nanoGPT's bench.py tokens/s, run in this call on this device"},
         "train_best_tokens_per_s": figure(best and best["tokens_per_s"], floor,
                                           floor and best and best["tokens_per_s"] >= floor)
-        | {"variant": best and variant(best), "mfu_datasheet": best and best["mfu"],
+        | {"variant": best and bench_variant(best), "mfu_datasheet": best and best["mfu"],
            "mfu_measured_peak": best and best.get("mfu_measured_peak")},
         "decode_compiled_batch1_tokens_per_s": figure(
             max((r["tokens_per_s"] for r in decode), default=None), TARGETS["decode_tokens_per_s"],
