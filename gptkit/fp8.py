@@ -70,9 +70,9 @@ class FP8HeadMatmuls(HeadMatmuls):
 
     def __init__(self, x: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype):
         self.dtype = dtype
-        if x.size(0) % MULTIPLE or any(n % MULTIPLE for n in weight.shape):
-            raise ValueError(f"the FP8 head needs the tokens per micro-batch, n_embd and the padded vocabulary to "
-                             f"be multiples of {MULTIPLE}, got {x.size(0)} tokens and a head of {tuple(weight.shape)}")
+        problem = shape_problem(x.size(0), weight.size(1), weight.size(0))
+        if problem:
+            raise ValueError(problem)
         self.x8, self.x_inverse = quantize(x, FORWARD)  # (N, C) row-major
         self.w8, self.w_inverse = quantize(weight, FORWARD)  # (V, C) row-major
         self.w8_columns = self.w8.t().contiguous().t()  # the same (V, C), column-major
@@ -88,6 +88,15 @@ class FP8HeadMatmuls(HeadMatmuls):
         if not need_x:
             return None
         return scaled_mm(g8, self.w8_columns, g_inverse, self.w_inverse, self.dtype)
+
+
+def shape_problem(tokens: int, n_embd: int, n_columns: int) -> str | None:
+    """Why the FP8 head cannot multiply these sizes (tokens per micro-batch, n_embd, the head's padded
+    vocabulary), or None: _scaled_mm needs multiples of 16."""
+    if tokens % MULTIPLE or n_embd % MULTIPLE or n_columns % MULTIPLE:
+        return (f"the FP8 head needs the tokens per micro-batch, n_embd and the padded vocabulary to be multiples "
+                f"of {MULTIPLE}, got {tokens} tokens, n_embd {n_embd} and {n_columns} columns")
+    return None
 
 
 def fp8_problem(device: torch.device | str) -> str | None:
