@@ -112,10 +112,13 @@ def fp8_problem(device: torch.device | str) -> str | None:
     return None
 
 
-def use_fp8_head(model: GPT, device: torch.device | str) -> None:
+def use_fp8_head(model: GPT, device: torch.device | str, tokens: int | None = None) -> None:
     """From now on the model's training loss computes its head's matmuls in FP8 (FP8HeadMatmuls); a
-    DeviceError, saying why, where the device cannot (fp8_problem)."""
+    DeviceError, saying why, where the device cannot (fp8_problem), or where the sizes cannot (shape_problem:
+    `tokens`, the tokens per micro-batch, when given; the model's n_embd and padded vocabulary)."""
     problem = fp8_problem(device)
+    if problem is None and tokens is not None:
+        problem = shape_problem(tokens, model.config.n_embd, model.config.padded_vocab_size)
     if problem:
         raise DeviceError(f"{problem}: set fp8_head=False")
     model.head_matmuls = FP8HeadMatmuls

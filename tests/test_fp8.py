@@ -225,3 +225,21 @@ def test_fp8_head_compiles_whole_and_trains_the_same():
     reference = train_losses("cuda", fp8_head=False)
     torch._dynamo.reset()
     assert_same_training(reference, train_losses("cuda", fp8_head=True, compile=True))
+
+
+def test_train_py_refuses_fp8_head_where_it_cannot_run(char_dataset, tmp_path, monkeypatch):
+    """train.py's fp8_head: a one-line error before any step off a capable GPU, or at sizes _scaled_mm cannot
+    take (the CPU standing in for a capable GPU), and for an objective it does not apply to; nothing saved."""
+    import train
+    from tests.conftest import tiny_args
+
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match=r"^error: fp8_head needs a CUDA GPU with compute capability >= 8\.9.*"
+                                         r"not cpu: set fp8_head=False$"):
+        train.main(tiny_args(char_dataset, out, fp8_head=True))
+    monkeypatch.setattr(fp8, "fp8_problem", lambda device: None)
+    with pytest.raises(SystemExit, match=r"multiples of 16, got 128 tokens, n_embd 32 and \d+ columns"):
+        train.main(tiny_args(char_dataset, out, fp8_head=True, batch_size=4))
+    with pytest.raises(SystemExit, match="fp8_head is for the next-token loss, not objective=dpo"):
+        train.main(tiny_args(char_dataset, out, fp8_head=True, objective="dpo", init_from=str(out)))
+    assert not list(out.glob("*.pt"))
