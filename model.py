@@ -749,10 +749,11 @@ class HeadMatmuls:
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     """linear_cross_entropy over slices of `rows` rows, with the gradients computed during the forward.
 
-    For each slice: logits s = x_c @ W^T (in `dtype`, then fp32; `matmuls` does the three matmuls),
-    z = softcap * tanh(s / softcap) (or z = s), loss += logsumexp(z) - z[target]; and, when a backward will follow, dloss/dz = softmax(z) - onehot(target)
-    (times 1 - tanh^2 with the cap), then grad_x_c = dz @ W and grad_W += dz^T @ x_c. The slice's logits are
-    then dropped: what is kept for backward is grad_x (N, C) and grad_W (V, C), the size of x and of W. The
+    For each slice: logits s = x_c @ W^T (in `dtype`, then fp32), z = softcap * tanh(s / softcap) (or z = s),
+    loss += logsumexp(z) - z[target]; and, when a backward will follow, dloss/dz = softmax(z) - onehot(target)
+    (times 1 - tanh^2 with the cap), then grad_x_c = dz @ W and grad_W += dz^T @ x_c (these three matmuls by
+    `matmuls`, a HeadMatmuls: in `dtype`, or in FP8). The slice's logits are then dropped: what is kept for
+    backward is grad_x (N, C) and grad_W (V, C), the size of x and of W. The
     backward only scales them by d(total)/d(loss) / n_valid. So the head costs its usual three matmuls (no
     recomputation, unlike checkpointing each slice) and memory holds at most a couple of slices of logits.
     `needs_grad` (x's, W's) says which gradients a backward will ask for: the others are neither computed
