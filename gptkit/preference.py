@@ -37,21 +37,49 @@ import numpy as np
 import torch
 
 from gptkit.loader import EpochOrder
-from gptkit.shards import DataError, TokenDataset, require_dataset
+from gptkit.shards import DataError, TokenDataset, open_shard, read_meta, require_dataset
 
 KIND = "preference"  # the meta.json entry that makes a dataset a preference dataset
+UNPAIRED = "unpaired"  # its "format" for prompt, completion, label rows (no "format", or "pairs": pairs)
 
 
 def is_preference_dataset(meta: dict[str, Any]) -> bool:
     return KIND in meta
 
 
+def is_unpaired_dataset(meta: dict[str, Any]) -> bool:
+    """Whether the meta is an unpaired preference dataset's (prompt, completion, label rows: not pairs)."""
+    return is_preference_dataset(meta) and meta[KIND].get("format") == UNPAIRED
+
+
 def check_preference_dataset(meta: dict[str, Any], label: str) -> None:
-    """A one-line DataError unless the meta is a preference dataset's."""
+    """A one-line DataError unless the meta is a preference dataset of pairs."""
     if not is_preference_dataset(meta):
         what = "conversations (prepare/chat.py)" if "chat" in meta else "text"
         raise DataError(f"dataset {label} holds {what}, not preference pairs; prepare pairs with "
                         f"python prepare/preference.py --input PAIRS.jsonl")
+    if is_unpaired_dataset(meta):
+        raise DataError(f"dataset {label} holds unpaired rows (a prompt, one completion and a label), but DPO needs "
+                        f"pairs: prepare rows with a prompt, a chosen and a rejected reply with "
+                        f"python prepare/preference.py")
+
+
+def unpaired_labels(data_dir: str | os.PathLike, split: str) -> np.ndarray:
+    """The labels (bool, True: a desirable completion) of an unpaired dataset's split, one per sequence in
+    order (each sequence starts with <|endoftext|>, as a pair's do)."""
+    path = require_dataset(data_dir)
+    meta = read_meta(path)
+    if not is_unpaired_dataset(meta):
+        raise DataError(f"dataset {data_dir} holds no unpaired rows (prompt, completion, label); prepare them "
+                        f"with python prepare/preference.py")
+    entry = meta["splits"].get(split, {})
+    labels = [open_shard(path / name) for name in entry.get("labels", [])]
+    out = np.concatenate(labels) if labels else np.zeros(0, np.uint16)
+    n = meta[KIND]["rows"][split]
+    if len(out) != n:
+        raise DataError(f"the {split} split of {path} should hold {n} labels but holds {len(out)}; prepare it "
+                        f"again with prepare/preference.py")
+    return out != 0
 
 
 @dataclass
