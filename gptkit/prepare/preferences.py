@@ -12,7 +12,9 @@ gptkit/chat.py (the template chat.py and serve.py use too). Two kinds, one per d
 A pair row holds `prompt` (a string: one user message, or a list of messages, system messages and earlier
 turns included) and `chosen` / `rejected` (each a string, an assistant message, or a list holding one); or,
 the implicit-prompt layout, no prompt and two whole conversations that share it (the longest common run of
-leading messages is the prompt); or a prompt and two conversations that start with it. An unpaired row holds
+leading messages is the prompt), or two texts that start the same way (what they share up to the last
+whitespace before they differ is the prompt, a user message); or a prompt and two conversations that start
+with it. An unpaired row holds
 `prompt`, `completion` (as a reply is given) and `label` (true or false). Each reply must be one assistant
 message.
 
@@ -64,7 +66,7 @@ BAD = {
     "no_label": "no completion or no label field",
     "bad_label": "a label that is not true or false",
     "malformed": "a field that is neither text nor chat messages",
-    "no_prompt": "no prompt (none given, and the two conversations share no leading message)",
+    "no_prompt": "no prompt (none given, and the replies share no beginning to take it from)",
     "not_one_reply": "a reply that is not one assistant message",
     "empty": "an empty prompt or reply",
     "identical": "chosen and rejected are the same reply",
@@ -167,6 +169,8 @@ def parse_pair(row: Any) -> Pair:
         raise BadPair("not_json")
     if row.get("chosen") is None or row.get("rejected") is None:
         raise BadPair("missing")
+    if row.get("prompt") is None and isinstance(row["chosen"], str) and isinstance(row["rejected"], str):
+        return _text_pair(row["chosen"], row["rejected"])
     chosen, rejected = _messages(row["chosen"], "assistant"), _messages(row["rejected"], "assistant")
     if row.get("prompt") is not None:
         prompt = _messages(row["prompt"], "user")
@@ -182,6 +186,22 @@ def parse_pair(row: Any) -> Pair:
     if chosen[0]["content"] == rejected[0]["content"]:
         raise BadPair("identical")
     return Pair(prompt, chosen[0], rejected[0])
+
+
+def _text_pair(chosen: str, rejected: str) -> Pair:
+    """Two texts and no prompt (the implicit-prompt layout of plain text): the prompt is what they share up to
+    the last whitespace before they differ, so that neither reply starts inside a word."""
+    n = 0
+    while n < min(len(chosen), len(rejected)) and chosen[n] == rejected[n]:
+        n += 1
+    while n and not chosen[n - 1].isspace():
+        n -= 1
+    if chosen == rejected:
+        raise BadPair("identical")
+    prompt = [{"role": "user", "content": chosen[:n]}] if chosen[:n].strip() else []
+    replies = [[{"role": "assistant", "content": text[n:]}] for text in (chosen, rejected)]
+    _check(prompt, replies)
+    return Pair(prompt, replies[0][0], replies[1][0])
 
 
 def parse_unpaired(row: Any) -> Unpaired:
