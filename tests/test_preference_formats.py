@@ -6,6 +6,7 @@ label), from a file or a Hugging Face dataset, each rendered by the chat templat
 import json
 import random
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -326,3 +327,15 @@ def test_a_lone_surrogate_is_a_bad_row_not_a_broken_vocabulary(tmp_path, capsys)
     assert read_meta(data)["preference"]["bad_rows"] == {"not_text": ["line 3"]}
     assert f"{BAD['not_text']}: 1 (line 3)" in capsys.readouterr().out
     assert np.all(np.array([ord(c) for c in read_meta(data)["tokenizer"]["chars"]]) < 0xD800)
+
+
+def test_the_readmes_example_rows_read_as_it_says():
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    table = readme[readme.index("| layout | one row |"):].split("\n\n")[0].splitlines()[2:]
+    examples = {line.split("|")[1].strip(): json.loads(line.split("`")[1]) for line in table}
+    assert len(examples) == 5
+    for layout, row in examples.items():
+        kind = preferences.row_kind(row)
+        assert kind == (preferences.UNPAIRED if layout.startswith("unpaired") else preferences.PAIRS)
+        item = preferences.PARSERS[kind](row)
+        assert item.prompt[-1]["role"] == "user" and all(r["role"] == "assistant" for r in item.replies)
