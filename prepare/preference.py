@@ -63,6 +63,10 @@ class PreferenceDataConfig(script.OutputSettings):
     def validate(self) -> None:
         if bool(self.input) == bool(self.hf_dataset):
             raise ConfigError("give exactly one of --input PAIRS.jsonl or --hf_dataset NAME")
+        if self.block_size < 2:
+            raise ConfigError(f"--block_size must be at least 2, got {self.block_size}")
+        if self.min_prompt_tokens < 1:
+            raise ConfigError(f"--min_prompt_tokens must be at least 1, got {self.min_prompt_tokens}")
 
 
 @cli.entry_point()
@@ -101,8 +105,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     # One pass before anything is written: the rows, their kind, and the characters a char vocabulary needs.
     found = preferences.survey(rows(), source, cfg.block_size, per_token, chars=char)
     if not found.usable:
-        for line in () if not found.rows else preferences.bad_rows(rows(), found.kind, cfg.block_size, per_token).lines():
-            print(line)
+        if found.rows:  # why each row was left out, by line, before the error
+            for line in preferences.bad_rows(rows(), found.kind, cfg.block_size, per_token).lines():
+                print(line)
         raise preferences.no_usable_rows(source, found.kind, found.rows)
     if tokenizer is None:
         tokenizer = chat_tokenizer("char", lambda: found.chars, cfg.data_root)

@@ -72,7 +72,8 @@ BAD = {
     "identical": "chosen and rejected are the same reply",
     "not_text": "a text holding an escaped lone surrogate (\\ud800-\\udfff), which is no character",
     "unknown_char": "a character the tokenizer does not have",
-    "too_long": "too long: the replies leave less than --min_prompt_tokens of the prompt",
+    "too_long": "too long: a reply does not fit in --block_size, or leaves less than --min_prompt_tokens of the "
+                "prompt",
 }
 NAMED = 20  # line numbers kept per reason in meta.json and printed (the counts are always whole)
 
@@ -323,21 +324,25 @@ def jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
         raise DataError(f"cannot read --input {path} ({e.strerror}); give a JSONL file of preference data") \
             from None
     with f:
-        for n, raw in enumerate(f, 1):
+        n = 0
+        while raw := f.readline():
+            n += 1
             if n == 1 and raw.startswith(BOM):
                 raw = raw[len(BOM) :]
-            if not raw.strip():
+            if not raw or raw.isspace():
                 continue
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError:
                 yield f"line {n}", NotUTF8()
                 continue
-            del raw  # a huge line is held once, not twice
+            raw = b""  # a huge line is held as its text alone, then as the parsed row alone
             try:
-                yield f"line {n}", json.loads(line)
+                row = json.loads(line)
             except json.JSONDecodeError:
-                yield f"line {n}", None
+                row = None
+            line = ""
+            yield f"line {n}", row
 
 
 def dataset_rows(ds: Any) -> Iterator[tuple[str, Any]]:
@@ -452,8 +457,8 @@ def no_usable_rows(source: str, kind: str, rows: int) -> DataError:
         return DataError(f"{source} holds no rows; give JSONL with one {what} per line, e.g. "
                          + ('{"prompt": "What is 2+2?", "chosen": "4.", "rejected": "5."}' if kind == PAIRS else
                             '{"prompt": "What is 2+2?", "completion": "4.", "label": true}'))
-    return DataError(f"no usable {what} in {source}: all {rows:,} rows were left out (the reasons above); fix "
-                     f"them, or give the file that holds the data")
+    return DataError(f"no usable {what} in {source}: all {rows:,} rows were left out, for the reasons above; fix "
+                     f"the rows named there (or check that this is the input you meant)")
 
 
 def prepare_pairs(out_dir: Path, rows: Callable[[], Iterable[tuple[str, Any]]], tokenizer: Tokenizer, *,
