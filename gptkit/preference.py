@@ -8,7 +8,9 @@ for DPO (gptkit/dpo.py) and for scoring pairs (eval.py --task preference).
 
 A preference dataset is a chat dataset (token shards and a loss mask) whose meta.json has a "preference"
 entry; its sequences come in pairs, the chosen one first, each starting with <|endoftext|>, which no text
-encodes to, so the sequences are found by that token (their number is checked against meta.json).
+encodes to, so the sequences are found by that token (their number is checked against meta.json). One whose
+entry says "format": "unpaired" holds one sequence per prompt + completion row and a label each instead:
+refused here, as DPO needs pairs (`unpaired_labels` reads its labels).
 
 A batch has fixed shapes whatever its pairs, for torch.compile and CUDA graphs: x and y are (2B, T) with
 T = block_size, rows 0..B-1 the chosen sequences of the B pairs and rows B..2B-1 their rejected ones in the
