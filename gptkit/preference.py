@@ -8,7 +8,9 @@ for DPO (gptkit/dpo.py) and for scoring pairs (eval.py --task preference).
 
 A preference dataset is a chat dataset (token shards and a loss mask) whose meta.json has a "preference"
 entry; its sequences come in pairs, the chosen one first, each starting with <|endoftext|>, which no text
-encodes to, so the sequences are found by that token (their number is checked against meta.json).
+encodes to, so the sequences are found by that token (their number is checked against meta.json). One whose
+entry says "format": "unpaired" holds one sequence per prompt + completion row and a label each instead:
+refused here, as DPO needs pairs (`unpaired_labels` reads its labels).
 
 A batch has fixed shapes whatever its pairs, for torch.compile and CUDA graphs: x and y are (2B, T) with
 T = block_size, rows 0..B-1 the chosen sequences of the B pairs and rows B..2B-1 their rejected ones in the
@@ -37,21 +39,49 @@ import numpy as np
 import torch
 
 from gptkit.loader import EpochOrder
-from gptkit.shards import DataError, TokenDataset, require_dataset
+from gptkit.shards import DataError, TokenDataset, open_shard, read_meta, require_dataset
 
 KIND = "preference"  # the meta.json entry that makes a dataset a preference dataset
+UNPAIRED = "unpaired"  # its "format" for prompt, completion, label rows (no "format", or "pairs": pairs)
 
 
 def is_preference_dataset(meta: dict[str, Any]) -> bool:
     return KIND in meta
 
 
+def is_unpaired_dataset(meta: dict[str, Any]) -> bool:
+    """Whether the meta is an unpaired preference dataset's (prompt, completion, label rows: not pairs)."""
+    return is_preference_dataset(meta) and meta[KIND].get("format") == UNPAIRED
+
+
 def check_preference_dataset(meta: dict[str, Any], label: str) -> None:
-    """A one-line DataError unless the meta is a preference dataset's."""
+    """A one-line DataError unless the meta is a preference dataset of pairs."""
     if not is_preference_dataset(meta):
         what = "conversations (prepare/chat.py)" if "chat" in meta else "text"
         raise DataError(f"dataset {label} holds {what}, not preference pairs; prepare pairs with "
                         f"python prepare/preference.py --input PAIRS.jsonl")
+    if is_unpaired_dataset(meta):
+        raise DataError(f"dataset {label} holds unpaired rows (a prompt, one completion and a label), but DPO needs "
+                        f"pairs: prepare rows with a prompt, a chosen and a rejected reply with "
+                        f"python prepare/preference.py")
+
+
+def unpaired_labels(data_dir: str | os.PathLike, split: str) -> np.ndarray:
+    """The labels (bool, True: a desirable completion) of an unpaired dataset's split, one per sequence in
+    order (each sequence starts with <|endoftext|>, as a pair's do)."""
+    path = require_dataset(data_dir)
+    meta = read_meta(path)
+    if not is_unpaired_dataset(meta):
+        raise DataError(f"dataset {data_dir} holds no unpaired rows (prompt, completion, label); prepare them "
+                        f"with python prepare/preference.py")
+    entry = meta["splits"].get(split, {})
+    labels = [open_shard(path / name) for name in entry.get("labels", [])]
+    out = np.concatenate(labels) if labels else np.zeros(0, np.uint16)
+    n = meta[KIND]["rows"][split]
+    if len(out) != n:
+        raise DataError(f"the {split} split of {path} should hold {n} labels but holds {len(out)}; prepare it "
+                        f"again with prepare/preference.py")
+    return out != 0
 
 
 @dataclass

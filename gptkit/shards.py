@@ -40,8 +40,9 @@ HEADER_SIZE = HEADER.size  # 32
 DTYPE_CODES: dict[int, np.dtype] = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
 META_NAME = "meta.json"
 SPLITS = ("train", "val")
-# Token shards, and the loss-mask shards of a chat dataset (train_mask_000000.bin: 1 where the token is trained).
-SHARD_RE = re.compile(r"^(train|val)(_mask)?_\d{6}\.bin$")
+# Token shards, the loss-mask shards of a chat dataset (train_mask_000000.bin: 1 where the token is trained), and
+# the label shards of unpaired preference rows (train_labels_000000.bin: one 0/1 per sequence).
+SHARD_RE = re.compile(r"^(train|val)(_mask|_labels)?_\d{6}\.bin$")
 
 # Datasets that have their own prepare script: used to tell the user the exact command to run.
 PREPARE_COMMANDS = {
@@ -283,9 +284,10 @@ def _meta_problem(meta: Any) -> str | None:
             return f"splits.{split}.shards must be a list of file names"
         if not isinstance(entry.get("tokens"), int):
             return f"splits.{split}.tokens must be an integer"
-        if "masks" in entry and not isinstance(entry["masks"], list):
-            return f"splits.{split}.masks must be a list of file names"
-        for name in entry["shards"] + entry.get("masks", []):
+        for extra in ("masks", "labels"):
+            if extra in entry and not isinstance(entry[extra], list):
+                return f"splits.{split}.{extra} must be a list of file names"
+        for name in entry["shards"] + entry.get("masks", []) + entry.get("labels", []):
             # Names only, never paths: a meta.json must not be able to point outside its folder.
             if not isinstance(name, str) or Path(name).name != name or not name.endswith(".bin"):
                 return f"splits.{split} names {name!r}, which is not a plain .bin file name"

@@ -1,24 +1,28 @@
-"""Prepare preference pairs for DPO: token shards of (prompt + chosen reply, prompt + rejected reply), the loss
-mask on the reply tokens only.
+"""Prepare preference data: for DPO, token shards of (prompt + chosen reply, prompt + rejected reply); or
+unpaired rows (prompt + completion, with a desirable/undesirable label) for a loss that takes them. The loss
+mask is on the reply tokens only.
 
     python prepare/preference.py --input pairs.jsonl --name mypairs                       # GPT-2's BPE
     python prepare/preference.py --input pairs.jsonl --name mypairs --tokenizer out-chat/ --block_size 64
     python prepare/preference.py --hf_dataset NAME --hf_split train --name mypairs          # a Hub dataset
 
-Each line (or Hub row) is one pair, in any of the layouts preference datasets use:
-    {"prompt": "What is 2+2?", "chosen": "4.", "rejected": "5."}
-    {"prompt": [{"role": "system", ...}, {"role": "user", ...}],
+Each line (or Hub row) is one row, in the layouts preference datasets (and TRL) use:
+    {"prompt": "What is 2+2?", "chosen": "4.", "rejected": "5."}                  pairs, explicit prompt
+    {"prompt": [{"role": "system", ...}, {"role": "user", ...}, ...],
      "chosen": [{"role": "assistant", "content": ...}], "rejected": [{"role": "assistant", "content": ...}]}
-    {"chosen": [...the whole conversation...], "rejected": [...the same, another last reply...]}
+    {"chosen": [...the whole conversation...], "rejected": [...the same, another last reply...]}   implicit
+    {"prompt": "What is 2+2?", "completion": "4.", "label": true}                 unpaired (or as messages)
 (a prompt as a string is one user message; conversations that repeat the prompt, or share it when no prompt is
-given, are cut after it; each reply must be one assistant message.)
+given, are cut after it; each reply must be one assistant message; a file holds pairs or unpaired rows, not
+both. Unpaired rows make a dataset of their own kind, which DPO refuses: it needs pairs.)
 
 --tokenizer: gpt2, char, the NAME or PATH of a trained tokenizer, or a checkpoint (an out_dir or a .pt file)
 whose tokenizer to use: prepare the pairs with the tokenizer of the chat model you will tune. --block_size:
 the context the tuning will use; a pair whose longer sequence does not fit has its prompt cut from the start
 (its end, with the question, stays), and is left out when fewer than --min_prompt_tokens of the prompt would
-remain. Rows that are not pairs (a missing field, an empty reply, chosen = rejected, ...) are left out,
-counted and named by line. Output goes to DATA_ROOT/NAME.
+remain; lengths are checked before tokenising, so a huge row costs no more than its line. Rows that cannot be
+used (not UTF-8, not JSON, a missing field, an empty reply, chosen = rejected, ...) are left out, counted and
+named by line. Output goes to DATA_ROOT/NAME.
 """
 
 from __future__ import annotations
@@ -39,9 +43,9 @@ from gptkit.shards import DataError
 
 @dataclass
 class PreferenceDataConfig(script.OutputSettings):
-    input: str = setting("", "a JSONL file, one preference pair per line")
-    hf_dataset: str = setting("", "a Hugging Face dataset of pairs (instead of --input): its name, or a local "
-                                  "folder of its files")
+    input: str = setting("", "a JSONL file, one preference pair (or unpaired row) per line")
+    hf_dataset: str = setting("", "a Hugging Face dataset of pairs or unpaired rows (instead of --input): its "
+                                  "name, or a local folder of its files")
     hf_config: str = setting("", "the dataset's configuration name, if it has several")
     hf_split: str = setting("train", "which split of the Hub dataset to read (its pairs are then split into "
                                      "train and val by --val_fraction)")
@@ -59,6 +63,10 @@ class PreferenceDataConfig(script.OutputSettings):
     def validate(self) -> None:
         if bool(self.input) == bool(self.hf_dataset):
             raise ConfigError("give exactly one of --input PAIRS.jsonl or --hf_dataset NAME")
+        if self.block_size < 2:
+            raise ConfigError(f"--block_size must be at least 2, got {self.block_size}")
+        if self.min_prompt_tokens < 1:
+            raise ConfigError(f"--min_prompt_tokens must be at least 1, got {self.min_prompt_tokens}")
 
 
 @cli.entry_point()
@@ -79,7 +87,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         def rows():
             return preferences.jsonl_rows(path)
 
-        n_rows = sum(1 for _ in rows())
         source = str(path)
         identity = [str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns]
     else:
@@ -89,15 +96,24 @@ def main(argv: Sequence[str] | None = None) -> None:
         def rows():
             return preferences.dataset_rows(ds)
 
-        n_rows = len(ds)
         source = f"{cfg.hf_dataset} ({cfg.hf_split} split)"
         # datasets' own hash of the data it loaded: another revision or changed local files are another input
         identity = [cfg.hf_dataset, cfg.hf_config, cfg.hf_split, getattr(ds, "_fingerprint", None)]
-    tokenizer = chat_tokenizer(cfg.tokenizer, lambda: preferences.pair_chars(rows()), cfg.data_root)
+    char = cfg.tokenizer == "char"
+    tokenizer = None if char else chat_tokenizer(cfg.tokenizer, lambda: (), cfg.data_root)
+    per_token = 1 if tokenizer is None else preferences.chars_per_token(tokenizer)
+    # One pass before anything is written: the rows, their kind, and the characters a char vocabulary needs.
+    found = preferences.survey(rows(), source, cfg.block_size, per_token, chars=char)
+    if not found.usable:
+        if found.rows:  # why each row was left out, by line, before the error
+            for line in preferences.bad_rows(rows(), found.kind, cfg.block_size, per_token).lines():
+                print(line)
+        raise preferences.no_usable_rows(source, found.kind, found.rows)
+    if tokenizer is None:
+        tokenizer = chat_tokenizer("char", lambda: found.chars, cfg.data_root)
     fingerprint = make_fingerprint(preference=identity, tokenizer=tokenizer.to_meta(), **options)
-    preferences.prepare_pairs(out_dir, rows, tokenizer, source=source, fingerprint=fingerprint, n_rows=n_rows,
-                              overwrite=cfg.overwrite, **options)
-
+    preferences.prepare_pairs(out_dir, rows, tokenizer, source=source, fingerprint=fingerprint, n_rows=found.rows,
+                              overwrite=cfg.overwrite, kind=found.kind, **options)
 
 if __name__ == "__main__":
     main()

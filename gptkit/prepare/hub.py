@@ -88,7 +88,9 @@ def load_hf_dataset(path: str, name: str | None = None, *, split: str = "train",
         msg = one_line(e)
         if offline is not None:
             raise DataError(f"cannot reach the Hugging Face Hub ({offline}) and dataset {label} is not in the local "
-                            f"cache; connect to the network and run the same command again") from None
+                            f"cache; connect to the network and run the same command again, or download the "
+                            f"dataset's files (https://huggingface.co/datasets/{path}) into a folder on this machine "
+                            f"and give that folder instead of the name") from None
         hint = "check your network connection (and HF_HUB_OFFLINE), the dataset name and --hf_split"
         if "scripts are no longer supported" in msg:
             hint = "this dataset still uses a loading script; try --revision refs/convert/parquet"

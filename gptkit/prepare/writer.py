@@ -97,10 +97,12 @@ class DatasetWriter:
     PROGRESS = "progress.json"
 
     def __init__(self, out_dir: Path, tokenizer: Tokenizer, shard_tokens: int = DEFAULT_SHARD_TOKENS, *,
-                 fingerprint: str = "", masks: bool = False):
+                 fingerprint: str = "", masks: bool = False, labels: bool = False):
         check_positive(shard_tokens, "--shard_tokens")
-        # With masks (a chat dataset), each split also gets a loss mask: one 0/1 per token, in its own shards.
-        self.streams = [*shards.SPLITS, *(f"{s}_mask" for s in shards.SPLITS if masks)]
+        # With masks (a chat dataset), each split also gets a loss mask: one 0/1 per token, in its own shards;
+        # with labels (unpaired preference rows), one 0/1 per sequence, in its own shards too.
+        self.streams = [*shards.SPLITS, *(f"{s}_mask" for s in shards.SPLITS if masks),
+                        *(f"{s}_labels" for s in shards.SPLITS if labels)]
         self.out_dir = Path(out_dir)
         self.tokenizer = tokenizer
         self.shard_tokens = shard_tokens
@@ -146,7 +148,7 @@ class DatasetWriter:
         return progress if ok else None
 
     def _shard_writer(self, stream: str, state: dict[str, int] | None) -> shards.ShardWriter:
-        vocab = 2 if stream.endswith("_mask") else self.tokenizer.vocab_size
+        vocab = 2 if stream.endswith(("_mask", "_labels")) else self.tokenizer.vocab_size
         return shards.ShardWriter(self.stage, stream, vocab, self.shard_tokens, state=state)
 
     def write(self, split: str, tokens: np.ndarray, mask: np.ndarray | None = None) -> None:
@@ -156,6 +158,10 @@ class DatasetWriter:
         self.writers[split].write(tokens)
         if mask is not None:
             self.writers[f"{split}_mask"].write(np.asarray(mask, dtype=np.uint16))
+
+    def write_label(self, split: str, label: int) -> None:
+        """Append one sequence's label (0 or 1) to a split (a dataset made with labels=True)."""
+        self.writers[f"{split}_labels"].write(np.array([label], dtype=np.uint16))
 
     def close_split(self, split: str) -> None:
         """Complete a split's last shard early (the streaming corpora's val split is written first)."""
@@ -187,6 +193,8 @@ class DatasetWriter:
         for s in shards.SPLITS:
             if f"{s}_mask" in names:
                 splits[s]["masks"] = names[f"{s}_mask"]
+            if f"{s}_labels" in names:
+                splits[s]["labels"] = names[f"{s}_labels"]
         meta = shards.make_meta(self.tokenizer, splits, source)
         meta.update(extra or {})
         meta["fingerprint"] = self.fingerprint
