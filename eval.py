@@ -153,12 +153,12 @@ def window_losses(model: GPT, x: torch.Tensor, y: torch.Tensor, rt: Runtime, hid
     return out
 
 
-def loss_tokens(ds: TokenDataset, asked: str) -> str:
+def loss_tokens(ds: TokenDataset, asked: str, label: str = "") -> str:
     """Which tokens --task loss counts on this dataset: "answers" (a chat dataset's trained tokens, by its loss
-    mask: what its training's loss is over) or "all"; asked: --loss_on."""
+    mask: what its training's loss is over) or "all"; asked: --loss_on; label: the dataset as the user named it."""
     if "preference" in ds.meta:
         raise EvalError(f"{ds.data_dir} holds preference pairs (prepare/preference.py), not text to predict; "
-                        f"score them with --task preference --dataset {ds.data_dir}")
+                        f"score them with --task preference --dataset {label or ds.data_dir}")
     chat = ds.meta.get("chat") or {}
     has_answers = ds.masks is not None and chat.get("train_on") != "all"
     if asked == "answers" and not has_answers:
@@ -270,7 +270,7 @@ def run(cfg: EvalConfig, d: Dist, rt: Runtime, err=None, threads: Threads | None
     else:
         dataset = cfg.dataset or loss_dataset(settings, what)
         ds = TokenDataset(require_dataset(dataset, cfg.data_root), cfg.split)
-        loss_on = loss_tokens(ds, cfg.loss_on)
+        loss_on = loss_tokens(ds, cfg.loss_on, dataset)
         check_same_tokenizer(tokenizer, ds, dataset)
     model.to(rt.device)
     use_compile, why = resolve_compile(cfg.compile, rt.device)
