@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
-import ipaddress
 import os
 import signal
 import socket
@@ -50,6 +49,7 @@ from gptkit.chat import ChatError, ChatTokens
 from gptkit.config import DecodeSettings
 from gptkit.inference import setup_inference
 from gptkit.options import ConfigError, load_config, setting
+from gptkit.serving.access import is_unspecified
 from gptkit.serving.engine import Engine
 
 
@@ -267,11 +267,7 @@ def addresses(host: str) -> tuple[str, str]:
     """(the host of the URLs to print, for this machine's browser and clients; the machine's name for other
     machines' when the server listens on all interfaces, else ''). 0.0.0.0 and :: are where to listen, not
     addresses a browser can open: on them the URLs say 127.0.0.1 (::1)."""
-    try:
-        unspecified = ipaddress.ip_address(host).is_unspecified
-    except ValueError:
-        unspecified = False
-    if unspecified:
+    if is_unspecified(host):
         local = "127.0.0.1" if ":" not in host else "[::1]"
         return local, socket.gethostname()
     return (f"[{host}]" if ":" in host else host), ""

@@ -763,7 +763,8 @@ def test_on_all_interfaces_the_printed_addresses_can_be_opened(text_ckpt):
     assert serve.addresses("0.0.0.0") == ("127.0.0.1", socket.gethostname())
     assert serve.addresses("::") == ("[::1]", socket.gethostname())
     assert serve.addresses("127.0.0.1") == ("127.0.0.1", "") and serve.addresses("::1") == ("[::1]", "")
-    server = Server(text_ckpt, "--host=0.0.0.0", key=KEY, env={"GPTKIT_API_KEY": KEY})
+    # (with a host name allowed, so that Host headers are checked: the printed addresses pass, others not)
+    server = Server(text_ckpt, "--host=0.0.0.0", "--allowed_hosts=gptkit.test", key=KEY, env={"GPTKIT_API_KEY": KEY})
     try:
         server.ready()
         assert server.url.startswith("http://127.0.0.1:") and "0.0.0.0:" not in "".join(server.stderr)
@@ -771,6 +772,9 @@ def test_on_all_interfaces_the_printed_addresses_can_be_opened(text_ckpt):
         assert (f"serve.py: listening on all interfaces (0.0.0.0): from other machines, "
                 f"http://{socket.gethostname()}:{port}/\n") in server.stderr
         assert server.client.completions.create(model=server.model, prompt="ab", max_tokens=2).choices[0].text
+        for host, status in ((f"{socket.gethostname()}:{port}", 200), (f"gptkit.test:{port}", 200),
+                             (f"rebound.test:{port}", 403)):
+            assert httpx.get(server.url + "/health", headers={"Host": host}, timeout=WAIT).status_code == status
     finally:
         server.stop()
 
