@@ -38,10 +38,10 @@ def evaluate(model, batches: ValBatches | ValPairs, rt: Runtime, d: Dist, stop: 
     """The objective's mean loss over the fixed validation batches, and the means of its metrics ({} for the
     next-token loss), each rank taking its share; None when a stop signal cut it short on any rank (a preempted
     job has seconds, not the minutes an evaluation may take). Token windows count a batch each (all have the
-    same size); preference pairs count a pair each, and a metric over a part of them (DPO's accuracy) the pairs of
-    that part. A progress bar shows on a terminal when an evaluation takes
-    more than a few seconds. Under FSDP the model holds its whole weights meanwhile (parallel.gathered): its
-    forwards gather nothing, so the ranks' counts may differ."""
+    same size); preference pairs count a pair each, and a metric over a part of them (DPO's accuracy) the pairs
+    of that part. A progress bar shows on a terminal when an evaluation takes more than a few seconds. Under
+    FSDP the model holds its whole weights meanwhile (parallel.gathered): its forwards gather nothing, so the
+    ranks' counts may differ."""
     model.eval()
     names = objectives.metric_names(objective)
     # A metric that is a mean over a part of a batch (DPO's accuracy, over the pairs not tied) is weighed by that

@@ -6,9 +6,10 @@
     metrics.log_eval(step, val_loss, ...)
 
 metrics.jsonl has one JSON object per line: training lines (step, loss, lr, grad_norm, the objective's own
-metrics if it has any (null when one has no value that time), ms_per_step, tokens_per_s, mfu, peak_mem_mb, epoch) and evaluation lines (step, val_loss, best_val_loss, the
+metrics if it has any, ms_per_step, tokens_per_s, mfu, peak_mem_mb, epoch) and evaluation lines (step, val_loss, best_val_loss, the
 objective's own metrics over the val set prefixed val_, and with hellaswag_interval set, hellaswag_acc and
-hellaswag_acc_norm). `python plot.py OUT_DIR` draws them. Every line
+hellaswag_acc_norm). A metric with no value that time (DPO's accuracy while every pair ties) is null there and
+"n/a" in the log. `python plot.py OUT_DIR` draws them. Every line
 also has elapsed_s: wall-clock seconds since `started` (train.py: the process start, so imports, CUDA's start
 and compilation count), evaluations included: the time to a loss as a user's clock reads it.
 MFU is the model's FLOPs per token (gptkit/plan.py's flops_per_token, the formula `train.py --plan` uses) times
