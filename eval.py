@@ -18,8 +18,9 @@ with the results (`... | tail -n 1 | jq .acc_norm`). Every bad input ends in a o
   record none). --limit N reads the first N windows (as for HellaSwag, the first N items), --limit_tokens N the
   first N tokens. loss is the mean cross-entropy in nats over the `tokens` counted and ppl = exp(loss). Which
   tokens count (loss_on): on a chat dataset (prepare/chat.py) the assistant's replies, as its training logged
-  ("answers"; a reply that a window boundary cuts off from its question is predicted without it), or with
-  --loss_on=all every token, the prompts and the template's markers too; on other text, every token. bpb,
+  ("answers"; the windows then start where conversations start, as training's do, so that a reply is predicted
+  after its question), or with --loss_on=all every token, the prompts and the template's markers too; on other
+  text, every token. bpb,
   bits per byte, is their total loss / ln 2 / the `bytes` of UTF-8 text they stand for: a tokenizer with
   longer tokens predicts fewer of them, so bpb (unlike loss) compares models with different tokenizers.
   End-of-text tokens stand for no text: they count in loss, but neither their loss nor any byte counts in bpb.
@@ -178,22 +179,27 @@ def evaluate_loss(model: GPT, tokenizer: Tokenizer, ds: TokenDataset, rt: Runtim
     predicted = len(ds) - 1 if not limit_tokens else min(len(ds) - 1, limit_tokens)
     if predicted < 1:
         raise EvalError(f"the {ds.split} split of {ds.data_dir} has fewer than 2 tokens: nothing to predict")
-    # Window i reads tokens [i * block, i * block + block) and predicts the next token at each position.
-    starts = np.arange(0, predicted, block)[d.rank :: d.world_size]
-    full, last = starts[starts + block <= predicted], starts[starts + block > predicted]  # last: 0 or 1 window
-    batches = [(full[i : i + batch_size], block) for i in range(0, len(full), batch_size)]
-    batches += [(last, predicted - int(last[0]))] if len(last) else []
+    # Window i reads block tokens from starts[i] and predicts the next token at each position, counting the first
+    # counts[i] of them: the windows tile the split, every token but the first predicted once.
+    starts = conversation_windows(ds, block, predicted) if loss_on == "answers" else np.arange(0, predicted, block)
+    counts = np.minimum(np.append(starts[1:], predicted) - starts, block)
+    starts, counts = starts[d.rank :: d.world_size], counts[d.rank :: d.world_size]
+    full = starts + block <= predicted  # all but the last window, which reads only what it counts
+    batches = [(starts[full][i : i + batch_size], counts[full][i : i + batch_size], block)
+               for i in range(0, int(full.sum()), batch_size)]
+    batches += [(starts[~full], counts[~full], int(counts[~full][0]))] if (~full).any() else []
     byte_len = torch.from_numpy(tokenizer.token_bytes()).to(rt.device)
     sums = np.zeros(4)  # nats (the counted tokens), nats of those that stand for text, bytes, tokens
-    with tqdm(total=sum(len(s) for s, _ in batches), desc="loss", unit="window", disable=not progress) as bar:
-        for batch_starts, length in batches:
+    with tqdm(total=len(starts), desc="loss", unit="window", disable=not progress) as bar:
+        for batch_starts, batch_counts, length in batches:
             tokens = torch.from_numpy(ds.windows(batch_starts, length + 1)).to(rt.device)
             x, y = tokens[:, :-1], tokens[:, 1:]
             losses = window_losses(model, x, y, rt, hidden)
-            nbytes = byte_len[y.flatten()]
+            counted = np.arange(length)[None, :] < batch_counts[:, None]
             if loss_on == "answers":  # the targets the loss mask trains
-                counted = torch.from_numpy(ds.masks.windows(batch_starts, length + 1)[:, 1:] != 0).to(rt.device)
-                losses, nbytes = losses[counted.flatten()], nbytes[counted.flatten()]
+                counted &= ds.masks.windows(batch_starts, length + 1)[:, 1:] != 0
+            counted = torch.from_numpy(counted).to(rt.device).flatten()
+            losses, nbytes = losses[counted], byte_len[y.flatten()][counted]
             sums += [losses.double().sum().item(), losses[nbytes > 0].double().sum().item(),
                      nbytes.sum().item(), len(losses)]
             bar.update(len(batch_starts))
@@ -208,6 +214,23 @@ def evaluate_loss(model: GPT, tokenizer: Tokenizer, ds: TokenDataset, rt: Runtim
     loss = nats / ntokens
     return {"loss": loss, "ppl": math.exp(loss), "bpb": text_nats / math.log(2) / nbytes if nbytes else None,
             "tokens": int(ntokens), "bytes": int(nbytes)}
+
+
+def conversation_windows(ds: TokenDataset, block: int, predicted: int) -> np.ndarray:
+    """Where --task loss's windows start on a chat dataset, as training's validation windows do: at a
+    conversation's start (its <|endoftext|>), so that every reply is predicted after its question. Each window
+    holds the conversations that fit whole in block_size tokens after its start and the next begins with the
+    first that does not; a conversation longer than block_size goes on in the next window, from where this one
+    ends. The windows tile the first `predicted` + 1 tokens."""
+    eot = ds.meta.get("eot_id")
+    found = [np.flatnonzero(np.asarray(shard) == eot) + offset for offset, shard in zip(ds.offsets, ds.shards)]
+    conversations = np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+    starts = [0]
+    while starts[-1] + block < predicted:
+        end = starts[-1] + block  # the window predicts the tokens after starts[-1] up to end
+        j = int(np.searchsorted(conversations, end, side="right")) - 1  # the last conversation starting by then
+        starts.append(int(conversations[j]) if j >= 0 and conversations[j] > starts[-1] else end)
+    return np.array(starts, dtype=np.int64)
 
 
 def loss_dataset(settings: dict, what: str) -> str:

@@ -343,8 +343,8 @@ def test_loss_errors_are_one_line(capsys, tmp_path, char_dataset):
 
 
 def test_loss_on_a_chat_dataset_is_the_answers_loss_as_training_logs_it(capsys, tmp_path, char_dataset):
-    """On a chat dataset --task loss counts the assistant's replies (the tokens its loss mask trains), as
-    training's loss, and says so; --loss_on=all counts every token. A preference dataset is refused in one
+    """On a chat dataset --task loss counts the assistant's replies (the tokens its loss mask trains) in windows
+    that start at conversations, as training's loss, and says so; --loss_on=all counts every token. A preference dataset is refused in one
     line pointing to --task preference; nanoGPT's --out_dir names the checkpoint as --ckpt does."""
     rng = random.Random(0)
     words = dpo_rule.made_up_words(300, rng)
@@ -357,14 +357,32 @@ def test_loss_on_a_chat_dataset_is_the_answers_loss_as_training_logs_it(capsys, 
     data = tmp_path / "sft"
     ckpt = char_checkpoint(tmp_path / "out", data, block_size=40, settings={"dataset": str(data)})
     val = TokenDataset(data, "val")
-    tokens = val.window(0, len(val))
-    trained = torch.from_numpy(val.masks.window(0, len(val))[1:] != 0)
-    losses = direct_losses(load_char_model(ckpt), tokens)
+    tokens, mask = val.window(0, len(val)), val.masks.window(0, len(val))
+    trained = torch.from_numpy(mask[1:] != 0)
+    model = load_char_model(ckpt)
+    losses = direct_losses(model, tokens)
     assert 0 < trained.sum() < len(trained)  # the prompts are context, the replies trained
 
+    # The answers are predicted in windows that start where conversations start, as in training: by hand,
+    # whole conversations packed into the model's 40 tokens (each conversation is shorter here).
+    starts = sorted({0, *np.flatnonzero(tokens == read_meta(data)["eot_id"]).tolist()})
+    ends = starts[1:] + [len(tokens) - 1]  # each conversation's last target
+    assert all(e - b <= 40 for b, e in zip(starts, ends))
+    nats, answer_tokens, k = 0.0, 0, 0
+    while k < len(starts):
+        m = k
+        while m + 1 < len(starts) and ends[m + 1] - starts[k] <= 40:
+            m += 1
+        chunk = torch.from_numpy(tokens[starts[k] : ends[m] + 1].astype(np.int64))
+        with torch.no_grad():
+            window = F.cross_entropy(model.head(model.hidden_states(chunk[None, :-1]))[0], chunk[1:], reduction="none")
+        counted = torch.from_numpy(mask[starts[k] + 1 : ends[m] + 1] != 0)
+        nats, answer_tokens, k = nats + window[counted].double().sum().item(), answer_tokens + int(counted.sum()), m + 1
     answers = run_eval(capsys, "--ckpt", ckpt, "--task=loss", "--batch_size=3", err=True)
-    assert answers["loss_on"] == "answers" and answers["tokens"] == trained.sum()
-    assert answers["loss"] == pytest.approx(losses[trained].mean().item(), rel=1e-6)
+    assert answers["loss_on"] == "answers" and answers["tokens"] == trained.sum() == answer_tokens
+    assert answers["loss"] == pytest.approx(nats / answer_tokens, rel=1e-6)
+    assert answers["loss"] != pytest.approx(losses[trained].mean().item(), rel=1e-6)  # not the plain windows'
+
     assert "val: answer loss (the assistant's replies, as training's; --loss_on=all for every token)" in answers["err"]
     every = run_eval(capsys, "--ckpt", ckpt, "--task=loss", "--loss_on=all", err=True)
     assert every["loss_on"] == "all" and every["tokens"] == len(tokens) - 1
