@@ -13,20 +13,28 @@ with the results (`... | tail -n 1 | jq .acc_norm`). Every bad input ends in a o
   cached and what happens to contexts longer than the model's); --input PATH reads a local copy instead.
   Result: {"task", "n", "acc", "acc_norm"}.
 --task loss: the split in contiguous windows of the model's block_size that do not overlap, so every token but
-  the first is predicted exactly once: {"task", "dataset", "split", "loss", "ppl", "bpb", "tokens", "bytes"}.
-  The dataset is --dataset, by default the one the checkpoint's run trained on (GPT-2's weights record none).
-  --limit N reads the first N windows (as for HellaSwag, the first N items), --limit_tokens N the first N tokens.
-  loss is the mean cross-entropy in nats over the `tokens` predicted tokens and ppl = exp(loss). bpb, bits per
-  byte, is their total loss / ln 2 / the `bytes` of UTF-8 text they stand for: a tokenizer with longer tokens
-  predicts fewer of them, so bpb (unlike loss) compares models with different tokenizers. End-of-text tokens
-  stand for no text: they count in loss, but neither their loss nor any byte counts in bpb.
+  the first is predicted exactly once: {"task", "dataset", "split", "loss_on", "loss", "ppl", "bpb", "tokens",
+  "bytes"}. The dataset is --dataset, by default the one the checkpoint's run trained on (GPT-2's weights
+  record none). --limit N reads the first N windows (as for HellaSwag, the first N items), --limit_tokens N the
+  first N tokens. loss is the mean cross-entropy in nats over the `tokens` counted and ppl = exp(loss). Which
+  tokens count (loss_on): on a chat dataset (prepare/chat.py) the assistant's replies, as its training logged
+  ("answers"; the windows then start where conversations start, as training's do, so that a reply is predicted
+  after its question), or with --loss_on=all every token, the prompts and the template's markers too; on other
+  text, every token. bpb,
+  bits per byte, is their total loss / ln 2 / the `bytes` of UTF-8 text they stand for: a tokenizer with
+  longer tokens predicts fewer of them, so bpb (unlike loss) compares models with different tokenizers.
+  End-of-text tokens stand for no text: they count in loss, but neither their loss nor any byte counts in bpb.
+  A preference dataset's pairs are scored by --task preference.
 --task preference: the pairs of a preference dataset (prepare/preference.py), each scored once:
-  {"task", "dataset", "split", "against", "pairs", "accuracy", "margin", "chosen_logp", "rejected_logp"}.
-  accuracy is the share of pairs whose chosen reply the model prefers and margin its mean lead in nats: by
-  log-probability, margin = log p(chosen) - log p(rejected), or with --reference CKPT (the model it was tuned
-  from) by DPO's implicit reward, margin = the chosen reply's log-probability gain over the reference minus the
-  rejected one's ("against" says which). chosen_logp and rejected_logp are the replies' mean log-probabilities,
-  so base, SFT and DPO models can be compared on the same pairs (gptkit/dpo.py's score_pairs).
+  {"task", "dataset", "split", "against", "pairs", "accuracy", "ties", "margin_nats", "chosen_logp",
+  "rejected_logp"}. margin_nats is the model's mean lead of the chosen reply in nats: by log-probability,
+  log p(chosen) - log p(rejected), or with --reference CKPT (the model it was tuned from) by DPO's implicit
+  reward over beta, the chosen reply's log-probability gain over the reference minus the rejected one's
+  ("against" says which; training's log has reward_margin = dpo_beta x this). A pair whose margin is exactly 0
+  is a tie (the reference against itself ties all): accuracy is the share of the other pairs whose chosen reply
+  the model prefers (null when all tie), ties the tied share. chosen_logp and rejected_logp are the replies'
+  mean log-probabilities, so base, SFT and DPO models can be compared on the same pairs (gptkit/dpo.py's
+  score_pairs).
 
 Under torchrun the items (windows) are split over the processes and the counts (sums) added up.
 """
@@ -49,7 +57,7 @@ from tqdm import tqdm
 from gptkit import cli, dpo, hellaswag
 from gptkit.checkpoint import load_model, load_model_and_settings
 from gptkit.config import InferenceSettings
-from gptkit.options import ConfigError, load_config, setting
+from gptkit.options import Alias, ConfigError, load_config, setting
 from gptkit.preference import Pairs
 from gptkit.runtime import Dist, Runtime, distributed, resolve_compile
 from gptkit.shards import TokenDataset, require_dataset
@@ -86,6 +94,9 @@ class EvalConfig(InferenceSettings):
     data_root: str = setting("data", "loss, preference: folder holding the prepared datasets")
     split: str = setting("val", "loss, preference: the split to evaluate", ("train", "val"))
     limit_tokens: int = setting(0, "loss: predict only the first N tokens of the split (0 = all)")
+    loss_on: str = setting("auto", "loss: the tokens whose loss counts. auto: a chat dataset's answers (the "
+                                   "assistant's replies, as training's loss), else all; answers; all (every "
+                                   "token, prompts and template markers too)", ("auto", "answers", "all"))
     # --task preference
     reference: str = setting("", "preference: a checkpoint (the model tuned from) to score against; '' = by the "
                                  "model's own log-probabilities")
@@ -93,6 +104,9 @@ class EvalConfig(InferenceSettings):
     batch_size: int = setting(16, "HellaSwag items (4 sequences each), loss windows or preference pairs per forward "
                                   "pass")
     compile: bool | None = setting(None, "torch.compile the model's forward: True, False or auto (None: on for CUDA)")
+    # nanoGPT's spelling of the run's folder, as sample.py takes it
+    ALIASES_TITLE = "nanoGPT's spellings"
+    ALIASES = {"out_dir": Alias("ckpt", "the run's folder (its best.pt or last.pt, or nanoGPT's ckpt.pt)")}
 
     def validate(self) -> None:
         super().validate()  # what to load
@@ -106,6 +120,8 @@ class EvalConfig(InferenceSettings):
                               "(a prepared one with their tokenizer, e.g. --dataset shakespeare)")
         if self.task == "hellaswag" and self.dataset:
             raise ConfigError("--dataset is for --task loss; HellaSwag brings its own items")
+        if self.task != "loss" and self.loss_on != "auto":
+            raise ConfigError(f"--loss_on is for --task loss, not --task {self.task}")
 
 
 # ----------------------------------------------------------------------------- --task loss
@@ -138,39 +154,83 @@ def window_losses(model: GPT, x: torch.Tensor, y: torch.Tensor, rt: Runtime, hid
     return out
 
 
+def loss_tokens(ds: TokenDataset, asked: str, label: str = "") -> str:
+    """Which tokens --task loss counts on this dataset: "answers" (a chat dataset's trained tokens, by its loss
+    mask: what its training's loss is over) or "all"; asked: --loss_on; label: the dataset as the user named it."""
+    if "preference" in ds.meta:
+        raise EvalError(f"{ds.data_dir} holds preference pairs (prepare/preference.py), not text to predict; "
+                        f"score them with --task preference --dataset {label or ds.data_dir}")
+    chat = ds.meta.get("chat") or {}
+    has_answers = ds.masks is not None and chat.get("train_on") != "all"
+    if asked == "answers" and not has_answers:
+        raise EvalError(f"--loss_on=answers needs a chat dataset that trains on the assistant's replies "
+                        f"(prepare/chat.py), and {ds.data_dir} has none; use --loss_on=all")
+    return "answers" if has_answers and asked != "all" else "all"
+
+
 @torch.no_grad()
 def evaluate_loss(model: GPT, tokenizer: Tokenizer, ds: TokenDataset, rt: Runtime, d: Dist, *, limit_tokens: int = 0,
-                  batch_size: int = 16, hidden: Callable | None = None, progress: bool = False) -> dict:
-    """Loss, perplexity and bits per byte over the split (its first limit_tokens + 1 tokens when limited)."""
+                  batch_size: int = 16, hidden: Callable | None = None, progress: bool = False,
+                  loss_on: str = "all") -> dict:
+    """Loss, perplexity and bits per byte over the split (its first limit_tokens + 1 tokens when limited), of
+    every predicted token (loss_on="all") or of a chat dataset's answers alone (those its loss mask trains)."""
     hidden = hidden or model.hidden_states
     block = model.config.block_size
     predicted = len(ds) - 1 if not limit_tokens else min(len(ds) - 1, limit_tokens)
     if predicted < 1:
         raise EvalError(f"the {ds.split} split of {ds.data_dir} has fewer than 2 tokens: nothing to predict")
-    # Window i reads tokens [i * block, i * block + block) and predicts the next token at each position.
-    starts = np.arange(0, predicted, block)[d.rank :: d.world_size]
-    full, last = starts[starts + block <= predicted], starts[starts + block > predicted]  # last: 0 or 1 window
-    batches = [(full[i : i + batch_size], block) for i in range(0, len(full), batch_size)]
-    batches += [(last, predicted - int(last[0]))] if len(last) else []
+    # Window i reads block tokens from starts[i] and predicts the next token at each position, counting the first
+    # counts[i] of them: the windows tile the split, every token but the first predicted once.
+    starts = conversation_windows(ds, block, predicted) if loss_on == "answers" else np.arange(0, predicted, block)
+    counts = np.minimum(np.append(starts[1:], predicted) - starts, block)
+    starts, counts = starts[d.rank :: d.world_size], counts[d.rank :: d.world_size]
+    full = starts + block <= predicted  # all but the last window, which reads only what it counts
+    batches = [(starts[full][i : i + batch_size], counts[full][i : i + batch_size], block)
+               for i in range(0, int(full.sum()), batch_size)]
+    batches += [(starts[~full], counts[~full], int(counts[~full][0]))] if (~full).any() else []
     byte_len = torch.from_numpy(tokenizer.token_bytes()).to(rt.device)
-    sums = np.zeros(4)  # nats (all tokens), nats of the tokens that stand for text, bytes, tokens
-    with tqdm(total=sum(len(s) for s, _ in batches), desc="loss", unit="window", disable=not progress) as bar:
-        for batch_starts, length in batches:
+    sums = np.zeros(4)  # nats (the counted tokens), nats of those that stand for text, bytes, tokens
+    with tqdm(total=len(starts), desc="loss", unit="window", disable=not progress) as bar:
+        for batch_starts, batch_counts, length in batches:
             tokens = torch.from_numpy(ds.windows(batch_starts, length + 1)).to(rt.device)
             x, y = tokens[:, :-1], tokens[:, 1:]
             losses = window_losses(model, x, y, rt, hidden)
-            nbytes = byte_len[y.flatten()]
+            counted = np.arange(length)[None, :] < batch_counts[:, None]
+            if loss_on == "answers":  # the targets the loss mask trains
+                counted &= ds.masks.windows(batch_starts, length + 1)[:, 1:] != 0
+            counted = torch.from_numpy(counted).to(rt.device).flatten()
+            losses, nbytes = losses[counted], byte_len[y.flatten()][counted]
             sums += [losses.double().sum().item(), losses[nbytes > 0].double().sum().item(),
-                     nbytes.sum().item(), y.numel()]
+                     nbytes.sum().item(), len(losses)]
             bar.update(len(batch_starts))
     if d.enabled:
         total = torch.tensor(sums, dtype=torch.float64, device=rt.device)
         dist.all_reduce(total)
         sums = total.cpu().numpy()
     nats, text_nats, nbytes, ntokens = sums
+    if not ntokens:
+        raise EvalError(f"the tokens read of the {ds.split} split of {ds.data_dir} hold no answer to score; read "
+                        f"more of it (--limit, --limit_tokens) or use --loss_on=all")
     loss = nats / ntokens
     return {"loss": loss, "ppl": math.exp(loss), "bpb": text_nats / math.log(2) / nbytes if nbytes else None,
             "tokens": int(ntokens), "bytes": int(nbytes)}
+
+
+def conversation_windows(ds: TokenDataset, block: int, predicted: int) -> np.ndarray:
+    """Where --task loss's windows start on a chat dataset, as training's validation windows do: at a
+    conversation's start (its <|endoftext|>), so that every reply is predicted after its question. Each window
+    holds the conversations that fit whole in block_size tokens after its start and the next begins with the
+    first that does not; a conversation longer than block_size goes on in the next window, from where this one
+    ends. The windows tile the first `predicted` + 1 tokens."""
+    eot = ds.meta.get("eot_id")
+    found = [np.flatnonzero(np.asarray(shard) == eot) + offset for offset, shard in zip(ds.offsets, ds.shards)]
+    conversations = np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+    starts = [0]
+    while starts[-1] + block < predicted:
+        end = starts[-1] + block  # the window predicts the tokens after starts[-1] up to end
+        j = int(np.searchsorted(conversations, end, side="right")) - 1  # the last conversation starting by then
+        starts.append(int(conversations[j]) if j >= 0 and conversations[j] > starts[-1] else end)
+    return np.array(starts, dtype=np.int64)
 
 
 def loss_dataset(settings: dict, what: str) -> str:
@@ -206,6 +266,15 @@ def preference_inputs(cfg: EvalConfig, tokenizer: Tokenizer) -> tuple[GPT | None
     return reference, str(data)
 
 
+def describe_accuracy(scores: dict) -> str:
+    """The accuracy for the summary line, with the ties apart: "n/a (every pair tied)" when there is none."""
+    ties = round(scores["ties"] * scores["pairs"])
+    if scores["accuracy"] is None:
+        return "n/a (every pair tied: margin 0)"
+    return f"{scores['accuracy']:.4f}" + (f" of the {scores['pairs'] - ties:,} pairs not tied ({ties:,} tied)"
+                                          if ties else "")
+
+
 # ----------------------------------------------------------------------------- the script
 
 
@@ -224,6 +293,7 @@ def run(cfg: EvalConfig, d: Dist, rt: Runtime, err=None, threads: Threads | None
     else:
         dataset = cfg.dataset or loss_dataset(settings, what)
         ds = TokenDataset(require_dataset(dataset, cfg.data_root), cfg.split)
+        loss_on = loss_tokens(ds, cfg.loss_on, dataset)
         check_same_tokenizer(tokenizer, ds, dataset)
     model.to(rt.device)
     use_compile, why = resolve_compile(cfg.compile, rt.device)
@@ -247,18 +317,24 @@ def run(cfg: EvalConfig, d: Dist, rt: Runtime, err=None, threads: Threads | None
                                              progress=bar.update)
         against = f"reference {cfg.reference}" if reference is not None else "none (the model's log-probabilities)"
         result = {"task": "preference", "dataset": cfg.dataset, "split": cfg.split, "against": against, **scores}
-        log(f"{cfg.dataset} {cfg.split}: accuracy {scores['accuracy']:.4f}, margin {scores['margin']:.3f} nats over "
-            f"{scores['pairs']:,} pairs, against {against}; chosen log-prob {scores['chosen_logp']:.3f}, rejected "
-            f"{scores['rejected_logp']:.3f} ({time.perf_counter() - started:.1f} s)")
+        log(f"{cfg.dataset} {cfg.split}: accuracy {describe_accuracy(scores)}, margin {scores['margin_nats']:.3f} "
+            f"nats (not beta-scaled) over {scores['pairs']:,} pairs, against {against}; chosen log-prob "
+            f"{scores['chosen_logp']:.3f}, rejected {scores['rejected_logp']:.3f} "
+            f"({time.perf_counter() - started:.1f} s)")
     else:
         scores = evaluate_loss(model, tokenizer, ds, rt, d, limit_tokens=loss_limit(cfg, model.config.block_size),
-                               batch_size=cfg.batch_size, hidden=hidden, progress=d.master)
+                               batch_size=cfg.batch_size, hidden=hidden, progress=d.master, loss_on=loss_on)
         seconds = time.perf_counter() - started
-        result = {"task": "loss", "dataset": dataset, "split": cfg.split, **scores}
+        result = {"task": "loss", "dataset": dataset, "split": cfg.split, "loss_on": loss_on, **scores}
         bpb = "n/a" if scores["bpb"] is None else f"{scores['bpb']:.4f}"
-        log(f"{dataset} {cfg.split}: loss {scores['loss']:.4f}, ppl {scores['ppl']:.2f}, bpb {bpb} over "
-            f"{scores['tokens']:,} tokens / {scores['bytes']:,} bytes ({seconds:.1f} s, "
-            f"{scores['tokens'] / seconds:,.0f} tokens/s)")
+        what = "loss"
+        if loss_on == "answers":
+            what = "answer loss (the assistant's replies, as training's; --loss_on=all for every token)"
+        elif loss_tokens(ds, "auto") == "answers":
+            what = "loss over all tokens (training's is over the answers: --loss_on=answers)"
+        log(f"{dataset} {cfg.split}: {what} {scores['loss']:.4f}, ppl {scores['ppl']:.2f}, bpb {bpb} over "
+            f"{scores['tokens']:,} {'answer ' if loss_on == 'answers' else ''}tokens / {scores['bytes']:,} bytes "
+            f"({seconds:.1f} s, {scores['tokens'] / seconds:,.0f} tokens/s)")
     return result
 
 

@@ -49,6 +49,7 @@ from gptkit.chat import ChatError, ChatTokens
 from gptkit.config import DecodeSettings
 from gptkit.inference import setup_inference
 from gptkit.options import ConfigError, load_config, setting
+from gptkit.serving.access import is_unspecified
 from gptkit.serving.engine import Engine
 
 
@@ -201,6 +202,7 @@ def main(argv: list[str] | None = None) -> None:
 def run(cfg: ServeConfig, sock: socket.socket) -> None:
     """Load the model, serve it on `sock` until a signal, finish the replies in flight."""
     from gptkit.serving.access import Policy, is_loopback
+    from gptkit.serving.prefix_cache import check_bound
     from gptkit.serving.routes import create_app  # here, after check_packages: it needs Starlette
 
     # Decoding on the CPU, the engine's thread is to be the only one with several of torch's threads (Engine
@@ -212,6 +214,8 @@ def run(cfg: ServeConfig, sock: socket.socket) -> None:
     params = model.num_params(non_embedding=False)  # all of them, as train.py and --plan count (before place():
     # packed weights are buffers, not parameters)
     inference.place(model)  # the weights themselves, as sample.py: decoding reads them
+    if cfg.prefix_cache:  # (after the weights took their memory: what is left is what the cache may take)
+        check_bound(cfg.prefix_cache, inference.rt.device)
     engine = Engine(model, max_batch=cfg.max_batch, max_queue=cfg.max_queue, compile=cfg.compile,
                     threads=inference.n_threads,
                     prefix_cache=None if cfg.prefix_cache is None else cfg.prefix_cache * 2**20)
@@ -219,7 +223,7 @@ def run(cfg: ServeConfig, sock: socket.socket) -> None:
     policy = Policy.of(host, port, cfg.hosts(), cfg.origins(), cfg.key())
     app = create_app(engine, tokenizer, cfg.served_name(), policy)
     chat = "chat model" if _is_chat(tokenizer) else "text model (no chat tokens: /v1/completions only)"
-    shown = f"[{host}]" if ":" in host else host
+    shown, elsewhere = addresses(host)
     if engine.compiled:  # tens of seconds on a GPU: say so before the wait
         print(f"serve.py: compiling the decode step for {cfg.max_batch} rows...", file=sys.stderr,
               flush=True)
@@ -232,6 +236,9 @@ def run(cfg: ServeConfig, sock: socket.socket) -> None:
           f"{chat}; {inference.describe()}; max_batch {cfg.max_batch}, max_queue {cfg.max_queue}; "
           f"{engine.decode_mode}", file=sys.stderr)
     print(f"serve.py: {describe_prefix_cache(engine, cfg.prefix_cache)}", file=sys.stderr)
+    if elsewhere:
+        print(f"serve.py: listening on all interfaces ({cfg.host}): from other machines, http://{elsewhere}:{port}/",
+              file=sys.stderr)
     if not is_loopback(host) and not policy.api_key:
         print(f"serve.py: listening on {host}: reachable from other machines, with no API key (set --api_key)",
               file=sys.stderr)
@@ -254,6 +261,16 @@ def run(cfg: ServeConfig, sock: socket.socket) -> None:
     finally:
         engine.stop()
     print("serve.py: stopped", file=sys.stderr)
+
+
+def addresses(host: str) -> tuple[str, str]:
+    """(the host of the URLs to print, for this machine's browser and clients; the machine's name for other
+    machines' when the server listens on all interfaces, else ''). 0.0.0.0 and :: are where to listen, not
+    addresses a browser can open: on them the URLs say 127.0.0.1 (::1)."""
+    if is_unspecified(host):
+        local = "127.0.0.1" if ":" not in host else "[::1]"
+        return local, socket.gethostname()
+    return (f"[{host}]" if ":" in host else host), ""
 
 
 def describe_prefix_cache(engine: Engine, setting: int | None) -> str:

@@ -174,19 +174,24 @@ def train_and_compare(args, out: Path) -> None:
         print(f"{name}: {args.dpo_steps} steps in {seconds:.0f} s", flush=True)
 
     n_val = rows["SFT"][0]["pairs"]
-    print(f"\nthe val pairs ({n_val}, words never seen) by step, against the SFT model: accuracy (margin > 0), "
-          f"mean margin (beta x nats), chosen replies' mean log-prob")
+    print(f"\nthe val pairs ({n_val}, words never seen) by step, against the SFT model: accuracy (margin > 0, of "
+          f"the pairs not tied: n/a when all tie), mean margin (beta x nats), chosen replies' mean log-prob")
     print(f"{'step':>6}" + "".join(f"{name:>34}" for name in by_step))
     for step in sorted(next(iter(by_step.values()))):
         cells = [by_step[name].get(step) for name in by_step]
-        print(f"{step:>6}" + "".join(f"{m['val_accuracy']:>14.1%}{m['val_reward_margin']:>10.3f}"
+        print(f"{step:>6}" + "".join(f"{percent(m['val_accuracy']):>14}{m['val_reward_margin']:>10.3f}"
                                      f"{m['val_chosen_logp']:>10.2f}" if m else f"{'':>34}" for m in cells))
     print(f"\neach model alone on the val pairs (its own log-probabilities), and greedy chat replies to "
           f"{len(prompts)} prompts with unseen words")
     print(f"{'model':<24}{'accuracy':>10}{'margin':>10}{'chosen':>10}{'rejected':>10}{'rule followed':>15}")
     for name, (s, followed) in rows.items():
-        print(f"{name:<24}{s['accuracy']:>10.1%}{s['margin']:>10.3f}{s['chosen_logp']:>10.2f}"
+        print(f"{name:<24}{percent(s['accuracy']):>10}{s['margin_nats']:>10.3f}{s['chosen_logp']:>10.2f}"
               f"{s['rejected_logp']:>10.2f}{followed:>15.1%}")
+
+
+def percent(accuracy: float | None) -> str:
+    """An accuracy as a percentage, "n/a" where there is none (every pair tied)."""
+    return "n/a" if accuracy is None else f"{accuracy:.1%}"
 
 
 @cli.entry_point()

@@ -7,7 +7,10 @@ from its /metrics (hit rate, tokens reused, memory held).
     python benchmarks/serve_chat.py --n_layer 2 --turns 3                    # a rehearsal on a small CPU
     python benchmarks/serve_chat.py --clients 1,4 --turns 11 --rounds 3 \\
         --serve_args="--threads=2 --quantize=int8" --llama_type q8_0 \\
-        --llama_server /work/llama-native/bin/llama-server                   # the table in BENCHMARKS.md
+        --llama_server build/llama-native/bin/llama-server                   # the table in BENCHMARKS.md
+
+llama-server is built by `GGML_NATIVE=ON bash benchmarks/llama_server.sh build/llama-native`, which prints
+the binary's path (here, relative to the checkout).
 
 The model is benchmarks/serve_load.py's gpt2-random: GPT-2 small's shape (1,024 tokens of context) and
 vocabulary size with random weights, and a character tokenizer, so that a reply's text is exactly its tokens

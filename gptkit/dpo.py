@@ -30,9 +30,13 @@ chat replies 100% by the rule (BENCHMARKS.md, "Preference tuning"). The anchor k
 likely.
 
 What a step logs (`pair_metrics`, means over the pairs): DPO's loss; the implicit rewards chosen =
-beta (pi_c - ref_c) and rejected = beta (pi_r - ref_r); the reward margin, chosen - rejected; the accuracy,
-the share of pairs with margin > 0; pi_c and pi_r, to see that the chosen replies' log-probability does not
-collapse while the margin grows; and the chosen replies' NLL per token.
+beta (pi_c - ref_c) and rejected = beta (pi_r - ref_r), and the reward margin, chosen - rejected, all three in
+beta x nats (eval.py's margin is in nats: with the same reference it is reward_margin / beta); the accuracy,
+the share of the decided pairs (margin != 0) with margin > 0, and the ties, the share of pairs with margin
+exactly 0 (all of them at step 0, when the model is its reference: the accuracy is then NaN, "n/a" in the
+log, rather than a 0 that would read as every pair wrong); pi_c and pi_r, to see that the chosen replies'
+log-probability does not collapse while the margin grows; and the chosen replies' NLL per token.
+`pair_outcomes` counts the wins and ties for the log and for eval.py alike.
 
 The reference: the model the tuning starts from, its log-probabilities computed without dropout (eval mode).
 - With LoRA: the same model with its adapters off (`AdapterOffReference`, lora.adapters_off): no second copy
@@ -71,6 +75,9 @@ from gptkit.cli import UserError
 from gptkit.preference import PairBatch, Pairs, ValPairs
 
 LOSSES = ("sigmoid", "ipo")
+# What the log's DPO numbers are, said once when a run starts (train.py's "objective: DPO ..." line).
+DPO_LOG_UNITS = ("dpo: the log's rewards and reward_margin are in beta x nats (eval.py's margin_nats is in nats), accuracy is "
+                 "over the pairs not tied (n/a while all tie, as at step 0), ties their share")
 
 
 class DPOError(UserError):
@@ -125,13 +132,33 @@ def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_cho
     return losses, beta * chosen.detach(), beta * rejected.detach()
 
 
+def pair_outcomes(margin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(wins, ties) of the pairs' margins (B,), as 0-d float32 tensors: how many pairs the model orders right
+    (margin > 0) and how many it leaves undecided (margin exactly 0: the model is its reference, at a run's
+    first step; or the pair's replies score alike). The rest it orders wrong. The one count behind the log's
+    accuracy and eval.py's."""
+    return (margin > 0).sum().float(), (margin == 0).sum().float()
+
+
+def accuracy_of(wins, ties, pairs):
+    """The share of the decided pairs (not tied) that were won: wins / (pairs - ties); NaN (a tensor) or None
+    (numbers) when every pair tied, where no accuracy exists (0 would read as every pair ordered wrong)."""
+    if isinstance(wins, torch.Tensor):
+        return wins / (pairs - ties)  # 0 / 0 = NaN, without reading the device
+    return wins / (pairs - ties) if pairs > ties else None
+
+
 def pair_metrics(losses: torch.Tensor, chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor,
                  policy_chosen: torch.Tensor, policy_rejected: torch.Tensor) -> dict[str, torch.Tensor]:
     """The means over the pairs a step logs, as 0-d float32 tensors (reading one syncs the device: the caller
-    decides when). `dpo_loss` is DPO's alone, without the NLL anchor (the step's loss has it)."""
+    decides when). `dpo_loss` is DPO's alone, without the NLL anchor (the step's loss has it); `accuracy` is
+    over the decided pairs (NaN when all tie: DPOObjective.metric_over says so to the evaluation, which weighs
+    it by them), `ties` the share of tied pairs."""
     margin = chosen_rewards - rejected_rewards
+    wins, ties = pair_outcomes(margin)
+    B = len(margin)
     return {"dpo_loss": losses.detach().mean(), "reward_margin": margin.mean(), "chosen_reward": chosen_rewards.mean(),
-            "rejected_reward": rejected_rewards.mean(), "accuracy": (margin > 0).float().mean(),
+            "rejected_reward": rejected_rewards.mean(), "accuracy": accuracy_of(wins, ties, B), "ties": ties / B,
             "chosen_logp": policy_chosen.detach().mean(), "rejected_logp": policy_rejected.detach().mean()}
 
 
@@ -271,8 +298,11 @@ class DPOObjective:
     settings: DPOSettings
     reference: Any  # AdapterOffReference or PrecomputedReference
     # the metrics each call returns (pair_metrics' and the NLL), the same whatever the batch
-    metric_names = ("dpo_loss", "reward_margin", "chosen_reward", "rejected_reward", "accuracy", "chosen_logp",
-                    "rejected_logp", "nll")
+    metric_names = ("dpo_loss", "reward_margin", "chosen_reward", "rejected_reward", "accuracy", "ties",
+                    "chosen_logp", "rejected_logp", "nll")
+    # metrics that are means over a part of the pairs, and that part's share of them: the evaluation weighs
+    # each batch's accuracy by its decided pairs (gptkit/evaluation.py), so the mean is wins / decided pairs
+    metric_over = {"accuracy": lambda metrics: 1 - metrics["ties"]}
 
     def __call__(self, model: nn.Module, batch: PairBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return dpo_microbatch(model, batch, self.reference, self.settings)
@@ -286,31 +316,33 @@ class DPOObjective:
 def score_pairs(model: nn.Module, batches: Iterable[PairBatch], *, reference: nn.Module | None = None,
                 autocast: Callable[[], Any] = contextlib.nullcontext, world_size: int = 1,
                 progress: Callable[[int], None] | None = None) -> dict[str, Any]:
-    """How a model orders the pairs: accuracy, the share of pairs whose chosen reply it prefers, and the mean
-    margin, in nats. Without a reference it prefers the reply of higher log-probability, margin = pi_c - pi_r;
-    with one, the reply whose log-probability rose more (or fell less) from the reference's: DPO's implicit
-    reward, margin = (pi_c - ref_c) - (pi_r - ref_r) (a tie, as the reference against itself, is not a win).
-    Also the mean log-probabilities of the chosen and the rejected replies. Under several processes pass each
-    its own batches and world_size: the sums are added across them."""
+    """How a model orders the pairs: accuracy, the share of the decided pairs (margin != 0) whose chosen reply
+    it prefers (None when every pair ties), ties, the share of pairs with margin exactly 0, and the mean
+    margin, in nats of log-probability (the training log's reward_margin is in beta x nats). Without a
+    reference it prefers the reply of higher log-probability, margin = pi_c - pi_r; with one, the reply whose
+    log-probability rose more (or fell less) from the reference's: DPO's implicit reward over beta, margin =
+    (pi_c - ref_c) - (pi_r - ref_r) (the reference against itself ties every pair). Also the mean
+    log-probabilities of the chosen and the rejected replies. Under several processes pass each its own
+    batches and world_size: the sums are added across them."""
     device = next(model.parameters()).device
-    sums = torch.zeros(5, dtype=torch.float64, device=device)  # pairs, wins, margin, chosen, rejected
+    sums = torch.zeros(6, dtype=torch.float64, device=device)  # pairs, wins, ties, margin, chosen, rejected
     for batch in batches:
         with autocast():
             policy = policy_logps(model, batch)
             ref = policy_logps(reference, batch) if reference is not None else torch.zeros_like(policy)
         B = len(batch)
         margin = (policy[:B] - ref[:B]) - (policy[B:] - ref[B:])
-        sums += torch.stack([torch.tensor(float(B), device=device), (margin > 0).sum(), margin.sum(),
+        sums += torch.stack([torch.tensor(float(B), device=device), *pair_outcomes(margin), margin.sum(),
                              policy[:B].sum(), policy[B:].sum()]).double()
         if progress is not None:
             progress(B)
     if world_size > 1:
         dist.all_reduce(sums)
-    n, wins, margin, chosen, rejected = sums.tolist()
+    n, wins, ties, margin, chosen, rejected = sums.tolist()
     if not n:
         raise DPOError("there are no pairs to score")
-    return {"pairs": int(n), "accuracy": wins / n, "margin": margin / n, "chosen_logp": chosen / n,
-            "rejected_logp": rejected / n}
+    return {"pairs": int(n), "accuracy": accuracy_of(wins, ties, n), "ties": ties / n, "margin_nats": margin / n,
+            "chosen_logp": chosen / n, "rejected_logp": rejected / n}
 
 
 def evaluate_preference(model: nn.Module, data_dir: str | os.PathLike, split: str, *, batch_size: int,

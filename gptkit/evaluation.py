@@ -38,13 +38,18 @@ def evaluate(model, batches: ValBatches | ValPairs, rt: Runtime, d: Dist, stop: 
     """The objective's mean loss over the fixed validation batches, and the means of its metrics ({} for the
     next-token loss), each rank taking its share; None when a stop signal cut it short on any rank (a preempted
     job has seconds, not the minutes an evaluation may take). Token windows count a batch each (all have the
-    same size); preference pairs count a pair each. A progress bar shows on a terminal when an evaluation takes
-    more than a few seconds. Under FSDP the model holds its whole weights meanwhile (parallel.gathered): its
-    forwards gather nothing, so the ranks' counts may differ."""
+    same size); preference pairs count a pair each, and a metric over a part of them (DPO's accuracy) the pairs
+    of that part. A progress bar shows on a terminal when an evaluation takes more than a few seconds. Under
+    FSDP the model holds its whole weights meanwhile (parallel.gathered): its forwards gather nothing, so the
+    ranks' counts may differ."""
     model.eval()
     names = objectives.metric_names(objective)
-    # [sum of losses, count, cut short, the sums of the metrics]
-    total = torch.zeros(3 + len(names), device=rt.device, dtype=torch.float64)
+    # A metric that is a mean over a part of a batch (DPO's accuracy, over the pairs not tied) is weighed by that
+    # part (the objective's metric_over: its share of the batch), so its mean is exact; NaN when no batch has any.
+    over = getattr(objective, "metric_over", {})
+    # [sum of losses, count, cut short, the sums of the metrics, the weights they are over]
+    total = torch.zeros(3 + 2 * len(names), device=rt.device, dtype=torch.float64)
+    k = len(names)
     quiet = not (d.master and sys.stdout.isatty())
     # not on a terminal (a log file, a pipe): plain lines instead of the bar, when it takes more than seconds
     lines = LineProgress("evaluating", len(batches), "batches") if quiet and d.master else None
@@ -60,7 +65,10 @@ def evaluate(model, batches: ValBatches | ValPairs, rt: Runtime, d: Dist, stop: 
             total[0] += loss.double() * n
             total[1] += n
             for j, name in enumerate(names):
-                total[3 + j] += metrics[name].double() * n
+                share = over[name](metrics).double() if name in over else total.new_ones(())
+                value = metrics[name].double() * share * n
+                total[3 + j] += torch.where(share > 0, value, 0.0)  # (a part of none is NaN, weighed 0)
+                total[3 + k + j] += share * n
             if lines is not None:
                 lines.update(i + 1)  # (on a GPU the batches are only queued: the lines show the host's pace)
     if d.enabled:
@@ -68,8 +76,9 @@ def evaluate(model, batches: ValBatches | ValPairs, rt: Runtime, d: Dist, stop: 
     model.train()
     if total[2]:
         return None
-    means = (total / total[1]).tolist()
-    return means[0], dict(zip(names, means[3:]))
+    sums = total.tolist()
+    means = [s / w if w else float("nan") for s, w in zip(sums[3 : 3 + k], sums[3 + k :])]
+    return sums[0] / sums[1], dict(zip(names, means))
 
 
 def load_hellaswag(cfg: TrainConfig, meta: dict, d: Dist) -> list[hellaswag.Encoded] | None:

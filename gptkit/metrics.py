@@ -8,7 +8,8 @@
 metrics.jsonl has one JSON object per line: training lines (step, loss, lr, grad_norm, the objective's own
 metrics if it has any, ms_per_step, tokens_per_s, mfu, peak_mem_mb, epoch) and evaluation lines (step, val_loss, best_val_loss, the
 objective's own metrics over the val set prefixed val_, and with hellaswag_interval set, hellaswag_acc and
-hellaswag_acc_norm). `python plot.py OUT_DIR` draws them. Every line
+hellaswag_acc_norm). A metric with no value that time (DPO's accuracy while every pair ties) is null there and
+"n/a" in the log. `python plot.py OUT_DIR` draws them. Every line
 also has elapsed_s: wall-clock seconds since `started` (train.py: the process start, so imports, CUDA's start
 and compilation count), evaluations included: the time to a loss as a user's clock reads it.
 MFU is the model's FLOPs per token (gptkit/plan.py's flops_per_token, the formula `train.py --plan` uses) times
@@ -18,6 +19,7 @@ tokens/s, over the GPU's peak from PEAK_FLOPS below.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import re
@@ -89,6 +91,12 @@ def format_duration(seconds: float) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
+def shown(value: float, spec: str) -> str:
+    """A metric in a log line: "n/a" for NaN (a metric with no value this time, as DPO's accuracy when every
+    pair ties)."""
+    return "n/a" if math.isnan(value) else format(value, spec)
+
+
 class Metrics:
     """Owns the run's record: appends to metrics.jsonl and W&B, prints the log lines, and times the steps.
 
@@ -148,11 +156,13 @@ class Metrics:
     def record(self, entry: dict) -> None:
         if not self.master:
             return
-        entry = {**entry, "elapsed_s": round(time.perf_counter() - self.created, 3)}
+        # A metric with no value (NaN: DPO's accuracy when every pair ties) is null, as JSON has no NaN.
+        entry = {**{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in entry.items()},
+                 "elapsed_s": round(time.perf_counter() - self.created, 3)}
         with open(self.path, "a") as f:
             f.write(json.dumps(entry) + "\n")
         if self.wandb_run is not None:
-            self.wandb_run.log({k: v for k, v in entry.items() if k != "step"}, step=entry["step"])
+            self.wandb_run.log({k: v for k, v in entry.items() if k != "step" and v is not None}, step=entry["step"])
 
     def log_eval(self, step: int, val_loss: float, best_val_loss: float, improved: bool,
                  extra: dict[str, float] | None = None) -> None:
@@ -161,7 +171,7 @@ class Metrics:
         self.step, self.last_line = step, time.perf_counter()
         self.record({"step": step, "val_loss": val_loss, "best_val_loss": best_val_loss, **self.tag, **extra})
         if self.master:
-            more = "".join(f" | {key} {value:.4f}" for key, value in extra.items())
+            more = "".join(f" | {key} {shown(value, '.4f')}" for key, value in extra.items())
             print(f"step {step}: val {self.label} {val_loss:.4f}" + (" (best so far)" if improved else "") + more,
                   flush=True)
 
@@ -184,7 +194,7 @@ class Metrics:
             median = statistics.median(self.recent_step_times)
             speed = (f"{rates['ms_per_step']:.1f} ms/step | {rates['tokens_per_s']:,.0f} tok/s | MFU {mfu} | "
                      f"ETA {format_duration(median * (self.max_iters - step))}")
-        own = "".join(f" | {name} {value:.4g}" for name, value in extra.items())
+        own = "".join(f" | {name} {shown(value, '.4g')}" for name, value in extra.items())
         print(f"step {step}/{self.max_iters} | {self.label} {loss:.4f} | lr {lr:.2e} | grad {grad_norm:.3f}{own} | "
               f"{speed} | mem {entry['peak_mem_mb']:,.0f} MB", flush=True)
         note = self._slowdown_note()

@@ -37,7 +37,7 @@ from tqdm import tqdm
 from gptkit import parallel
 from gptkit.cli import UserError
 from gptkit.config import TrainConfig, dpo_settings
-from gptkit.dpo import AdapterOffReference, DPOObjective, PrecomputedReference
+from gptkit.dpo import DPO_LOG_UNITS, AdapterOffReference, DPOObjective, PrecomputedReference
 from gptkit.loader import BatchLoader, ValBatches
 from gptkit.preference import PairLoader, Pairs, ValPairs, check_preference_dataset, is_preference_dataset
 from gptkit.runtime import Dist, Runtime
@@ -134,7 +134,7 @@ def make_objective(cfg: TrainConfig, raw_model: torch.nn.Module, loader, data_di
     anchor = f", + {settings.nll_weight:g} x the chosen replies' NLL per token" if settings.nll_weight else ""
     smoothing = f", label smoothing {settings.label_smoothing:g}" if settings.label_smoothing else ""
     line = (f"objective: DPO ({settings.loss} loss, beta {settings.beta:g}{smoothing}{anchor}) on pairs of "
-            f"{cfg.dataset}, against {against}")
+            f"{cfg.dataset}, against {against}\n{DPO_LOG_UNITS}")
     return DPOObjective(settings, reference), reference, line
 
 

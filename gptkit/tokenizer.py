@@ -26,6 +26,8 @@ against the hash, exactly as it would use the folder.
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -334,7 +336,26 @@ def _get_tiktoken(name: str) -> Any:
     except ValueError as e:  # unknown encoding name
         raise DataError(f"unknown tiktoken encoding {name!r} ({one_line(e)})") from None
     except Exception as e:  # the BPE files are downloaded on first use; offline that fails in various ways
+        cache = os.environ.get("TIKTOKEN_CACHE_DIR")
+        where = f"not in TIKTOKEN_CACHE_DIR={cache}" if cache else "no TIKTOKEN_CACHE_DIR set"
         raise DataError(
-            f"could not load tiktoken encoding {name!r} ({type(e).__name__}: {one_line(e)}); it is downloaded on "
-            "first use, so run once with network access or set TIKTOKEN_CACHE_DIR to a folder with the cached files"
+            f"could not download tiktoken's {name} BPE files ({download_failure(e)}; {where}); offline, set "
+            f"TIKTOKEN_CACHE_DIR to a folder that holds them, filled where there is network by: "
+            f"TIKTOKEN_CACHE_DIR=DIR python -c \"import tiktoken; tiktoken.get_encoding('{name}')\""
         ) from None
+
+
+def download_failure(e: BaseException) -> str:
+    """What matters of a failed download, in a few words: the host it could not reach and why (a network
+    library's message runs to hundreds of characters of nested exceptions)."""
+    text = one_line(e)
+    host = re.search(r"host='([^']+)'|https?://([^/:'\s]+)", text)
+    at = f" {host.group(1) or host.group(2)}" if host else ""
+    for words, why in ((("Failed to resolve", "Name or service not known", "name resolution", "getaddrinfo"),
+                        f"cannot resolve{at}: no network?"),
+                       (("timed out", "Timeout"), f"timed out reaching{at}"),
+                       (("Connection refused",), f"connection refused by{at}"),
+                       (("Network is unreachable",), f"network unreachable{at and ' for' + at}")):
+        if any(w in text for w in words):
+            return why
+    return f"{type(e).__name__}: {text[:120] + '...' if len(text) > 120 else text}"

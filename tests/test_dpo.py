@@ -25,7 +25,9 @@ from gptkit.dpo import (
     policy_logps,
     sequence_logps,
 )
+from gptkit.evaluation import evaluate
 from gptkit.preference import PairLoader, ValPairs
+from gptkit.runtime import Dist, Runtime
 from gptkit.shards import read_meta
 from model import GPT, GPTConfig
 from prepare import chat as prepare_chat
@@ -112,6 +114,36 @@ def test_loss_gradients_and_metrics_equal_a_direct_computation(pairs, settings):
     for key, value in direct.items():
         assert abs(metrics[key].item() - value.item()) < 1e-5, key
     assert 0 < metrics["accuracy"] < 1  # a mix of wins and losses, so the comparison means something
+
+
+def test_ties_are_counted_apart_from_the_accuracy_in_the_log_and_the_evaluation(pairs):
+    """A pair whose margin is exactly 0 is neither won nor lost: the accuracy is over the decided pairs, exact
+    over batches with different numbers of ties (the evaluation weighs each batch by its decided pairs), and
+    n/a when every pair ties (as at a run's first evaluation), never a 0 that reads as every pair wrong."""
+    vocab = read_meta(pairs)["vocab_size"]
+    model = tiny(vocab, 0).eval()
+    reference = PrecomputedReference.compute(model, pairs, block_size=BLOCK, batch_size=8, splits=("val",))
+    objective = DPOObjective(DPOSettings(beta=0.1), reference)
+    batches = ValPairs(pairs, "val", batch_size=8, block_size=BLOCK)
+    rt, d = Runtime(torch.device("cpu"), torch.float32), Dist()
+    loss, tied = evaluate(model, batches, rt, d, objective=objective)
+    assert loss == pytest.approx(math.log(2), abs=1e-6)  # the model is its reference: every pair ties
+    assert math.isnan(tied["accuracy"]) and tied["ties"] == 1 and tied["reward_margin"] == 0
+    n = reference.tables["val"].shape[0]
+    rng = random.Random(0)
+    # make some pairs won (the reference liked the chosen reply less) and some lost, more in the first batch
+    outcome = {i: rng.choice("wl") for i in rng.sample(range(8), 6) + rng.sample(range(8, n), 5)}
+    for i, o in outcome.items():
+        reference.tables["val"][i, 0] += -1.0 if o == "w" else 1.0
+    loss, mixed = evaluate(model, batches, rt, d, objective=objective)
+    wins = sum(o == "w" for o in outcome.values())
+    assert mixed["accuracy"] == pytest.approx(wins / len(outcome), abs=1e-6)  # wins over decided pairs
+    assert mixed["ties"] == pytest.approx(1 - len(outcome) / n, abs=1e-6)
+    batch = next(iter(batches))  # one micro-batch, as the training step logs it
+    _, metrics = objective(model, batch)
+    first = [outcome[i] for i in range(8) if i in outcome]
+    assert metrics["accuracy"].item() == pytest.approx(first.count("w") / len(first), abs=1e-6)
+    assert metrics["ties"].item() == pytest.approx(1 - len(first) / len(batch), abs=1e-6)
 
 
 def test_sequence_logps_counts_only_the_targets():
@@ -219,9 +251,11 @@ def test_bad_settings_are_one_line_errors(kwargs, words):
 # ----------------------------------------------------------------------------- eval.py --task preference
 
 
-def run_eval(capsys, *argv):
+def run_eval(capsys, *argv, err=False):
+    """eval.py's JSON result (and with err, its stderr under "stderr")."""
     eval_script.main([*map(str, argv), "--device=cpu", "--compile=False"])
-    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    said = capsys.readouterr()
+    return {**json.loads(said.out.strip().splitlines()[-1]), **({"stderr": said.err} if err else {})}
 
 
 def test_eval_scores_the_pairs_of_any_checkpoint(tmp_path, capsys):
@@ -253,8 +287,8 @@ def test_eval_scores_the_pairs_of_any_checkpoint(tmp_path, capsys):
     alone = run_eval(capsys, "--ckpt", tmp_path / "b", "--task=preference", "--dataset", data, "--batch_size=7")
     margin = pb[:B] - pb[B:]
     assert alone["pairs"] == B and alone["against"].startswith("none")
-    assert alone["accuracy"] * B == pytest.approx(int((margin > 0).sum()))
-    assert alone["margin"] == pytest.approx(margin.mean().item(), abs=1e-5)
+    assert alone["ties"] == 0 and alone["accuracy"] * B == pytest.approx(int((margin > 0).sum()))
+    assert alone["margin_nats"] == pytest.approx(margin.mean().item(), abs=1e-5)
     assert alone["chosen_logp"] == pytest.approx(pb[:B].mean().item(), abs=1e-5)
 
     against = run_eval(capsys, "--ckpt", tmp_path / "b", "--task=preference", "--dataset", data, "--reference",
@@ -262,10 +296,12 @@ def test_eval_scores_the_pairs_of_any_checkpoint(tmp_path, capsys):
     margin = (pb[:B] - pa[:B]) - (pb[B:] - pa[B:])
     assert against["against"] == f"reference {tmp_path / 'a'}"
     assert against["accuracy"] * B == pytest.approx(int((margin > 0).sum()))
-    assert against["margin"] == pytest.approx(margin.mean().item(), abs=1e-5) and against["margin"] != 0
+    assert against["margin_nats"] == pytest.approx(margin.mean().item(), abs=1e-5) and against["margin_nats"] != 0
     itself = run_eval(capsys, "--ckpt", tmp_path / "a", "--task=preference", "--dataset", data, "--reference",
-                      tmp_path / "a")
-    assert itself["margin"] == 0 and itself["accuracy"] == 0  # a tie is not a win
+                      tmp_path / "a", err=True)
+    # every pair ties: no accuracy (0 would read as every pair ordered wrong), and the summary says why
+    assert itself["margin_nats"] == 0 and itself["ties"] == 1 and itself["accuracy"] is None
+    assert "accuracy n/a (every pair tied: margin 0), margin 0.000 nats (not beta-scaled)" in itself["stderr"]
 
     for argv, words in ((["--dataset", tmp_path / "sft"], "not preference pairs"), ([], "--dataset"),
                         (["--dataset", data, "--split", "train", "--reference", tmp_path / "nope"], "nope")):

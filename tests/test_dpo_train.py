@@ -195,7 +195,11 @@ def test_the_log_evaluation_and_best_checkpoint(task, tmp_path, capsys):
     for m in evals:
         assert {"val_accuracy", "val_reward_margin", "val_dpo_loss", "val_chosen_logp"} <= set(m)
         assert m["val_loss"] == pytest.approx(m["val_dpo_loss"] + 0.3 * m["val_nll"], rel=1e-6)
-    assert evals[0]["val_dpo_loss"] == pytest.approx(math.log(2), abs=1e-5) and evals[0]["val_accuracy"] == 0
+    assert evals[0]["val_dpo_loss"] == pytest.approx(math.log(2), abs=1e-5)
+    # the model is its reference: every pair ties, and the accuracy is n/a (null), not 0 (every pair wrong)
+    assert evals[0]["val_accuracy"] is None and evals[0]["val_ties"] == 1
+    assert "| val_accuracy n/a | val_ties 1.0000 |" in said and "reward_margin are in beta x nats" in said
+    assert all(m["val_ties"] < 1 and 0 <= m["val_accuracy"] <= 1 for m in evals[1:])
     best = min((m for m in evals if m["step"] > 0), key=lambda m: m["val_loss"])
     assert load_checkpoint(out / "best.pt")["step"] == best["step"]
 
@@ -286,9 +290,10 @@ def test_two_processes_train_as_one(task, tmp_path, over, parallel):
     a, b = metrics(one), metrics(two)
     assert [m["step"] for m in a] == [m["step"] for m in b]
     for x, y in zip(a, b):
-        for key in ("loss", "val_loss", "reward_margin", "val_accuracy", "chosen_logp"):
-            if key in x:
-                assert y[key] == pytest.approx(x[key], rel=1e-4, abs=1e-5), (x["step"], key)
+        for key in ("loss", "val_loss", "reward_margin", "val_accuracy", "val_ties", "chosen_logp"):
+            if key in x:  # (val_accuracy is null at step 0 in both: every pair ties)
+                expected = None if x[key] is None else pytest.approx(x[key], rel=1e-4, abs=1e-5)
+                assert y[key] == expected, (x["step"], key)
 
 
 @pytest.mark.parametrize("dataset, over, words", [
@@ -355,7 +360,7 @@ def test_dpo_learns_its_pairs_and_chat_answers_by_the_rule(tmp_path, monkeypatch
     before, after = scores(sft), scores(dpo)
     assert before["pairs"] == after["pairs"] >= 50
     assert 0.3 < before["accuracy"] < 0.7  # the mark is a coin toss to the chat model
-    assert after["accuracy"] >= 0.9 and after["margin"] > 1.0
+    assert after["accuracy"] >= 0.9 and after["margin_nats"] > 1.0
     assert after["chosen_logp"] > before["chosen_logp"]  # the chosen replies stay likely (here: more so)
 
     rows = [json.loads(line) for line in (tmp_path / "pairs.jsonl").read_text().splitlines()]

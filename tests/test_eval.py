@@ -9,6 +9,7 @@ import io
 import json
 import math
 import os
+import random
 import subprocess
 import sys
 import urllib.error
@@ -22,12 +23,15 @@ from conftest import make_char_dataset, torch_threads, write_dataset
 
 import eval as eval_script
 import train
+from benchmarks import dpo_rule
 from gptkit import hellaswag
 from gptkit.checkpoint import save_checkpoint
 from gptkit.runtime import setup_runtime
-from gptkit.shards import make_meta, read_meta, shard_name, write_meta, write_shard
+from gptkit.shards import TokenDataset, make_meta, read_meta, shard_name, write_meta, write_shard
 from gptkit.tokenizer import Tokenizer
 from model import GPT, GPTConfig
+from prepare import chat as prepare_chat
+from prepare import preference
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = ("the man woman dog runs slowly into a kitchen and then picks up the ball while people watch from "
@@ -93,10 +97,11 @@ def hf_setup(tmp_path_factory, bpe):
     return hf, root / "hf", write_items(root / "items.jsonl", items), items
 
 
-def run_eval(capsys, *args) -> dict:
-    """eval.py in this process; its last stdout line, parsed."""
+def run_eval(capsys, *args, err: bool = False) -> dict:
+    """eval.py in this process; its last stdout line, parsed (and with err, its stderr under "err")."""
     eval_script.main(["--device=cpu", *map(str, args)])
-    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    said = capsys.readouterr()
+    return {**json.loads(said.out.strip().splitlines()[-1]), **({"err": said.err} if err else {})}
 
 
 def reference_scores(hf, items: list[dict], block_size: int) -> tuple[dict, list[list[float]], bool]:
@@ -335,6 +340,65 @@ def test_loss_errors_are_one_line(capsys, tmp_path, char_dataset):
     expect_error(capsys, ["--ckpt", ckpt, "--task=loss", "--dataset", other], "tokenized with", "the model")
     expect_error(capsys, ["--ckpt", ckpt, "--task=loss"], "--dataset", "records no dataset")
     expect_error(capsys, ["--ckpt", ckpt, "--task=loss", "--dataset", tmp_path / "missing"], "not found")
+
+
+def test_loss_on_a_chat_dataset_is_the_answers_loss_as_training_logs_it(capsys, tmp_path, char_dataset):
+    """On a chat dataset --task loss counts the assistant's replies (the tokens its loss mask trains) in windows
+    that start at conversations, as training's loss, and says so; --loss_on=all counts every token. A preference dataset is refused in one
+    line pointing to --task preference; nanoGPT's --out_dir names the checkpoint as --ckpt does."""
+    rng = random.Random(0)
+    words = dpo_rule.made_up_words(300, rng)
+    (tmp_path / "sft.jsonl").write_text("".join(json.dumps(dpo_rule.sft_conversation(w, rng)) + "\n"
+                                                for w in words[:200]))
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(dpo_rule.preference_pair(w, rng)) + "\n"
+                                                  for w in words[200:]))
+    prepare_chat.main(["--input", str(tmp_path / "sft.jsonl"), "--tokenizer", "char", "--block_size", "40",
+                       "--data_root", str(tmp_path), "--name", "sft"])
+    data = tmp_path / "sft"
+    ckpt = char_checkpoint(tmp_path / "out", data, block_size=40, settings={"dataset": str(data)})
+    val = TokenDataset(data, "val")
+    tokens, mask = val.window(0, len(val)), val.masks.window(0, len(val))
+    trained = torch.from_numpy(mask[1:] != 0)
+    model = load_char_model(ckpt)
+    losses = direct_losses(model, tokens)
+    assert 0 < trained.sum() < len(trained)  # the prompts are context, the replies trained
+
+    # The answers are predicted in windows that start where conversations start, as in training: by hand,
+    # whole conversations packed into the model's 40 tokens (each conversation is shorter here).
+    starts = sorted({0, *np.flatnonzero(tokens == read_meta(data)["eot_id"]).tolist()})
+    ends = starts[1:] + [len(tokens) - 1]  # each conversation's last target
+    assert all(e - b <= 40 for b, e in zip(starts, ends))
+    nats, answer_tokens, k = 0.0, 0, 0
+    while k < len(starts):
+        m = k
+        while m + 1 < len(starts) and ends[m + 1] - starts[k] <= 40:
+            m += 1
+        chunk = torch.from_numpy(tokens[starts[k] : ends[m] + 1].astype(np.int64))
+        with torch.no_grad():
+            window = F.cross_entropy(model.head(model.hidden_states(chunk[None, :-1]))[0], chunk[1:], reduction="none")
+        counted = torch.from_numpy(mask[starts[k] + 1 : ends[m] + 1] != 0)
+        nats, answer_tokens, k = nats + window[counted].double().sum().item(), answer_tokens + int(counted.sum()), m + 1
+    answers = run_eval(capsys, "--ckpt", ckpt, "--task=loss", "--batch_size=3", err=True)
+    assert answers["loss_on"] == "answers" and answers["tokens"] == trained.sum() == answer_tokens
+    assert answers["loss"] == pytest.approx(nats / answer_tokens, rel=1e-6)
+    assert answers["loss"] != pytest.approx(losses[trained].mean().item(), rel=1e-6)  # not the plain windows'
+
+    assert "val: answer loss (the assistant's replies, as training's; --loss_on=all for every token)" in answers["err"]
+    every = run_eval(capsys, "--ckpt", ckpt, "--task=loss", "--loss_on=all", err=True)
+    assert every["loss_on"] == "all" and every["tokens"] == len(tokens) - 1
+    assert every["loss"] == pytest.approx(losses.mean().item(), rel=1e-6) and every["loss"] != answers["loss"]
+    assert "loss over all tokens (training's is over the answers: --loss_on=answers)" in every["err"]
+    assert run_eval(capsys, "--out_dir", tmp_path / "out", "--task=loss", "--batch_size=3") == {
+        k: v for k, v in answers.items() if k != "err"}  # nanoGPT's spelling of the run's folder
+    expect_error(capsys, ["--ckpt", ckpt, "--task=loss", "--loss_on=answers", "--dataset", char_dataset],
+                 "--loss_on=answers needs a chat dataset", "--loss_on=all")
+
+    preference.main(["--input", str(tmp_path / "pairs.jsonl"), "--tokenizer", "char", "--block_size", "40",
+                     "--data_root", str(tmp_path), "--name", "pairs"])
+    expect_error(capsys, ["--ckpt", ckpt, "--task=loss", "--dataset", tmp_path / "pairs"],
+                 "holds preference pairs", f"--task preference --dataset {tmp_path / 'pairs'}")
+    expect_error(capsys, ["--ckpt", ckpt, "--task=preference", "--dataset", tmp_path / "pairs", "--loss_on=all"],
+                 "--loss_on is for --task loss")
 
 
 # ----------------------------------------------------------------------------- during training

@@ -22,7 +22,13 @@ import model as model_module
 from gptkit.cpu_decode import pack_for_cpu
 from gptkit.generate import SamplingOptions, candidates
 from gptkit.serving.engine import Engine, Finished, Request
-from gptkit.serving.prefix_cache import PrefixCache, token_bytes
+from gptkit.serving.prefix_cache import (
+    PrefixCache,
+    PrefixCacheError,
+    available_memory,
+    check_bound,
+    token_bytes,
+)
 from model import GPT, GPTConfig
 
 VOCAB = 300
@@ -485,3 +491,21 @@ def test_the_engine_counts_what_it_reused(model):
     p = engine.prefix
     assert (p.lookups, p.hits, p.prompt_tokens, p.reused_tokens) == (2, 1, 22, 10)
     assert p.tokens == 12 + 4 and p.bytes == 16 * p.token_bytes  # 10 + 2 fed back, and 2 + 2 more
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_a_bound_past_the_memory_available_is_refused_with_the_largest_that_fits(device):
+    """--prefix_cache in MiB: one that fits passes; one past the memory the cache could take (the GPU's free
+    memory, or the machine's available RAM) is a one-line error naming that memory and the largest that fits."""
+    device = torch.device(device)
+    available, what = available_memory(device)
+    check_bound(available // 2**20 // 2, device)  # half of what is free: no error
+    with pytest.raises(PrefixCacheError) as e:
+        check_bound(10**9, device)  # ~1 PiB
+    message = str(e.value)
+    assert "\n" not in message and message.startswith("--prefix_cache=1,000,000,000 MiB is more than the memory")
+    assert what in message and (device.type == "cpu") == ("of this machine's" in what)
+    if device.type == "cuda":
+        assert torch.cuda.get_device_name(device) in what
+    fits = int(message.split("the largest that fits is --prefix_cache=")[1].split()[0])
+    assert abs(fits - available // 2**20) < 1024  # (the free memory moves a little between the two readings)

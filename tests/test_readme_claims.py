@@ -1,6 +1,6 @@
 """What README.md says, checked against what the code does: the chat client's example fits the models the README
 builds, the set-up installs PyTorch's CPU wheel from PyTorch's index, which tokenizers carry the chat markers,
-and what Ctrl-C does in chat.py."""
+what Ctrl-C does in chat.py, and the `--plan` samples."""
 
 import ast
 import builtins
@@ -9,9 +9,11 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import needs_gpt2_bpe, torch_threads
 
 import chat
+import train
 from gptkit.chat import prompt_ids
 from gptkit.checkpoint import save_checkpoint
 from gptkit.options import read_config_file
@@ -67,6 +69,42 @@ def test_the_set_up_gives_pytorchs_cpu_index_and_ci_keeps_its_local_wheel():
     assert block.index("download.pytorch.org/whl/cpu") < block.index('pip install -e ".[dev]"')  # torch first
     ci = (REPO / ".ci" / "run").read_text()
     assert 'setup "$work/newest" 2.13.0' in ci and '"torch==$2"' in ci and "--index-url" not in ci
+
+
+def test_the_set_up_makes_an_environment_and_names_what_each_extra_adds():
+    """A virtual environment first; `pip install -e .` to use it, `.[serve]` for serve.py, `.[dev]` for the tests:
+    what the README says each extra adds is what pyproject.toml's extras hold."""
+    tomllib = pytest.importorskip("tomllib")
+    block = re.findall(r"```bash\n(.*?)```", section("Set up"), flags=re.S)[0]
+    order = [block.index(s) for s in ("python -m venv", "pip install -e .  ", 'pip install -e ".[serve]"',
+                                      'pip install -e ".[dev]"', "python -m pytest")]
+    assert order == sorted(order)
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    names = {k: {re.split(r"[\[<>=]", d)[0] for d in v} for k, v in extras.items()}
+    text = paragraph("Pick one of the three installs")
+    assert names["serve"] == {"starlette", "uvicorn", "pydantic"} and "`.[serve]` adds Starlette, uvicorn and pydantic" in text
+    assert names["serve"] <= names["dev"]  # "serve.py's packages"
+    said = {"pytest": "pytest", "pytest-xdist": "pytest-xdist", "ruff": "ruff", "transformers": "transformers",
+            "openai": "`openai` client", "lm-eval": "lm-evaluation-harness", "selenium": "selenium"}
+    assert names["dev"] - names["serve"] - {"setuptools"} == set(said) and all(w in text for w in said.values())
+    assert names["llama"] == {"llama-cpp-python"} and "`.[llama]` adds llama-cpp-python" in text
+
+
+def test_the_plan_samples_are_what_plan_prints_now(tmp_path, monkeypatch, capsys):
+    """The README's `--plan` output is the command's, run here, line for line but for the row of the CPU at
+    hand (its RAM and cores are this machine's). Run from a folder without prepared data, as the samples were."""
+    samples = re.findall(r"```\n(plan: train\.py .*?)```", README, flags=re.S)
+    assert len(samples) == 2
+    (tmp_path / "configs").symlink_to(REPO / "configs")
+    monkeypatch.chdir(tmp_path)
+
+    def lines(text: str) -> list[str]:
+        return [line for line in text.splitlines() if not line.startswith("  this CPU (")]
+
+    for sample in samples:
+        argv = sample.splitlines()[0].removeprefix("plan: train.py ").split()
+        train.main([*argv, "--plan"])
+        assert lines(capsys.readouterr().out) == lines(sample)
 
 
 def test_only_prepare_chat_py_adds_the_chat_markers_as_the_readme_says(tmp_path):

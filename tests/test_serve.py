@@ -28,6 +28,7 @@ import serve  # noqa: E402  (after the skips: the server's packages are optional
 from gptkit.chat import ChatTokens, prompt_ids  # noqa: E402
 from gptkit.checkpoint import save_checkpoint  # noqa: E402
 from gptkit.generate import SamplingOptions, generate  # noqa: E402
+from gptkit.runtime import ram  # noqa: E402
 from gptkit.serving.routes import Job, Pieces, Reply, ReplyText, _sse  # noqa: E402
 from gptkit.tokenizer import CHAT_SPECIALS, Tokenizer  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
@@ -735,6 +736,49 @@ def test_random_bodies_never_get_a_server_error(chat_server):
             assert set(r.json()["error"]) == {"message", "type", "param", "code"}, (body, r.text)
 
 
+def test_errors_say_what_was_sent_and_where_a_bound_comes_from(chat_server):
+    """A JSON number past a float's range (1e999) reads as Infinity: the error says so, not "got a number"
+    (NaN and Infinity themselves are not JSON, and are refused as such); n's bound is the replies the server
+    holds at once, its --max_batch and --max_queue, and says so."""
+    for sent, shown in (("1e999", "Infinity"), ("-1e999", "-Infinity")):
+        r = chat_server.post(COMPLETIONS, f'{{"prompt": "abc", "max_tokens": 2, "temperature": {sent}}}')
+        assert r.status_code == 400 and r.json()["error"]["param"] == "temperature"
+        assert r.json()["error"]["message"] == (f"temperature must be a finite number, got {shown} (a number "
+                                                f"beyond a float's range)")
+    r = chat_server.post(COMPLETIONS, '{"prompt": "abc", "max_tokens": 2, "temperature": NaN}')
+    assert r.status_code == 400 and "not valid JSON: NaN is not a JSON value" in r.json()["error"]["message"]
+    health = chat_server.health()
+    rows, queue_ = health["max_batch"], health["max_queue"]
+    held = f"the replies this server holds at once: {rows} decoding (its --max_batch) + {queue_} waiting (its --max_queue)"
+    r = chat_server.post(COMPLETIONS, {"prompt": "abc", "max_tokens": 2, "n": rows + queue_ + 1})
+    assert r.json()["error"]["message"] == f"n must be at most {rows + queue_}, {held}; got {rows + queue_ + 1}"
+    r = chat_server.post(COMPLETIONS, {"prompt": ["abc", "def"], "max_tokens": 2, "n": rows + queue_})
+    assert r.json()["error"]["message"] == (f"2 prompts times n={rows + queue_} is {2 * (rows + queue_)} replies, "
+                                            f"more than {rows + queue_}, {held}")
+
+
+def test_on_all_interfaces_the_printed_addresses_can_be_opened(text_ckpt):
+    """--host 0.0.0.0 is where to listen, not an address a browser opens: the lines say 127.0.0.1 for this
+    machine (the client below reaches the server there) and the machine's name for others."""
+    assert serve.addresses("0.0.0.0") == ("127.0.0.1", socket.gethostname())
+    assert serve.addresses("::") == ("[::1]", socket.gethostname())
+    assert serve.addresses("127.0.0.1") == ("127.0.0.1", "") and serve.addresses("::1") == ("[::1]", "")
+    # (with a host name allowed, so that Host headers are checked: the printed addresses pass, others not)
+    server = Server(text_ckpt, "--host=0.0.0.0", "--allowed_hosts=gptkit.test", key=KEY, env={"GPTKIT_API_KEY": KEY})
+    try:
+        server.ready()
+        assert server.url.startswith("http://127.0.0.1:") and "0.0.0.0:" not in "".join(server.stderr)
+        port = server.url.rsplit(":", 1)[1]
+        assert (f"serve.py: listening on all interfaces (0.0.0.0): from other machines, "
+                f"http://{socket.gethostname()}:{port}/\n") in server.stderr
+        assert server.client.completions.create(model=server.model, prompt="ab", max_tokens=2).choices[0].text
+        for host, status in ((f"{socket.gethostname()}:{port}", 200), (f"gptkit.test:{port}", 200),
+                             (f"rebound.test:{port}", 403)):
+            assert httpx.get(server.url + "/health", headers={"Host": host}, timeout=WAIT).status_code == status
+    finally:
+        server.stop()
+
+
 def test_the_openai_client_sees_the_errors(chat_server):
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         chat_server.client.completions.create(model="gpt-4", prompt="abc")
@@ -988,6 +1032,13 @@ def test_serve_errors_are_one_line(capsys, tmp_path, text_ckpt, monkeypatch):
     assert "not both" in error("--ckpt=a", "--init_from=gpt2")
     assert "max_batch" in error("--max_batch=0")
     assert "prefix_cache must be >= 0 MiB" in error("--prefix_cache=-1")
+    # more than the machine has (25 trillion tokens of GPT-2): refused after the model loads, with what fits
+    too_much = error(f"--ckpt={text_ckpt}", "--prefix_cache=99999999999")
+    total, available = ram()
+    fits = int(too_much.split("the largest that fits is --prefix_cache=")[1].split()[0])
+    assert "--prefix_cache=99,999,999,999 MiB is more than the memory the cache could take" in too_much
+    assert f"available of this machine's {total / 2**30:.1f} GiB" in too_much
+    assert 0 < fits <= total // 2**20 and abs(fits - available // 2**20) < 1024  # (the memory moves a little)
     assert "allowed_origins: 'localhost:3000' is not an origin" in error("--allowed_origins=localhost:3000")
     assert "allowed_hosts" in error("--allowed_hosts=http://a.test/")
     assert "does not exist" in error(f"--ckpt={tmp_path / 'nowhere'}", "--port=0")

@@ -530,3 +530,38 @@ def test_script_reads_a_hugging_face_dataset_up_to_max_chars(tmp_path, capsys, m
     with pytest.raises(SystemExit) as e:
         script.main(["--hf_dataset", "someone/texts", "--vocab_size", "400", "--name", "web"])
     assert "has no column 'text'" in str(e.value.code) and "body" in str(e.value.code)
+
+
+# What requests says when the BPE files cannot be downloaded (no DNS): 350 characters of nested exceptions.
+OFFLINE = ("HTTPSConnectionPool(host='openaipublic.blob.core.windows.net', port=443): Max retries exceeded with url: "
+           "/gpt-2/encodings/main/vocab.bpe (Caused by NameResolutionError(\"HTTPSConnection(host='openaipublic.blob"
+           ".core.windows.net', port=443): Failed to resolve 'openaipublic.blob.core.windows.net' ([Errno -2] Name "
+           "or service not known)\"))")
+
+
+@pytest.mark.parametrize("cause, said", [
+    (OFFLINE, "cannot resolve openaipublic.blob.core.windows.net: no network?"),
+    ("HTTPSConnectionPool(host='openaipublic.blob.core.windows.net', port=443): Read timed out. (read timeout=10)",
+     "timed out reaching openaipublic.blob.core.windows.net"),
+    ("something else entirely", "ConnectionError: something else entirely"),
+])
+def test_gpt2_bpe_offline_is_one_short_line_that_says_how_to_work_offline(monkeypatch, tmp_path, cause, said):
+    """Offline, the error says what failed in a few words (not the network library's nested exceptions) and how
+    to run without a network: TIKTOKEN_CACHE_DIR, and how to fill it."""
+    import requests
+    import tiktoken
+
+    def no_network(name):
+        raise requests.exceptions.ConnectionError(cause)
+
+    monkeypatch.setattr(tiktoken, "get_encoding", no_network)
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+    with pytest.raises(DataError) as e:
+        Tokenizer.tiktoken("gpt2")
+    message = str(e.value)
+    assert message == (f"could not download tiktoken's gpt2 BPE files ({said}; not in TIKTOKEN_CACHE_DIR={tmp_path}); "
+                       f"offline, set TIKTOKEN_CACHE_DIR to a folder that holds them, filled where there is network "
+                       f"by: TIKTOKEN_CACHE_DIR=DIR python -c \"import tiktoken; tiktoken.get_encoding('gpt2')\"")
+    monkeypatch.delenv("TIKTOKEN_CACHE_DIR")
+    with pytest.raises(DataError, match=r"; no TIKTOKEN_CACHE_DIR set\); offline, set TIKTOKEN_CACHE_DIR"):
+        Tokenizer.tiktoken("gpt2")

@@ -8,8 +8,9 @@ with a text/plain body) and make the server generate, and a page on a host name 
 127.0.0.1 (DNS rebinding) is same-origin with the server and reads the replies. So, in this order:
 
     Host      when listening on a loopback address (or when --allowed_hosts names any), the Host header must be
-              the address listened on (127.0.0.1:PORT, localhost:PORT, [::1]:PORT) or a name allowed: a
-              rebound name is refused (403)
+              the address listened on (127.0.0.1:PORT, localhost:PORT, [::1]:PORT; on every interface, 0.0.0.0,
+              those and the machine's name too, as serve.py prints them) or a name allowed: a rebound name is
+              refused (403)
     Origin    a request from a web page (it carries an Origin header) must come from the server's own page, or
               from an origin in --allowed_origins, which alone get CORS headers and preflight answers (403)
     API key   with --api_key, every route but the chat page at /, /health and /metrics (the /v1 routes,
@@ -25,12 +26,21 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
+import socket
 from dataclasses import dataclass
 
 LOCAL_NAMES = ("127.0.0.1", "localhost", "[::1]")
 CORS_METHODS = "GET, POST, OPTIONS"
 CORS_HEADERS = "Authorization, Content-Type"
 OPEN_PATHS = ("/", "/health", "/metrics")  # no key needed: the page (it asks for the key), the load, counts
+
+
+def is_unspecified(host: str) -> bool:
+    """Whether a listen address is every interface of the machine: 0.0.0.0 or ::."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_unspecified
+    except ValueError:
+        return False
 
 
 def is_loopback(host: str) -> bool:
@@ -59,6 +69,8 @@ class Policy:
         if is_loopback(listen_host) or allowed_hosts:
             shown = f"[{listen_host}]" if ":" in listen_host else listen_host
             names = {*LOCAL_NAMES, shown} if is_loopback(listen_host) else {shown}
+            if is_unspecified(listen_host):  # 0.0.0.0 or ::, every interface: the addresses serve.py prints
+                names |= {*LOCAL_NAMES, socket.gethostname().lower()}
             hosts = {f"{name}:{port}" for name in names} | {h.lower() for h in allowed_hosts}
             if port == 80:  # a browser leaves the default port out
                 hosts |= names

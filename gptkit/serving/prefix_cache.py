@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gptkit.cli import UserError
 from gptkit.runtime import ram
 
 AUTO_SHARE = 4  # --prefix_cache=auto: a quarter of the memory available when the server starts ...
@@ -44,6 +45,31 @@ def auto_bound(device: torch.device) -> int:
     else:
         available = ram()[1]
     return min(available // AUTO_SHARE, AUTO_MAX)
+
+
+class PrefixCacheError(UserError):
+    """A bound the machine cannot hold."""
+
+
+def available_memory(device: torch.device) -> tuple[int, str]:
+    """The bytes a cache on `device` could take now, and what they are, in words: the GPU's free memory, or
+    the machine's available memory."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0], f"free on {torch.cuda.get_device_name(device)}"
+    total, available = ram()
+    return available, f"available of this machine's {total / 2**30:.1f} GiB"
+
+
+def check_bound(mib: int, device: torch.device) -> None:
+    """--prefix_cache=MiB, refused in one line when it is more than the memory available now (the cache fills
+    as conversations come, and would end the server with an out-of-memory error long after its start), with
+    the largest that fits."""
+    available, what = available_memory(device)
+    if mib * 2**20 > available:
+        raise PrefixCacheError(f"--prefix_cache={mib:,} MiB is more than the memory the cache could take: "
+                               f"{available // 2**20:,} MiB {what}; the largest that fits is "
+                               f"--prefix_cache={available // 2**20} (auto takes a quarter of it, at most "
+                               f"{AUTO_MAX // 2**20:,})")
 
 
 def token_bytes(model: torch.nn.Module) -> int:

@@ -282,12 +282,13 @@ class Api:
     def _job(self, body: CompletionRequest | ChatRequest, chat: bool, prompts: list[list[int]],
              budgets: list[int], stop_ids: frozenset[int], logprobs: int | None, echo: list[str] | None) -> Job:
         capacity = self.engine.max_batch + self.engine.max_queue
+        held = (f"the replies this server holds at once: {self.engine.max_batch} decoding (its --max_batch) + "
+                f"{self.engine.max_queue} waiting (its --max_queue)")
         if body.n > capacity:
-            raise invalid_request(f"n must be at most {capacity} (the replies this server decodes at once), got {body.n}",
-                      "n")
+            raise invalid_request(f"n must be at most {capacity}, {held}; got {body.n}", "n")
         if len(prompts) * body.n > capacity:
-            raise invalid_request(f"{len(prompts)} prompts times n={body.n} is {len(prompts) * body.n} replies; this server "
-                      f"decodes at most {capacity} at once", "n")
+            raise invalid_request(f"{len(prompts)} prompts times n={body.n} is {len(prompts) * body.n} replies, more "
+                                  f"than {capacity}, {held}", "n")
         # top_p 0 keeps the likeliest token only: greedy, as OpenAI documents it.
         sampling = SamplingOptions(temperature=body.temperature if body.top_p > 0 else 0.0,
                                    top_p=body.top_p if 0 < body.top_p < 1 else None,

@@ -20,6 +20,7 @@ do): unknown fields first, then unsupported ones, then the first other error.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -327,5 +328,7 @@ def _where(loc: tuple) -> str:
 
 
 def _type_name(value: Any) -> str:
+    if isinstance(value, float) and not math.isfinite(value):  # a JSON number past a float's range: 1e999
+        return f"{'' if value > 0 else '-'}Infinity (a number beyond a float's range)"
     return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
             dict: "an object", type(None): "null"}.get(type(value), type(value).__name__)
