@@ -59,6 +59,25 @@ def test_each_model_and_batch_is_compiled_afresh_with_static_shapes(monkeypatch)
     assert all(r["compile_s"] > 0 for r in rows if r["kind"] == "decode")
 
 
+def test_decode_rows_per_window_with_their_profile(tmp_path):
+    """--decode_window: a KV-cache row per K, each saying its K; --profile_decode: every decode row says a step's
+    host and kernel microseconds (on the CPU the operators' own time, a part of the step's wall time)."""
+    out = tmp_path / "bench.json"
+    rows = bench.main(["--models=tiny", "--device=cpu", "--skip_train", "--decode_tokens=6", "--decode_repeats=1",
+                       "--decode_batch=2", "--prefill_tokens=8", "--decode_window=1,4", "--profile_decode=True",
+                       f"--json={out}"])
+    decode = [r for r in rows if r["kind"] == "decode"]
+    assert [(r["kv_cache"], r["decode_window"]) for r in decode] == [(True, 1), (True, 4), (False, 1)]
+    for r in decode:
+        assert r["status"] == "ok" and r["tokens_per_s"] > 0
+        assert r["host_us_per_token"] > 0 and r["gpu_us_per_token"] > 0
+    assert json.loads(out.read_text())["rows"] == json.loads(json.dumps(rows))
+    plain = bench.main(["--models=tiny", "--device=cpu", "--skip_train", "--decode_tokens=4", "--decode_repeats=1",
+                        "--decode_batch=1", "--prefill_tokens=8", "--skip_nocache"])
+    assert [(r["decode_window"], r["host_us_per_token"], r["gpu_us_per_token"]) for r in plain
+            if r["kind"] == "decode"] == [(1, None, None)]
+
+
 def expect_error(args, *fragments):
     with pytest.raises(SystemExit) as e:
         bench.main(["--device=cpu", *args])
