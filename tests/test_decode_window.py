@@ -1,6 +1,7 @@
-"""Decoding K tokens per call (generate.py's decode windows): the window loop gives exactly the tokens of the
-one-token path (greedy, seeded sampling, a stop token inside a window, the model's window moving, a length that
-is not a multiple of K), compiles whole (fullgraph) without recompiling, and on a GPU replays as a CUDA graph
+"""Decoding K tokens per call (generate.py's decode windows, and the serving engine's): the window loop gives
+exactly the tokens of the one-token path (greedy, seeded sampling, a stop token inside a window, the model's
+window moving, a length that is not a multiple of K; the engine's concurrent requests with their own seeds,
+stop ids and max_tokens), compiles whole (fullgraph) without recompiling, and on a GPU replays as a CUDA graph
 with the eager tokens."""
 
 import pytest
@@ -17,7 +18,9 @@ from gptkit.generate import (
     generate_blocks,
     generate_stream,
 )
-from model import GPTConfig
+from gptkit.serving import engine as engine_module
+from gptkit.serving.engine import Engine, Finished, Request
+from model import GPT, GPTConfig
 
 SAMPLED = {
     "greedy": SamplingOptions(temperature=0),
@@ -179,5 +182,139 @@ def test_cuda_graph_window_gives_the_eager_tokens():
                 assert torch.equal(gen(window=8, step_fn=step), reference)
                 with torch._dynamo.config.patch(error_on_recompile=True):
                     assert torch.equal(gen(window=8, step_fn=step), reference)
+    finally:
+        torch._dynamo.reset()
+
+
+# ----------------------------------------------------------------------------- the serving engine's windows
+
+ENGINE_VOCAB = 300
+
+
+@pytest.fixture(scope="module")
+def random_model():
+    """Untrained (nothing to train: a second at most): its draws at temperature 1 depend on every uniform drawn,
+    as a confident model's would not. Rows decoded in batches of other sizes round their matmuls otherwise, but
+    a token would change only on a tie within that rounding (none here: the replies are compared equal)."""
+    torch.manual_seed(0)
+    return GPT(GPTConfig(block_size=48, vocab_size=ENGINE_VOCAB, n_layer=2, n_head=2, n_embd=64)).eval()
+
+
+def engine_prompts(n: int) -> list[list[int]]:
+    torch.manual_seed(3)
+    return [counting_sequences(1, 3 + (i * 5) % 11, ENGINE_VOCAB, "cpu")[0].tolist() for i in range(n)]
+
+
+def served(engine: Engine, options: SamplingOptions, stops: list[frozenset] | None = None) -> list[list]:
+    """Five requests of different prompts, max_tokens, seeds and stop ids: three at once, then one more at each
+    of the next two steps (between windows), waiting for a row when all are busy; stepped on this thread: each
+    request's events."""
+    events = [[] for _ in range(5)]
+    stops = stops or [frozenset()] * 5
+    requests = [Request(p, 9 + 4 * i, emit=events[i].append, sampling=options, seed=20 + i, stop_ids=stops[i])
+                for i, p in enumerate(engine_prompts(5))]
+    for step in range(200):
+        for r in requests[:3] if step == 0 else requests[step + 2: step + 3]:
+            engine.submit(r)
+        engine.step()
+        if all(e and isinstance(e[-1], Finished) for e in events):
+            return events
+    raise AssertionError("the requests did not finish")
+
+
+@pytest.fixture
+def engine_windows(monkeypatch):
+    """The rows of every decode_rows_window call: windows ran, and how full."""
+    calls = []
+    real = engine_module.decode_rows_window
+
+    def spy(model, inputs, options, steps, rows, length, grow):
+        calls.append(rows)
+        return real(model, inputs, options, steps, rows, length, grow)
+
+    monkeypatch.setattr(engine_module, "decode_rows_window", spy)
+    return calls
+
+
+def test_engine_windows_reply_as_one_token_steps(random_model, engine_windows):
+    """Requests joining a running batch, each with its own seed, max_tokens and stop ids (drawn at different
+    steps, inside windows): decoded 4 tokens per call, every request gets the events of one token per step,
+    greedy and sampled; a row that stops in a window is told nothing after its stop."""
+    sampled = SAMPLED["plain"]
+    free = [[e.id for e in events[:-1]] for events in served(Engine(random_model, max_batch=3), sampled)]
+    # Each request's stop: the token its reply has first at step 3 + i (its first token comes from the prompt's
+    # forward, the next ones from windows of 4).
+    stops = [frozenset({reply[3 + i]}) for i, reply in enumerate(free)]
+    assert [reply.index(reply[3 + i]) for i, reply in enumerate(free)] == [3, 4, 5, 6, 7]
+    for options, stop_ids in ((sampled, stops), (SAMPLED["greedy"], None), (SAMPLED["top_p"], None)):
+        one = served(Engine(random_model, max_batch=3), options, stop_ids)
+        engine_windows.clear()
+        assert served(Engine(random_model, max_batch=3, window=4), options, stop_ids) == one
+        assert engine_windows and max(engine_windows) == 3  # windows ran, over full batches too
+        ends = [e[-1] for e in one]
+        assert ends == ([Finished("stop", 3 + i) for i in range(5)] if stop_ids else
+                        [Finished("length", 9 + 4 * i) for i in range(5)])
+
+
+def test_engine_windows_wait_for_rows_that_need_the_host(random_model, engine_windows):
+    """A row with logprobs (or logit_bias, penalties) or drawn otherwise makes the batch go a token per step;
+    once it has left, windows resume. Replies as without windows."""
+    options = SAMPLED["plain"]
+
+    def replies(window):
+        engine = Engine(random_model, max_batch=2, window=window)
+        events = [[], []]
+        engine.submit(Request([1, 2, 3], 3, emit=events[0].append, sampling=options, seed=1, logprobs=0))
+        engine.submit(Request([4, 5], 12, emit=events[1].append, sampling=options, seed=2))
+        while not all(e and isinstance(e[-1], Finished) for e in events):
+            engine.step()
+        return events
+
+    one = replies(1)
+    engine_windows.clear()
+    assert replies(4) == one
+    assert engine_windows == [1, 1, 1]  # after the first request's 3 tokens: the second's 9 left, 3 windows
+
+
+def test_compiled_engine_windows_reply_as_eager_ones(random_model):
+    """Compiled (aot_eager: Dynamo's graph and AOTAutograd's, no code generated), a window is a graph per
+    bucket and options, compiled at start for window_sampling, and replies as the eager windows do."""
+    options = SAMPLED["top_k"]
+    eager = served(Engine(random_model, max_batch=3, window=3), options)
+    graphs = []
+    backend = torch._dynamo.lookup_backend("aot_eager")
+
+    def compiler(fn):
+        return torch.compile(fn, backend=lambda gm, inputs: graphs.append(gm) or backend(gm, inputs),
+                             fullgraph=True, dynamic=False)
+
+    torch._dynamo.reset()
+    engine = Engine(random_model, max_batch=3, compile=True, compiler=compiler, buckets=((3,), (48,)),
+                    window=3, window_sampling=options)
+    engine._warm_up()
+    assert len(graphs) == 2 and "as many of 3 tokens" in engine.decode_mode  # the bucket's step and window
+    assert served(engine, options) == eager
+    assert len(graphs) == 2
+    torch._dynamo.reset()
+
+
+@pytest.mark.cuda
+def test_cuda_graph_engine_windows_reply_as_eager_ones():
+    """On a GPU: the engine's windows recorded as CUDA graphs (inductor, mode="reduce-overhead";
+    cudagraph_or_error fails on any "skipping cudagraphs") reply as the eager engine's, greedy and seeded."""
+    import torch._inductor.config as inductor_config
+
+    cfg = GPTConfig(block_size=48, vocab_size=ENGINE_VOCAB, n_layer=2, n_head=2, n_embd=64, vocab_multiple=64)
+    model = confident_model(cfg, "cuda", steps=80)
+    torch._dynamo.reset()
+    try:
+        for options in (SamplingOptions(temperature=0), SamplingOptions(temperature=0.7, top_k=5)):
+            eager = served(Engine(model, max_batch=3, compile=False), options)
+            with inductor_config.patch({"triton.cudagraph_or_error": True}):
+                engine = Engine(model, max_batch=3, compile=True, buckets=((3,), (48,)), window=4,
+                                window_sampling=options)
+                engine._warm_up()
+                assert engine.compiled and "as many of 4 tokens" in engine.decode_mode
+                assert served(engine, options) == eager
     finally:
         torch._dynamo.reset()
