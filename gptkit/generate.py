@@ -44,7 +44,8 @@ torch.multinomial (a dozen kernels and a host-side check). The noise comes from 
 torch.Generator, drawn outside the compiled step into one buffer per generation (one kernel per token; a
 window's K buffers before it) and passed in: a torch.Generator cannot be used inside a compiled graph, and
 inductor's own in-graph RNG would give other numbers than eager. So a seed gives the same tokens eagerly and
-compiled, cached and uncached, a token or a window at a time, on a given device. Logits are float32 (`GPT.head(fp32=True)`) from the head on.
+compiled, cached and uncached, a token or a window at a time, on a given device. Logits are float32
+(`GPT.head(fp32=True)`) from the head on.
 
 The window: the model learned positions 0..block_size-1 only, so it sees at most the last block_size tokens,
 with positions counted from the window's start. `prefill` fills the cache from the whole window; each new
@@ -560,16 +561,16 @@ def generate_blocks(
     if use_cache and window > 1:
         win = (step_fn.window(model, B, opts, window) if isinstance(step_fn, CompiledDecode)
                else DecodeWindow(model, B, opts, window, idx.device))
-    # The token fed in next, its position and the finished rows live on the device (the window's buffers when
-    # windows run): the position is advanced in place, since building it from a Python int every token would be
-    # a host-to-device copy that waits for the GPU. One noise buffer, refilled every single step from the
-    # generator (the same draws whichever path runs).
+    # The position of the next cached step lives on the device and is advanced in place: building it from a
+    # Python int every token would be a host-to-device copy that waits for the GPU. One noise buffer, refilled
+    # every single step from the generator (the same draws whichever path runs). With windows these are the
+    # window's buffers, where the token fed in next and the finished rows go before a window runs.
     state = win.state if win is not None else WindowState(B, 1, model.config.vocab_size, idx.device,
                                                           opts.temperature > 0)
-    last, step_pos, stop = state.last, state.pos, opts.stop_token
-    last.copy_(buf[:, T0 - 1 : T0])
-    state.finished.zero_()
+    step_pos, stop = state.pos, opts.stop_token
     noise = state.noise[0] if state.noise is not None else None
+    last = buf[:, T0 - 1 : T0].clone()  # (B, 1), a fresh tensor: the compiled step sees fixed strides
+    finished = torch.zeros(B, dtype=torch.bool, device=idx.device)
     # Checking "all stopped" after a single step reads a flag back to the host; on an accelerator do it only
     # every 8 tokens. (A window reads its tokens' stops once, after it.)
     check_every = 1 if idx.device.type == "cpu" else 8
@@ -579,8 +580,12 @@ def generate_blocks(
             start += shift
             refill = True
         if win is not None and not refill and block - (length - start) + 1 >= window:  # K cached steps fit
+            if last is not state.last:  # (single steps ran since the last window)
+                state.last.copy_(last)
+                state.finished.copy_(finished)
             win.draw_noise(generator)
             tokens = win(length - start).t()  # (B, K)
+            last, finished = state.last, state.finished
             take = min(window, max_new_tokens - n)
             stopped = _first_all_stopped(tokens[:, :take], stop) if stop is not None else 0
             take, done = stopped or take, stopped > 0
@@ -590,10 +595,9 @@ def generate_blocks(
             nxt = _one_token(model, buf, start, length, refill, use_cache, step_fn if win is None else None,
                              last, step_pos, opts, noise)
             refill = False
-            nxt, finished = stop_mask(nxt, state.finished, stop)
-            state.finished.copy_(finished)
-            last.copy_(nxt[:, None])
-            tokens, take = nxt[:, None], 1
+            nxt, finished = stop_mask(nxt, finished, stop)
+            last = tokens = nxt[:, None]  # (B,) -> (B, 1)
+            take = 1
             done = stop is not None and n % check_every == check_every - 1 and bool(finished.all())
         buf[:, length : length + take] = tokens[:, :take]
         length += take
