@@ -702,7 +702,7 @@ def synchronize(device: torch.device) -> None:
 
 def profile_decode(model: GPT, new: int, options: SamplingOptions | None = None, *, batch_size: int = 1,
                    prompt_tokens: int = 16, use_cache: bool = True, step_fn: Callable | None = None,
-                   window: int = 1) -> tuple[float, float]:
+                   window: int = 1) -> tuple[float, float | None]:
     """Where a decode step's time goes (a token of every row), in microseconds: (host, kernels).
 
     host: the Python side, the wall time of the decode's loop up to its last launch, before waiting for the
@@ -728,7 +728,7 @@ def profile_decode(model: GPT, new: int, options: SamplingOptions | None = None,
     kind = torch.autograd.DeviceType.CUDA if device.type == "cuda" else torch.autograd.DeviceType.CPU
     events = [e for e in prof.key_averages() if e.device_type == kind]
     kernels = sum(e.self_device_time_total if device.type == "cuda" else e.self_cpu_time_total for e in events)
-    return host / new * 1e6, kernels / new
+    return host / new * 1e6, (kernels / new if kernels else None)  # (None: the profiler saw no kernel)
 
 
 def decode_benchmark(
