@@ -291,6 +291,9 @@ def decode_step(
 # compiling the baby model's step took ~60 s (~10 s with inductor's on-disk cache warm) and saved ~2.4 of
 # ~15 ms per token: it repays itself only after ~5,000-25,000 tokens, and inductor there needs a C++ compiler
 # that a CPU-only machine may lack.
+# sample.py compiles a window of DECODE_WINDOW steps, not one step: a larger graph, longer to compile (on this
+# project's shared 2-core CPU inductor took ~2.5x a step's time for 4 steps); bench.py's compile_s per
+# --decode_window row measures both sides on the GPU.
 DECODE_COMPILE_COST = {"cuda": (40.0, 4.5)}
 
 
