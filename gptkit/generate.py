@@ -419,7 +419,7 @@ class DecodeWindow:
     """decode_window for one model, batch size, sampling options and K: its state, and the function itself,
     eager or compiled (`compiler`, e.g. decode_compiler's). The model, the state and the options are in the
     function's closure, not its arguments: the compiled window takes no input at all, so a replay copies
-    nothing in and Dynamo's guards do not walk the model's parameters as inputs of every call.
+    nothing in, and Dynamo checks its guards once per K tokens.
 
     The noise: `draw_noise` fills state.noise with K successive draws from the caller's generator, outside the
     graph, one call per window: the numbers K one-token steps would draw, so a seed gives the same tokens with
