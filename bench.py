@@ -53,7 +53,7 @@ without biases, as nanoGPT's bench.py (bias=False) times it.
 
 Decoding times gptkit/generate.py's loop with and without the KV cache (with the compiled one-token step of
 generate.compile_decode_step when compile is on), at batch sizes --decode_batch, with the cache a row per
---decode_window K (K tokens per call: K steps in one compiled function, one CUDA graph; each K compiled
+--decode_window K (K tokens per call: K calls of the compiled step recorded as one CUDA graph; each K compiled
 afresh), --profile_decode adding a step's host and device kernel microseconds (--hf_reference: beside
 transformers' eager generate of the same GPT-2 shape, the reference), and its prefill of a prompt
 (--prefill_tokens, 1,000 by default: ms per prefill). Warm-up and compilation are excluded (a compiled row

@@ -14,6 +14,7 @@
                              does it
     decode_window            K decode_steps in one function, the state on the device -> K tokens (K, B)
     DecodeWindow             decode_window for one model, batch size, options and K, eager or compiled
+    CapturedWindow           a compiled window's K steps recorded as one CUDA graph, replayed per K tokens
     generate_blocks          the loop: yields the next tokens of every sequence, (B, 1) a step or (B, K) a window
     generate_stream          the same a token at a time, (B,)
     generate                 the prompts with their continuations, (B, T + n)
@@ -31,11 +32,12 @@ with no host synchronisation and no kernel launches of its own (see compile_deco
 Many tokens per call: a window (`window=K` in generate, sample.py's DECODE_WINDOW when compiled) is K
 decode_steps in one function, each step's token fed to the next, the positions advanced and the stop token
 masked on the device, its state (the last token, the position, the finished rows, the K steps' noise) in
-device buffers that the compiled function reaches through its closure, with the model: it takes no input, so
-the host does per K tokens what it did per token (one replay, the noise's draws, one copy of the K tokens
-out), and Dynamo's guards and the CUDA graph's input copies happen once per window. Windows run where K cached
-steps fit before the context must move; the other steps go one token at a time (generate_blocks). The tokens
-are those of one step at a time, bit for bit where the same kernels run (eagerly; the CPU tests).
+device buffers that never move. Compiled, its step is compiled once and, on a GPU, the window's K calls are
+recorded as one CUDA graph (CapturedWindow): the host does per K tokens what it did per token (one replay, the
+noise's draws, one copy of the K tokens out), and Dynamo's guards run only while the graph is recorded. Windows
+run where K cached steps fit before the context must move; the other steps go one token at a time
+(generate_blocks). The tokens are those of one step at a time, bit for bit where the same kernels run
+(eagerly; the CPU tests).
 
 Drawing a token: the Gumbel-max trick in its exponential form. With E_i ~ Exp(1) independent,
 argmax_i p_i / E_i is token i with probability p_i (the smallest of the "arrival times" E_i / p_i wins), so a
@@ -320,26 +322,34 @@ def compile_decision(device: torch.device, compile: bool | None, new_tokens: int
 
 
 def decode_compiler(device: torch.device) -> Callable[[Callable], Callable]:
-    """How the decode's functions are compiled: fullgraph=True and static shapes (dynamic=False: a new batch size
-    or sampling option is a new static graph, never a symbolic-shape one); on CUDA mode="reduce-overhead", which
-    records the function once as a CUDA graph and replays it with one launch per call."""
+    """How the one-token decode step is compiled: fullgraph=True and static shapes (dynamic=False: a new batch
+    size or sampling option is a new static graph, never a symbolic-shape one); on CUDA mode="reduce-overhead",
+    which records the step once as a CUDA graph and replays it with one launch per call."""
     mode = "reduce-overhead" if device.type == "cuda" else None
     return lambda fn: torch.compile(fn, mode=mode, fullgraph=True, dynamic=False)
+
+
+def window_step_compiler(fn: Callable) -> Callable:
+    """How a window's one-token step is compiled: as decode_compiler's, but without CUDA graphs of its own (the
+    window records its K calls as one: CapturedWindow)."""
+    return torch.compile(fn, fullgraph=True, dynamic=False)
 
 
 class CompiledDecode:
     """The decode compiled: called as decode_step (generate_stream's `step_fn`), and, for generate_stream's
     windows, `window(...)`'s DecodeWindow for a model, batch size, options and window size, made and compiled on
-    first use and kept for the next generations (a new one would be a new compilation).
+    first use and kept for the next generations (a new one would be a new recording).
 
-    On CUDA mode="reduce-overhead" replays the one-token step as one CUDA graph per token, or a window as one
-    per K tokens: the model's forward and the choice of the token, instead of hundreds of small kernel launches.
-    Elsewhere it is inductor's code without CUDA graphs. The prompt's forward (varying length) stays eager.
-    compiler: what compiles (default decode_compiler's torch.compile; tests pass a cheaper backend)."""
+    On CUDA the one-token step is replayed as one CUDA graph per token (mode="reduce-overhead"), and a window's K
+    steps as one CUDA graph per K tokens (CapturedWindow): the model's forward and the choice of the token,
+    instead of hundreds of small kernel launches. Elsewhere it is inductor's code without CUDA graphs. The
+    prompt's forward (varying length) stays eager. compiler: what compiles both the step and a window's step
+    (default decode_compiler's and window_step_compiler's torch.compile; tests pass a cheaper backend)."""
 
     def __init__(self, device: torch.device | str, compiler: Callable[[Callable], Callable] | None = None):
         self.device = torch.device(device)
         self.compiler = compiler if compiler is not None else decode_compiler(self.device)
+        self.window_compiler = compiler if compiler is not None else window_step_compiler
         self._step: Callable | None = None
         self._windows: dict[tuple, DecodeWindow] = {}
 
@@ -354,13 +364,52 @@ class CompiledDecode:
     def window(self, model: GPT, batch: int, options: SamplingOptions, steps: int) -> DecodeWindow:
         key = (model, batch, options, steps)
         if key not in self._windows:
-            self._windows[key] = DecodeWindow(model, batch, options, steps, self.device, compiler=self.compiler)
+            self._windows[key] = DecodeWindow(model, batch, options, steps, self.device,
+                                              compiler=self.window_compiler)
         return self._windows[key]
 
 
 def compile_decode_step(device: torch.device, compiler: Callable[[Callable], Callable] | None = None) -> CompiledDecode:
     """The decode step (and its windows) compiled: pass it to generate_stream as `step_fn` (CompiledDecode)."""
     return CompiledDecode(device, compiler)
+
+
+class CapturedWindow:
+    """A CUDA graph of `fn`, a window: K calls of a compiled one-token step that take no input and read and
+    update buffers that never move. The first call runs the window for real (compiling the step: Dynamo, the
+    kernels' autotuning and cuBLAS's set-up all need to run, not to be recorded), on a side stream as CUDA
+    graph capture wants, then records the same calls without running them: the recording starts from the
+    buffers as the real run left them, so every call, first or replayed, is the next window. A replay is one
+    launch for the K steps' kernels: no Python, no guards, no copies per token.
+
+    Why record K calls of a step rather than compile one function of K steps: inductor's compile time grows with
+    the graph, K times a step's (on the CPU, 16 steps took ~15x one step's compile), while the recording of K
+    calls of one compiled step costs a step's compile and K steps' launches, once."""
+
+    def __init__(self, fn: Callable[[], torch.Tensor]):
+        self.fn = fn
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.out: torch.Tensor | None = None  # the recorded output: rewritten by every replay
+
+    def __call__(self) -> torch.Tensor:
+        if self.graph is None:
+            return self._record()
+        self.graph.replay()
+        return self.out.clone()
+
+    def _record(self) -> torch.Tensor:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            first = self.fn()
+        torch.cuda.current_stream().wait_stream(side)
+        first = first.clone()  # (on this stream: the side stream's memory is not used past here)
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: a server's other threads may use CUDA meanwhile (they must not be recorded, nor fail it)
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            self.out = self.fn()
+        self.graph = graph
+        return first
 
 
 # ----------------------------------------------------------------------------- K tokens per call: the window
@@ -373,9 +422,9 @@ DECODE_WINDOW = 16
 class WindowState(torch.nn.Module):
     """What a decode window reads and leaves for the next, in device buffers that never move: the token each
     row feeds in next (last, (B, 1)), its position (pos, (1,)), which rows are finished (finished, (B,)), and
-    the noise of the window's K draws (noise, (K, B, V); None when greedy). They are buffers of a module that
-    the compiled window reaches through its closure, so torch.compile treats them as static inputs: a CUDA
-    graph reads and updates them where they are, with no copy in or out per call."""
+    the noise of the window's K draws (noise, (K, B, V); None when greedy). The window reaches them through its
+    closure, and a CUDA graph of it (CapturedWindow) reads and updates them where they are: no copy in or out
+    per call."""
 
     def __init__(self, batch: int, steps: int, vocab_size: int, device: torch.device, sampled: bool):
         super().__init__()
@@ -396,16 +445,18 @@ def stop_mask(nxt: torch.Tensor, finished: torch.Tensor, stop_token: int | None)
 
 
 def decode_window(model: GPT, state: WindowState, options: SamplingOptions, steps: int,
-                  length: int | None = None) -> torch.Tensor:
+                  length: int | None = None, step: Callable = decode_step) -> torch.Tensor:
     """`steps` one-token steps (K) in one function -> their tokens (K, B): each step's token fed to the next,
     positions advanced and the stop test made on the device, from the state's buffers, which it leaves ready
     for the next window (the last token, its position, the finished rows). The noise of step k is
-    state.noise[k]. This is the function to compile: its shapes never change. With `length` (eagerly) step k
-    reads the cache's first length + k slots, as decode_step's eager calls do; without, the whole cache."""
+    state.noise[k]. No host synchronisation: on a GPU its K steps record as one CUDA graph (CapturedWindow).
+    `step`: decode_step, or the same compiled (its shapes never change from one call to the next). With
+    `length` (eagerly) step k reads the cache's first length + k slots, as decode_step's eager calls do;
+    without, the whole cache, masked past each position."""
     token, finished, tokens = state.last, state.finished, []
     for k in range(steps):
         noise = state.noise[k] if state.noise is not None else None
-        nxt = decode_step(model, token, state.pos + k, options, noise, length=None if length is None else length + k)
+        nxt = step(model, token, state.pos + k, options, noise, length=None if length is None else length + k)
         nxt, finished = stop_mask(nxt, finished, options.stop_token)
         tokens.append(nxt)
         token = nxt[:, None]
@@ -415,11 +466,17 @@ def decode_window(model: GPT, state: WindowState, options: SamplingOptions, step
     return torch.stack(tokens)
 
 
+def window_step(*args, **kwargs) -> torch.Tensor:
+    """decode_step under a name of its own: compiled for windows (without CUDA graphs of its own), it keeps its
+    compiled graphs apart from the one-token step's (a function's compiled graphs are kept by its code)."""
+    return decode_step(*args, **kwargs)
+
+
 class DecodeWindow:
     """decode_window for one model, batch size, sampling options and K: its state, and the function itself,
-    eager or compiled (`compiler`, e.g. decode_compiler's). The model, the state and the options are in the
-    function's closure, not its arguments: the compiled window takes no input at all, so a replay copies
-    nothing in, and Dynamo checks its guards once per K tokens.
+    eager or with its step compiled (`compiler`, e.g. window_step_compiler), on a GPU recorded as one CUDA graph
+    (CapturedWindow). The model, the state and the options are in the window's closure: it takes no input, so
+    a replay copies nothing in.
 
     The noise: `draw_noise` fills state.noise with K successive draws from the caller's generator, outside the
     graph, one call per window: the numbers K one-token steps would draw, so a seed gives the same tokens with
@@ -432,12 +489,15 @@ class DecodeWindow:
         self.steps, self.device = steps, torch.device(device)
         self.state = WindowState(batch, steps, model.config.vocab_size, self.device, options.temperature > 0)
         state = self.state
+        self.eager = lambda length: decode_window(model, state, options, steps, length)
+        self.compiled = None
+        if compiler is not None:
+            step = compiler(window_step)
 
-        def window(length: int | None = None) -> torch.Tensor:
-            return decode_window(model, state, options, steps, length)
+            def window() -> torch.Tensor:
+                return decode_window(model, state, options, steps, step=step)
 
-        self.eager = window
-        self.compiled = compiler(window) if compiler is not None else None
+            self.compiled = CapturedWindow(window) if self.device.type == "cuda" else window
 
     def draw_noise(self, generator: torch.Generator | None) -> None:
         noise = self.state.noise
@@ -450,10 +510,8 @@ class DecodeWindow:
         eager window reads those and the new ones; the compiled one always the whole cache, masked)."""
         if self.compiled is None:
             return self.eager(length)
-        if self.device.type == "cuda":  # a new replay: its outputs overwrite the last one's (copied already)
-            torch.compiler.cudagraph_mark_step_begin()
         with no_tf32():  # (see CompiledDecode.__call__)
-            return self.compiled().clone()  # a CUDA graph's output lives in memory its next replay rewrites
+            return self.compiled()
 
 
 # ----------------------------------------------------------------------------- how long a decode may be

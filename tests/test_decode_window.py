@@ -11,6 +11,7 @@ from conftest import confident_model, counting_sequences
 
 import gptkit.generate as generate_module
 from gptkit.generate import (
+    CapturedWindow,
     CompiledDecode,
     SamplingOptions,
     compile_decode_step,
@@ -36,9 +37,9 @@ def window_calls(monkeypatch):
     calls = []
     real = generate_module.decode_window
 
-    def spy(model, state, options, steps, length=None):
+    def spy(model, state, options, steps, length=None, **kwargs):
         calls.append(steps)
-        return real(model, state, options, steps, length)
+        return real(model, state, options, steps, length, **kwargs)
 
     monkeypatch.setattr(generate_module, "decode_window", spy)
     return calls
@@ -158,9 +159,10 @@ def test_the_window_compiles_whole_and_gives_the_eager_tokens(tiny_model, tiny_c
 
 @pytest.mark.cuda
 def test_cuda_graph_window_gives_the_eager_tokens():
-    """On a GPU: a window of 8 steps recorded as one CUDA graph (mode="reduce-overhead"; cudagraph_or_error turns
-    any "skipping cudagraphs" into a failure) gives the eager tokens, greedy and sampled with a seed, past
-    block_size, twice without recompiling. Compared on a model whose predictions have a margin: inductor's
+    """On a GPU: a window of 8 calls of the compiled step recorded as one CUDA graph (CapturedWindow) gives the
+    eager tokens, greedy and sampled with a seed, past block_size, twice without recompiling, the second time
+    by replays only (the one-token steps around the windows: mode="reduce-overhead", whose cudagraph_or_error
+    turns any "skipping cudagraphs" into a failure). Compared on a model whose predictions have a margin: inductor's
     kernels round differently from eager ones (see test_generate.py's CUDA test)."""
     import torch._inductor.config as inductor_config
 
@@ -180,6 +182,8 @@ def test_cuda_graph_window_gives_the_eager_tokens():
 
                 reference = gen()
                 assert torch.equal(gen(window=8, step_fn=step), reference)
+                (window,) = step._windows.values()
+                assert isinstance(window.compiled, CapturedWindow) and window.compiled.graph is not None
                 with torch._dynamo.config.patch(error_on_recompile=True):
                     assert torch.equal(gen(window=8, step_fn=step), reference)
     finally:
@@ -300,8 +304,9 @@ def test_compiled_engine_windows_reply_as_eager_ones(random_model):
 
 @pytest.mark.cuda
 def test_cuda_graph_engine_windows_reply_as_eager_ones():
-    """On a GPU: the engine's windows recorded as CUDA graphs (inductor, mode="reduce-overhead";
-    cudagraph_or_error fails on any "skipping cudagraphs") reply as the eager engine's, greedy and seeded."""
+    """On a GPU: the engine's windows, each K calls of the compiled step recorded as one CUDA graph
+    (CapturedWindow), reply as the eager engine's, greedy and seeded (its one-token steps: mode="reduce-overhead",
+    cudagraph_or_error failing on any "skipping cudagraphs")."""
     import torch._inductor.config as inductor_config
 
     cfg = GPTConfig(block_size=48, vocab_size=ENGINE_VOCAB, n_layer=2, n_head=2, n_embd=64, vocab_multiple=64)
@@ -315,6 +320,7 @@ def test_cuda_graph_engine_windows_reply_as_eager_ones():
                                 window_sampling=options)
                 engine._warm_up()
                 assert engine.compiled and "as many of 4 tokens" in engine.decode_mode
+                assert all(isinstance(w, CapturedWindow) and w.graph is not None for w in engine._windows.values())
                 assert served(engine, options) == eager
     finally:
         torch._dynamo.reset()

@@ -70,7 +70,14 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from gptkit.generate import SamplingOptions, candidates, decode_one_token, inverse_cdf_draw
+from gptkit.generate import (
+    CapturedWindow,
+    SamplingOptions,
+    candidates,
+    decode_one_token,
+    inverse_cdf_draw,
+    window_step_compiler,
+)
 from gptkit.runtime import resolve_compile
 from gptkit.serving.prefix_cache import Match, PrefixCache, auto_bound, common_length
 from model import GPT, bucketed_forward, bucketed_length, no_tf32
@@ -236,17 +243,29 @@ def draw(logits: torch.Tensor, options: SamplingOptions, uniform: torch.Tensor |
     return picked if order is None else order.gather(-1, picked[:, None])[:, 0]
 
 
+def decode_rows_step(model: GPT, token: torch.Tensor, pos: torch.Tensor, options: SamplingOptions,
+                     uniform: torch.Tensor | None, rows: int, length: int) -> torch.Tensor:
+    """One step of a window: the next tokens (rows,) of the cache's first `rows` rows, tokens (rows, 1) at their
+    positions pos (rows, 1), attending over the first `length` slots, drawn alike (`draw`) with `uniform`. The
+    function a compiled window compiles (one graph per bucket and options) and calls K times."""
+    logits = decode_one_token(model, token, pos, rows=slice(0, rows), length=length)
+    return draw(logits, options, uniform)
+
+
 def decode_rows_window(model: GPT, inputs: WindowInputs, options: SamplingOptions, steps: int, rows: int,
-                       length: int, grow: bool) -> torch.Tensor:
+                       length: int, grow: bool, step: Callable = decode_rows_step) -> torch.Tensor:
     """K = steps decode steps of the cache's first `rows` rows in one function -> their tokens (K, rows): each
     step's tokens drawn alike (`draw`, step k with inputs.uniform[k]) and fed to the next, each active row one
     position further. Attention reads the first `length` slots (grow: length + k at step k, what an eager
-    window reads; else a bucket's, the same every step: the function to compile, one graph per bucket)."""
-    token, pos, active, tokens = inputs.tokens[:rows], inputs.pos[:rows], inputs.active[:rows], []
+    window reads; else a bucket's, the same every step: `step` compiled, one graph per bucket). No host
+    synchronisation: on a GPU its K steps record as one CUDA graph (generate.CapturedWindow)."""
+    pos, active, tokens = inputs.pos[:rows], inputs.active[:rows], []
+    # A copy made here, as the later steps' tokens are: under inference mode the buffer (made outside it) and
+    # the steps' tokens are tensors of two kinds, and the compiled step would be compiled once for each.
+    token = inputs.tokens[:rows].clone()
     for k in range(steps):
-        logits = decode_one_token(model, token, pos + k * active, rows=slice(0, rows),
-                                  length=length + k if grow else length)
-        nxt = draw(logits, options, inputs.uniform[k, :rows] if options.temperature > 0 else None)
+        uniform = inputs.uniform[k, :rows] if options.temperature > 0 else None
+        nxt = step(model, token, pos + k * active, options, uniform, rows, length + k if grow else length)
         tokens.append(nxt)
         token = nxt[:, None]
     return torch.stack(tokens)
@@ -372,6 +391,8 @@ class Engine:
         self.window, self.window_sampling = window, window_sampling
         self._window_inputs = WindowInputs(max_batch, window, self.device) if window > 1 else None
         self._windows: dict[tuple, Callable] = {}
+        self._window_compiler = compiler or window_step_compiler  # (a window's step: no CUDA graph of its own)
+        self._window_step: Callable | None = None
         rows, lengths = self.buckets
         if list(rows) != sorted(set(rows)) or rows[-1] != max_batch or rows[0] < 1 or \
                 list(lengths) != sorted(set(lengths)) or lengths[-1] != self.block_size or lengths[0] < 1:
@@ -486,6 +507,7 @@ class Engine:
                 raise
             self.compiled, self._step_fn = False, None
             self._windows.clear()
+            self._window_step = None
             first = (str(e).strip().splitlines() or [""])[0][:200]
             self.decode_mode = (f"decode step eager: compiling it failed ({type(e).__name__}: {first}; "
                                 f"compile=True raises it)")
@@ -675,7 +697,8 @@ class Engine:
 
     def _run_window(self, n: int, length: int, options: SamplingOptions) -> torch.Tensor:
         """The compiled window of a bucket (n rows, `length` slots) and options, made on first use -> (K, n)
-        tokens, a copy (a CUDA graph's output lives in memory its next replay rewrites). The bucket's free rows
+        tokens, a tensor of their own: its step compiled (one graph per bucket and options), and on a GPU its K
+        calls recorded as one CUDA graph (generate.CapturedWindow), replayed per window. The bucket's free rows
         write their slot 0 (see _forward_static)."""
         for r in range(len(self.active), n):
             self._parked.pop(r, None)
@@ -683,18 +706,19 @@ class Engine:
         first = key not in self._windows
         if first:
             model, inputs, steps = self.model, self._window_inputs, self.window
+            if self._window_step is None:
+                self._window_step = self._window_compiler(decode_rows_step)
+            step = self._window_step
 
             def window() -> torch.Tensor:
-                return decode_rows_window(model, inputs, options, steps, n, length, grow=False)
+                return decode_rows_window(model, inputs, options, steps, n, length, grow=False, step=step)
 
-            self._windows[key] = self._compiler(window)
-        if self.device.type == "cuda":
-            torch.compiler.cudagraph_mark_step_begin()
-        # Each bucket and options a graph of the same function: more than Dynamo's default limit of 8, maybe.
+            self._windows[key] = CapturedWindow(window) if self.device.type == "cuda" else window
+        # Each bucket and options a graph of the same step: more than Dynamo's default limit of 8, maybe.
         limit = contextlib.nullcontext() if not first else torch._dynamo.config.patch(
             recompile_limit=max(8, 2 * len(self._windows) * len(self.buckets[0]) * len(self.buckets[1])))
         with no_tf32(), limit:
-            return self._windows[key]().clone()
+            return self._windows[key]()
 
     def _forward_eager(self, rows: list[_Row]) -> torch.Tensor:
         """Rows 0..A-1, each at its own position, reading the slots filled so far (the longest row's) -> the
