@@ -195,7 +195,7 @@ def test_f32_file_computes_our_logits_and_decodes_our_tokens(trained, exported):
 def test_f16_and_q8_0_files_agree_with_ours(trained, exported, dtype):
     model, ids = trained
     result = exported[dtype]
-    assert result.f16_fallback == []  # n_embd 64: every row is whole q8_0 blocks
+    assert result.fallback == []  # n_embd 64: every row is whole q8_0 blocks
     llm = llama(result.path, model.config.block_size)
     window = ids[:64]
     ours, theirs = our_logits(model, window), llama_logits(llm, window)
@@ -342,7 +342,7 @@ def test_file_layout_follows_llama_cpp_gpt2(trained_bpe, tmp_path):
     assert tensors["blk.1.ffn_down.weight"] == ("Q8_0", (192, 48))
     assert tensors["blk.0.attn_norm.bias"] == ("F32", (48,)) and tensors["output_norm.weight"] == ("F32", (48,))
     assert "output.weight" not in tensors  # tied: llama.cpp reuses token_embd as the head
-    assert sorted(result.f16_fallback) == sorted(n for n, (t, _) in tensors.items() if t == "F16")
+    assert sorted(result.fallback) == sorted(n for n, (t, _) in tensors.items() if t == "F16")
     assert len(tensors) == 4 + 12 * config.n_layer
 
     # The values: an f32 file holds our tensors bit for bit, under llama.cpp's names.
