@@ -464,13 +464,16 @@ def weights_report(model: nn.Module) -> str:
     """A few words on a packed model's weights for the decoding scripts' start-up line: their bytes in memory,
     each format's share, and what stays wider than the format asked (the head and embeddings, matrices whose
     rows are not a multiple of the 32-value block), e.g. 'weights 9.3 MB: blocks q4_0 5.1 MB (0.16x their
-    float32 bytes), head q8_0 1.7 MB, embeddings and norms float32 2.5 MB'."""
+    float32 bytes), head q8_0 1.7 MB, embeddings and norms float32 2.5 MB (...)'."""
     packed = [(name, m) for name, m in model.named_modules() if isinstance(m, PackedLinear)]
     if not packed:
         return ""
 
     def nbytes(*tensors) -> int:
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+    def size(n: int) -> str:
+        return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB"
 
     blocks = [(name, m) for name, m in packed if name != "lm_head"]
     fmt = blocks[0][1].fmt if blocks else model.lm_head.fmt
@@ -486,15 +489,15 @@ def weights_report(model: nn.Module) -> str:
     total = in_blocks + head_bytes + others + wide_bytes
     if head.weight.data_ptr() == model.transformer.wte.weight.data_ptr():  # float32's tied head: wte's rows
         total -= head_bytes
-    parts = [f"blocks {fmt} {in_blocks / 1e6:.1f} MB"
+    parts = [f"blocks {fmt} {size(in_blocks)}"
              + (f" ({in_blocks / as_float32:.2f}x their float32 bytes)" if as_float32 and fmt != "float32" else ""),
-             f"head {head.fmt if not head.kept_float32 else 'float32'} {head_bytes / 1e6:.1f} MB",
-             f"embeddings and norms float32 {others / 1e6:.1f} MB"
-             + (" (the token embedding rounded to q8_0, as the head)" if fmt == "q4_0" else "")]
+             f"head {head.fmt if not head.kept_float32 else 'float32'} {size(head_bytes)}",
+             f"embeddings and norms float32 {size(others)}"
+             + (" (the token embedding rounded to q8_0, as the head)" if fmt == "q4_0" and not head.kept_float32 else "")]
     if wide:
         shown = ", ".join(wide[:4]) + (f" and {len(wide) - 4} more" if len(wide) > 4 else "")
-        parts.append(f"{len(wide)} kept float32 ({wide_bytes / 1e6:.1f} MB: rows not a multiple of {BLOCK}): {shown}")
-    return f"weights {total / 1e6:.1f} MB: " + ", ".join(parts)
+        parts.append(f"{len(wide)} kept float32 ({size(wide_bytes)}: rows not a multiple of {BLOCK}): {shown}")
+    return f"weights {size(total)}: " + ", ".join(parts)
 
 
 # ----------------------------------------------------------------------------- weights in huge pages

@@ -117,4 +117,4 @@ def load_gguf(path: str | Path) -> tuple[GPT, Tokenizer, str]:
         raise GGUFLoadError(f"{p}: its model description is unusable: {one_line(e)}") from None
     model.load_state_dict(gguf_state_dict(reader, model))
     types = sorted({t.tensor_type.name for t in reader.tensors if len(t.shape) > 1})
-    return model.eval(), tokenizer, f"{p} (GGUF, {'/'.join(types).lower()} matrices)"
+    return model.eval(), tokenizer, f"{p} (GGUF, matrices in {'/'.join(types).lower()})"
