@@ -434,19 +434,15 @@ class PackedBlock(Block):
 @torch.no_grad()
 def pack_for_cpu(model: nn.Module, fmt: str = "float32") -> nn.Module:
     """Swap every Linear of the blocks, and the head, for a PackedLinear in `fmt`, and every block for a
-    PackedBlock holding the same submodules (in place; returns the model). The head keeps the real vocabulary's rows only (the padding rows are never logits); a tied head
-    is packed from wte's rows, which the embedding keeps as they are. For inference only: the packed model
-    can no longer be trained, nor saved as a checkpoint of ours. Call it after moving the model to float32
-    on the CPU (model.to would cast the packed weights)."""
+    PackedBlock holding the same submodules (in place; returns the model). The head keeps the real vocabulary's
+    rows only (the padding rows are never logits); a tied head is packed from wte's rows, which the embedding
+    keeps as they are, but for q4_0: its head is q8_0 (Q4_HEAD) and its token embedding a PackedEmbedding that
+    reads the same q8_0 rows (the tied head's own; an untied model's, its own), as a GGUF q4_0 file holds
+    them. For inference only: the packed model can no longer be trained, nor saved as a checkpoint of ours.
+    Call it after moving the model to float32 on the CPU (model.to would cast the packed weights)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown weight format {fmt!r}; use one of {', '.join(FORMATS)}")
-    head_fmt = fmt
-    if fmt == "q4_0":  # the head in q8_0, the token embedding rounded as a GGUF q4_0 file holds it (Q4_HEAD)
-        head_fmt = Q4_HEAD
-        wte = model.transformer.wte.weight
-        if wte.size(1) % BLOCK == 0:
-            q, scale = quantize_q8_0(wte.data[: model.config.vocab_size])
-            wte.data[: model.config.vocab_size] = (q.reshape(q.size(0), -1, BLOCK) * scale[..., None]).reshape(q.shape)
+    head_fmt = Q4_HEAD if fmt == "q4_0" else fmt
     for i, block in enumerate(model.transformer.h):
         for parent in (block.attn, block.mlp):
             for name, child in list(parent.named_children()):
@@ -456,8 +452,39 @@ def pack_for_cpu(model: nn.Module, fmt: str = "float32") -> nn.Module:
     head = model.lm_head.weight
     if fmt == "float32" and head is model.transformer.wte.weight:  # tied: wte's rows are the head's weight
         head.data = huge_page_copy(head.data)  # so that the packed head reads them in huge pages, uncopied
+    tied = head is model.transformer.wte.weight
     model.lm_head = PackedLinear(head[: model.config.vocab_size], None, head_fmt)
+    if fmt == "q4_0" and not model.lm_head.kept_float32:
+        rows = model.transformer.wte.weight[: model.config.vocab_size]
+        table = model.lm_head if tied else PackedLinear(rows, None, Q4_HEAD)
+        model.transformer.wte = PackedEmbedding(table)  # (the float32 table is freed with the old module)
     return model
+
+
+class PackedEmbedding(nn.Module):
+    """q4_0's token embedding: its rows read from a q8_0 PackedLinear (the tied head itself: no second copy)
+    and widened on lookup, exactly the values that GGUF's q8_0 token_embd stands for. `weight` is an empty
+    float32 (0, C) tensor: what code that asks the embedding for the model's device and dtype reads (the KV
+    cache's setup, the serving engine); there is no float table."""
+
+    def __init__(self, table: PackedLinear):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = table.out_features, table.in_features
+        # Plain attributes, not a submodule nor buffers: the tied head's tensors are counted and saved once, as
+        # the head's (an untied table's are this module's alone, counted by weights_report).
+        object.__setattr__(self, "table", table)
+        self.q, self.scale = table.weight, table.scale
+        self.register_buffer("weight", torch.empty(0, table.in_features), persistent=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        blocks = self.embedding_dim // BLOCK
+        q = self.q.view(-1, blocks, 4, BLOCK)  # interleave4's (group, block, row, 32)
+        s = self.scale.view(-1, blocks, 4)
+        group, row = idx // 4, idx % 4
+        return (q[group, :, row].float() * s[group, :, row][..., None]).reshape(*idx.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, fmt={self.table.fmt} (the head's rows)"
 
 
 def weights_report(model: nn.Module) -> str:
@@ -485,6 +512,12 @@ def weights_report(model: nn.Module) -> str:
     head_bytes = nbytes(head.weight, head.scale, head.bias)
     kept = {id(t) for _, m in packed for t in (m.weight, m.scale, m.bias) if t is not None}
     others = sum(nbytes(t) for t in model.parameters() if id(t) not in kept)  # embeddings, norms
+    wte = model.transformer.wte
+    token = ""
+    if isinstance(wte, PackedEmbedding):
+        own = 0 if wte.table is head else nbytes(wte.q, wte.scale)
+        others += own
+        token = f" (the token embedding: {wte.table.fmt}, " + (f"{size(own)})" if own else "the head's own rows)")
     wide_bytes = sum(nbytes(m.weight, m.bias) for name, m in blocks if m.kept_float32)
     total = in_blocks + head_bytes + others + wide_bytes
     if head.weight.data_ptr() == model.transformer.wte.weight.data_ptr():  # float32's tied head: wte's rows
@@ -492,8 +525,7 @@ def weights_report(model: nn.Module) -> str:
     parts = [f"blocks {fmt} {size(in_blocks)}"
              + (f" ({in_blocks / as_float32:.2f}x their float32 bytes)" if as_float32 and fmt != "float32" else ""),
              f"head {head.fmt if not head.kept_float32 else 'float32'} {size(head_bytes)}",
-             f"embeddings and norms float32 {size(others)}"
-             + (" (the token embedding rounded to q8_0, as the head)" if fmt == "q4_0" and not head.kept_float32 else "")]
+             f"embeddings and norms {size(others)}" + (token or " float32")]
     if wide:
         shown = ", ".join(wide[:4]) + (f" and {len(wide) - 4} more" if len(wide) > 4 else "")
         parts.append(f"{len(wide)} kept float32 ({size(wide_bytes)}: rows not a multiple of {BLOCK}): {shown}")

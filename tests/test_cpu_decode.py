@@ -350,14 +350,15 @@ def test_the_serving_engine_decodes_a_packed_model(kernels, trained):
         assert engine_replies(packed(trained, fmt), prompts, 10) == expected, fmt
 
 
-def test_a_compiled_decode_step_calls_the_kernels_without_recompiling(kernels, trained):
+@pytest.mark.parametrize("fmt", ["int8", "q4_0"])
+def test_a_compiled_decode_step_calls_the_kernels_without_recompiling(kernels, trained, fmt):
     """The kernels are torch operators with fake shapes, so torch.compile traces the packed step whole
     (fullgraph). The eager backend traces like inductor without its slow code generation (inductor on the
     CPU was checked by hand: the same tokens, BENCHMARKS.md)."""
     import torch._dynamo
 
     prompt = counting_sequences(1, 4, 67, "cpu")
-    model = packed(trained, "int8")
+    model = packed(trained, fmt)
     reference = generate(model, prompt, 20, GREEDY)
     torch._dynamo.reset()
     compiled = torch.compile(decode_step, backend="eager", fullgraph=True, dynamic=False)
@@ -853,8 +854,10 @@ def float_twin(model: GPT, q4: GPT) -> GPT:
     for name, m in q4.named_modules():
         if isinstance(m, PackedLinear) and name != "lm_head":
             twin.get_submodule(name).weight.data.copy_(m.dense_weight())
-    twin.transformer.wte.weight.data.copy_(q4.transformer.wte.weight)  # rounded to q8_0: the head's values too
-    assert torch.equal(twin.lm_head.weight[: model.config.vocab_size], q4.lm_head.dense_weight())  # tied
+    V = model.config.vocab_size
+    twin.transformer.wte.weight.data[:V] = q4.lm_head.dense_weight()  # tied: the head's q8_0 rows, the embedding's
+    assert torch.equal(q4.transformer.wte(torch.arange(V)), twin.transformer.wte.weight[:V])
+    assert torch.equal(twin.lm_head.weight[:V], q4.lm_head.dense_weight())
     return twin
 
 
@@ -877,17 +880,32 @@ def test_the_fused_block_computes_the_model_of_its_dequantized_weights(variant, 
     assert (got - reference).abs().max() < 1e-2 * (reference.max() - reference.min())
 
 
-def test_weights_take_under_0_3x_float32s_bytes_and_the_start_up_line_says_so():
-    """The block matrices in q4_0: 4 bits a weight and a 32-bit scale per 32 (0.16x float32's bytes,
-    biases included); the head in q8_0; what stays wider is said."""
-    cfg = GPTConfig(block_size=16, vocab_size=500, vocab_multiple=64, n_layer=2, n_head=4, n_embd=256)
-    model = pack_for_cpu(GPT(cfg).eval(), "q4_0")
+@pytest.mark.parametrize("tied", [True, False])
+def test_weights_take_under_0_3x_float32s_bytes_and_the_start_up_line_says_so(tied):
+    """The block matrices in q4_0: 4 bits a weight and a 32-bit scale per 32 (0.16x float32's bytes, biases
+    included); the head in q8_0, the token embedding read from the same q8_0 rows (tied: the head's own, no
+    float32 table left); the whole model's weights under 0.3x float32's; what stays wider is said."""
+    cfg = GPTConfig(block_size=16, vocab_size=500, vocab_multiple=64, n_layer=2, n_head=4, n_embd=256,
+                    tie_embeddings=tied)
+    model = GPT(cfg).eval()
+    float32_bytes = sum(p.numel() * 4 for p in model.parameters())
+    wte = model.transformer.wte.weight.detach().clone()
+    model = pack_for_cpu(model, "q4_0")
     for name, m in model.named_modules():
         if isinstance(m, PackedLinear) and name != "lm_head":
             packed = sum(t.numel() * t.element_size() for t in (m.weight, m.scale, m.bias))
             assert packed <= 0.3 * 4 * m.in_features * m.out_features, name
+    embedding = model.transformer.wte
+    assert isinstance(embedding, cpu_decode.PackedEmbedding) and (embedding.table is model.lm_head) == tied
+    ids = torch.tensor([[0, 3, 499], [7, 7, 256]])
+    q, scale = cpu_decode.quantize_q8_0(wte[ids.flatten()])
+    assert torch.equal(embedding(ids), (q.reshape(6, -1, BLOCK) * scale[..., None]).reshape(2, 3, 256))
+    tensors = {id(t): t for m in model.modules() for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))}
+    tensors.update({id(t): t for t in (embedding.q, embedding.scale)})
+    assert sum(t.numel() * t.element_size() for t in tensors.values()) <= 0.3 * float32_bytes
     report = cpu_decode.weights_report(model)
     assert "blocks q4_0" in report and "0.16x their float32 bytes" in report and "head q8_0" in report
+    assert ("the head's own rows" in report) == tied
     odd = pack_for_cpu(GPT(GPTConfig(block_size=16, vocab_size=50, n_layer=1, n_head=2, n_embd=40)).eval(), "q4_0")
     report = cpu_decode.weights_report(odd)
     assert "4 kept float32" in report and "rows not a multiple of 32" in report and "h.0.attn.c_attn" in report
