@@ -84,9 +84,10 @@ def llama_loss(path: Path, model, ds: TokenDataset, token_bytes: np.ndarray, lim
 
 
 def q4_head(model):
-    """q4_0 packing with the head in q4_0 as well (the embedding rounded as q4_0's head is)."""
+    """q4_0 packing with the head in q4_0 as well (the token embedding still q8_0's rows)."""
+    rows = model.lm_head.weight[: model.config.vocab_size].detach().clone()
     packed = cpu_decode.pack_for_cpu(model, "q4_0")
-    packed.lm_head = cpu_decode.PackedLinear(packed.transformer.wte.weight[: packed.config.vocab_size], None, "q4_0")
+    packed.lm_head = cpu_decode.PackedLinear(rows, None, "q4_0")
     return packed
 
 

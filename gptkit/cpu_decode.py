@@ -1,10 +1,11 @@
 """Decoding on the CPU at the memory-bandwidth limit: the model's Linear layers (and its head) swapped for
-packed ones whose small-batch products are a few lines of C++ (gptkit/csrc/), from float32, float16 or int8
-weights.
+packed ones whose small-batch products are a few lines of C++ (gptkit/csrc/), from float32, float16, int8 or
+four-bit (q4_0) weights.
 
     pack_for_cpu(model, "float32")     # in place: every block Linear and the head; the same weights, read faster
                                        # (sample.py, chat.py and serve.py do this by default on the CPU)
     pack_for_cpu(model, "int8")        # about a quarter of the bytes per token: --quantize int8 in sample/chat/serve
+    pack_for_cpu(model, "q4_0")        # four-bit blocks, the head in q8_0: --quantize q4_0
 
 Why kernels of our own. Decoding one token reads every weight once (GPT-2 small: 500 MB in float32), so its
 speed is the memory bandwidth its matrix-vector products draw. torch's float32 product of one row streams
@@ -34,7 +35,16 @@ Formats: float32 (the weights as they are), float16 (weights rounded to fp16; pr
 (llama.cpp's q8_0: a scale per 32 weights of a row; the activations are quantized the same way for integer
 dot products, as llama.cpp does). int8 weights are stored in groups of four rows, each 32-value block of the
 four rows side by side (interleave4): the kernel reads one activation block for four weight rows from one
-sequential stream (one token's int8 products: 1.5-2x the one-row kernel's speed, measured).
+sequential stream (one token's int8 products: 1.5-2x the one-row kernel's speed, measured). q4_0 is
+llama.cpp's Q4_0, rounded as llama.cpp rounds it (quantize_q4_0: the GGUF round trip is exact): 32 weights a
+block as unsigned 4-bit values q and a scale, weight = scale (q - 8); two rows' values to a byte in the same
+groups of four rows (pack_q4), unpacked in registers by a mask and a shift into exactly int8's two 64-byte
+units, multiplied against the q8 activations by the same dot-product instructions (VNNI's dpbusd takes q as
+its unsigned operand as it is; 8 times the activations' sum is taken off), in the same fused block call.
+The name is the format's own, the one GGUF and llama.cpp use (export.py --dtype q4_0 writes the same blocks):
+the scale is an fp16 value, held here as float32 (the scales' loads are int8's; 5 bits a weight instead of
+4.5). q4_0 keeps the head in q8_0 (Q4_HEAD) and reads the token embedding from the same rows (PackedEmbedding);
+a matrix whose rows are not a multiple of 32 stays float32 (weights_report, on the start-up line, says so).
 
 The CPU at hand. gptkit/csrc/kernels.h is compiled twice into one library (gptkit/csrc/cpu_decode.cpp):
 for AVX-512 (F, BW, VL and VNNI: float16 16 values a step, int8 dot products in one instruction) and for

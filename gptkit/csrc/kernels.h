@@ -1,7 +1,7 @@
 // The CPU kernels of gptkit/cpu_decode.py, written once and compiled once per instruction set: cpu_decode.cpp
 // includes this file twice, inside namespace gptkit_avx2 (AVX2, FMA, F16C) and namespace gptkit_avx512
 // (GPTKIT_AVX512 defined: AVX-512 F/BW/VL and VNNI), each under its own `#pragma GCC target`. Where the two
-// differ (float16's products: 16 floats a step; VNNI's int8 dot products) the AVX-512 code is under
+// differ (float16's products: 16 floats a step; VNNI's int8 and q4_0 dot products) the AVX-512 code is under
 // `#ifdef GPTKIT_AVX512`; the rest (norms, attention, GELU) is the same source compiled for either.
 // No includes here: cpu_decode.cpp includes what this needs before opening the namespace.
 
