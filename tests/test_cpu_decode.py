@@ -735,7 +735,7 @@ def one_line_error(main, *args) -> str:
 @pytest.mark.parametrize("main", [sample.main, chat.main, serve.main])
 def test_a_bad_quantize_value_names_the_flag_and_its_choices(main, ckpt):
     message = one_line_error(main, f"--ckpt={ckpt}", "--device=cpu", "--quantize=int4")
-    assert message == "error: quantize must be one of auto, none, float32, float16, int8; got 'int4'"
+    assert message == "error: quantize must be one of auto, none, float32, float16, int8, q4_0; got 'int4'"
 
 
 def test_quantize_is_refused_off_the_cpu_and_with_a_16_bit_dtype(ckpt, monkeypatch):

@@ -504,7 +504,7 @@ def test_export_cli_writes_gguf_and_refuses_bad_input(tmp_path, tiny_model, tiny
         return message
 
     assert "already exists" in error_of("--format", "gguf", "--out", str(out))
-    assert "dtype must be one of f32, f16, q8_0; got 'q4_k'" in error_of("--format", "gguf", "--out", str(out),
+    assert "dtype must be one of f32, f16, q8_0, q4_0; got 'q4_k'" in error_of("--format", "gguf", "--out", str(out),
                                                                          "--dtype", "q4_k")
     assert "format must be one of hf, gguf, pt; got 'onnx'" in error_of("--format", "onnx", "--out", str(out))
     assert "--format gguf needs --out FILE" in error_of("--format", "gguf")
