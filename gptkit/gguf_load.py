@@ -117,4 +117,6 @@ def load_gguf(path: str | Path) -> tuple[GPT, Tokenizer, str]:
         raise GGUFLoadError(f"{p}: its model description is unusable: {one_line(e)}") from None
     model.load_state_dict(gguf_state_dict(reader, model))
     types = sorted({t.tensor_type.name for t in reader.tensors if len(t.shape) > 1})
+    # The blocks' format, for --quantize=auto (gptkit/inference.py): a q4_0 file decodes as its own blocks.
+    model.gguf_dtype = "q4_0" if "Q4_0" in types else None
     return model.eval(), tokenizer, f"{p} (GGUF, matrices in {'/'.join(types).lower()})"

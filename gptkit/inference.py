@@ -23,7 +23,8 @@ from gptkit.threads import resolve_threads
 
 # The decoding scripts' --quantize: "none" runs the model as loaded; float32, float16, int8 and q4_0 are
 # gptkit/cpu_decode.py's weight formats for the Linear layers (CPU only); "auto" (the default) is float32 on
-# the CPU when the weights are float32 (the same weights and logits, read by faster kernels) and none elsewhere.
+# the CPU when the weights are float32 (the same weights and logits, read by faster kernels; q4_0 for a q4_0
+# GGUF file of export.py's: the file's own blocks) and none elsewhere.
 # (The setting itself, with its help, is gptkit/config.py's DecodeSettings.quantize.)
 QUANTIZE = ("auto", "none", *cpu_decode.FORMATS)
 
@@ -48,6 +49,8 @@ class Inference:
         layers for gptkit/cpu_decode.py's packed ones. Compiles the kernels now (~30 s the first time), not
         at the first token. Count the model's parameters before: packed weights are no parameters."""
         model.to(device=self.rt.device, dtype=self.rt.dtype)
+        if self.auto and self.quantize == "float32" and getattr(model, "gguf_dtype", None) == "q4_0":
+            self.quantize = "q4_0"  # a q4_0 GGUF file (gptkit/gguf_load.py): its own blocks, not 5x their bytes
         if self.quantize != "none":
             if cpu_decode.kernels() is None and self.auto:
                 self.quantize = "none"

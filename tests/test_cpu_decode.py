@@ -912,8 +912,9 @@ def test_weights_take_under_0_3x_float32s_bytes_and_the_start_up_line_says_so(ti
 
 
 def test_sample_py_decodes_a_q4_0_gguf_file_as_the_checkpoint(kernels, trained, ckpt, capsys, tmp_path):
-    """export.py --format gguf --dtype q4_0, then sample.py --ckpt FILE.gguf --quantize=q4_0: the text of the
-    checkpoint itself at --quantize=q4_0 (the file is that model), and the start-up line says the bytes."""
+    """export.py --format gguf --dtype q4_0, then sample.py --ckpt FILE.gguf --quantize=q4_0 (and auto, which
+    picks q4_0 for such a file): the text of the checkpoint itself at --quantize=q4_0 (the file is that model),
+    and the start-up line says the bytes."""
     pytest.importorskip("gguf", reason="the GGUF export needs the gguf package: pip install gguf")
     import export
 
@@ -923,5 +924,8 @@ def test_sample_py_decodes_a_q4_0_gguf_file_as_the_checkpoint(kernels, trained, 
     reference, _ = sample_text(capsys, ckpt, "--quantize=q4_0")
     out, err = sample_text(capsys, path, "--quantize=q4_0")
     assert out == reference and out.startswith(PROMPT)
+    auto, auto_err = sample_text(capsys, path)  # --quantize=auto: a q4_0 file decodes as its own blocks
+    assert auto == reference and "q4_0 weights" in auto_err
+    assert "float32 weights" in sample_text(capsys, ckpt)[1]  # (a checkpoint: float32, as ever)
     assert f"{path} (GGUF, matrices in f32/q4_0/q8_0)" in err
     assert re.search(r"; weights [\d.]+ kB: blocks q4_0 [\d.]+ kB \(0\.\d+x their float32 bytes\), head q8_0 ", err)
