@@ -834,7 +834,8 @@ def test_the_layout_packs_two_rows_a_byte_and_rows_not_a_multiple_of_the_block_s
 @pytest.mark.parametrize("M", [1, 3, 9, 40])  # a decode step, a few rows, a batch, a prefill
 def test_products_equal_the_float_product_of_the_dequantized_operands(variant, M, N, K, threads):
     """The kernel computes x^ . w^ + b, where w^ are the q4_0 weights and x^ the activations rounded as q8_0:
-    within float32's rounding of that product; and not the float product itself (the rounding is real)."""
+    within float32's rounding of that product; not the float product itself (the rounding is real); and a
+    batch's rows (its groups unpacked once) equal to the bit each row alone (unpacked in registers)."""
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(M * N + K)
     x, w, b = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g) * 0.05, torch.randn(N, generator=g)
@@ -846,6 +847,8 @@ def test_products_equal_the_float_product_of_the_dequantized_operands(variant, M
     assert ((got - reference).abs() <= slack).all()
     assert ((PackedLinear(w, None, "q4_0")(x) - (reference - b)).abs() <= slack).all()  # no bias
     assert (got - F.linear(x, w, b)).abs().max() > 1e-3  # four-bit weights: not the float32 product
+    # from 4 rows on each group is unpacked once for all rows: the same integers summed, the same results
+    assert torch.equal(got, torch.cat([layer(x[i : i + 1]) for i in range(M)]))
 
 
 def float_twin(model: GPT, q4: GPT) -> GPT:
