@@ -755,6 +755,9 @@ def test_the_products_benchmark_prints_a_row_per_matrix_and_rows(kernels, capsys
     cpu_products.main(["--formats=float32", "--rows=1,5", "--repeats=1", "--threads=1"])
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| float32 |")]
     assert len(lines) == 2 * len(cpu_products.SHAPES) and all(line.count("|") == 8 for line in lines)
+    cpu_products.main(["--formats=q4_0", "--rows=2", "--repeats=1", "--threads=1"])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| q4_0 |")]
+    assert len(lines) == len(cpu_products.SHAPES)
     with pytest.raises(SystemExit, match="--formats 'bf16'"):
         cpu_products.main(["--formats=bf16"])
 
