@@ -249,7 +249,29 @@ def test_files_read_back_are_the_models_that_wrote_them(trained, trained_bpe, ex
     assert torch.equal(q8, (q.reshape(q.size(0), -1, 32) * scale[..., None]).reshape(q.shape))
 
 
-def test_other_gguf_files_are_one_line_errors(tmp_path, trained_bpe, tiny_model):
+def test_an_untied_model_without_biases_reads_back_exactly(tmp_path):
+    """An untied head (the file's `output`, q8_0 at q4_0 like token_embd) and no biases (the file's zero biases
+    are dropped): the q4_0 file read back and packed is our own q4_0 model, logit for logit."""
+    from gptkit.gguf_load import load_gguf
+
+    tokenizer = Tokenizer.char_from_text(CHARS_TEXT)
+    torch.manual_seed(2)
+    config = GPTConfig(block_size=32, vocab_size=tokenizer.vocab_size, n_layer=2, n_head=2, n_embd=64,
+                       bias=False, tie_embeddings=False)
+    model = GPT(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    result = export_gguf(model, tmp_path / "m.gguf", {"tokenizer": tokenizer.to_meta()}, dtype="q4_0")
+    tensors = read(result.path)[1]
+    assert tensors["output.weight"][0] == "Q8_0" and tensors["token_embd.weight"][0] == "Q8_0"
+    back, _, _ = load_gguf(result.path)
+    assert not back.config.bias and not back.config.tie_embeddings
+    ids = tokenizer.encode(CHARS_TEXT)[:32]
+    assert torch.equal(packed_logits(back, "q4_0", ids), packed_logits(model, "q4_0", ids))
+
+
+def test_other_gguf_files_are_one_line_errors(tmp_path):
     from gptkit.gguf_load import GGUFLoadError, load_gguf
 
     writer = gguf.GGUFWriter(str(tmp_path / "other.gguf"), "gpt2")  # llama.cpp's own, without our keys
