@@ -83,7 +83,9 @@ def export_gguf(
     tokenizer_meta: the checkpoint's tokenizer description (the dataset meta, or its "tokenizer" entry).
     dtype: the matrices' type, f32, f16, q8_0 or q4_0 (norms, biases and the position table stay f32, as
     llama.cpp's converter keeps them; q4_0's token embedding, which is also a tied head, is q8_0: the model
-    that `--quantize=q4_0` decodes, gptkit/cpu_decode.py's Q4_HEAD). chat_template: a Jinja chat template for tokenizer.chat_template (a chat model's).
+    that `--quantize=q4_0` decodes, gptkit/cpu_decode.py's Q4_HEAD). chat_template: a Jinja chat template for
+    tokenizer.chat_template (a chat model's). The file also carries the model's config and tokenizer under
+    our own keys, so that our scripts read it back (gptkit/gguf_load.py).
     An existing file is refused unless overwrite=True; it is replaced only once the new one is complete.
     """
     gguf = _import_gguf()

@@ -105,8 +105,9 @@ def lora_model(ckpt: dict, dropout: float = 0.0) -> GPT:
 
 def load_model(ckpt: str = "", init_from: str = "") -> tuple[GPT, Tokenizer, str]:
     """What sample.py and eval.py run: a trained checkpoint (`ckpt`: a file or an out_dir, 'out' when neither
-    is given; a GGUF file of export.py's too: gptkit/gguf_load.py) or GPT-2 weights (`init_from`: a GPT-2 name or a local Hugging Face folder). Returns the model
-    (on the CPU, in eval mode), its tokenizer, and a few words saying what was loaded."""
+    is given; a GGUF file of export.py's too: gptkit/gguf_load.py) or GPT-2 weights (`init_from`: a GPT-2 name
+    or a local Hugging Face folder). Returns the model (on the CPU, in eval mode), its tokenizer, and a few
+    words saying what was loaded."""
     model, tokenizer, what, _ = load_model_and_settings(ckpt, init_from)
     return model, tokenizer, what
 
