@@ -2,14 +2,15 @@
 its tokenizer (GPT-2's BPE, a trained BPE or characters, with its special tokens) as Hugging Face files.
 
     python export.py --ckpt out-shakespeare/ --out hf-shakespeare/     # (--to DIR, the older spelling, too)
-    python export.py --ckpt out-shakespeare/ --format gguf --out shakespeare.gguf --dtype q8_0
+    python export.py --ckpt out-shakespeare/ --format gguf --out shakespeare.gguf --dtype q8_0   # or q4_0
     python export.py --ckpt out/ --format pt --out model.pt      # a sharded (FSDP) checkpoint as one file
 
 The folder loads with `transformers.AutoModelForCausalLM.from_pretrained` and `AutoTokenizer.from_pretrained`;
 gptkit/hf_export.py writes it (the mapping between HF's layout and ours lives in gptkit/hf_gpt2.py, the tokenizer
 files in gptkit/hf_tokenizer.py).
 With --format gguf the model and its tokenizer go into one GGUF file instead, for llama.cpp, ollama and LM
-Studio (gptkit/gguf.py writes it). With --format pt the checkpoint becomes one file of this project's own
+Studio (gptkit/gguf.py writes it); sample.py, chat.py and serve.py read such a file back as a checkpoint
+(--ckpt shakespeare.gguf; a q4_0 file with --quantize=q4_0 is exactly the model that wrote it). With --format pt the checkpoint becomes one file of this project's own
 format, the weights and everything but the optimizer state: what a run under FSDP saves as a folder of shards
 (out_dir/last/), as one file for copying or sharing (every script here also reads the folder as it is).
 """
@@ -47,8 +48,9 @@ class ExportConfig:
                                 "pt: this project's one-file checkpoint, e.g. of a sharded one (--out FILE)",
                           ("hf", "gguf", "pt"))
     out: str = setting("", "what to write: the folder (--format hf) or the file (gguf, pt)")
-    dtype: str | None = setting(None, "--format gguf: the file's weights, f32 (auto), f16 (half the size) or q8_0 "
-                                      "(8-bit, about a quarter), each faster to decode in llama.cpp", GGUF_DTYPES)
+    dtype: str | None = setting(None, "--format gguf: the file's weights, f32 (auto), f16 (half the size), q8_0 "
+                                      "(8-bit, about a quarter) or q4_0 (4-bit blocks, the token embedding in "
+                                      "q8_0), each faster to decode in llama.cpp", GGUF_DTYPES)
     overwrite: bool = setting(False, "allow writing into a non-empty folder (--format hf), or over a file")
     ALIASES_TITLE = "other spellings"
     ALIASES = {"to": Alias("out", "the folder to write (--format hf)")}
@@ -124,10 +126,11 @@ def main(argv: list[str] | None = None) -> None:
             raise ExportError(f"cannot write {args.out}: {cli.describe_os_error(e)}") from None
         print(f"exported {what} to {gguf.path} ({_size(gguf.path.stat().st_size)}): llama.cpp's gpt2 "
               f"architecture, {gguf.dtype} weights, tokenizer: {gguf.tokenizer}")
-        if gguf.f16_fallback:
-            print(f"note: {len(gguf.f16_fallback)} matrices have rows that are not a multiple of 32, the block "
-                  f"of q8_0, and are stored as f16 instead (as llama.cpp's converter does): "
-                  f"{', '.join(gguf.f16_fallback)}")
+        if gguf.fallback:
+            kept = ("f16 instead (as llama.cpp's converter does)" if gguf.dtype == "q8_0"
+                    else "f32 instead (as --quantize=q4_0 keeps them)")
+            print(f"note: {len(gguf.fallback)} matrices have rows that are not a multiple of 32, the block "
+                  f"of {gguf.dtype}, and are stored as {kept}: {', '.join(gguf.fallback)}")
         print(f"run it with llama.cpp: llama-completion -m {gguf.path} -no-cnv -p 'Hello' -n 100 (ollama, LM "
               f"Studio and a chat model: README.md, \"Run it elsewhere: GGUF\")")
         return

@@ -1,5 +1,5 @@
 """Decoding on the CPU, side by side in one run (issue 27): gptkit as loaded and with its Linear layers packed
-(gptkit/cpu_decode.py: float32, float16, int8), transformers, and llama.cpp (f32, f16, q8_0) on the same
+(gptkit/cpu_decode.py: float32, float16, int8, q4_0), transformers, and llama.cpp (f32, f16, q8_0, q4_0) on the same
 random-weight models, batch 1. Prints markdown tables.
 
     python benchmarks/cpu_decode.py                          # GPT-2 small's shape and the baby model, ~5 min
@@ -77,13 +77,15 @@ PROMPT = 16  # tokens of the decode runs' prompt
 PREFILL = 512  # tokens of the prefill runs' prompt (at most the model's block_size)
 GREEDY = SamplingOptions(temperature=0)
 FORMATS = cpu_decode.FORMATS  # gptkit's packed formats
-LLAMA_TYPES = ("f32", "f16", "q8_0")  # llama.cpp's, in the same order: the same bytes per weight, about
+LLAMA_TYPES = ("f32", "f16", "q8_0", "q4_0")  # llama.cpp's, in the same order: the same bytes per weight, about
 SAME_BYTES = dict(zip(FORMATS, LLAMA_TYPES))
 ENGINES = ("gptkit", "transformers", "llama.cpp")
-# Bytes per weight of each format as the products read it (int8: ours stores a float32 scale per 32 weights,
-# llama.cpp's q8_0 an fp16 one).
-WEIGHT_BYTES = {"fp32": 4.0, "float32": 4.0, "float16": 2.0, "int8": 36 / 32, "f32": 4.0, "f16": 2.0,
-                "q8_0": 34 / 32}
+# Bytes per weight of each format as the products read it (int8, q4_0: ours store a float32 scale per 32
+# weights, llama.cpp's q8_0 and q4_0 an fp16 one).
+WEIGHT_BYTES = {"fp32": 4.0, "float32": 4.0, "float16": 2.0, "int8": 36 / 32, "q4_0": 20 / 32, "f32": 4.0,
+                "f16": 2.0, "q8_0": 34 / 32, "llama q4_0": 18 / 32}
+# The head's format where it differs from the blocks': q4_0's is q8_0, ours and in export.py's q4_0 files.
+HEAD_BYTES = {"q4_0": WEIGHT_BYTES["int8"], "llama q4_0": WEIGHT_BYTES["q8_0"]}
 
 
 class BenchError(cli.UserError):
@@ -399,10 +401,11 @@ def missing(module: str, why: str) -> str | None:
 
 
 def weight_bytes(config: GPTConfig, fmt: str) -> float:
-    """Bytes of the weights one decode step's products read: the blocks' Linear layers and the head."""
+    """Bytes of the weights one decode step's products read: the blocks' Linear layers and the head (fmt:
+    a WEIGHT_BYTES key; llama.cpp's q4_0 as "llama q4_0")."""
     c = config
     per_block = 12 * c.n_embd * c.n_embd  # c_attn 3C x C, attn c_proj C x C, c_fc 4C x C, mlp c_proj C x 4C
-    return (c.n_layer * per_block + c.vocab_size * c.n_embd) * WEIGHT_BYTES[fmt]
+    return c.n_layer * per_block * WEIGHT_BYTES[fmt] + c.vocab_size * c.n_embd * HEAD_BYTES.get(fmt, WEIGHT_BYTES[fmt])
 
 
 def read_bandwidth(threads: int, gigabytes: float = 0.5, repeats: int = 5) -> float:
@@ -490,7 +493,8 @@ def measure(shape: Shape, threads: int, repeats: int, folder: Path, engines: set
         row = contender.row
         row.prefill, row.decode = statistics.median(prefills[i]), statistics.median(decodes[i])
         fmt = row.weights.split()[0 if row.engine.startswith("llama.cpp") or "as loaded" in row.weights else 1]
-        row.gbps = weight_bytes(shape.config, fmt) * row.decode / 1e9
+        row.gbps = weight_bytes(shape.config, f"llama {fmt}" if row.engine.startswith("llama.cpp") and fmt == "q4_0"
+                                else fmt) * row.decode / 1e9
         if row.engine.startswith("gptkit"):
             same = "f32" if "as loaded" in row.weights else SAME_BYTES[fmt]
             ratios = []

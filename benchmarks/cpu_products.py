@@ -6,6 +6,7 @@ and int8's "any number of rows" were chosen from.
 
     python benchmarks/cpu_products.py                         # float32 and int8, 1 to 352 rows
     python benchmarks/cpu_products.py --formats float32 --rows 4,16,64,96 --threads 2
+    python benchmarks/cpu_products.py --formats int8,q4_0 --rows 1,2,3,4,8,16 --threads 2
 
 Rows: 1 (batch-1 decoding), 4 and 16 (serve.py's batches), 22 to 352 (prompts' prefills: 16 prompts of 22
 tokens are 352 rows). float32 above FLOAT32_KERNEL_ROWS (64) rows: the kernel library itself hands the
@@ -36,7 +37,7 @@ SHAPES = ((2304, 768, "attn.c_attn"), (768, 768, "attn.c_proj"), (3072, 768, "ml
 
 
 def widened(x: torch.Tensor, layer: cpu_decode.PackedLinear) -> torch.Tensor:
-    """int8 without its kernel: the weight widened to float32, then torch's product."""
+    """int8 (q4_0) without its kernel: the weight widened to float32, then torch's product."""
     return F.linear(x, layer.dense_weight(), layer.bias)
 
 
@@ -53,14 +54,14 @@ def median_ms(fn, repeats: int) -> float:
 @cli.entry_point()
 def main(argv: list[str] | None = None) -> None:
     p = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--formats", default="float32,int8", help="comma-separated: float32, int8")
+    p.add_argument("--formats", default="float32,int8", help="comma-separated: float32, int8, q4_0")
     p.add_argument("--rows", default="1,4,8,16,22,64,96,352", help="comma-separated numbers of activation rows")
     p.add_argument("--threads", type=int, default=0, help="torch's threads (0: gptkit.threads.choose_threads())")
     p.add_argument("--repeats", type=int, default=15, help="timed calls per figure (the median is shown)")
     args = p.parse_args(argv)
     formats = args.formats.split(",")
-    if not set(formats) <= {"float32", "int8"}:
-        raise cli.UserError(f"--formats {args.formats!r}: float32, int8 or both")
+    if not set(formats) <= {"float32", "int8", "q4_0"}:
+        raise cli.UserError(f"--formats {args.formats!r}: float32, int8, q4_0, or several of them")
     try:
         rows = [int(r) for r in args.rows.split(",")]
     except ValueError:
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> None:
                     kernel = functools.partial(kernels.linear_f32, x, layer.weight, layer.bias)
                     reference = functools.partial(F.linear, x, layer.weight, layer.bias)
                 else:
-                    kernel = functools.partial(kernels.linear_q8, x, layer.weight, layer.scale, layer.bias, n)
+                    op = kernels.linear_q4 if fmt == "q4_0" else kernels.linear_q8
+                    kernel = functools.partial(op, x, layer.weight, layer.scale, layer.bias, n)
                     reference = functools.partial(widened, x, layer)
                 repeats = max(3, args.repeats // 3) if n * m > 1_000_000 else args.repeats
                 ours, theirs = median_ms(kernel, repeats), median_ms(reference, repeats)

@@ -252,8 +252,8 @@ def main(argv: list[str] | None = None) -> None:
                    "\"--quantize=int8 --threads=2\"")
     p.add_argument("--llama_server", default="", help="also measure llama.cpp's llama-server, this binary (bash "
                    "benchmarks/llama_server.sh builds it), with its prompt cache")
-    p.add_argument("--llama_type", choices=("f32", "f16", "q8_0"), default="f32",
-                   help="llama-server's weights (f32 beside --quantize=float32, q8_0 beside int8)")
+    p.add_argument("--llama_type", choices=("f32", "f16", "q8_0", "q4_0"), default="f32",
+                   help="llama-server's weights (f32 beside --quantize=float32, q8_0 beside int8, q4_0 beside q4_0)")
     p.add_argument("--llama_args", default="-t 2", help="more options for llama-server (default: -t 2)")
     args = p.parse_args(argv)
     try:

@@ -294,9 +294,10 @@ class DecodeSettings(InferenceSettings):
     """...and how to decode on the CPU (gptkit/inference.py's setup_inference)."""
 
     quantize: str = setting("auto", "the Linear layers' weights for decoding on the CPU: auto (float32 on the CPU "
-                                    "with float32 weights, else none), none (the model as loaded), float32 (the "
-                                    "same weights, faster kernels), float16 (half the bytes) or int8 (8 bits and a "
-                                    "scale per 32)", QUANTIZE)
+                                    "with float32 weights, q4_0 for a q4_0 GGUF file, else none), none (the model as loaded), float32 (the "
+                                    "same weights, faster kernels), float16 (half the bytes), int8 (8 bits and a "
+                                    "scale per 32) or q4_0 (4 bits and an fp16 scale per 32, llama.cpp's Q4_0; "
+                                    "the head and token embedding in q8_0)", QUANTIZE)
 
 
 @dataclass

@@ -1,10 +1,11 @@
 """Decoding on the CPU at the memory-bandwidth limit: the model's Linear layers (and its head) swapped for
-packed ones whose small-batch products are a few lines of C++ (gptkit/csrc/), from float32, float16 or int8
-weights.
+packed ones whose small-batch products are a few lines of C++ (gptkit/csrc/), from float32, float16, int8 or
+four-bit (q4_0) weights.
 
     pack_for_cpu(model, "float32")     # in place: every block Linear and the head; the same weights, read faster
                                        # (sample.py, chat.py and serve.py do this by default on the CPU)
     pack_for_cpu(model, "int8")        # about a quarter of the bytes per token: --quantize int8 in sample/chat/serve
+    pack_for_cpu(model, "q4_0")        # four-bit blocks, the head in q8_0: --quantize q4_0
 
 Why kernels of our own. Decoding one token reads every weight once (GPT-2 small: 500 MB in float32), so its
 speed is the memory bandwidth its matrix-vector products draw. torch's float32 product of one row streams
@@ -34,7 +35,16 @@ Formats: float32 (the weights as they are), float16 (weights rounded to fp16; pr
 (llama.cpp's q8_0: a scale per 32 weights of a row; the activations are quantized the same way for integer
 dot products, as llama.cpp does). int8 weights are stored in groups of four rows, each 32-value block of the
 four rows side by side (interleave4): the kernel reads one activation block for four weight rows from one
-sequential stream (one token's int8 products: 1.5-2x the one-row kernel's speed, measured).
+sequential stream (one token's int8 products: 1.5-2x the one-row kernel's speed, measured). q4_0 is
+llama.cpp's Q4_0, rounded as llama.cpp rounds it (quantize_q4_0: the GGUF round trip is exact): 32 weights a
+block as unsigned 4-bit values q and a scale, weight = scale (q - 8); two rows' values to a byte in the same
+groups of four rows (pack_q4), unpacked in registers by a mask and a shift into exactly int8's two 64-byte
+units, multiplied against the q8 activations by the same dot-product instructions (VNNI's dpbusd takes q as
+its unsigned operand as it is; 8 times the activations' sum is taken off), in the same fused block call.
+The name is the format's own, the one GGUF and llama.cpp use (export.py --dtype q4_0 writes the same blocks):
+the scale is an fp16 value, held here as float32 (the scales' loads are int8's; 5 bits a weight instead of
+4.5). q4_0 keeps the head in q8_0 (Q4_HEAD) and reads the token embedding from the same rows (PackedEmbedding);
+a matrix whose rows are not a multiple of 32 stays float32 (weights_report, on the start-up line, says so).
 
 The CPU at hand. gptkit/csrc/kernels.h is compiled twice into one library (gptkit/csrc/cpu_decode.cpp):
 for AVX-512 (F, BW, VL and VNNI: float16 16 values a step, int8 dot products in one instruction) and for
@@ -64,7 +74,13 @@ import torch.nn.functional as F
 from gptkit import cli
 from model import ACTIVATIONS, Block, CacheSlice
 
-FORMATS = ("float32", "float16", "int8")
+FORMATS = ("float32", "float16", "int8", "q4_0")
+# q4_0's widths: its block matrices in four bits; the head, and the token embedding the head is tied to, in
+# llama.cpp's q8_0 (8 bits, an fp16 scale per 32: gguf's q8_0 to the bit), the embedding's lookups reading
+# the same rounded values, so that a GGUF q4_0 file (token_embd in q8_0, as export.py writes it) is this
+# model. Why the head stays at 8 bits: BENCHMARKS.md, "Four-bit weights: quality".
+Q4_HEAD = "q8_0"
+GROUPED = ("int8", "q8_0", "q4_0")  # the formats in the kernels' groups of four rows, with per-block scales
 SMALL_BATCH = 16  # rows up to which a block's decode step is one fused kernel call, and a float16 product
 # the kernel's: decoding, serve.py's batch (int8 products are the kernel's whatever their rows: see above)
 # float32 products up to this many rows are the kernel's (tiles of 4 activation rows by 3 weight rows: 1.3-2.7x
@@ -238,8 +254,9 @@ def _register_fakes() -> None:
         for name in ("linear_f32", "linear_f16"):
             torch.library.register_fake(f"gptkit_{variant}::{name}")(
                 lambda x, w, bias: x.new_empty(x.size(0), w.size(0)))
-        torch.library.register_fake(f"gptkit_{variant}::linear_q8")(
-            lambda x, w, ws, bias, n: x.new_empty(x.size(0), n))
+        for name in ("linear_q8", "linear_q4"):
+            torch.library.register_fake(f"gptkit_{variant}::{name}")(
+                lambda x, w, ws, bias, n: x.new_empty(x.size(0), n))
 
 
 # ----------------------------------------------------------------------------- packed layers
@@ -253,6 +270,54 @@ def quantize_q8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = blocks.abs().amax(dim=-1) / 127
     q = torch.round(blocks / scale.clamp_min(1e-30)[..., None]).to(torch.int8)  # an all-zero run: zeros
     return q.reshape(w.shape).contiguous(), scale.contiguous()
+
+
+def quantize_q8_0(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w (N, K), K a multiple of BLOCK -> int8 (N, K) and scales (N, K / BLOCK) as llama.cpp's q8_0 computes
+    them (gguf-py's quantizer and ggml's reference to the bit): d = the run's largest magnitude / 127, each
+    weight round(w / d) (halves away from zero, as C's roundf), the scale stored as d rounded to fp16 (held
+    here in float32, exactly). Idempotent: quantizing the weights it stands for gives the same values back."""
+    blocks = w.float().reshape(w.size(0), -1, BLOCK)
+    d = blocks.abs().amax(dim=-1, keepdim=True) / 127
+    inv = torch.where(d == 0, 0.0, 1 / d)
+    a = (blocks * inv).abs()
+    whole = torch.floor(a)  # roundf as gguf-py writes it (floor(a + 0.5) would round 0.5 - 2**-25 up)
+    q = (torch.sign(blocks) * (whole + torch.floor(2 * (a - whole)))).to(torch.int8)
+    return q.reshape(w.shape).contiguous(), d[..., 0].half().float().contiguous()
+
+
+def quantize_q4_0(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w (N, K), K a multiple of BLOCK -> 4-bit values (N, K) as uint8 0..15 and scales (N, K / BLOCK), each
+    weight standing for scale * (q - 8): llama.cpp's Q4_0, as gguf-py's quantizer and ggml's reference compute
+    it, to the bit. The run's value of largest magnitude, m (the first where two tie), gives d = m / -8, so m
+    itself is q = 0 (exact) and the other side reaches +7 d; q = trunc(w / d + 8.5) clamped to 15 (w / d as w
+    times 1 / d in float32), the scale stored as d rounded to fp16 (held here in float32, exactly).
+    Idempotent (the weights it stands for quantize to the same values): what makes a GGUF file's q4_0 read
+    back and packed again the model that wrote it."""
+    blocks = w.float().reshape(w.size(0), -1, BLOCK)
+    top = blocks.gather(-1, blocks.abs().argmax(dim=-1, keepdim=True))  # argmax: the first of equal ones
+    d = top / -8
+    inv = torch.where(d == 0, 0.0, 1 / d)
+    q = torch.trunc(blocks * inv + 8.5).clamp(0, 15).to(torch.uint8)
+    return q.reshape(w.shape).contiguous(), d[..., 0].half().float().contiguous()
+
+
+def pack_q4(q: torch.Tensor) -> torch.Tensor:
+    """The q4_0 kernel's layout of 4-bit values q (N, K) (uint8 0..15): interleave4's groups of four rows
+    (zero rows padding N), each block's 64 bytes holding row 0's 32 values in the low nibbles of bytes 0-31
+    and row 2's in their high ones, rows 1 and 3 likewise in bytes 32-63 (kernels.h, dot_group_q4): (N4, K / 2)."""
+    n, k = q.shape
+    g = interleave4(q.reshape(n, -1, BLOCK)).reshape(-1, k // BLOCK, 4, BLOCK)  # (group, block, row, 32)
+    packed = g[:, :, :2] | (g[:, :, 2:] << 4)  # rows 0|2 and 1|3
+    return packed.reshape(-1, k // 2).contiguous()
+
+
+def unpack_q4(packed: torch.Tensor, rows: int) -> torch.Tensor:
+    """pack_q4's inverse: (N4, K / 2) -> the 4-bit values (rows, K)."""
+    k = packed.size(1) * 2
+    p = packed.reshape(-1, k // BLOCK, 2, BLOCK)
+    g = torch.cat([p & 0x0F, p >> 4], dim=2)  # rows 0, 1, 2, 3
+    return deinterleave4(g.reshape(-1, k), rows, BLOCK).reshape(rows, k)
 
 
 def interleave4(t: torch.Tensor) -> torch.Tensor:
@@ -271,27 +336,29 @@ def deinterleave4(t: torch.Tensor, rows: int, x: int) -> torch.Tensor:
 
 
 class PackedLinear(nn.Module):
-    """An nn.Linear for inference on the CPU, its weight kept as `fmt` (float32, float16 or int8): products of
-    up to FLOAT32_KERNEL_ROWS rows in float32, SMALL_BATCH in float16, and any number in int8 go to the
-    kernels, larger ones (and every one where the kernels cannot run, or in_features is not a multiple of 32)
-    to torch. Outputs are float32 whatever the input's dtype. int8 weights and their scales are stored in the kernel's layout (interleave4),
-    dense_weight() gives them back as a matrix."""
+    """An nn.Linear for inference on the CPU, its weight kept as `fmt` (float32, float16, int8, q4_0, or q8_0:
+    int8's kernel with llama.cpp's q8_0 rounding, q4_0's head): products of up to FLOAT32_KERNEL_ROWS rows in
+    float32, SMALL_BATCH in float16, and any number in int8, q8_0 and q4_0 go to the kernels, larger ones (and
+    every one where the kernels cannot run) to torch. A weight whose rows are not a multiple of 32 (the
+    blocks) stays float32, whatever fmt (`kept_float32`). Outputs are float32 whatever the input's dtype. The
+    block formats' weights and scales are stored in the kernels' layout (interleave4, pack_q4); dense_weight()
+    gives them back as a matrix."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, fmt: str):
         super().__init__()
-        if fmt not in FORMATS:
+        if fmt not in (*FORMATS, Q4_HEAD):
             raise ValueError(f"unknown weight format {fmt!r}; use one of {', '.join(FORMATS)}")
         self.fmt, self.out_features, self.in_features = fmt, weight.size(0), weight.size(1)
         weight = weight.detach().float().contiguous()
         self.fast = self.in_features % BLOCK == 0  # the kernels take 32 values at a time
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
         self.register_buffer("scale", None)
-        if fmt == "int8":
-            weight, scale = quantize_q8(weight) if self.fast else (weight, None)  # (torch's product: float32)
-            if self.fast:
-                n = self.out_features
-                weight = interleave4(weight.reshape(n, -1, BLOCK))
-                self.scale = interleave4(scale.reshape(n, -1, 1))
+        self.kept_float32 = fmt in GROUPED and not self.fast  # (torch's product, from the float32 weight)
+        if fmt in GROUPED and self.fast:
+            n = self.out_features
+            weight, scale = {"int8": quantize_q8, "q8_0": quantize_q8_0, "q4_0": quantize_q4_0}[fmt](weight)
+            weight = pack_q4(weight) if fmt == "q4_0" else interleave4(weight.reshape(n, -1, BLOCK))
+            self.scale = interleave4(scale.reshape(n, -1, 1))
         elif fmt == "float16":
             weight = weight.to(torch.float16)
         # In 2 MiB pages, read once per token (a float32 weight already there, the tied head's: as it is).
@@ -299,10 +366,13 @@ class PackedLinear(nn.Module):
 
     def dense_weight(self) -> torch.Tensor:
         """The weight as float32 (N, K): what the format stores, widened."""
-        if self.fmt == "int8" and self.scale is not None:
+        if self.scale is not None:
             n = self.out_features
-            blocks = deinterleave4(self.weight, n, BLOCK).float() * deinterleave4(self.scale, n, 1)
-            return blocks.reshape(n, self.in_features)
+            if self.fmt == "q4_0":
+                values = unpack_q4(self.weight, n).reshape(n, -1, BLOCK).float() - 8
+            else:
+                values = deinterleave4(self.weight, n, BLOCK).float()
+            return (values * deinterleave4(self.scale, n, 1)).reshape(n, self.in_features)
         return self.weight.float()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -315,6 +385,8 @@ class PackedLinear(nn.Module):
             y = k.linear_f32(flat, self.weight, self.bias)
         elif self.fmt == "float16":
             y = k.linear_f16(flat, self.weight, self.bias)
+        elif self.fmt == "q4_0":
+            y = k.linear_q4(flat, self.weight, self.scale, self.bias, self.out_features)
         else:
             y = k.linear_q8(flat, self.weight, self.scale, self.bias, self.out_features)
         return y.reshape(*x.shape[:-1], self.out_features)
@@ -372,12 +444,15 @@ class PackedBlock(Block):
 @torch.no_grad()
 def pack_for_cpu(model: nn.Module, fmt: str = "float32") -> nn.Module:
     """Swap every Linear of the blocks, and the head, for a PackedLinear in `fmt`, and every block for a
-    PackedBlock holding the same submodules (in place; returns the model). The head keeps the real vocabulary's rows only (the padding rows are never logits); a tied head
-    is packed from wte's rows, which the embedding keeps as they are. For inference only: the packed model
-    can no longer be trained, nor saved as a checkpoint of ours. Call it after moving the model to float32
-    on the CPU (model.to would cast the packed weights)."""
+    PackedBlock holding the same submodules (in place; returns the model). The head keeps the real vocabulary's
+    rows only (the padding rows are never logits); a tied head is packed from wte's rows, which the embedding
+    keeps as they are, but for q4_0: its head is q8_0 (Q4_HEAD) and its token embedding a PackedEmbedding that
+    reads the same q8_0 rows (the tied head's own; an untied model's, its own), as a GGUF q4_0 file holds
+    them. For inference only: the packed model can no longer be trained, nor saved as a checkpoint of ours.
+    Call it after moving the model to float32 on the CPU (model.to would cast the packed weights)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown weight format {fmt!r}; use one of {', '.join(FORMATS)}")
+    head_fmt = Q4_HEAD if fmt == "q4_0" else fmt
     for i, block in enumerate(model.transformer.h):
         for parent in (block.attn, block.mlp):
             for name, child in list(parent.named_children()):
@@ -387,8 +462,84 @@ def pack_for_cpu(model: nn.Module, fmt: str = "float32") -> nn.Module:
     head = model.lm_head.weight
     if fmt == "float32" and head is model.transformer.wte.weight:  # tied: wte's rows are the head's weight
         head.data = huge_page_copy(head.data)  # so that the packed head reads them in huge pages, uncopied
-    model.lm_head = PackedLinear(head[: model.config.vocab_size], None, fmt)
+    tied = head is model.transformer.wte.weight
+    model.lm_head = PackedLinear(head[: model.config.vocab_size], None, head_fmt)
+    if fmt == "q4_0" and not model.lm_head.kept_float32:
+        rows = model.transformer.wte.weight[: model.config.vocab_size]
+        table = model.lm_head if tied else PackedLinear(rows, None, Q4_HEAD)
+        model.transformer.wte = PackedEmbedding(table)  # (the float32 table is freed with the old module)
     return model
+
+
+class PackedEmbedding(nn.Module):
+    """q4_0's token embedding: its rows read from a q8_0 PackedLinear (the tied head itself: no second copy)
+    and widened on lookup, exactly the values that GGUF's q8_0 token_embd stands for. `weight` is an empty
+    float32 (0, C) tensor: what code that asks the embedding for the model's device and dtype reads (the KV
+    cache's setup, the serving engine); there is no float table."""
+
+    def __init__(self, table: PackedLinear):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = table.out_features, table.in_features
+        # Plain attributes, not a submodule nor buffers: the tied head's tensors are counted and saved once, as
+        # the head's (an untied table's are this module's alone, counted by weights_report).
+        object.__setattr__(self, "table", table)
+        self.q, self.scale = table.weight, table.scale
+        self.register_buffer("weight", torch.empty(0, table.in_features), persistent=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        blocks = self.embedding_dim // BLOCK
+        q = self.q.view(-1, blocks, 4, BLOCK)  # interleave4's (group, block, row, 32)
+        s = self.scale.view(-1, blocks, 4)
+        group, row = idx // 4, idx % 4
+        return (q[group, :, row].float() * s[group, :, row][..., None]).reshape(*idx.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, fmt={self.table.fmt} (the head's rows)"
+
+
+def weights_report(model: nn.Module) -> str:
+    """A few words on a packed model's weights for the decoding scripts' start-up line: their bytes in memory,
+    each format's share, and what stays wider than the format asked (the head and embeddings, matrices whose
+    rows are not a multiple of the 32-value block), e.g. 'weights 9.3 MB: blocks q4_0 5.1 MB (0.16x their
+    float32 bytes), head q8_0 1.7 MB, embeddings and norms float32 2.5 MB (...)'."""
+    packed = [(name, m) for name, m in model.named_modules() if isinstance(m, PackedLinear)]
+    if not packed:
+        return ""
+
+    def nbytes(*tensors) -> int:
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+    def size(n: int) -> str:
+        return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB"
+
+    blocks = [(name, m) for name, m in packed if name != "lm_head"]
+    fmt = blocks[0][1].fmt if blocks else model.lm_head.fmt
+    wide = [name for name, m in packed if m.kept_float32]
+    in_blocks = sum(nbytes(m.weight, m.scale, m.bias) for _, m in blocks if not m.kept_float32)
+    as_float32 = sum(4 * (m.out_features * m.in_features + m.out_features * (m.bias is not None))
+                     for _, m in blocks if not m.kept_float32)
+    head = model.lm_head
+    head_bytes = nbytes(head.weight, head.scale, head.bias)
+    kept = {id(t) for _, m in packed for t in (m.weight, m.scale, m.bias) if t is not None}
+    others = sum(nbytes(t) for t in model.parameters() if id(t) not in kept)  # embeddings, norms
+    wte = model.transformer.wte
+    token = ""
+    if isinstance(wte, PackedEmbedding):
+        own = 0 if wte.table is head else nbytes(wte.q, wte.scale)
+        others += own
+        token = f" (the token embedding: {wte.table.fmt}, " + (f"{size(own)})" if own else "the head's own rows)")
+    wide_bytes = sum(nbytes(m.weight, m.bias) for name, m in blocks if m.kept_float32)
+    total = in_blocks + head_bytes + others + wide_bytes
+    if head.weight.data_ptr() == model.transformer.wte.weight.data_ptr():  # float32's tied head: wte's rows
+        total -= head_bytes
+    parts = [f"blocks {fmt} {size(in_blocks)}"
+             + (f" ({in_blocks / as_float32:.2f}x their float32 bytes)" if as_float32 and fmt != "float32" else ""),
+             f"head {head.fmt if not head.kept_float32 else 'float32'} {size(head_bytes)}",
+             f"embeddings and norms {size(others)}" + (token or " float32")]
+    if wide:
+        shown = ", ".join(wide[:4]) + (f" and {len(wide) - 4} more" if len(wide) > 4 else "")
+        parts.append(f"{len(wide)} kept float32 ({size(wide_bytes)}: rows not a multiple of {BLOCK}): {shown}")
+    return f"weights {size(total)}: " + ", ".join(parts)
 
 
 # ----------------------------------------------------------------------------- weights in huge pages

@@ -25,6 +25,7 @@ split pattern llama.cpp does not have (every tokenizer this project makes has on
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +42,10 @@ from gptkit.shards import DataError
 from gptkit.tokenizer import Tokenizer
 from model import ARCH_PRESETS, GPT, GPTConfig
 
-GGUF_DTYPES = ("f32", "f16", "q8_0")  # export.py's --dtype
+GGUF_DTYPES = ("f32", "f16", "q8_0", "q4_0")  # export.py's --dtype
+# Our own keys (llama.cpp ignores keys it does not know): the model's GPTConfig and its tokenizer's description,
+# as JSON, so that gptkit/gguf_load.py rebuilds exactly this model and tokenizer from the file alone.
+CONFIG_KEY, TOKENIZER_KEY = "gptkit.model_config", "gptkit.tokenizer"
 ARCH = "gpt2"  # llama.cpp's architecture name (LLM_ARCH_GPT2)
 EOT = "<|endoftext|>"  # where a tokenizer has it: BOS and EOS of the file, as in llama.cpp's own GPT-2 files
 
@@ -59,9 +63,10 @@ class GGUFExport:
     path: Path
     dtype: str
     tokenizer: str  # a few words on the vocabulary written, e.g. "gpt2 BPE, 1 special, 50257 tokens in all"
-    # With q8_0: the matrices whose rows are not a multiple of q8_0's 32-value block, stored in f16 instead
-    # (what llama.cpp's own converter does per tensor).
-    f16_fallback: list[str] = field(default_factory=list)
+    # With q8_0 or q4_0: the matrices whose rows are not a multiple of the 32-value block, stored in f16 (q8_0:
+    # what llama.cpp's own converter does per tensor) or f32 (q4_0: as --quantize=q4_0 keeps them, so that the
+    # file is that model exactly).
+    fallback: list[str] = field(default_factory=list)
 
 
 def export_gguf(
@@ -76,8 +81,11 @@ def export_gguf(
     """Write `model` and its tokenizer to the GGUF file `path` in llama.cpp's gpt2 architecture.
 
     tokenizer_meta: the checkpoint's tokenizer description (the dataset meta, or its "tokenizer" entry).
-    dtype: the matrices' type, f32, f16 or q8_0 (norms, biases and the position table stay f32, as llama.cpp's
-    converter keeps them). chat_template: a Jinja chat template for tokenizer.chat_template (a chat model's).
+    dtype: the matrices' type, f32, f16, q8_0 or q4_0 (norms, biases and the position table stay f32, as
+    llama.cpp's converter keeps them; q4_0's token embedding, which is also a tied head, is q8_0: the model
+    that `--quantize=q4_0` decodes, gptkit/cpu_decode.py's Q4_HEAD). chat_template: a Jinja chat template for
+    tokenizer.chat_template (a chat model's). The file also carries the model's config and tokenizer under
+    our own keys, so that our scripts read it back (gptkit/gguf_load.py).
     An existing file is refused unless overwrite=True; it is replaced only once the new one is complete.
     """
     gguf = _import_gguf()
@@ -108,6 +116,8 @@ def export_gguf(
     writer = gguf.GGUFWriter(None, ARCH)
     _add_hparams(writer, model.config, out.stem, dtype)
     _add_vocab(writer, vocab, chat_template)
+    writer.add_string(CONFIG_KEY, json.dumps(model.config.to_dict()))
+    writer.add_string(TOKENIZER_KEY, json.dumps(tokenizer_meta))
     for name, data, qtype in tensors:
         writer.add_tensor(name, data, raw_dtype=qtype)
     with atomic_write(out) as tmp:  # a failed or interrupted write leaves no file and keeps an old one
@@ -145,7 +155,7 @@ def _import_gguf():
 
 def gguf_tensors(model: GPT, dtype: str) -> tuple[list[tuple[str, np.ndarray, object]], list[str]]:
     """The model's tensors as (GGUF name, data, GGMLQuantizationType), in llama.cpp's gpt2 names and ggml's
-    layout, and the names of the matrices that q8_0 could not hold (stored as f16)."""
+    layout, and the names of the matrices that q8_0 or q4_0 could not hold (stored as f16 or f32)."""
     gguf = _import_gguf()
     T = gguf.MODEL_TENSOR
     # our module -> llama.cpp's tensor (for `h.N.` the block's); the suffix .weight / .bias carries over.
@@ -179,8 +189,8 @@ def gguf_tensors(model: GPT, dtype: str) -> tuple[list[tuple[str, np.ndarray, ob
         data = tensor.numpy()
         try:
             data = gguf.quants.quantize(data, qtype)
-        except gguf.QuantError:  # q8_0 quantizes rows in blocks of 32 values
-            qtype = gguf.GGMLQuantizationType.F16
+        except gguf.QuantError:  # q8_0 and q4_0 quantize rows in blocks of 32 values
+            qtype = gguf.GGMLQuantizationType.F32 if dtype == "q4_0" else gguf.GGMLQuantizationType.F16
             data = gguf.quants.quantize(data, qtype)
             fallback.append(name)
         out.append((name, data, qtype))
@@ -189,11 +199,15 @@ def gguf_tensors(model: GPT, dtype: str) -> tuple[list[tuple[str, np.ndarray, ob
 
 def _tensor_type(gguf, name: str, tensor: torch.Tensor, dtype: str):
     """llama.cpp converter's rule: vectors (norms, biases) and the position table stay f32 (its kernels take
-    f32 vectors, and a position table is small); every other matrix gets the chosen type."""
+    f32 vectors, and a position table is small); every other matrix gets the chosen type, but for q4_0's token
+    embedding and head: q8_0 (gptkit/cpu_decode.py's Q4_HEAD says why)."""
     Q = gguf.GGMLQuantizationType
-    if tensor.dim() <= 1 or name.startswith(gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.POS_EMBD]):
+    T = gguf.MODEL_TENSOR
+    if tensor.dim() <= 1 or name.startswith(gguf.TENSOR_NAMES[T.POS_EMBD]):
         return Q.F32
-    return {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0}[dtype]
+    if dtype == "q4_0" and name.startswith((gguf.TENSOR_NAMES[T.TOKEN_EMBD], gguf.TENSOR_NAMES[T.OUTPUT] + ".")):
+        return Q.Q8_0
+    return {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0}[dtype]
 
 
 def _add_hparams(writer, config: GPTConfig, name: str, dtype: str) -> None:
@@ -207,7 +221,7 @@ def _add_hparams(writer, config: GPTConfig, name: str, dtype: str) -> None:
     writer.add_head_count(config.n_head)
     writer.add_layer_norm_eps(config.ln_eps)
     file_types = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
-                  "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
+                  "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}
     writer.add_file_type(file_types[dtype])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 

@@ -21,11 +21,12 @@ from gptkit import cpu_decode
 from gptkit.runtime import DeviceError, Runtime, setup_runtime
 from gptkit.threads import resolve_threads
 
-# The decoding scripts' --quantize: "none" runs the model as loaded; float32, float16 and int8 are
+# The decoding scripts' --quantize: "none" runs the model as loaded; float32, float16, int8 and q4_0 are
 # gptkit/cpu_decode.py's weight formats for the Linear layers (CPU only); "auto" (the default) is float32 on
-# the CPU when the weights are float32 (the same weights and logits, read by faster kernels) and none elsewhere.
+# the CPU when the weights are float32 (the same weights and logits, read by faster kernels; q4_0 for a q4_0
+# GGUF file of export.py's: the file's own blocks) and none elsewhere.
 # (The setting itself, with its help, is gptkit/config.py's DecodeSettings.quantize.)
-QUANTIZE = ("auto", "none", "float32", "float16", "int8")
+QUANTIZE = ("auto", "none", *cpu_decode.FORMATS)
 
 
 @dataclass
@@ -37,6 +38,7 @@ class Inference:
     quantize: str = "none"  # resolved: never "auto"
     threads: str = ""
     kernels: str = ""  # set by place: which code computes the packed products
+    weights: str = ""  # set by place: the packed weights' bytes and formats (cpu_decode.weights_report)
     auto: bool = False  # quantize was chosen by --quantize=auto: place() keeps the model as loaded where the
     # kernels cannot run (torch's products from packed weights would be no faster)
     n_threads: int | None = None  # torch's CPU threads chosen (None: torch's own count, left as it is)
@@ -47,22 +49,26 @@ class Inference:
         layers for gptkit/cpu_decode.py's packed ones. Compiles the kernels now (~30 s the first time), not
         at the first token. Count the model's parameters before: packed weights are no parameters."""
         model.to(device=self.rt.device, dtype=self.rt.dtype)
+        if self.auto and self.quantize == "float32" and getattr(model, "gguf_dtype", None) == "q4_0":
+            self.quantize = "q4_0"  # a q4_0 GGUF file (gptkit/gguf_load.py): its own blocks, not 5x their bytes
         if self.quantize != "none":
             if cpu_decode.kernels() is None and self.auto:
                 self.quantize = "none"
                 return model
             cpu_decode.pack_for_cpu(model, self.quantize)
             self.kernels = cpu_decode.kernels_status()
+            self.weights = cpu_decode.weights_report(model)
         return model
 
     def describe(self) -> str:
-        """For the script's status line, e.g. 'cpu float32, int8 weights (AVX2 kernels), 2 threads (...)'."""
+        """For the script's status line, e.g. 'cpu float32, int8 weights (AVX2 kernels), 2 threads (...);
+        weights 1.2 MB: ...' (the packed weights' bytes and formats, cpu_decode.weights_report)."""
         parts = [f"{self.rt.device} {self.rt.dtype_name}"]
         if self.quantize != "none":
             parts.append(f"{self.quantize} weights" + (f" ({self.kernels})" if self.kernels else ""))
         if self.threads:
             parts.append(self.threads)
-        return ", ".join(parts)
+        return ", ".join(parts) + (f"; {self.weights}" if self.weights else "")
 
 
 def setup_inference(device: str = "auto", dtype: str = "auto", quantize: str = "auto",

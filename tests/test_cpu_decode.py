@@ -1,4 +1,5 @@
-"""gptkit/cpu_decode.py: the packed Linear layers against F.linear (bounds derived from each format), a tiny
+"""gptkit/cpu_decode.py: the packed Linear layers against F.linear (bounds derived from each format; q4_0's
+against the float product of its dequantized weights, in a section of its own at the end), a tiny
 GPT packed and not (logits, greedy tokens through generate, the serving engine and a compiled step), the
 fallback where the kernels cannot run, and --quantize / --threads in sample.py, chat.py and serve.py (the
 thread choice itself: tests/test_threads.py).
@@ -16,6 +17,7 @@ import json
 import os
 import platform
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -348,14 +350,15 @@ def test_the_serving_engine_decodes_a_packed_model(kernels, trained):
         assert engine_replies(packed(trained, fmt), prompts, 10) == expected, fmt
 
 
-def test_a_compiled_decode_step_calls_the_kernels_without_recompiling(kernels, trained):
+@pytest.mark.parametrize("fmt", ["int8", "q4_0"])
+def test_a_compiled_decode_step_calls_the_kernels_without_recompiling(kernels, trained, fmt):
     """The kernels are torch operators with fake shapes, so torch.compile traces the packed step whole
     (fullgraph). The eager backend traces like inductor without its slow code generation (inductor on the
     CPU was checked by hand: the same tokens, BENCHMARKS.md)."""
     import torch._dynamo
 
     prompt = counting_sequences(1, 4, 67, "cpu")
-    model = packed(trained, "int8")
+    model = packed(trained, fmt)
     reference = generate(model, prompt, 20, GREEDY)
     torch._dynamo.reset()
     compiled = torch.compile(decode_step, backend="eager", fullgraph=True, dynamic=False)
@@ -375,7 +378,7 @@ def test_without_the_kernels_torch_computes_the_same_model(kernels, trained, mon
     monkeypatch.setattr(cpu_decode, "kernels", lambda: None)
     spread = with_kernels["float32"].max() - with_kernels["float32"].min()
     for fmt, model in models.items():
-        bound = (1e-2 if fmt == "int8" else 1e-5) * spread  # as in the test above
+        bound = (1e-2 if fmt in ("int8", "q4_0") else 1e-5) * spread  # as in the test above
         assert (stepwise_logits(model, ids) - with_kernels[fmt]).abs().max() < bound, fmt
         assert torch.equal(generate(model, torch.tensor([ids[:4]]), 30, GREEDY), tokens[fmt]), fmt
 
@@ -732,7 +735,7 @@ def one_line_error(main, *args) -> str:
 @pytest.mark.parametrize("main", [sample.main, chat.main, serve.main])
 def test_a_bad_quantize_value_names_the_flag_and_its_choices(main, ckpt):
     message = one_line_error(main, f"--ckpt={ckpt}", "--device=cpu", "--quantize=int4")
-    assert message == "error: quantize must be one of auto, none, float32, float16, int8; got 'int4'"
+    assert message == "error: quantize must be one of auto, none, float32, float16, int8, q4_0; got 'int4'"
 
 
 def test_quantize_is_refused_off_the_cpu_and_with_a_16_bit_dtype(ckpt, monkeypatch):
@@ -752,5 +755,183 @@ def test_the_products_benchmark_prints_a_row_per_matrix_and_rows(kernels, capsys
     cpu_products.main(["--formats=float32", "--rows=1,5", "--repeats=1", "--threads=1"])
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| float32 |")]
     assert len(lines) == 2 * len(cpu_products.SHAPES) and all(line.count("|") == 8 for line in lines)
+    cpu_products.main(["--formats=q4_0", "--rows=2", "--repeats=1", "--threads=1"])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| q4_0 |")]
+    assert len(lines) == len(cpu_products.SHAPES)
     with pytest.raises(SystemExit, match="--formats 'bf16'"):
         cpu_products.main(["--formats=bf16"])
+
+
+# ----------------------------------------------------------------------------- four-bit weights (q4_0)
+
+# q4_0 (kernels.h's dot_group_q4): the quantizer against llama.cpp's own (gguf-py's, to the bit), the kernel's
+# products against the float product of the same dequantized weights and quantized activations, a whole model
+# (the fused block) against the float model of its dequantized weights, the layers kept wider, the bytes in
+# memory, sample.py on a q4_0 GGUF file. The GGUF file in llama.cpp and the exact round trip: test_gguf.py.
+
+
+def q8_activations(x: torch.Tensor) -> torch.Tensor:
+    """x as the kernels quantize it (kernels.h's quantize_rows: per 32 values, scale = largest magnitude / 127,
+    x * (127 / largest) rounded to the nearest, ties to even), widened back: what the integer products see."""
+    xb = x.reshape(x.size(0), -1, BLOCK)
+    top = xb.abs().amax(-1, keepdim=True)
+    inv = torch.where(top > 0, 127 / top, 0.0)
+    return (torch.round(xb * inv) * (top / 127)).reshape(x.shape)
+
+
+def dequantized(w: torch.Tensor) -> torch.Tensor:
+    q, scale = cpu_decode.quantize_q4_0(w)
+    return ((q.reshape(w.size(0), -1, BLOCK).float() - 8) * scale[..., None]).reshape(w.shape)
+
+
+def test_the_quantizers_are_llama_cpps_to_the_bit_and_idempotent():
+    """quantize_q4_0 and quantize_q8_0 give gguf-py's Q4_0 and Q8_0 (ggml's reference) values and scales,
+    including a block of zeros, ties between +m and -m and blocks of one sign; and the values they stand for
+    quantize to themselves (what makes a GGUF file read back and packed again the same model)."""
+    gguf = pytest.importorskip("gguf", reason="the reference quantizer is gguf-py's: pip install gguf")
+    torch.manual_seed(0)
+    w = torch.randn(9, 160) * torch.logspace(-3, 1, 9)[:, None]  # magnitudes from 1e-3 to 10
+    w[0, :BLOCK] = 0
+    w[1, :BLOCK] = 0.5
+    w[1, 3], w[1, 7] = -2.0, 2.0  # a tie: the first (-2) is the block's m
+    w[2, BLOCK : 2 * BLOCK] = -torch.rand(BLOCK)
+    Q = gguf.GGMLQuantizationType
+    for quantize, qtype in ((cpu_decode.quantize_q4_0, Q.Q4_0), (cpu_decode.quantize_q8_0, Q.Q8_0)):
+        q, scale = quantize(w)
+        offset = 8 if qtype == Q.Q4_0 else 0
+        ours = ((q.reshape(9, -1, BLOCK).float() - offset) * scale[..., None]).reshape(w.shape)
+        theirs = gguf.quants.dequantize(gguf.quants.quantize(w.numpy(), qtype), qtype)
+        assert torch.equal(ours, torch.from_numpy(theirs)), qtype.name
+        assert torch.equal(scale, scale.half().float())  # fp16 scales
+        q2, scale2 = quantize(ours)
+        assert torch.equal(q2, q) and torch.equal(scale2, scale), qtype.name
+    q, scale = cpu_decode.quantize_q4_0(w)
+    assert q.dtype == torch.uint8 and int(q.max()) <= 15
+    assert q[1, 3] == 0 and scale[1, 0] == 0.25  # m = -2 at q = 0: scale = m / -8
+    # q4_0's rounding: each weight within a step (the fp16 scale's) of its value, the block's m exactly
+    step = scale.repeat_interleave(BLOCK, 1).abs()
+    assert ((dequantized(w) - w).abs() <= step * (1 + 2**-10)).all()
+
+
+def test_the_layout_packs_two_rows_a_byte_and_rows_not_a_multiple_of_the_block_stay_float32():
+    w = torch.randn(7, 64)
+    layer = PackedLinear(w, None, "q4_0")
+    q, _ = cpu_decode.quantize_q4_0(w)
+    assert layer.weight.dtype == torch.uint8 and layer.weight.shape == (8, 32)  # 4 bits a weight, rows padded to 8
+    block = layer.weight.reshape(2, 2, 2, BLOCK)  # (group, block, byte half, 32)
+    assert torch.equal(block[0, 1, 0] & 15, q[0, BLOCK:]) and torch.equal(block[0, 1, 0] >> 4, q[2, BLOCK:])
+    assert torch.equal(block[1, 0, 1] & 15, q[5, :BLOCK]) and block[1, 0, 1].ge(16).logical_not().all()  # row 7: 0
+    assert torch.equal(cpu_decode.unpack_q4(layer.weight, 7), q)
+    assert torch.equal(layer.dense_weight(), dequantized(w))
+
+    odd = torch.randn(5, 40)  # 40: not whole 32-value blocks
+    kept = PackedLinear(odd, None, "q4_0")
+    assert kept.kept_float32 and kept.weight.dtype == torch.float32 and torch.equal(kept.dense_weight(), odd)
+    x = torch.randn(3, 40)
+    assert torch.allclose(kept(x), F.linear(x, odd), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("threads", [1, 2])  # 2: the groups of four weight rows split over threads
+@pytest.mark.parametrize("K", [64, 96])  # two and three blocks (AVX-512 takes them two at a time)
+@pytest.mark.parametrize("N", [77, 80])  # 77: the last group of four rows padded
+@pytest.mark.parametrize("M", [1, 3, 9, 40])  # a decode step, a few rows, a batch, a prefill
+def test_products_equal_the_float_product_of_the_dequantized_operands(variant, M, N, K, threads):
+    """The kernel computes x^ . w^ + b, where w^ are the q4_0 weights and x^ the activations rounded as q8_0:
+    within float32's rounding of that product; not the float product itself (the rounding is real); and a
+    batch's rows (its groups unpacked once) equal to the bit each row alone (unpacked in registers)."""
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(M * N + K)
+    x, w, b = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g) * 0.05, torch.randn(N, generator=g)
+    layer = PackedLinear(w, b, "q4_0")
+    xq, wq = q8_activations(x), layer.dense_weight()
+    reference = F.linear(xq.double(), wq.double(), b.double())
+    slack = 2 * (K + 1) * U32 * (xq.abs() @ wq.abs().T + b.abs())
+    got = layer(x)
+    assert ((got - reference).abs() <= slack).all()
+    assert ((PackedLinear(w, None, "q4_0")(x) - (reference - b)).abs() <= slack).all()  # no bias
+    assert (got - F.linear(x, w, b)).abs().max() > 1e-3  # four-bit weights: not the float32 product
+    # from 4 rows on each group is unpacked once for all rows: the same integers summed, the same results
+    assert torch.equal(got, torch.cat([layer(x[i : i + 1]) for i in range(M)]))
+
+
+def float_twin(model: GPT, q4: GPT) -> GPT:
+    """The float32 model whose every weight is q4's packed one, dequantized: the reference of its kernels."""
+    twin = copy.deepcopy(model)
+    for name, m in q4.named_modules():
+        if isinstance(m, PackedLinear) and name != "lm_head":
+            twin.get_submodule(name).weight.data.copy_(m.dense_weight())
+    V = model.config.vocab_size
+    twin.transformer.wte.weight.data[:V] = q4.lm_head.dense_weight()  # tied: the head's q8_0 rows, the embedding's
+    assert torch.equal(q4.transformer.wte(torch.arange(V)), twin.transformer.wte.weight[:V])
+    assert torch.equal(twin.lm_head.weight[:V], q4.lm_head.dense_weight())
+    return twin
+
+
+@pytest.mark.parametrize("rows", [1, 5, 17])  # 17: above SMALL_BATCH, the block's own forward
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_fused_block_computes_the_model_of_its_dequantized_weights(variant, trained, rows, threads):
+    """A q4_0 model's decode step (block_decode with q4_0 products, rows at their own positions) gives the
+    logits of the float32 model holding its dequantized weights, but for the activations' q8_0 rounding (the
+    bound of int8's test in test_cpu_decode.py); its greedy tokens match that model's where it is confident."""
+    torch.set_num_threads(threads)
+    q4 = pack_for_cpu(copy.deepcopy(trained), "q4_0")
+    assert all(isinstance(b, cpu_decode.PackedBlock) and b.fused for b in q4.transformer.h)
+    assert q4.lm_head.fmt == cpu_decode.Q4_HEAD
+    twin = float_twin(trained, q4)
+    g = torch.Generator().manual_seed(rows)
+    prompts = torch.randint(67, (rows, 24), generator=g)
+    pos = torch.randint(24, (rows,), generator=g).tolist()
+    reference = batch_logits(twin, prompts, pos)
+    got = batch_logits(q4, prompts, pos)
+    assert (got - reference).abs().max() < 1e-2 * (reference.max() - reference.min())
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_weights_take_under_0_3x_float32s_bytes_and_the_start_up_line_says_so(tied):
+    """The block matrices in q4_0: 4 bits a weight and a 32-bit scale per 32 (0.16x float32's bytes, biases
+    included); the head in q8_0, the token embedding read from the same q8_0 rows (tied: the head's own, no
+    float32 table left); the whole model's weights under 0.3x float32's; what stays wider is said."""
+    cfg = GPTConfig(block_size=16, vocab_size=500, vocab_multiple=64, n_layer=2, n_head=4, n_embd=256,
+                    tie_embeddings=tied)
+    model = GPT(cfg).eval()
+    float32_bytes = sum(p.numel() * 4 for p in model.parameters())
+    wte = model.transformer.wte.weight.detach().clone()
+    model = pack_for_cpu(model, "q4_0")
+    for name, m in model.named_modules():
+        if isinstance(m, PackedLinear) and name != "lm_head":
+            packed = sum(t.numel() * t.element_size() for t in (m.weight, m.scale, m.bias))
+            assert packed <= 0.3 * 4 * m.in_features * m.out_features, name
+    embedding = model.transformer.wte
+    assert isinstance(embedding, cpu_decode.PackedEmbedding) and (embedding.table is model.lm_head) == tied
+    ids = torch.tensor([[0, 3, 499], [7, 7, 256]])
+    q, scale = cpu_decode.quantize_q8_0(wte[ids.flatten()])
+    assert torch.equal(embedding(ids), (q.reshape(6, -1, BLOCK) * scale[..., None]).reshape(2, 3, 256))
+    tensors = {id(t): t for m in model.modules() for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))}
+    tensors.update({id(t): t for t in (embedding.q, embedding.scale)})
+    assert sum(t.numel() * t.element_size() for t in tensors.values()) <= 0.3 * float32_bytes
+    report = cpu_decode.weights_report(model)
+    assert "blocks q4_0" in report and "0.16x their float32 bytes" in report and "head q8_0" in report
+    assert ("the head's own rows" in report) == tied
+    odd = pack_for_cpu(GPT(GPTConfig(block_size=16, vocab_size=50, n_layer=1, n_head=2, n_embd=40)).eval(), "q4_0")
+    report = cpu_decode.weights_report(odd)
+    assert "4 kept float32" in report and "rows not a multiple of 32" in report and "h.0.attn.c_attn" in report
+
+
+def test_sample_py_decodes_a_q4_0_gguf_file_as_the_checkpoint(kernels, trained, ckpt, capsys, tmp_path):
+    """export.py --format gguf --dtype q4_0, then sample.py --ckpt FILE.gguf --quantize=q4_0 (and auto, which
+    picks q4_0 for such a file): the text of the checkpoint itself at --quantize=q4_0 (the file is that model),
+    and the start-up line says the bytes."""
+    pytest.importorskip("gguf", reason="the GGUF export needs the gguf package: pip install gguf")
+    import export
+
+    path = tmp_path / "tiny.gguf"
+    export.main([f"--ckpt={ckpt}", "--format=gguf", f"--out={path}", "--dtype=q4_0"])
+    assert "q4_0 weights" in capsys.readouterr().out
+    reference, _ = sample_text(capsys, ckpt, "--quantize=q4_0")
+    out, err = sample_text(capsys, path, "--quantize=q4_0")
+    assert out == reference and out.startswith(PROMPT)
+    auto, auto_err = sample_text(capsys, path)  # --quantize=auto: a q4_0 file decodes as its own blocks
+    assert auto == reference and "q4_0 weights" in auto_err
+    assert "float32 weights" in sample_text(capsys, ckpt)[1]  # (a checkpoint: float32, as ever)
+    assert f"{path} (GGUF, matrices in f32/q4_0/q8_0)" in err
+    assert re.search(r"; weights [\d.]+ kB: blocks q4_0 [\d.]+ kB \(0\.\d+x their float32 bytes\), head q8_0 ", err)

@@ -5,6 +5,7 @@ The tests that run llama.cpp skip, saying why, where llama-cpp-python is not ins
 errors and the command line are checked with the gguf package alone.
 """
 
+import copy
 import random
 import sys
 
@@ -195,7 +196,7 @@ def test_f32_file_computes_our_logits_and_decodes_our_tokens(trained, exported):
 def test_f16_and_q8_0_files_agree_with_ours(trained, exported, dtype):
     model, ids = trained
     result = exported[dtype]
-    assert result.f16_fallback == []  # n_embd 64: every row is whole q8_0 blocks
+    assert result.fallback == []  # n_embd 64: every row is whole q8_0 blocks
     llm = llama(result.path, model.config.block_size)
     window = ids[:64]
     ours, theirs = our_logits(model, window), llama_logits(llm, window)
@@ -203,6 +204,111 @@ def test_f16_and_q8_0_files_agree_with_ours(trained, exported, dtype):
     # Rounding the weights moves the logits by a small fraction of their range (here 0.09% for f16, 1.8% for
     # q8_0), not more.
     assert np.abs(ours - theirs).max() < {"f16": 0.005, "q8_0": 0.05}[dtype] * np.abs(ours).max()
+    llm.close()
+
+
+def packed_logits(model: GPT, fmt: str, ids: list[int]) -> torch.Tensor:
+    """The logits of `model` packed in `fmt` for the CPU kernels (or torch's products where they cannot run)
+    after ids[:8] at once (prefill), then after each further id, one at a time through the KV cache (the
+    decode path): positions 7 to len(ids) - 1."""
+    from gptkit.cpu_decode import pack_for_cpu
+    from gptkit.generate import decode_one_token, prefill
+
+    packed = pack_for_cpu(copy.deepcopy(model), fmt)
+    packed.setup_kv_cache(1)
+    with torch.no_grad():
+        rows = [prefill(packed, torch.tensor([ids[:8]]), torch.arange(8))]
+        for t in range(8, len(ids)):
+            rows.append(decode_one_token(packed, torch.tensor([[ids[t]]]), torch.tensor([t]), length=t + 1))
+    return torch.cat(rows)
+
+
+def test_files_read_back_are_the_models_that_wrote_them(trained, trained_bpe, exported):
+    """Our reader (sample.py, chat.py, serve.py --ckpt FILE.gguf) gives back the model and tokenizer: an f32
+    file the very weights; a q4_0 file, packed with --quantize=q4_0, our own q4_0 model's logits, equal to the
+    bit (the same blocks: our quantizer is llama.cpp's and idempotent); a q8_0 file the weights rounded as
+    q8_0."""
+    from gptkit.cpu_decode import quantize_q8_0
+    from gptkit.gguf_load import is_gguf, load_gguf
+
+    model, ids = trained
+    tokenizer, _ = trained_bpe
+    back, back_tokenizer, what = load_gguf(exported["f32"].path)
+    assert is_gguf(exported["f32"].path) and "GGUF" in what
+    assert back_tokenizer.to_meta() == tokenizer.to_meta() and back.config == model.config
+    state, ours = back.state_dict(), model.state_dict()
+    V = model.config.vocab_size
+    for key, value in ours.items():
+        rows = slice(0, V) if key in ("transformer.wte.weight", "lm_head.weight") else slice(None)
+        assert torch.equal(state[key][rows], value[rows]), key
+    window = ids[:40]
+    assert torch.equal(packed_logits(load_gguf(exported["q4_0"].path)[0], "q4_0", window),
+                       packed_logits(model, "q4_0", window))
+    q8 = load_gguf(exported["q8_0"].path)[0].state_dict()["transformer.h.1.mlp.c_fc.weight"]
+    q, scale = quantize_q8_0(ours["transformer.h.1.mlp.c_fc.weight"])
+    assert torch.equal(q8, (q.reshape(q.size(0), -1, 32) * scale[..., None]).reshape(q.shape))
+
+
+def test_an_untied_model_without_biases_reads_back_exactly(tmp_path):
+    """An untied head (the file's `output`, q8_0 at q4_0 like token_embd) and no biases (the file's zero biases
+    are dropped): the q4_0 file read back and packed is our own q4_0 model, logit for logit."""
+    from gptkit.gguf_load import load_gguf
+
+    tokenizer = Tokenizer.char_from_text(CHARS_TEXT)
+    torch.manual_seed(2)
+    config = GPTConfig(block_size=32, vocab_size=tokenizer.vocab_size, n_layer=2, n_head=2, n_embd=64,
+                       bias=False, tie_embeddings=False)
+    model = GPT(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    result = export_gguf(model, tmp_path / "m.gguf", {"tokenizer": tokenizer.to_meta()}, dtype="q4_0")
+    tensors = read(result.path)[1]
+    assert tensors["output.weight"][0] == "Q8_0" and tensors["token_embd.weight"][0] == "Q8_0"
+    back, _, _ = load_gguf(result.path)
+    assert not back.config.bias and not back.config.tie_embeddings
+    ids = tokenizer.encode(CHARS_TEXT)[:32]
+    assert torch.equal(packed_logits(back, "q4_0", ids), packed_logits(model, "q4_0", ids))
+
+
+def test_other_gguf_files_are_one_line_errors(tmp_path):
+    from gptkit.gguf_load import GGUFLoadError, load_gguf
+
+    writer = gguf.GGUFWriter(str(tmp_path / "other.gguf"), "gpt2")  # llama.cpp's own, without our keys
+    writer.add_block_count(1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(GGUFLoadError, match="was not written by export.py") as e:
+        load_gguf(tmp_path / "other.gguf")
+    one_line(e)
+    (tmp_path / "broken.gguf").write_bytes(b"GGUF" + b"\0" * 10)
+    with pytest.raises(GGUFLoadError, match="cannot read") as e:
+        load_gguf(tmp_path / "broken.gguf")
+    one_line(e)
+
+
+@needs_llama_cpp
+def test_q4_0_file_agrees_with_our_q4_0_model(trained, exported):
+    """llama.cpp loads our q4_0 file (blocks in Q4_0, the tied token embedding in Q8_0) and its logits are
+    close to our own q4_0 model's: the same weights; both quantize the activations to q8_0 for the
+    products, at different points and with different sums, so not to the bit."""
+    model, ids = trained
+    result = exported["q4_0"]
+    assert result.fallback == []
+    fields, tensors = read(result.path)
+    assert fields["general.file_type"] == 2  # MOSTLY_Q4_0
+    assert tensors["blk.0.ffn_up.weight"][0] == "Q4_0" and tensors["token_embd.weight"][0] == "Q8_0"
+    llm = llama(result.path, model.config.block_size)
+    window = ids[:64]
+    ours = packed_logits(model, "q4_0", window).numpy()  # positions 7 to 63
+    theirs, reference = llama_logits(llm, window)[7:], our_logits(model, window)[7:]  # reference: float32
+    assert (ours.argmax(-1) == theirs.argmax(-1)).mean() >= 0.95
+    # the two q4_0 models are much closer to each other than to the float32 model (measured: 0.16 apart on
+    # logits up to 21, each ~2 from float32's)
+    assert np.abs(ours - theirs).max() < 0.02 * np.abs(ours).max()
+    assert np.abs(ours - theirs).max() < 0.25 * np.abs(ours - reference).max()
     llm.close()
 
 
@@ -342,7 +448,7 @@ def test_file_layout_follows_llama_cpp_gpt2(trained_bpe, tmp_path):
     assert tensors["blk.1.ffn_down.weight"] == ("Q8_0", (192, 48))
     assert tensors["blk.0.attn_norm.bias"] == ("F32", (48,)) and tensors["output_norm.weight"] == ("F32", (48,))
     assert "output.weight" not in tensors  # tied: llama.cpp reuses token_embd as the head
-    assert sorted(result.f16_fallback) == sorted(n for n, (t, _) in tensors.items() if t == "F16")
+    assert sorted(result.fallback) == sorted(n for n, (t, _) in tensors.items() if t == "F16")
     assert len(tensors) == 4 + 12 * config.n_layer
 
     # The values: an f32 file holds our tensors bit for bit, under llama.cpp's names.
@@ -420,7 +526,7 @@ def test_export_cli_writes_gguf_and_refuses_bad_input(tmp_path, tiny_model, tiny
         return message
 
     assert "already exists" in error_of("--format", "gguf", "--out", str(out))
-    assert "dtype must be one of f32, f16, q8_0; got 'q4_k'" in error_of("--format", "gguf", "--out", str(out),
+    assert "dtype must be one of f32, f16, q8_0, q4_0; got 'q4_k'" in error_of("--format", "gguf", "--out", str(out),
                                                                          "--dtype", "q4_k")
     assert "format must be one of hf, gguf, pt; got 'onnx'" in error_of("--format", "onnx", "--out", str(out))
     assert "--format gguf needs --out FILE" in error_of("--format", "gguf")

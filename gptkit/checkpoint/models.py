@@ -15,6 +15,7 @@ from gptkit import lora
 from gptkit.checkpoint.file import load_checkpoint
 from gptkit.checkpoint.layout import CheckpointError, find_checkpoint, holds_checkpoint
 from gptkit.cli import UserError, one_line
+from gptkit.gguf_load import is_gguf, load_gguf
 from gptkit.hf_gpt2 import GPT2_NAMES, load_pretrained
 from gptkit.hf_tokenizer import GPTKIT_FILE
 from gptkit.shards import DataError
@@ -104,8 +105,9 @@ def lora_model(ckpt: dict, dropout: float = 0.0) -> GPT:
 
 def load_model(ckpt: str = "", init_from: str = "") -> tuple[GPT, Tokenizer, str]:
     """What sample.py and eval.py run: a trained checkpoint (`ckpt`: a file or an out_dir, 'out' when neither
-    is given) or GPT-2 weights (`init_from`: a GPT-2 name or a local Hugging Face folder). Returns the model
-    (on the CPU, in eval mode), its tokenizer, and a few words saying what was loaded."""
+    is given; a GGUF file of export.py's too: gptkit/gguf_load.py) or GPT-2 weights (`init_from`: a GPT-2 name
+    or a local Hugging Face folder). Returns the model (on the CPU, in eval mode), its tokenizer, and a few
+    words saying what was loaded."""
     model, tokenizer, what, _ = load_model_and_settings(ckpt, init_from)
     return model, tokenizer, what
 
@@ -121,6 +123,8 @@ def load_model_and_settings(ckpt: str = "", init_from: str = "") -> tuple[GPT, T
         model = _load_pretrained(init_from)  # a bad name or folder is an HFGPT2Error: a UserError
         tokenizer = _pretrained_tokenizer(init_from)
         what = f"GPT-2 weights {init_from}"
+    elif ckpt and is_gguf(ckpt):  # a GGUF file of export.py's, read back as it is
+        model, tokenizer, what = load_gguf(ckpt)
     else:
         path = find_checkpoint(ckpt or "out")
         state = load_checkpoint(path, map_location="cpu")

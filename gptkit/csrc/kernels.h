@@ -1,7 +1,7 @@
 // The CPU kernels of gptkit/cpu_decode.py, written once and compiled once per instruction set: cpu_decode.cpp
 // includes this file twice, inside namespace gptkit_avx2 (AVX2, FMA, F16C) and namespace gptkit_avx512
 // (GPTKIT_AVX512 defined: AVX-512 F/BW/VL and VNNI), each under its own `#pragma GCC target`. Where the two
-// differ (float16's products: 16 floats a step; VNNI's int8 dot products) the AVX-512 code is under
+// differ (float16's products: 16 floats a step; VNNI's int8 and q4_0 dot products) the AVX-512 code is under
 // `#ifdef GPTKIT_AVX512`; the rest (norms, attention, GELU) is the same source compiled for either.
 // No includes here: cpu_decode.cpp includes what this needs before opening the namespace.
 
@@ -284,6 +284,97 @@ static inline void dot_group_q8(const int8_t* w, const float* ws, int64_t B, con
 
 #endif
 
+// q4_0 weights (llama.cpp's Q4_0 values: 32 weights a block, each an unsigned 4-bit q, weight = scale (q - 8))
+// are stored in the same groups of four rows as int8's, two rows' values to a byte: for each block, 64 bytes,
+// byte i (0-31) row 0's value i in its low nibble and row 2's in its high one, byte 32 + i rows 1 and 3
+// (PackedLinear's layout, pack_q4). One 64-byte load and two masks give rows 0 and 1 (low nibbles) and rows
+// 2 and 3 (high), each row's 32 values in order: exactly the two 64-byte units of int8's group, so the scales
+// and sums below are int8's. The values are unsigned, as the dot-product instructions want their first operand:
+// q.x is summed and 8 times the activations' sum taken off (xc: -8 x's sum per activation block, made once per
+// product by q4_rows, added to one lane of each row's partial sums), which is q8's (q - 8).x to the integer.
+// Packed: the group's bytes as stored, unpacked in registers (a product of few rows); else the group unpacked
+// once into int8's layout (unpack_group_q4: 128 bytes a block, the values as unsigned bytes) for all the rows of
+// a batch, which then only load. Both sum the same integers in the same order: the same results to the bit.
+static inline void unpack_group_q4(const uint8_t* w, int64_t B, uint8_t* out) {
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  for (int64_t u = 0; u < 2 * B; u++) {  // 32 bytes: rows 0|2 or 1|3 of a block
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * u));
+    const int64_t b = u / 2, r = u % 2;
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 128 * b + 32 * r), _mm256_and_si256(v, nibble));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 128 * b + 64 + 32 * r),
+                        _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble));
+  }
+}
+
+#ifdef GPTKIT_AVX512
+template <bool Packed>
+static inline void dot_group_q4(const uint8_t* w, const float* ws, int64_t B, const int8_t* x, const float* xs,
+                                const int32_t* xc, float* out) {
+  const __m512i lo_hi01 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  const __m512i lo_hi23 = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  __m512 a01 = _mm512_setzero_ps(), a23 = a01, b01 = a01, b23 = a01;
+  auto step = [&](int64_t b, __m512& c01, __m512& c23) {
+    const __m512i xv = _mm512_broadcast_i64x4(load32(x + 32 * b));
+    const __m512i corr = _mm512_maskz_set1_epi32(0x0101, xc[b]);  // lanes 0 and 8: rows 0 and 1 (2 and 3)
+    const __m512 s = _mm512_castps128_ps512(_mm_mul_ps(_mm_loadu_ps(ws + 4 * b), _mm_set1_ps(xs[b])));
+    __m512i w01, w23;
+    if constexpr (Packed) {
+      const __m512i v = _mm512_loadu_si512(w + 64 * b);
+      w01 = _mm512_and_si512(v, nibble), w23 = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+    } else {
+      w01 = _mm512_loadu_si512(w + 128 * b), w23 = _mm512_loadu_si512(w + 128 * b + 64);
+    }
+    const __m512i d01 = _mm512_dpbusd_epi32(corr, w01, xv), d23 = _mm512_dpbusd_epi32(corr, w23, xv);
+    c01 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d01), _mm512_permutexvar_ps(lo_hi01, s), c01);
+    c23 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d23), _mm512_permutexvar_ps(lo_hi23, s), c23);
+  };
+  int64_t b = 0;
+  for (; b + 2 <= B; b += 2) { step(b, a01, a23); step(b + 1, b01, b23); }
+  if (b < B) step(b, a01, a23);
+  a01 = _mm512_add_ps(a01, b01); a23 = _mm512_add_ps(a23, b23);
+  hsum4(_mm512_castps512_ps256(a01), high8(a01), _mm512_castps512_ps256(a23), high8(a23), out);
+}
+#else
+// 32 unsigned 4-bit values w times 32 int8 activations xv, plus corr (xc in lane 0): 8 partial sums of
+// (w - 8).x, as floats. maddubs takes w as its unsigned operand as it is (15 * 128 * 2 fits its 16-bit sums).
+static inline __m256 q4_sums(__m256i w, __m256i xv, __m256i corr) {
+  const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), _mm256_set1_epi16(1));
+  return _mm256_cvtepi32_ps(_mm256_add_epi32(sums, corr));
+}
+
+template <bool Packed>
+static inline void dot_group_q4(const uint8_t* w, const float* ws, int64_t B, const int8_t* x, const float* xs,
+                                const int32_t* xc, float* out) {
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t b = 0; b < B; b++) {
+    const __m256i xv = load32(x + 32 * b);
+    const __m256i corr = _mm256_setr_epi32(xc[b], 0, 0, 0, 0, 0, 0, 0);
+    const float s = xs[b];
+    const float* sb = ws + 4 * b;
+    __m256i w0, w1, w2, w3;
+    if constexpr (Packed) {
+      const __m256i v02 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * b));
+      const __m256i v13 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * b + 32));
+      w0 = _mm256_and_si256(v02, nibble), w2 = _mm256_and_si256(_mm256_srli_epi16(v02, 4), nibble);
+      w1 = _mm256_and_si256(v13, nibble), w3 = _mm256_and_si256(_mm256_srli_epi16(v13, 4), nibble);
+    } else {
+      const uint8_t* u = w + 128 * b;
+      w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u));
+      w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 32));
+      w2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 64));
+      w3 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 96));
+    }
+    a0 = _mm256_fmadd_ps(q4_sums(w0, xv, corr), _mm256_set1_ps(sb[0] * s), a0);
+    a1 = _mm256_fmadd_ps(q4_sums(w1, xv, corr), _mm256_set1_ps(sb[1] * s), a1);
+    a2 = _mm256_fmadd_ps(q4_sums(w2, xv, corr), _mm256_set1_ps(sb[2] * s), a2);
+    a3 = _mm256_fmadd_ps(q4_sums(w3, xv, corr), _mm256_set1_ps(sb[3] * s), a3);
+  }
+  hsum4(a0, a1, a2, a3, out);
+}
+#endif
+
 // Activations X (M, K) quantized as q8_0: a scale per 32 values (largest magnitude / 127), into XQ, XS; the
 // values rounded to the nearest integer (ties to even, as std::nearbyint), eight at a time.
 static void quantize_rows(const float* X, int64_t M, int64_t K, int8_t* XQ, float* XS) {
@@ -343,7 +434,40 @@ static void q8_rows(const int8_t* XQ, const float* XS, int64_t M, int64_t K, con
   });
 }
 
-// A packed weight: float32, float16 or int8 (with its scales; n: its real rows), and its bias (or none).
+// q4_0 weights (groups of four rows, two rows' values a byte: dot_group_q4): as q8_rows, each group read once
+// (2 K bytes) and used from the L1 cache for all M rows; from Q4_UNPACK_ROWS rows on, unpacked once per group
+// (its K * 4 bytes in int8's layout, in the L1 cache) instead of once per row. xc: each activation block's
+// -8 x's sum, made once.
+static constexpr int64_t Q4_UNPACK_ROWS = 4;
+static void q4_rows(const int8_t* XQ, const float* XS, int64_t M, int64_t K, const uint8_t* W, const float* WS,
+                    int64_t N, const float* b, float* Y) {
+  const int64_t B = K / 32;
+  std::vector<int32_t> xc(M * B);
+  for (int64_t i = 0; i < M * B; i++) {
+    int32_t sum = 0;
+    for (int j = 0; j < 32; j++) sum += XQ[32 * i + j];
+    xc[i] = -8 * sum;
+  }
+  const bool unpack = M >= Q4_UNPACK_ROWS;
+  at::parallel_for(0, (N + 3) / 4, 4, [&](int64_t lo, int64_t hi) {
+    float out[4];
+    std::vector<uint8_t> unpacked(unpack ? 128 * B : 0);
+    for (int64_t g = lo; g < hi; g++) {
+      const int rows = static_cast<int>(std::min<int64_t>(4, N - 4 * g));
+      const uint8_t* w = W + 2 * g * K;
+      const float* ws = WS + 4 * g * B;
+      if (unpack) unpack_group_q4(w, B, unpacked.data());
+      for (int64_t m = 0; m < M; m++) {
+        if (unpack) dot_group_q4<false>(unpacked.data(), ws, B, XQ + m * K, XS + m * B, xc.data() + m * B, out);
+        else dot_group_q4<true>(w, ws, B, XQ + m * K, XS + m * B, xc.data() + m * B, out);
+        for (int r = 0; r < rows; r++) Y[m * N + 4 * g + r] = out[r] + (b ? b[4 * g + r] : 0.f);
+      }
+    }
+  });
+}
+
+// A packed weight: float32, float16, int8 or q4_0 (uint8: two values a byte; int8 and q4_0 with their scales;
+// n: its real rows), and its bias (or none).
 struct Packed {
   at::Tensor w;
   c10::optional<at::Tensor> s, b;
@@ -365,6 +489,9 @@ static void linear_into(const float* X, int64_t M, int64_t K, const Packed& p, f
     wide_rows(X, M, K, p.w.data_ptr<float>(), N, b, Y);
   } else if (p.w.scalar_type() == at::kHalf) {
     wide_rows(X, M, K, p.w.data_ptr<at::Half>(), N, b, Y);
+  } else if (p.w.scalar_type() == at::kByte) {
+    quantize_rows(X, M, K, xq, xs);
+    q4_rows(xq, xs, M, K, p.w.data_ptr<uint8_t>(), p.s->data_ptr<float>(), N, b, Y);
   } else {
     quantize_rows(X, M, K, xq, xs);
     q8_rows(xq, xs, M, K, p.w.data_ptr<int8_t>(), p.s->data_ptr<float>(), N, b, Y);
@@ -373,12 +500,14 @@ static void linear_into(const float* X, int64_t M, int64_t K, const Packed& p, f
 
 static void check_packed(const at::Tensor& x, const Packed& p) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x: contiguous float32 (M, K)");
-  TORCH_CHECK(p.w.dim() == 2 && p.w.is_contiguous() && p.w.size(1) == x.size(1) && x.size(1) % 32 == 0,
-              "w: contiguous (N, K), K a multiple of 32");
-  TORCH_CHECK(p.w.scalar_type() != at::kChar ||
-              (p.s.has_value() && p.s->is_contiguous() && p.w.size(0) % 4 == 0 && p.n <= p.w.size(0) &&
-               p.s->numel() == p.w.numel() / 32), "int8 w: groups of 4 rows and their scales");
-  TORCH_CHECK(p.w.scalar_type() == at::kChar || p.n == p.w.size(0), "n: w's rows");
+  const bool q4 = p.w.scalar_type() == at::kByte, grouped = q4 || p.w.scalar_type() == at::kChar;
+  TORCH_CHECK(p.w.dim() == 2 && p.w.is_contiguous() && p.w.size(1) * (q4 ? 2 : 1) == x.size(1) &&
+              x.size(1) % 32 == 0, "w: contiguous (N, K) (q4_0: (N, K / 2) bytes), K a multiple of 32");
+  TORCH_CHECK(!grouped ||
+              (p.s.has_value() && p.s->scalar_type() == at::kFloat && p.s->is_contiguous() && p.w.size(0) % 4 == 0 &&
+               p.n <= p.w.size(0) && p.s->numel() == p.w.size(0) * x.size(1) / 32),
+              "int8/q4_0 w: groups of 4 rows and their float32 scales");
+  TORCH_CHECK(grouped || p.n == p.w.size(0), "n: w's rows");
   TORCH_CHECK(!p.b.has_value() || (p.b->is_contiguous() && p.b->numel() == p.n), "bias: (n,)");
 }
 
@@ -401,6 +530,11 @@ at::Tensor linear_f16(at::Tensor x, at::Tensor w, c10::optional<at::Tensor> bias
 }
 at::Tensor linear_q8(at::Tensor x, at::Tensor w, at::Tensor ws, c10::optional<at::Tensor> bias,
                         int64_t n) {
+  return linear(x, {w, ws, bias, n});
+}
+at::Tensor linear_q4(at::Tensor x, at::Tensor w, at::Tensor ws, c10::optional<at::Tensor> bias,
+                        int64_t n) {
+  TORCH_CHECK(w.scalar_type() == at::kByte, "q4_0 w: uint8, two values a byte");
   return linear(x, {w, ws, bias, n});
 }
 
@@ -460,7 +594,7 @@ static inline float dot_f32(const float* a, const float* b, int64_t D) {
 //   x + attn(ln_1(x)), then + mlp(ln_2(x)), the attention over each row's slots 0..pos[i] (its own token's
 //   key and value written there first).
 // p: ln_1 gain, bias; c_attn w, s, b; attn c_proj w, s, b; ln_2 gain, bias; c_fc w, s, b; mlp c_proj w, s, b
-// (s: int8's scales, else none; biases may be none). k, v: the layer's cache (R, H, L, D), float32.
+// (s: int8's and q4_0's scales, else none; biases may be none). k, v: the layer's cache (R, H, L, D), float32.
 at::Tensor block_decode(at::Tensor x, c10::List<c10::optional<at::Tensor>> p, at::Tensor k,
                            at::Tensor v, int64_t row0, at::Tensor pos, int64_t n_head, double eps) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x: contiguous float32 (M, C)");
