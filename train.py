@@ -232,7 +232,7 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
     model, added_tokens = build_model(cfg, meta, ckpt)
     objectives.check_start(cfg, added_tokens)
     if ckpt is None and cfg.init_from != "scratch":
-        cfg = with_base_shape(cfg, model, argv)
+        cfg = with_base_shape(cfg, model, argv, say=d.master)
     check_vocab(data_dir, meta, model)
     lora_info = attach_lora(cfg, model, ckpt, added_tokens)
     if lora_info and rt.device_type == "cuda" and rt.dtype == torch.bfloat16:
@@ -395,7 +395,8 @@ def stop_run(run: Run, step: int, best_val: float, start_step: int) -> None:
     if not run.d.master:
         return
     last = f"{run.cfg.out_dir}/last.pt"
-    again = rerun_command(run.argv, resume=run.cfg.resume != "auto")  # (resume=auto: the same command)
+    # (resume=auto: the same command)
+    again = rerun_command(run.argv, resume=run.cfg.resume != "auto", block_size=run.cfg.block_size)
     if step > start_step or run.cfg.init_from == "resume":  # (resumed: last.pt holds the start step already)
         print(f"stopped at step {step}; {last} holds it; continue with: {again}")
     else:
@@ -403,16 +404,19 @@ def stop_run(run: Run, step: int, best_val: float, start_step: int) -> None:
               f"again with: {rerun_command(run.argv)}")
 
 
-def rerun_command(argv: list[str], resume: bool = False) -> str:
-    """The command line of this run (as typed), to run again; with resume, continuing out_dir's last.pt."""
-    args, skip = [], False
-    for a in argv:
-        if resume and (skip or a.startswith("--init_from=")):
-            skip = False
-            continue
-        skip = resume and a == "--init_from"  # written "--init_from VALUE": its value goes too
-        if not skip:
-            args.append(a)
+def rerun_command(argv: list[str], resume: bool = False, block_size: int | None = None) -> str:
+    """The command line of this run (as typed), to run again; with resume, continuing out_dir's last.pt: its
+    --init_from goes, and so does a --block_size other than the `block_size` the run trained with (a fine-tune
+    fits it to its data or base; the resumed run takes the checkpoint's)."""
+    args, i = [], 0
+    while i < len(argv):
+        key, eq, value = argv[i].partition("=")
+        if not eq and key.startswith("--") and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            value, i = argv[i + 1], i + 1  # written "--key VALUE"
+        drop = resume and (key == "--init_from" or key == "--block_size" and value != str(block_size))
+        if not drop:
+            args += [argv[i]] if eq or argv[i] == key else [key, value]
+        i += 1
     return shlex.join(["python", "train.py", *args, *(["--init_from=resume"] if resume else [])])
 
 
