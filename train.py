@@ -40,11 +40,11 @@ from gptkit.checkpoint import (
     build_checkpoint,
     load_sharded_optimizer,
     load_whole_optimizer,
-    remove_checkpoint,
     saved_checkpoint,
 )
 from gptkit.checkpoint.background import CheckpointSaver
 from gptkit.checkpoint.resume import check_out_dir, resolve_config, set_aside_damaged_best
+from gptkit.checkpoint.run_files import RunFiles
 from gptkit.checkpoint.run_model import attach_lora, build_model, check_vocab, with_base_shape
 from gptkit.cli import UserError
 from gptkit.config import TrainConfig
@@ -55,6 +55,7 @@ from gptkit.loader import BatchLoader, ValBatches
 from gptkit.metrics import Metrics, peak_flops, start_wandb
 from gptkit.optim import describe, load_optimizer_state, make_optimizer
 from gptkit.options import ConfigError, config_to_dict, print_config
+from gptkit.plan_check import check_run_fits
 from gptkit.plan_report import format_plan, make_plan
 from gptkit.preference import PairLoader, ValPairs
 from gptkit.prepare.local import DownloadError
@@ -172,15 +173,12 @@ def lock_out_dir(out_dir: str, d: Dist):
         lock.release()
 
 
-def write_run_info(cfg: TrainConfig, argv: list[str], d: Dist, rt: Runtime, threads: Threads) -> None:
+def write_run_info(cfg: TrainConfig, argv: list[str], d: Dist, rt: Runtime, threads: Threads,
+                   files: RunFiles) -> None:
     out = Path(cfg.out_dir)
-    if cfg.init_from != "resume":
-        # A new run starts new logs; with --overwrite=True the old run's checkpoints go now, so that a stale
-        # best.pt can never be mistaken for this run's.
-        for name in ("metrics.jsonl", "runs.jsonl"):
-            (out / name).unlink(missing_ok=True)
-        for name in ("best", "last"):
-            remove_checkpoint(out, name)  # name.pt, or a sharded name/
+    # A new run starts new logs; with --overwrite=True the old run's checkpoints are set aside now, so that a
+    # stale best.pt can never be mistaken for this run's (removed at this run's first save, back if it fails).
+    files.begin()
     (out / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2) + "\n")
     info = {"argv": ["train.py", *argv], "config": config_to_dict(cfg), "versions": library_versions(),
             "code": code_version(Path(__file__).resolve().parent),
@@ -217,6 +215,7 @@ class Run:
     hellaswag: list[hellaswag.Encoded] | None = None  # HellaSwag's items, when hellaswag_interval is set
     saver: CheckpointSaver = field(default_factory=CheckpointSaver)  # writes in the background with async_save
     threads: Threads = TORCH_OWN  # torch's CPU threads (gptkit/threads.py), chosen at the start
+    files: RunFiles | None = None  # rank 0: out_dir's files until the first checkpoint (checkpoint/run_files.py)
 
     @property
     def tokens_per_step(self) -> int:
@@ -224,9 +223,11 @@ class Run:
 
 
 def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Runtime,
-              data_dir: Path, meta: dict, threads: Threads | None = None) -> tuple[Run, int, float]:
+              data_dir: Path, meta: dict, threads: Threads | None = None,
+              files: RunFiles | None = None) -> tuple[Run, int, float]:
     """The model, optimizer, data and wrappers of a new or resumed run; returns it with its step and best
-    val loss. `threads`: torch's CPU threads, already applied (None: torch's own count)."""
+    val loss. `threads`: torch's CPU threads, already applied (None: torch's own count). `files`: rank 0's
+    record of out_dir's files until the first checkpoint (None: an earlier run's go at once)."""
     threads = threads or TORCH_OWN
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     model, added_tokens = build_model(cfg, meta, ckpt)
@@ -267,7 +268,11 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
     if d.master:
         print("config:")
         print_config(cfg)
-        write_run_info(cfg, argv, d, rt, threads)
+        if files is None:
+            files = RunFiles(cfg.out_dir, new=cfg.init_from != "resume")
+            files.settled = True  # (nothing to put back: an earlier run's files go when this run writes its own)
+        write_run_info(cfg, argv, d, rt, threads, files)
+        run.files = files
         print(why)
         if rt.device_type == "cpu":
             print(f"threads: {threads.describe()}")
@@ -329,11 +334,15 @@ def save(run: Run, name: str, step: int, best_val: float, requests: StepRequests
                                  lora_info=run.lora, sharded=sharded,
                                  dpo_reference=objectives.reference_state(run.reference))
     path = Path(run.cfg.out_dir) / (Path(name).stem if sharded else name)
+    first = run.files if d.master and run.files is not None and not run.files.settled else None
     done = None
-    if asked and d.master:  # (one write of the whole line: with async_save the writing thread prints it)
+    if (asked or first) and d.master:  # (one write of the whole line: with async_save the writing thread prints it)
         def done():
-            sys.stdout.write(f"saved {path}{'/' * sharded} at step {step} ({asked}); going on\n")
-            sys.stdout.flush()
+            if asked:
+                sys.stdout.write(f"saved {path}{'/' * sharded} at step {step} ({asked}); going on\n")
+                sys.stdout.flush()
+            if first is not None:  # the run's first checkpoint: an earlier run's files set aside go
+                first.saved()
     if sharded:
         run.saver.save_sharded(path, state, run.raw_model, run.optimizer, adapters_only=bool(run.lora), done=done)
     elif d.master:
@@ -355,13 +364,14 @@ def make_metrics(run: Run, start_step: int = 0) -> Metrics:
               f"{rt.device} | {rt.dtype_name} | {run.tokens_per_step:,} tokens per step "
               f"({objectives.describe_batch(cfg)} x "
               f"{cfg.block_size} x {run.accum} accumulation x {d.world_size} processes)")
-        if rt.device_type == "cpu" and cfg.device == "auto":
+        if rt.device_type == "cpu":
             total = fpt * run.tokens_per_step * max(0, cfg.max_iters - start_step)
             if total > CPU_FLOPS_BUDGET:
                 training, evaluation = plan.run_flops(run.raw_model, cfg, run.tokens_per_step,
                                                       cfg.activation_checkpointing, done=start_step)
                 cpu = plan.cpu_device()
-                print(f"note: no GPU here, so this runs on the CPU, but this config is sized for a GPU "
+                why = "no GPU here, so this runs on the CPU, but" if cfg.device == "auto" else "on the CPU:"
+                print(f"note: {why} this config is sized for a GPU "
                       f"({total:.1e} training FLOPs): the plan estimates "
                       f"{plan.format_seconds((training + evaluation) / cpu.flops)} on this CPU (python train.py "
                       f"... --plan); the ETA follows the first logged steps. For a run sized for a CPU: python "
@@ -488,11 +498,36 @@ def train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Run
     objectives.check_dataset(cfg, meta, repr(cfg.dataset))  # pairs for DPO, token windows for the next token
     cfg = objectives.fit_block_size(cfg, data_dir, d.master) if objectives.is_dpo(cfg) else fit_block_size(cfg, meta, d)
     hellaswag_items = load_hellaswag(cfg, meta, d)  # now: no network is an error at the start, not at step 5000
-    with lock_out_dir(cfg.out_dir, d):
+    # the plan's peak for one step against this machine's memory, before anything is built or allocated
+    check_run_fits(cfg, ckpt, meta, rt.device, rt.dtype, d.world_size)
+    # rank 0: until the first checkpoint, a failure or a stop puts out_dir back as it was (checkpoint/run_files.py)
+    files = RunFiles(cfg.out_dir, new=cfg.init_from != "resume") if d.master else None
+    try:
+        with lock_out_dir(cfg.out_dir, d):
+            summary, stop, aside = train_in(cfg, ckpt, argv, d, rt, threads, data_dir, meta, hellaswag_items, files)
+    except BaseException:
+        if files is not None:
+            files.remove_if_empty()  # (the lock released: a folder this run made and left empty)
+        raise
+    if summary["stopped"]:  # by a signal (on this rank or another): exit as the signal would have
+        if files is not None:
+            files.remove_if_empty()
+        raise SystemExit(stop.exit_code)
+    if d.master and not cfg.eval_only:
+        print(where_checkpoints_are(cfg.out_dir, summary, aside))
+    return summary
+
+
+def train_in(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Runtime, threads: Threads | None,
+             data_dir: Path, meta: dict, hellaswag_items, files: RunFiles | None) -> tuple[dict, StopFlag, Path | None]:
+    """The run, holding out_dir's lock: its summary, its stop flag, and where a damaged best checkpoint was set
+    aside. An error or a stop before the first checkpoint leaves out_dir as it found it (`files`, rank 0's)."""
+    start, metrics = int((ckpt or {}).get("step", 0)), None
+    try:
         check_out_dir(cfg)
         # a resumed run checks best.pt as it checked last.pt: a damaged one is set aside, said in one line
         aside = set_aside_damaged_best(cfg.out_dir, ckpt["best_val_loss"]) if ckpt is not None and d.master else None
-        run, step, best_val = setup_run(cfg, ckpt, argv, d, rt, data_dir, meta, threads)
+        run, step, best_val = setup_run(cfg, ckpt, argv, d, rt, data_dir, meta, threads, files)
         run.hellaswag = hellaswag_items
         metrics = make_metrics(run, step)
         try:
@@ -503,11 +538,13 @@ def train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Run
             raise TrainError(oom_message(run)) from None
         finally:
             metrics.close()
-    if summary["stopped"]:  # by a signal (on this rank or another): exit as the signal would have
-        raise SystemExit(stop.exit_code)
-    if d.master and not cfg.eval_only:
-        print(where_checkpoints_are(cfg.out_dir, summary, aside))
-    return summary
+    except BaseException:
+        if files is not None:
+            files.failed(trained=metrics is not None and metrics.step > start)
+        raise
+    if files is not None:  # (a stop, or an eval_only run: no checkpoint saved, an earlier run's files back)
+        files.failed(trained=summary["step"] > start or not summary["stopped"])
+    return summary, stop, aside
 
 
 def where_checkpoints_are(out_dir: str, summary: dict, aside: Path | None = None) -> str:
