@@ -72,7 +72,15 @@ from gptkit.runtime import (
     resolve_cuda_graphs,
 )
 from gptkit.shards import DataError, dataset_dir, read_meta, require_dataset
-from gptkit.step import NonFiniteError, Objective, StepRequests, StopFlag, TrainStep, next_token_loss
+from gptkit.step import (
+    NonFiniteError,
+    Objective,
+    StepInterrupted,
+    StepRequests,
+    StopFlag,
+    TrainStep,
+    next_token_loss,
+)
 from gptkit.threads import Threads, resolve_threads
 from gptkit.tokenizer import with_tokenizer_files
 from model import GPT
@@ -430,11 +438,19 @@ def rerun_command(argv: list[str], resume: bool = False, block_size: int | None 
     return shlex.join(["python", "train.py", *args, *(["--init_from=resume"] if resume else [])])
 
 
+def cuts_steps(run: Run) -> bool:
+    """Whether a stop signal cuts a step short (gptkit/step.py's TrainStep `stop`): one process, the plain
+    model (not compiled nor graphed), whose steps a check between its blocks can leave."""
+    return (not run.d.enabled and run.graphed is None and run.model is run.raw_model
+            and not resolve_compile(run.cfg.compile, run.rt.device)[0])
+
+
 def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, requests: StepRequests) -> dict:
     cfg, d, stop = run.cfg, run.d, requests.stop
     start_step, val_loss, stopped, save_asked = step, None, False, False
     train_step = TrainStep(run.model, run.optimizer, run.scaler, run.rt, d, cfg, accum=run.accum,
-                           objective=run.objective, graphed=run.graphed)
+                           objective=run.objective, graphed=run.graphed, stop=stop if cuts_steps(run) else None,
+                           blocks=list(run.raw_model.transformer.h))
     while True:
         # ---- evaluate and checkpoint
         if step % cfg.eval_interval == 0 or step >= cfg.max_iters or cfg.eval_only:
@@ -467,7 +483,15 @@ def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, requests:
 
         # ---- one step (gptkit/step.py): learning rate, forward + backward over the micro-batches, clip, the
         # NaN/inf, stop and save flags of every rank (this step's, or on a GPU the previous step's), the update
-        out = train_step(step, run.loader, requests.next)
+        try:
+            out = train_step(step, run.loader, requests.next)
+        except StepInterrupted:  # a stop signal cut the step short: nothing of it kept, the last one saved
+            verdict = train_step.settle()
+            if verdict.bad_step is not None:
+                raise NonFiniteError(verdict) from None
+            stop_run(run, step, best_val, start_step)
+            stopped = True
+            break
         if out.verdict.bad_step is not None:  # that step's update was not applied, nor this one's
             raise NonFiniteError(out.verdict)
         step += 1
@@ -531,7 +555,7 @@ def train_in(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: 
         run.hellaswag = hellaswag_items
         metrics = make_metrics(run, step)
         try:
-            with StopFlag() as stop, run.saver:  # (leaving, on a signal or an error too: waits for a pending save)
+            with StopFlag(cuts_steps=cuts_steps(run)) as stop, run.saver:  # (leaving, on a signal or an error too: waits for a pending save)
                 requests = StepRequests(stop, cfg.checkpoint_interval_s, owns_clock=d.master)
                 summary = train_loop(run, step, best_val, metrics, requests)
         except torch.OutOfMemoryError:

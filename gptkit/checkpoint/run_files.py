@@ -42,9 +42,10 @@ class RunFiles:
         self.existed = self.out.is_dir()  # (before the lock creates it)
         self.aside: Path | None = None  # where the earlier run's files wait, while they do
         self.logs: dict[str, bytes | None] = {}  # a resumed run's logs as they were
-        self.settled = False
+        self.settled = self.began = False
 
     def begin(self) -> None:
+        self.began = True
         if not self.new:
             self.logs = {name: (self.out / name).read_bytes() if (self.out / name).is_file() else None
                          for name in ("runs.jsonl", "config.json")}
@@ -77,7 +78,7 @@ class RunFiles:
     def failed(self, trained: bool) -> None:
         """This run ends (an error, a stop) before its first checkpoint. `trained`: whether a step finished
         (a new run without an earlier one keeps its logs then, the record of what happened)."""
-        if self.settled:
+        if self.settled or not self.began:  # (not begun: this run wrote nothing)
             return
         self.settled = True
         if self.aside is not None:
