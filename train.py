@@ -71,7 +71,7 @@ from gptkit.runtime import (
     resolve_compile,
     resolve_cuda_graphs,
 )
-from gptkit.shards import DataError, dataset_dir, read_meta, require_dataset
+from gptkit.shards import DataError, dataset_dir, prepare_command, read_meta, require_dataset
 from gptkit.step import (
     NonFiniteError,
     Objective,
@@ -117,12 +117,24 @@ def load_dataset(cfg: TrainConfig, d: Dist) -> tuple[Path, dict]:
         except DataError as e:
             raise TrainError(f"could not prepare {path}: {e}") from None
     d.barrier()  # every rank waits here, whatever it saw on disk, so the collectives stay in step
-    path = require_dataset(cfg.dataset, cfg.data_root)
+    path = require_dataset(cfg.dataset, cfg.data_root, how=prepare_hint(cfg))
     meta = read_meta(path)
     # A trained tokenizer's folder is read (and checked against its hash) now, not at the first save after
     # hours of training; the checkpoints carry these files.
     with_tokenizer_files(meta)
     return path, meta
+
+
+def prepare_hint(cfg: TrainConfig) -> str:
+    """How to prepare this run's dataset: pairs for DPO, conversations (or text) for a fine-tune, in its base's
+    tokenizer; text for a run from scratch."""
+    base = None if cfg.init_from in ("scratch", "resume") else cfg.init_from
+    if objectives.is_dpo(cfg):
+        return prepare_command(cfg.dataset, cfg.data_root, "preference", base)
+    if base is None:
+        return prepare_command(cfg.dataset, cfg.data_root)
+    return (f"{prepare_command(cfg.dataset, cfg.data_root, 'chat', base)} (conversations; for plain text: "
+            f"{prepare_command(cfg.dataset, cfg.data_root, 'text', base)})")
 
 
 def check_accumulation(cfg: TrainConfig, world_size: int) -> None:
@@ -538,7 +550,7 @@ def train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Run
             files.remove_if_empty()
         raise SystemExit(stop.exit_code)
     if d.master and not cfg.eval_only:
-        print(where_checkpoints_are(cfg.out_dir, summary, aside))
+        print(where_checkpoints_are(cfg.out_dir, summary, aside, chat=bool(meta.get("chat")) or objectives.is_dpo(cfg)))
     return summary
 
 
@@ -571,17 +583,19 @@ def train_in(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: 
     return summary, stop, aside
 
 
-def where_checkpoints_are(out_dir: str, summary: dict, aside: Path | None = None) -> str:
-    """The run's last line: where its checkpoints are, and how to use them. `aside`: where a damaged best
-    checkpoint was set aside at the start, said again when no later evaluation replaced it."""
+def where_checkpoints_are(out_dir: str, summary: dict, aside: Path | None = None, chat: bool = False) -> str:
+    """The run's last line: where its checkpoints are, and how to use them (`chat`: a chat model's, chat.py).
+    `aside`: where a damaged best checkpoint was set aside at the start, said again when no later evaluation
+    replaced it."""
     saved = [p.name for p in (saved_checkpoint(out_dir, n) for n in ("best", "last")) if p is not None]
     if not saved:
         return f"done at step {summary['step']}; no checkpoint was saved in {out_dir}/"
     best = f"best val loss {summary['best_val_loss']:.4f}"
     if aside is not None and saved_checkpoint(out_dir, "best") is None:
         best += f", reached by the damaged best checkpoint set aside as {aside}; none since beat it"
-    return (f"done at step {summary['step']} ({best}); checkpoints in {out_dir}/: {', '.join(saved)}; sample "
-            f"with: python sample.py --ckpt {out_dir}/")
+    nxt = (f"chat with: python chat.py --ckpt {out_dir}/" if chat else
+           f"sample with: python sample.py --ckpt {out_dir}/")
+    return f"done at step {summary['step']} ({best}); checkpoints in {out_dir}/: {', '.join(saved)}; {nxt}"
 
 
 def plan_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str]) -> dict:

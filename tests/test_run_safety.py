@@ -170,3 +170,41 @@ def test_a_stop_signal_cuts_the_step_short_and_saves_the_last_finished_step(char
     train.main(short(char_dataset, cut, init_from="resume", **over))
     assert train_losses(cut) == train_losses(full)
     assert_same_weights(weights(cut), weights(full))
+
+
+# ----------------------------------------------------------------------------- what a new user is told
+
+
+def test_more_threads_than_cores_says_what_it_uses():
+    from gptkit.threads import resolve_threads
+
+    cores = len(os.sched_getaffinity(0))
+    threads = resolve_threads(cores * 500, "cpu")
+    assert threads.count == cores
+    assert threads.why == f"--threads={cores * 500} is more than the {cores} cores this process may run on: using {cores}"
+
+
+def test_an_unprepared_dataset_names_the_script_of_its_kind(tmp_path):
+    args = [f"--data_root={tmp_path}", "--dataset=mine", "--device=cpu"]
+    with pytest.raises(SystemExit, match=r"prepare it with: python prepare/preference\.py --input YOUR_PAIRS\.jsonl "
+                                         r"--tokenizer base --name mine$"):
+        train.main([*args, "--objective=dpo", "--init_from=base"])
+    with pytest.raises(SystemExit, match=r"prepare it with: python prepare/chat\.py --input "
+                                         r"YOUR_CONVERSATIONS\.jsonl --name mine \(conversations; for plain text"):
+        train.main([*args, "--init_from=gpt2"])
+    with pytest.raises(SystemExit, match=r"prepare it with: python prepare/text\.py --input YOUR_TEXT --name mine$"):
+        train.main(args)
+
+
+def test_a_recipe_whose_starting_run_is_missing_names_the_recipe_that_makes_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no out-chat/ here
+    with pytest.raises(SystemExit, match=r"^error: out-chat/ has no checkpoint yet \(no best\.pt or last\.pt\); "
+                                         r"make it first with python train\.py configs/finetune_chat\.py$"):
+        train.main([str(train.Path(train.__file__).parent / "configs" / "dpo_chat.py"), "--plan"])
+
+
+def test_a_chat_models_last_line_says_to_chat(tmp_path):
+    summary = {"step": 4, "best_val_loss": 1.0}
+    (tmp_path / "last.pt").write_bytes(b"x")
+    assert train.where_checkpoints_are(str(tmp_path), summary, chat=True).endswith(
+        f"chat with: python chat.py --ckpt {tmp_path}/")
