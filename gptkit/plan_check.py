@@ -23,6 +23,7 @@ from gptkit.cli import UserError
 from gptkit.config import TrainConfig, lora_settings
 from gptkit.lora import LoRASettings
 from gptkit.plan_report import base_config
+from gptkit.runtime import ram
 from model import GPT, GPTConfig
 
 
@@ -60,7 +61,7 @@ def available_memory(device: torch.device) -> float:
     """The device's whole memory for the run: a GPU's total, or the RAM available now."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory
-    return plan.cpu_device().memory
+    return ram()[1]
 
 
 def check_run_fits(cfg: TrainConfig, ckpt: dict | None, meta: dict, device: torch.device, dtype: torch.dtype,
