@@ -535,7 +535,7 @@ def train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Run
     cfg = objectives.fit_block_size(cfg, data_dir, d.master) if objectives.is_dpo(cfg) else fit_block_size(cfg, meta, d)
     hellaswag_items = load_hellaswag(cfg, meta, d)  # now: no network is an error at the start, not at step 5000
     # the plan's peak for one step against this machine's memory, before anything is built or allocated
-    check_run_fits(cfg, ckpt, meta, rt.device, rt.dtype, d.world_size)
+    check_run_fits(cfg, ckpt, meta, rt.device, rt.dtype, d.world_size, compile=resolve_compile(cfg.compile, rt.device)[0])
     # rank 0: until the first checkpoint, a failure or a stop puts out_dir back as it was (checkpoint/run_files.py)
     files = RunFiles(cfg.out_dir, new=cfg.init_from != "resume") if d.master else None
     try:

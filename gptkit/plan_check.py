@@ -65,38 +65,48 @@ def available_memory(device: torch.device) -> float:
 
 
 def check_run_fits(cfg: TrainConfig, ckpt: dict | None, meta: dict, device: torch.device, dtype: torch.dtype,
-                   world_size: int = 1) -> None:
+                   world_size: int = 1, compile: bool = False) -> None:
     """Refuse (RunTooBig) a run whose training step cannot fit `device`'s memory, naming the largest
     batch_size that fits, else (not even one sequence fits) the largest block_size, else (the model is too big
-    for even one position) the largest n_layer."""
+    for even one position) the largest n_layer. Under torchrun the step is sized per process: the least of DDP
+    and FSDP unless --parallel chose one; `compile`: whether the step is compiled (it keeps less)."""
     shape = run_shape(cfg, ckpt, int(meta["vocab_size"]), meta["tokenizer"]["kind"] == "char")
     per_batch = objectives.sequences_per_batch(dataclasses.replace(cfg, batch_size=1))  # (DPO: 2 a pair)
     batch = cfg.batch_size or 1  # (batch_size=auto: its least)
-    setup = plan.Setup.of_run(cfg, device.type, dtype, world_size, accum=min(cfg.gradient_accumulation_steps, 2))
+    setup = plan.Setup.of_run(cfg, device.type, dtype, world_size, accum=min(cfg.gradient_accumulation_steps, 2),
+                              compile=compile)
+    shares = ["ddp", "fsdp"] if world_size > 1 and cfg.parallel == "auto" else [
+        "fsdp" if world_size > 1 and cfg.parallel == "fsdp" else "ddp"]
     limit = available_memory(device) / (world_size if device.type != "cuda" else 1)
-    need = step_peak(shape, cfg, ckpt, setup, batch * per_batch)
+
+    def peak(shape: GPTConfig, seq_len: int, sequences: int) -> float:
+        return min(step_peak(shape, cfg, ckpt, dataclasses.replace(setup, seq_len=seq_len, parallel=share),
+                             sequences) for share in shares)
+
+    T = cfg.block_size
+    need = peak(shape, T, batch * per_batch)
     if need <= limit:
         return
     memory = f"{plan.format_bytes(limit)} of {'GPU memory' if device.type == 'cuda' else 'RAM available'}"
     what = f"batch_size={cfg.batch_size}, " if cfg.batch_size else ""
-    said = (f"this run's training step needs ~{plan.format_bytes(need)} ({what}block_size={cfg.block_size}, "
+    said = (f"this run's training step needs ~{plan.format_bytes(need)} ({what}block_size={T}, "
             f"{shape.n_layer} layers of {shape.n_embd}; python train.py ... --plan shows the parts), more than the "
             f"{memory} here")
-    if step_peak(shape, cfg, ckpt, setup, per_batch) <= limit:
-        fits = largest(lambda b: step_peak(shape, cfg, ckpt, setup, b * per_batch) <= limit, batch)
+    if peak(shape, T, per_batch) <= limit:
+        fits = largest(lambda b: peak(shape, T, b * per_batch) <= limit, batch)
         raise RunTooBig(f"{said}: at most --batch_size={fits} fits (raise --gradient_accumulation_steps to keep "
                         f"the tokens per step)")
 
     def block_fits(t: int) -> bool:
         # a model from scratch has block_size positions; a fine-tune's are its base's
         seq_shape = dataclasses.replace(shape, block_size=t) if cfg.init_from == "scratch" and not ckpt else shape
-        return step_peak(seq_shape, cfg, ckpt, dataclasses.replace(setup, seq_len=t), per_batch) <= limit
+        return peak(seq_shape, t, per_batch) <= limit
 
     if block_fits(1):
-        fits = largest(block_fits, cfg.block_size)
+        fits = largest(block_fits, T)
         raise RunTooBig(f"{said}: not even --batch_size=1 fits; at most --block_size={fits} does, at batch_size=1")
-    layers = largest(lambda n: step_peak(dataclasses.replace(shape, n_layer=n), cfg, ckpt, setup,
-                                         batch * per_batch) <= limit, shape.n_layer)
+    layers = largest(lambda n: peak(dataclasses.replace(shape, n_layer=n), T, batch * per_batch) <= limit,
+                     shape.n_layer)
     advice = (f"at most --n_layer={layers} fits at this batch_size and block_size" if layers else
               "not even one layer fits: use a smaller --n_embd")
     raise RunTooBig(f"{said}: the model is too big; {advice}")
