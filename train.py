@@ -236,6 +236,7 @@ class Run:
     saver: CheckpointSaver = field(default_factory=CheckpointSaver)  # writes in the background with async_save
     threads: Threads = TORCH_OWN  # torch's CPU threads (gptkit/threads.py), chosen at the start
     files: RunFiles | None = None  # rank 0: out_dir's files until the first checkpoint (checkpoint/run_files.py)
+    evaluated: bool = False  # a resumed run whose start step's evaluation metrics.jsonl holds already
 
     @property
     def tokens_per_step(self) -> int:
@@ -369,8 +370,23 @@ def save(run: Run, name: str, step: int, best_val: float, requests: StepRequests
         run.saver.save(state, path, done=done)
 
 
+def earlier_log(out_dir: str, step: int) -> tuple[float, bool]:
+    """What metrics.jsonl holds of the run a resumed run continues: the elapsed_s of its last entry (the resumed
+    run's entries go on from there), and whether step `step`'s evaluation is logged already (a finished run,
+    run again: not logged twice)."""
+    elapsed, evaluated = 0.0, False
+    with contextlib.suppress(OSError):
+        for line in Path(out_dir, "metrics.jsonl").read_text().splitlines():
+            with contextlib.suppress(ValueError, TypeError, AttributeError):
+                entry = json.loads(line)
+                elapsed = float(entry.get("elapsed_s", elapsed))
+                evaluated |= entry.get("step") == step and "val_loss" in entry
+    return elapsed, evaluated
+
+
 def make_metrics(run: Run, start_step: int = 0) -> Metrics:
     cfg, d, rt = run.cfg, run.d, run.rt
+    earlier, run.evaluated = earlier_log(cfg.out_dir, start_step) if cfg.init_from == "resume" else (0.0, False)
     wandb_run = None
     if cfg.wandb_log and d.master:
         wandb_run = start_wandb(cfg.wandb_project, cfg.wandb_run_name or Path(cfg.out_dir).name,
@@ -408,7 +424,7 @@ def make_metrics(run: Run, start_step: int = 0) -> Metrics:
     metrics = Metrics(cfg.out_dir, master=d.master, tokens_per_step=run.tokens_per_step, flops_per_token=fpt,
                       peak_flops=peak_flops(rt.device, rt.dtype), world_size=d.world_size,
                       max_iters=cfg.max_iters, device=rt.device, wandb_run=wandb_run, answers_only=answers_only,
-                      log_interval=cfg.log_interval, started=time.perf_counter() - process_elapsed(),
+                      log_interval=cfg.log_interval, started=time.perf_counter() - process_elapsed() - earlier,
                       cpu_threads=run.threads.count if rt.device_type == "cpu" else None)
     metrics.step = start_step  # (for its progress lines)
     return metrics
@@ -479,7 +495,11 @@ def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, requests:
             improved = val_loss < best_val
             best_val = min(best_val, val_loss)
             scores = {**{f"val_{k}": v for k, v in val_metrics.items()}, **hellaswag_scores(run.model, run.raw_model, run.hellaswag, run.cfg, step, run.rt, d)}
-            metrics.log_eval(step, val_loss, best_val, improved, scores)
+            if step == start_step and run.evaluated:  # (the run it continues logged this evaluation)
+                if d.master:
+                    print(f"step {step}: val {metrics.label} {val_loss:.4f} (logged in metrics.jsonl before)")
+            else:
+                metrics.log_eval(step, val_loss, best_val, improved, scores)
             # Step 0 of a fresh run is the random initialisation: not worth a file. A resumed run may start on a
             # step whose evaluation the stopped run never did: an improvement there is saved too.
             if improved and step > 0:

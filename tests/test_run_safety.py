@@ -208,3 +208,18 @@ def test_a_chat_models_last_line_says_to_chat(tmp_path):
     (tmp_path / "last.pt").write_bytes(b"x")
     assert train.where_checkpoints_are(str(tmp_path), summary, chat=True).endswith(
         f"chat with: python chat.py --ckpt {tmp_path}/")
+
+
+def test_a_finished_run_run_again_logs_no_second_evaluation_and_its_clock_goes_on(char_dataset, tmp_path, capsys):
+    out = tmp_path / "out"
+    train.main(short(char_dataset, out))
+    logged = (out / "metrics.jsonl").read_text()
+    train.main(short(char_dataset, out, init_from="resume"))
+    assert (out / "metrics.jsonl").read_text() == logged  # nothing trained, nothing logged again
+    assert "step 4: val loss" in capsys.readouterr().out.split("resumed from step 4")[1]
+    train.main(short(char_dataset, out, init_from="resume", max_iters=6, lr_decay_iters=6))
+    entries = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evaluations = [m["step"] for m in entries if "val_loss" in m]
+    assert evaluations == sorted(set(evaluations)) == [0, 2, 4, 6]
+    clock = [m["elapsed_s"] for m in entries]
+    assert clock == sorted(clock)  # the resumed entries go on from the earlier run's time
