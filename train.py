@@ -55,7 +55,7 @@ from gptkit.loader import BatchLoader, ValBatches
 from gptkit.metrics import Metrics, peak_flops, start_wandb
 from gptkit.optim import describe, load_optimizer_state, make_optimizer
 from gptkit.options import ConfigError, config_to_dict, print_config
-from gptkit.plan_check import check_run_fits
+from gptkit.plan_check import check_run_fits, fit_base_context
 from gptkit.plan_report import format_plan, make_plan
 from gptkit.preference import PairLoader, ValPairs
 from gptkit.prepare.local import DownloadError
@@ -552,6 +552,7 @@ def train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Run
     CPU threads, applied by the caller."""
     data_dir, meta = load_dataset(cfg, d)
     objectives.check_dataset(cfg, meta, repr(cfg.dataset))  # pairs for DPO, token windows for the next token
+    cfg = fit_base_context(cfg, argv, say=d.master)  # a config file's block_size past a fine-tune's base's context
     cfg = objectives.fit_block_size(cfg, data_dir, d.master) if objectives.is_dpo(cfg) else fit_block_size(cfg, meta, d)
     hellaswag_items = load_hellaswag(cfg, meta, d)  # now: no network is an error at the start, not at step 5000
     # the plan's peak for one step against this machine's memory, before anything is built or allocated
@@ -622,6 +623,7 @@ def plan_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str]) -> dict:
     """--plan: print the run's memory, FLOPs, time and cost per device (gptkit/plan_report.py) and return them;
     nothing is trained, written or loaded but configs (and a resumed checkpoint's config)."""
     world_size = cfg.plan_gpus or int(os.environ.get("WORLD_SIZE", 1))
+    cfg = fit_base_context(cfg, argv, say=False)  # as the run would
     report = make_plan(cfg, ckpt, world_size)
     title = " ".join(["train.py", *(a for a in argv if a.split("=")[0] != "--plan")])
     print(format_plan(report, title))

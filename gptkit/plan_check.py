@@ -22,6 +22,7 @@ from gptkit import lora, objectives, plan
 from gptkit.cli import UserError
 from gptkit.config import TrainConfig, lora_settings
 from gptkit.lora import LoRASettings
+from gptkit.options import command_line_values
 from gptkit.plan_report import base_config
 from gptkit.runtime import ram
 from model import GPT, GPTConfig
@@ -41,6 +42,21 @@ def run_shape(cfg: TrainConfig, ckpt: dict | None, vocab_size: int, char: bool) 
     if cfg.block_size < base.block_size and not cfg.lora_rank and not objectives.is_dpo(cfg):
         base = dataclasses.replace(base, block_size=cfg.block_size)  # (a full fine-tune crops its positions)
     return dataclasses.replace(base, vocab_size=max(base.vocab_size, vocab_size))
+
+
+def fit_base_context(cfg: TrainConfig, argv: list[str], say: bool = True) -> TrainConfig:
+    """A new fine-tune whose block_size comes from a config file (configs/finetune_chat.py's GPT-2 context) and
+    exceeds its base's context (the quick start's 64): the base's, said in one line (`say`), before the data
+    fits it further. One asked for on the command line is left as asked (checkpoint/run_model.py refuses it)."""
+    if cfg.init_from in ("scratch", "resume") or "block_size" in command_line_values(TrainConfig, argv):
+        return cfg
+    context = base_config(cfg.init_from, cfg.dropout).block_size
+    if cfg.block_size <= context:
+        return cfg
+    if say:
+        print(f"note: block_size {cfg.block_size} (the config file's) exceeds {cfg.init_from}'s context of {context}: "
+              f"this fine-tune uses block_size={context}, its base's context", flush=True)
+    return dataclasses.replace(cfg, block_size=context)
 
 
 def step_peak(shape: GPTConfig, cfg: TrainConfig, ckpt: dict | None, setup: plan.Setup, batch: int) -> float:
