@@ -223,3 +223,20 @@ def test_a_finished_run_run_again_logs_no_second_evaluation_and_its_clock_goes_o
     assert evaluations == sorted(set(evaluations)) == [0, 2, 4, 6]
     clock = [m["elapsed_s"] for m in entries]
     assert clock == sorted(clock)  # the resumed entries go on from the earlier run's time
+
+
+@pytest.mark.parametrize("over", [{"init_from": "resume", "max_iters": 4}, {"overwrite": True}])
+def test_a_run_failing_in_its_first_step_leaves_the_earlier_files_as_they_were(char_dataset, tmp_path,
+                                                                              monkeypatch, over):
+    out = tmp_path / "out"
+    train.main(short(char_dataset, out, max_iters=2, lr_decay_iters=2))
+    before = snapshot(out)
+
+    def failing_step(*args, **kwargs):
+        assert (out / "runs.jsonl").read_bytes() != before[train.Path("runs.jsonl")]  # (this run's line is in)
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(train.TrainStep, "__call__", failing_step)
+    with pytest.raises(RuntimeError, match="boom"):
+        train.main(short(char_dataset, out, **over))
+    assert snapshot(out) == before

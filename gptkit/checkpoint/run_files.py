@@ -11,7 +11,8 @@ A new run (--overwrite=True, or an out_dir holding an earlier run's logs without
 run's checkpoints (best.pt, last.pt, sharded best/ and last/ with what a killed save left) and logs
 (metrics.jsonl, runs.jsonl, config.json) into out_dir/replaced-TIME/, said in one line, instead of deleting
 them: removed once this run's first checkpoint is written, moved back if it fails or stops before. A resumed
-run appends to runs.jsonl and rewrites config.json: put back as they were if it stops before its first step.
+run appends to runs.jsonl and metrics.jsonl and rewrites config.json: put back as they were if it ends before
+its first step.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class RunFiles:
         self.existed = self.out.is_dir()  # (before the lock creates it)
         self.aside: Path | None = None  # where the earlier run's files wait, while they do
         self.logs: dict[str, bytes | None] = {}  # a resumed run's logs as they were
+        self.metrics_size: int | None = None
         self.settled = self.began = False
 
     def begin(self) -> None:
@@ -49,6 +51,8 @@ class RunFiles:
         if not self.new:
             self.logs = {name: (self.out / name).read_bytes() if (self.out / name).is_file() else None
                          for name in ("runs.jsonl", "config.json")}
+            metrics = self.out / "metrics.jsonl"  # (appended to: only its length is kept)
+            self.metrics_size = metrics.stat().st_size if metrics.is_file() else None
             return
         present = [p for p in run_paths(self.out) if p.exists()]
         if not present:
@@ -103,6 +107,11 @@ class RunFiles:
                     (self.out / name).unlink(missing_ok=True)
                 else:
                     (self.out / name).write_bytes(content)
+            metrics = self.out / "metrics.jsonl"
+            if self.metrics_size is None:
+                metrics.unlink(missing_ok=True)
+            elif metrics.is_file():
+                os.truncate(metrics, self.metrics_size)
 
     def remove_if_empty(self) -> None:
         """After a failure, and the lock released: an out_dir this run created and left empty goes."""
