@@ -85,3 +85,12 @@ def test_the_printed_continue_line_continues_the_run(kind, base, task, tmp_path,
     assert f"resumed from step 2 of {out}/last.pt" in said
     assert summary["step"] == 4 and "done at step 4" in said
     assert load_checkpoint(out / "last.pt")["config"]["block_size"] == trained
+
+
+def test_the_continue_line_drops_a_block_size_the_run_fitted():
+    argv = ["recipe.py", "--block_size", "1024", "--init_from", "out-chat", "--learning_rate=1e-4"]
+    assert train.rerun_command(argv, resume=True, block_size=39) == (
+        "python train.py recipe.py --learning_rate=1e-4 --init_from=resume")
+    assert train.rerun_command(argv, resume=True, block_size=1024) == (
+        "python train.py recipe.py --block_size 1024 --learning_rate=1e-4 --init_from=resume")
+    assert train.rerun_command(argv) == "python train.py " + " ".join(argv)  # to start again: as typed
