@@ -248,7 +248,8 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
               files: RunFiles | None = None) -> tuple[Run, int, float]:
     """The model, optimizer, data and wrappers of a new or resumed run; returns it with its step and best
     val loss. `threads`: torch's CPU threads, already applied (None: torch's own count). `files`: rank 0's
-    record of out_dir's files until the first checkpoint (None: an earlier run's go at once)."""
+    record of out_dir's files until the first checkpoint (None: one of this run's own, which removes an earlier
+    run's files at the first save, and puts nothing back on a failure: the caller's to do)."""
     threads = threads or TORCH_OWN
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     model, added_tokens = build_model(cfg, meta, ckpt)
@@ -289,9 +290,7 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
     if d.master:
         print("config:")
         print_config(cfg)
-        if files is None:
-            files = RunFiles(cfg.out_dir, new=cfg.init_from != "resume")
-            files.settled = True  # (nothing to put back: an earlier run's files go when this run writes its own)
+        files = files or RunFiles(cfg.out_dir, new=cfg.init_from != "resume")  # (removed at the first save)
         write_run_info(cfg, argv, d, rt, threads, files)
         run.files = files
         print(why)
@@ -556,7 +555,8 @@ def train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Run
     cfg = objectives.fit_block_size(cfg, data_dir, d.master) if objectives.is_dpo(cfg) else fit_block_size(cfg, meta, d)
     hellaswag_items = load_hellaswag(cfg, meta, d)  # now: no network is an error at the start, not at step 5000
     # the plan's peak for one step against this machine's memory, before anything is built or allocated
-    check_run_fits(cfg, ckpt, meta, rt.device, rt.dtype, d.world_size, compile=resolve_compile(cfg.compile, rt.device)[0])
+    check_run_fits(cfg, ckpt, meta, rt.device, rt.dtype, d.world_size,
+                   compile=resolve_compile(cfg.compile, rt.device)[0])
     # rank 0: until the first checkpoint, a failure or a stop puts out_dir back as it was (checkpoint/run_files.py)
     files = RunFiles(cfg.out_dir, new=cfg.init_from != "resume") if d.master else None
     try:
@@ -571,7 +571,8 @@ def train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Run
             files.remove_if_empty()
         raise SystemExit(stop.exit_code)
     if d.master and not cfg.eval_only:
-        print(where_checkpoints_are(cfg.out_dir, summary, aside, chat=bool(meta.get("chat")) or objectives.is_dpo(cfg)))
+        chat = bool(meta.get("chat")) or objectives.is_dpo(cfg)  # (a chat model: chat.py is the next step)
+        print(where_checkpoints_are(cfg.out_dir, summary, aside, chat=chat))
     return summary
 
 
@@ -588,7 +589,8 @@ def train_in(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: 
         run.hellaswag = hellaswag_items
         metrics = make_metrics(run, step)
         try:
-            with StopFlag(cuts_steps=cuts_steps(run)) as stop, run.saver:  # (leaving, on a signal or an error too: waits for a pending save)
+            # (leaving, on a signal or an error too: waits for a pending save)
+            with StopFlag(cuts_steps=cuts_steps(run)) as stop, run.saver:
                 requests = StepRequests(stop, cfg.checkpoint_interval_s, owns_clock=d.master)
                 summary = train_loop(run, step, best_val, metrics, requests)
         except torch.OutOfMemoryError:
