@@ -485,7 +485,11 @@ def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, requests:
             if verdict.bad_step is not None:
                 raise NonFiniteError(verdict)
             save_asked |= verdict.save
-            evaluated = None if verdict.stop else evaluate(run.model, run.val, run.rt, d, stop, run.objective)
+            try:
+                with train_step.cut_short():  # (a stop signal leaves a long evaluation batch too)
+                    evaluated = None if verdict.stop else evaluate(run.model, run.val, run.rt, d, stop, run.objective)
+            except StepInterrupted:
+                evaluated = None
             if evaluated is None:  # a stop signal, before or during the evaluation (evaluated again on resume)
                 stop_run(run, step, best_val, start_step)
                 stopped = True

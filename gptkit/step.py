@@ -336,6 +336,20 @@ class TrainStep:
         self.optimizer.zero_grad(set_to_none=True)
         return StepResult(lr, loss, grad_norm, metrics, verdict)
 
+    @contextlib.contextmanager
+    def cut_short(self):
+        """Inside it, a stop signal leaves the forwards of the blocks too (StepInterrupted), as in a step: for an
+        evaluation, whose batches take as long as a step's (nothing to put back: it changes no state but the
+        model's train/eval mode, which the next evaluation or step sets). Does nothing where steps are not cut."""
+        if self.stop is None:
+            yield
+            return
+        self.running = True
+        try:
+            yield
+        finally:
+            self.running = False
+
     def _interruptible(self, loader) -> Gradients:
         """forward_backward, cut short by a stop signal (StepInterrupted) with the loader and the RNG put back."""
         position = loader.state_dict()

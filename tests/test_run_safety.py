@@ -240,3 +240,30 @@ def test_a_run_failing_in_its_first_step_leaves_the_earlier_files_as_they_were(c
     with pytest.raises(RuntimeError, match="boom"):
         train.main(short(char_dataset, out, **over))
     assert snapshot(out) == before
+
+
+def test_a_stop_signal_cuts_an_evaluation_batch_short(char_dataset, tmp_path, monkeypatch, capsys):
+    """SIGTERM in the first block's forward of the step-2 evaluation's first batch: the batch is left there (its
+    second block never runs), step 2 is saved (unevaluated: its evaluation comes again on resume) and the run
+    exits 143."""
+    out = tmp_path / "out"
+    first, second, real_init = [], [], train.TrainStep.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        kwargs["blocks"][0].register_forward_pre_hook(lambda m, a: kill_at(m))
+        kwargs["blocks"][1].register_forward_hook(lambda m, a, o: second.append(1) if not m.training else None)
+
+    def kill_at(module):
+        if not module.training:
+            first.append(1)
+            if len(first) == 3:  # (step 0's evaluation had 2 batches)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(train.TrainStep, "__init__", init)
+    with pytest.raises(SystemExit) as e:
+        train.main(short(char_dataset, out))
+    assert e.value.code == 143 and len(first) == 3 and len(second) == 2  # left in the middle of the batch
+    assert f"stopped at step 2; {out}/last.pt holds it" in capsys.readouterr().out
+    assert [m["step"] for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+            if "val_loss" in m] == [0]
