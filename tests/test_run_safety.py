@@ -267,3 +267,11 @@ def test_a_stop_signal_cuts_an_evaluation_batch_short(char_dataset, tmp_path, mo
     assert f"stopped at step 2; {out}/last.pt holds it" in capsys.readouterr().out
     assert [m["step"] for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
             if "val_loss" in m] == [0]
+
+
+def test_a_run_far_past_the_cpus_speed_says_so_also_with_device_cpu(char_dataset, tmp_path, capsys):
+    """--device=cpu (configs/shakespeare_cpu.py's) is no reason to keep quiet about a GPU-sized run."""
+    train.main(short(char_dataset, tmp_path / "out", device="cpu", max_iters=10**9, lr_decay_iters=10**9,
+                     eval_only=True))
+    said = capsys.readouterr().out
+    assert "note: on the CPU: this config is sized for a GPU (" in said and "the plan estimates" in said
