@@ -40,11 +40,11 @@ from gptkit.checkpoint import (
     build_checkpoint,
     load_sharded_optimizer,
     load_whole_optimizer,
-    remove_checkpoint,
     saved_checkpoint,
 )
 from gptkit.checkpoint.background import CheckpointSaver
 from gptkit.checkpoint.resume import check_out_dir, resolve_config, set_aside_damaged_best
+from gptkit.checkpoint.run_files import RunFiles
 from gptkit.checkpoint.run_model import attach_lora, build_model, check_vocab, with_base_shape
 from gptkit.cli import UserError
 from gptkit.config import TrainConfig
@@ -55,6 +55,7 @@ from gptkit.loader import BatchLoader, ValBatches
 from gptkit.metrics import Metrics, peak_flops, start_wandb
 from gptkit.optim import describe, load_optimizer_state, make_optimizer
 from gptkit.options import ConfigError, config_to_dict, print_config
+from gptkit.plan_check import check_run_fits, fit_base_context
 from gptkit.plan_report import format_plan, make_plan
 from gptkit.preference import PairLoader, ValPairs
 from gptkit.prepare.local import DownloadError
@@ -70,8 +71,16 @@ from gptkit.runtime import (
     resolve_compile,
     resolve_cuda_graphs,
 )
-from gptkit.shards import DataError, dataset_dir, read_meta, require_dataset
-from gptkit.step import NonFiniteError, Objective, StepRequests, StopFlag, TrainStep, next_token_loss
+from gptkit.shards import DataError, dataset_dir, prepare_command, read_meta, require_dataset
+from gptkit.step import (
+    NonFiniteError,
+    Objective,
+    StepInterrupted,
+    StepRequests,
+    StopFlag,
+    TrainStep,
+    next_token_loss,
+)
 from gptkit.threads import Threads, resolve_threads
 from gptkit.tokenizer import with_tokenizer_files
 from model import GPT
@@ -108,12 +117,24 @@ def load_dataset(cfg: TrainConfig, d: Dist) -> tuple[Path, dict]:
         except DataError as e:
             raise TrainError(f"could not prepare {path}: {e}") from None
     d.barrier()  # every rank waits here, whatever it saw on disk, so the collectives stay in step
-    path = require_dataset(cfg.dataset, cfg.data_root)
+    path = require_dataset(cfg.dataset, cfg.data_root, how=prepare_hint(cfg))
     meta = read_meta(path)
     # A trained tokenizer's folder is read (and checked against its hash) now, not at the first save after
     # hours of training; the checkpoints carry these files.
     with_tokenizer_files(meta)
     return path, meta
+
+
+def prepare_hint(cfg: TrainConfig) -> str:
+    """How to prepare this run's dataset: pairs for DPO, conversations (or text) for a fine-tune, in its base's
+    tokenizer; text for a run from scratch."""
+    base = None if cfg.init_from in ("scratch", "resume") else cfg.init_from
+    if objectives.is_dpo(cfg):
+        return prepare_command(cfg.dataset, cfg.data_root, "preference", base)
+    if base is None:
+        return prepare_command(cfg.dataset, cfg.data_root)
+    return (f"{prepare_command(cfg.dataset, cfg.data_root, 'chat', base)} (conversations; for plain text: "
+            f"{prepare_command(cfg.dataset, cfg.data_root, 'text', base)})")
 
 
 def check_accumulation(cfg: TrainConfig, world_size: int) -> None:
@@ -172,15 +193,12 @@ def lock_out_dir(out_dir: str, d: Dist):
         lock.release()
 
 
-def write_run_info(cfg: TrainConfig, argv: list[str], d: Dist, rt: Runtime, threads: Threads) -> None:
+def write_run_info(cfg: TrainConfig, argv: list[str], d: Dist, rt: Runtime, threads: Threads,
+                   files: RunFiles) -> None:
     out = Path(cfg.out_dir)
-    if cfg.init_from != "resume":
-        # A new run starts new logs; with --overwrite=True the old run's checkpoints go now, so that a stale
-        # best.pt can never be mistaken for this run's.
-        for name in ("metrics.jsonl", "runs.jsonl"):
-            (out / name).unlink(missing_ok=True)
-        for name in ("best", "last"):
-            remove_checkpoint(out, name)  # name.pt, or a sharded name/
+    # A new run starts new logs; with --overwrite=True the old run's checkpoints are set aside now, so that a
+    # stale best.pt can never be mistaken for this run's (removed at this run's first save, back if it fails).
+    files.begin()
     (out / "config.json").write_text(json.dumps(config_to_dict(cfg), indent=2) + "\n")
     info = {"argv": ["train.py", *argv], "config": config_to_dict(cfg), "versions": library_versions(),
             "code": code_version(Path(__file__).resolve().parent),
@@ -217,6 +235,8 @@ class Run:
     hellaswag: list[hellaswag.Encoded] | None = None  # HellaSwag's items, when hellaswag_interval is set
     saver: CheckpointSaver = field(default_factory=CheckpointSaver)  # writes in the background with async_save
     threads: Threads = TORCH_OWN  # torch's CPU threads (gptkit/threads.py), chosen at the start
+    files: RunFiles | None = None  # rank 0: out_dir's files until the first checkpoint (checkpoint/run_files.py)
+    evaluated: bool = False  # a resumed run whose start step's evaluation metrics.jsonl holds already
 
     @property
     def tokens_per_step(self) -> int:
@@ -224,15 +244,18 @@ class Run:
 
 
 def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Runtime,
-              data_dir: Path, meta: dict, threads: Threads | None = None) -> tuple[Run, int, float]:
+              data_dir: Path, meta: dict, threads: Threads | None = None,
+              files: RunFiles | None = None) -> tuple[Run, int, float]:
     """The model, optimizer, data and wrappers of a new or resumed run; returns it with its step and best
-    val loss. `threads`: torch's CPU threads, already applied (None: torch's own count)."""
+    val loss. `threads`: torch's CPU threads, already applied (None: torch's own count). `files`: rank 0's
+    record of out_dir's files until the first checkpoint (None: one of this run's own, which removes an earlier
+    run's files at the first save, and puts nothing back on a failure: the caller's to do)."""
     threads = threads or TORCH_OWN
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     model, added_tokens = build_model(cfg, meta, ckpt)
     objectives.check_start(cfg, added_tokens)
     if ckpt is None and cfg.init_from != "scratch":
-        cfg = with_base_shape(cfg, model, argv)
+        cfg = with_base_shape(cfg, model, argv, say=d.master)
     check_vocab(data_dir, meta, model)
     lora_info = attach_lora(cfg, model, ckpt, added_tokens)
     if lora_info and rt.device_type == "cuda" and rt.dtype == torch.bfloat16:
@@ -269,7 +292,9 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
     if d.master:
         print("config:")
         print_config(cfg)
-        write_run_info(cfg, argv, d, rt, threads)
+        files = files or RunFiles(cfg.out_dir, new=cfg.init_from != "resume")  # (removed at the first save)
+        write_run_info(cfg, argv, d, rt, threads, files)
+        run.files = files
         print(why)
         if rt.device_type == "cpu":
             print(f"threads: {threads.describe()}")
@@ -331,19 +356,38 @@ def save(run: Run, name: str, step: int, best_val: float, requests: StepRequests
                                  lora_info=run.lora, sharded=sharded,
                                  dpo_reference=objectives.reference_state(run.reference))
     path = Path(run.cfg.out_dir) / (Path(name).stem if sharded else name)
+    first = run.files if d.master and run.files is not None and not run.files.settled else None
     done = None
-    if asked and d.master:  # (one write of the whole line: with async_save the writing thread prints it)
+    if (asked or first) and d.master:  # (one write of the whole line: with async_save the writing thread prints it)
         def done():
-            sys.stdout.write(f"saved {path}{'/' * sharded} at step {step} ({asked}); going on\n")
-            sys.stdout.flush()
+            if asked:
+                sys.stdout.write(f"saved {path}{'/' * sharded} at step {step} ({asked}); going on\n")
+                sys.stdout.flush()
+            if first is not None:  # the run's first checkpoint: an earlier run's files set aside go
+                first.saved()
     if sharded:
         run.saver.save_sharded(path, state, run.raw_model, run.optimizer, adapters_only=bool(run.lora), done=done)
     elif d.master:
         run.saver.save(state, path, done=done)
 
 
+def earlier_log(out_dir: str, step: int) -> tuple[float, bool]:
+    """What metrics.jsonl holds of the run a resumed run continues: the elapsed_s of its last entry (the resumed
+    run's entries go on from there), and whether step `step`'s evaluation is logged already (a finished run,
+    run again: not logged twice)."""
+    elapsed, evaluated = 0.0, False
+    with contextlib.suppress(OSError):
+        for line in Path(out_dir, "metrics.jsonl").read_text().splitlines():
+            with contextlib.suppress(ValueError, TypeError, AttributeError):
+                entry = json.loads(line)
+                elapsed = float(entry.get("elapsed_s", elapsed))
+                evaluated |= entry.get("step") == step and "val_loss" in entry
+    return elapsed, evaluated
+
+
 def make_metrics(run: Run, start_step: int = 0) -> Metrics:
     cfg, d, rt = run.cfg, run.d, run.rt
+    earlier, run.evaluated = earlier_log(cfg.out_dir, start_step) if cfg.init_from == "resume" else (0.0, False)
     wandb_run = None
     if cfg.wandb_log and d.master:
         wandb_run = start_wandb(cfg.wandb_project, cfg.wandb_run_name or Path(cfg.out_dir).name,
@@ -357,13 +401,14 @@ def make_metrics(run: Run, start_step: int = 0) -> Metrics:
               f"{rt.device} | {rt.dtype_name} | {run.tokens_per_step:,} tokens per step "
               f"({objectives.describe_batch(cfg)} x "
               f"{cfg.block_size} x {run.accum} accumulation x {d.world_size} processes)")
-        if rt.device_type == "cpu" and cfg.device == "auto":
+        if rt.device_type == "cpu":
             total = fpt * run.tokens_per_step * max(0, cfg.max_iters - start_step)
             if total > CPU_FLOPS_BUDGET:
                 training, evaluation = plan.run_flops(run.raw_model, cfg, run.tokens_per_step,
                                                       cfg.activation_checkpointing, done=start_step)
                 cpu = plan.cpu_device()
-                print(f"note: no GPU here, so this runs on the CPU, but this config is sized for a GPU "
+                why = "no GPU here, so this runs on the CPU, but" if cfg.device == "auto" else "on the CPU:"
+                print(f"note: {why} this config is sized for a GPU "
                       f"({total:.1e} training FLOPs): the plan estimates "
                       f"{plan.format_seconds((training + evaluation) / cpu.flops)} on this CPU (python train.py "
                       f"... --plan); the ETA follows the first logged steps. For a run sized for a CPU: python "
@@ -380,7 +425,7 @@ def make_metrics(run: Run, start_step: int = 0) -> Metrics:
     metrics = Metrics(cfg.out_dir, master=d.master, tokens_per_step=run.tokens_per_step, flops_per_token=fpt,
                       peak_flops=peak_flops(rt.device, rt.dtype), world_size=d.world_size,
                       max_iters=cfg.max_iters, device=rt.device, wandb_run=wandb_run, answers_only=answers_only,
-                      log_interval=cfg.log_interval, started=time.perf_counter() - process_elapsed(),
+                      log_interval=cfg.log_interval, started=time.perf_counter() - process_elapsed() - earlier,
                       cpu_threads=run.threads.count if rt.device_type == "cpu" else None)
     metrics.step = start_step  # (for its progress lines)
     return metrics
@@ -397,7 +442,8 @@ def stop_run(run: Run, step: int, best_val: float, start_step: int) -> None:
     if not run.d.master:
         return
     last = f"{run.cfg.out_dir}/last.pt"
-    again = rerun_command(run.argv, resume=run.cfg.resume != "auto")  # (resume=auto: the same command)
+    # (resume=auto: the same command)
+    again = rerun_command(run.argv, resume=run.cfg.resume != "auto", block_size=run.cfg.block_size)
     if step > start_step or run.cfg.init_from == "resume":  # (resumed: last.pt holds the start step already)
         print(f"stopped at step {step}; {last} holds it; continue with: {again}")
     else:
@@ -405,24 +451,35 @@ def stop_run(run: Run, step: int, best_val: float, start_step: int) -> None:
               f"again with: {rerun_command(run.argv)}")
 
 
-def rerun_command(argv: list[str], resume: bool = False) -> str:
-    """The command line of this run (as typed), to run again; with resume, continuing out_dir's last.pt."""
-    args, skip = [], False
-    for a in argv:
-        if resume and (skip or a.startswith("--init_from=")):
-            skip = False
-            continue
-        skip = resume and a == "--init_from"  # written "--init_from VALUE": its value goes too
-        if not skip:
-            args.append(a)
+def rerun_command(argv: list[str], resume: bool = False, block_size: int | None = None) -> str:
+    """The command line of this run (as typed), to run again; with resume, continuing out_dir's last.pt: its
+    --init_from goes, and so does a --block_size other than the `block_size` the run trained with (a fine-tune
+    fits it to its data or base; the resumed run takes the checkpoint's)."""
+    args, i = [], 0
+    while i < len(argv):
+        key, eq, value = argv[i].partition("=")
+        if not eq and key.startswith("--") and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            value, i = argv[i + 1], i + 1  # written "--key VALUE"
+        drop = resume and (key == "--init_from" or key == "--block_size" and value != str(block_size))
+        if not drop:
+            args += [argv[i]] if eq or argv[i] == key else [key, value]
+        i += 1
     return shlex.join(["python", "train.py", *args, *(["--init_from=resume"] if resume else [])])
+
+
+def cuts_steps(run: Run) -> bool:
+    """Whether a stop signal cuts a step short (gptkit/step.py's TrainStep `stop`): one process, the plain
+    model (not compiled nor graphed), whose steps a check between its blocks can leave."""
+    return (not run.d.enabled and run.graphed is None and run.model is run.raw_model
+            and not resolve_compile(run.cfg.compile, run.rt.device)[0])
 
 
 def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, requests: StepRequests) -> dict:
     cfg, d, stop = run.cfg, run.d, requests.stop
     start_step, val_loss, stopped, save_asked = step, None, False, False
     train_step = TrainStep(run.model, run.optimizer, run.scaler, run.rt, d, cfg, accum=run.accum,
-                           objective=run.objective, graphed=run.graphed)
+                           objective=run.objective, graphed=run.graphed, stop=stop if cuts_steps(run) else None,
+                           blocks=list(run.raw_model.transformer.h))
     while True:
         # ---- evaluate and checkpoint
         if step % cfg.eval_interval == 0 or step >= cfg.max_iters or cfg.eval_only:
@@ -430,7 +487,11 @@ def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, requests:
             if verdict.bad_step is not None:
                 raise NonFiniteError(verdict)
             save_asked |= verdict.save
-            evaluated = None if verdict.stop else evaluate(run.model, run.val, run.rt, d, stop, run.objective)
+            try:
+                with train_step.cut_short():  # (a stop signal leaves a long evaluation batch too)
+                    evaluated = None if verdict.stop else evaluate(run.model, run.val, run.rt, d, stop, run.objective)
+            except StepInterrupted:
+                evaluated = None
             if evaluated is None:  # a stop signal, before or during the evaluation (evaluated again on resume)
                 stop_run(run, step, best_val, start_step)
                 stopped = True
@@ -439,7 +500,11 @@ def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, requests:
             improved = val_loss < best_val
             best_val = min(best_val, val_loss)
             scores = {**{f"val_{k}": v for k, v in val_metrics.items()}, **hellaswag_scores(run.model, run.raw_model, run.hellaswag, run.cfg, step, run.rt, d)}
-            metrics.log_eval(step, val_loss, best_val, improved, scores)
+            if step == start_step and run.evaluated:  # (the run it continues logged this evaluation)
+                if d.master:
+                    print(f"step {step}: val {metrics.label} {val_loss:.4f} (logged in metrics.jsonl before)")
+            else:
+                metrics.log_eval(step, val_loss, best_val, improved, scores)
             # Step 0 of a fresh run is the random initialisation: not worth a file. A resumed run may start on a
             # step whose evaluation the stopped run never did: an improvement there is saved too.
             if improved and step > 0:
@@ -455,7 +520,15 @@ def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, requests:
 
         # ---- one step (gptkit/step.py): learning rate, forward + backward over the micro-batches, clip, the
         # NaN/inf, stop and save flags of every rank (this step's, or on a GPU the previous step's), the update
-        out = train_step(step, run.loader, requests.next)
+        try:
+            out = train_step(step, run.loader, requests.next)
+        except StepInterrupted:  # a stop signal cut the step short: nothing of it kept, the last one saved
+            verdict = train_step.settle()
+            if verdict.bad_step is not None:
+                raise NonFiniteError(verdict) from None
+            stop_run(run, step, best_val, start_step)
+            stopped = True
+            break
         if out.verdict.bad_step is not None:  # that step's update was not applied, nor this one's
             raise NonFiniteError(out.verdict)
         step += 1
@@ -484,47 +557,81 @@ def train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Run
     CPU threads, applied by the caller."""
     data_dir, meta = load_dataset(cfg, d)
     objectives.check_dataset(cfg, meta, repr(cfg.dataset))  # pairs for DPO, token windows for the next token
+    cfg = fit_base_context(cfg, argv, say=d.master)  # a config file's block_size past a fine-tune's base's context
     cfg = objectives.fit_block_size(cfg, data_dir, d.master) if objectives.is_dpo(cfg) else fit_block_size(cfg, meta, d)
     hellaswag_items = load_hellaswag(cfg, meta, d)  # now: no network is an error at the start, not at step 5000
-    with lock_out_dir(cfg.out_dir, d):
+    # the plan's peak for one step against this machine's memory, before anything is built or allocated
+    check_run_fits(cfg, ckpt, meta, rt.device, rt.dtype, d.world_size,
+                   compile=resolve_compile(cfg.compile, rt.device)[0])
+    # rank 0: until the first checkpoint, a failure or a stop puts out_dir back as it was (checkpoint/run_files.py)
+    files = RunFiles(cfg.out_dir, new=cfg.init_from != "resume") if d.master else None
+    try:
+        with lock_out_dir(cfg.out_dir, d):
+            summary, stop, aside = train_in(cfg, ckpt, argv, d, rt, threads, data_dir, meta, hellaswag_items, files)
+    except BaseException:
+        if files is not None:
+            files.remove_if_empty()  # (the lock released: a folder this run made and left empty)
+        raise
+    if summary["stopped"]:  # by a signal (on this rank or another): exit as the signal would have
+        if files is not None:
+            files.remove_if_empty()
+        raise SystemExit(stop.exit_code)
+    if d.master and not cfg.eval_only:
+        chat = bool(meta.get("chat")) or objectives.is_dpo(cfg)  # (a chat model: chat.py is the next step)
+        print(where_checkpoints_are(cfg.out_dir, summary, aside, chat=chat))
+    return summary
+
+
+def train_in(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Runtime, threads: Threads | None,
+             data_dir: Path, meta: dict, hellaswag_items, files: RunFiles | None) -> tuple[dict, StopFlag, Path | None]:
+    """The run, holding out_dir's lock: its summary, its stop flag, and where a damaged best checkpoint was set
+    aside. An error or a stop before the first checkpoint leaves out_dir as it found it (`files`, rank 0's)."""
+    start, metrics = int((ckpt or {}).get("step", 0)), None
+    try:
         check_out_dir(cfg)
         # a resumed run checks best.pt as it checked last.pt: a damaged one is set aside, said in one line
         aside = set_aside_damaged_best(cfg.out_dir, ckpt["best_val_loss"]) if ckpt is not None and d.master else None
-        run, step, best_val = setup_run(cfg, ckpt, argv, d, rt, data_dir, meta, threads)
+        run, step, best_val = setup_run(cfg, ckpt, argv, d, rt, data_dir, meta, threads, files)
         run.hellaswag = hellaswag_items
         metrics = make_metrics(run, step)
         try:
-            with StopFlag() as stop, run.saver:  # (leaving, on a signal or an error too: waits for a pending save)
+            # (leaving, on a signal or an error too: waits for a pending save)
+            with StopFlag(cuts_steps=cuts_steps(run)) as stop, run.saver:
                 requests = StepRequests(stop, cfg.checkpoint_interval_s, owns_clock=d.master)
                 summary = train_loop(run, step, best_val, metrics, requests)
         except torch.OutOfMemoryError:
             raise TrainError(oom_message(run)) from None
         finally:
             metrics.close()
-    if summary["stopped"]:  # by a signal (on this rank or another): exit as the signal would have
-        raise SystemExit(stop.exit_code)
-    if d.master and not cfg.eval_only:
-        print(where_checkpoints_are(cfg.out_dir, summary, aside))
-    return summary
+    except BaseException:
+        if files is not None:
+            files.failed(trained=metrics is not None and metrics.step > start)
+        raise
+    if files is not None:  # (a stop, or an eval_only run: no checkpoint saved, an earlier run's files back)
+        files.failed(trained=summary["step"] > start or not summary["stopped"])
+    return summary, stop, aside
 
 
-def where_checkpoints_are(out_dir: str, summary: dict, aside: Path | None = None) -> str:
-    """The run's last line: where its checkpoints are, and how to use them. `aside`: where a damaged best
-    checkpoint was set aside at the start, said again when no later evaluation replaced it."""
+def where_checkpoints_are(out_dir: str, summary: dict, aside: Path | None = None, chat: bool = False) -> str:
+    """The run's last line: where its checkpoints are, and how to use them (`chat`: a chat model's, chat.py).
+    `aside`: where a damaged best checkpoint was set aside at the start, said again when no later evaluation
+    replaced it."""
     saved = [p.name for p in (saved_checkpoint(out_dir, n) for n in ("best", "last")) if p is not None]
     if not saved:
         return f"done at step {summary['step']}; no checkpoint was saved in {out_dir}/"
     best = f"best val loss {summary['best_val_loss']:.4f}"
     if aside is not None and saved_checkpoint(out_dir, "best") is None:
         best += f", reached by the damaged best checkpoint set aside as {aside}; none since beat it"
-    return (f"done at step {summary['step']} ({best}); checkpoints in {out_dir}/: {', '.join(saved)}; sample "
-            f"with: python sample.py --ckpt {out_dir}/")
+    nxt = (f"chat with: python chat.py --ckpt {out_dir}/" if chat else
+           f"sample with: python sample.py --ckpt {out_dir}/")
+    return f"done at step {summary['step']} ({best}); checkpoints in {out_dir}/: {', '.join(saved)}; {nxt}"
 
 
 def plan_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str]) -> dict:
     """--plan: print the run's memory, FLOPs, time and cost per device (gptkit/plan_report.py) and return them;
     nothing is trained, written or loaded but configs (and a resumed checkpoint's config)."""
     world_size = cfg.plan_gpus or int(os.environ.get("WORLD_SIZE", 1))
+    cfg = fit_base_context(cfg, argv, say=False)  # as the run would
     report = make_plan(cfg, ckpt, world_size)
     title = " ".join(["train.py", *(a for a in argv if a.split("=")[0] != "--plan")])
     print(format_plan(report, title))

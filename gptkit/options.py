@@ -122,12 +122,22 @@ def parse_args(cls: type, argv: list[str], allow_files: bool = True, prog: str =
     # key it resembles), not at a later line that reads the key it should have set.
     check = lambda key, where: _check_key(cls, aliases[key].key if key in aliases else key, where)
     for path in files:
-        for key, value in read_config_file(path, fixed=overrides, check_key=check).items():
+        lines: dict[str, int] = {}
+        for key, value in read_config_file(path, fixed=overrides, check_key=check, lines=lines).items():
+            where = f"{path} line {lines[key]}"
             if key in aliases:
                 key, value = aliases[key].apply(value)
-            _check_key(cls, key, path)
-            values[key] = convert(key, hints[key], value, from_text=False)
+            _check_key(cls, key, where)
+            try:
+                values[key] = convert(key, hints[key], value, from_text=False)
+            except ConfigError as e:  # a value of the wrong kind is named where it stands, as a wrong key is
+                raise ConfigError(f"{e} (in {where})") from None
     return {**values, **overrides}
+
+
+def command_line_values(cls: type, argv: list[str]) -> dict[str, Any]:
+    """The values argv's --key=value options set, without its config files' (what parse_args lets win)."""
+    return _split_args(cls, argv, allow_files=True)[1]
 
 
 def _split_args(cls: type, argv: list[str], allow_files: bool) -> tuple[list[str], dict[str, Any]]:
@@ -198,12 +208,13 @@ def build_config(cls: type, values: dict[str, Any]):
 
 
 def read_config_file(path: str, fixed: dict[str, Any] | None = None,
-                     check_key: Callable[[str, str], None] | None = None) -> dict[str, Any]:
+                     check_key: Callable[[str, str], None] | None = None,
+                     lines: dict[str, int] | None = None) -> dict[str, Any]:
     """The `key = value` lines of a config file, parsed without executing it. Values may be literals, bounded
     arithmetic, and names assigned earlier in the file or in `fixed` (the command line's values): a fixed key
     keeps its value, its own line is skipped, and the lines after it read the fixed value. check_key(key, where)
     is called for each line's key before its value is evaluated (`where`: "PATH line N"), to refuse an unknown
-    key at its own line."""
+    key at its own line. `lines`, when given, receives the line of each key's value (the last one)."""
     fixed = fixed or {}
     names, values = dict(fixed), {}
     for node in _parse_file(path).body:
@@ -224,6 +235,8 @@ def read_config_file(path: str, fixed: dict[str, Any] | None = None,
         if isinstance(value, int) and not -INT64_LIMIT <= value < INT64_LIMIT:
             raise ConfigError(f"{where}: {_show(node.value)} is outside the 64-bit integer range")
         names[key] = values[key] = value
+        if lines is not None:
+            lines[key] = node.lineno
     return values
 
 

@@ -16,6 +16,7 @@ import torch
 
 from gptkit import lora, objectives
 from gptkit.checkpoint import load_checkpoint
+from gptkit.checkpoint.models import no_run_yet
 from gptkit.cli import UserError
 from gptkit.config import lora_settings
 from gptkit.hf_gpt2 import VOCAB_MULTIPLE, config_from_hf, read_json
@@ -115,6 +116,9 @@ def base_config(init_from: str, dropout: float) -> GPTConfig:
         ckpt = load_checkpoint(path)
         return GPTConfig.from_dict({**ckpt["model_config"], "dropout": dropout})
     hf = path / "config.json"
+    missing = no_run_yet(init_from)
+    if missing:
+        raise PlanError(missing)
     if not hf.is_file():
         raise PlanError(f"unknown pretrained model {init_from!r}: use one of {', '.join(GPT2_SHAPES)}, a local "
                         f"Hugging Face GPT-2 folder (config.json + model.safetensors) or a checkpoint of this project")

@@ -401,28 +401,37 @@ def dataset_dir(name_or_path: str | os.PathLike, data_root: str | os.PathLike = 
     return Path(data_root) / text
 
 
-def prepare_command(name_or_path: str | os.PathLike, data_root: str | os.PathLike = "data") -> str:
-    """The command that creates this dataset, for error messages."""
+# What a run's data is prepared from, by the script that prepares it: the placeholder of its --input.
+PREPARE_INPUTS = {"text": "YOUR_TEXT", "chat": "YOUR_CONVERSATIONS.jsonl", "preference": "YOUR_PAIRS.jsonl"}
+
+
+def prepare_command(name_or_path: str | os.PathLike, data_root: str | os.PathLike = "data", kind: str = "text",
+                    tokenizer: str | None = None) -> str:
+    """The command that creates this dataset, for error messages. `kind`: the prepare script, text, chat
+    (conversations) or preference (pairs); `tokenizer`: its --tokenizer (a fine-tune's base), when not GPT-2's."""
     path = dataset_dir(name_or_path, data_root)
     name = path.name
     default_location = path == Path(data_root) / name
-    if name in PREPARE_COMMANDS:
+    if name in PREPARE_COMMANDS and kind == "text":
         cmd = PREPARE_COMMANDS[name]
         return cmd if default_location else f"{cmd} --out_dir {path}"
-    if default_location:
-        return f"python prepare/text.py --input YOUR_TEXT --name {name}"
-    return f"python prepare/text.py --input YOUR_TEXT --out_dir {path}"
+    tok = f" --tokenizer {tokenizer}" if tokenizer and tokenizer != "gpt2" else ""
+    where = f"--name {name}" if default_location else f"--out_dir {path}"
+    return f"python prepare/{kind}.py --input {PREPARE_INPUTS[kind]}{tok} {where}"
 
 
-def require_dataset(name_or_path: str | os.PathLike, data_root: str | os.PathLike = "data") -> Path:
-    """Resolve a dataset folder and insist that it has been prepared; the error says how to prepare it."""
+def require_dataset(name_or_path: str | os.PathLike, data_root: str | os.PathLike = "data",
+                    how: str | None = None) -> Path:
+    """Resolve a dataset folder and insist that it has been prepared; the error says how to prepare it (`how`:
+    the command, when the caller knows better than prepare_command's default)."""
     path = dataset_dir(name_or_path, data_root)
     label = os.fspath(name_or_path)
+    how = how or prepare_command(name_or_path, data_root)
     if not path.is_dir():
-        raise DataError(f"dataset {label!r} not found at {path}; prepare it with: {prepare_command(name_or_path, data_root)}")
+        raise DataError(f"dataset {label!r} not found at {path}; prepare it with: {how}")
     if not (path / META_NAME).is_file():
         raise DataError(
             f"dataset {label!r} at {path} has no {META_NAME} (never prepared, or preparation was interrupted); "
-            f"prepare it with: {prepare_command(name_or_path, data_root)}"
+            f"prepare it with: {how}"
         )
     return path

@@ -60,6 +60,11 @@ DEFERRED_DEVICE_TYPES = ("cuda",)
 GO_ON, SAVE, STOP = 0.0, 0.5, 1.0
 
 
+class StepInterrupted(Exception):
+    """A stop signal during a step that can be cut short (TrainStep's `interrupt`): raised out of the forward
+    and backward; the step's micro-batches are given back to the loader and nothing of it is applied."""
+
+
 class NonFiniteError(UserError):
     """A step whose loss or gradient norm was NaN or infinite: its update was not applied, and the run stops."""
 
@@ -84,16 +89,19 @@ def next_token_loss(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor,
 
 
 def accumulate(model: torch.nn.Module, next_batch: Callable[[], Batch], accum: int, autocast, device: torch.device,
-               *, objective: Objective = next_token_loss, scale=None, prefetch=None,
+               *, objective: Objective = next_token_loss, scale=None, prefetch=None, interrupt=None,
                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Forward and backward over `accum` micro-batches (next_batch() each): their mean loss and mean metrics, as
     device tensors (nothing is read to the host). `autocast`: a function giving the forward's autocast context;
     `scale`: what the loss is multiplied by for its backward (the GradScaler's scale; None: nothing);
     `prefetch` (the loader's) reads the next batch while the device runs the forward just queued: after the
-    last micro-batch that is the next step's first, read while the device still runs this step."""
+    last micro-batch that is the next step's first, read while the device still runs this step. `interrupt`:
+    called before each micro-batch (it raises StepInterrupted after a stop signal)."""
     loss_sum = torch.zeros((), device=device)
     metric_sums: dict[str, torch.Tensor] = {}
     for micro in range(accum):
+        if interrupt is not None:
+            interrupt()
         batch = next_batch()
         # Under DDP gradients are all-reduced on the last micro-batch only (the others accumulate locally); under
         # FSDP every micro-batch's are reduce-scattered, so none is ever held whole (gptkit/parallel.py's no_sync).
@@ -138,11 +146,11 @@ class Gradients(NamedTuple):
 
 
 def forward_backward(model, optimizer, scaler, next_batch, accum: int, rt: Runtime, grad_clip: float,
-                     prefetch=None, objective: Objective = next_token_loss) -> Gradients:
+                     prefetch=None, objective: Objective = next_token_loss, interrupt=None) -> Gradients:
     """The gradient half of a training step: `accum` micro-batches of forward + backward (accumulate), then
     unscale and clip. Reading the returned tensors would sync the host."""
     loss, metrics = accumulate(model, next_batch, accum, rt.autocast, rt.device, objective=objective,
-                               scale=scaler.scale, prefetch=prefetch)
+                               scale=scaler.scale, prefetch=prefetch, interrupt=interrupt)
     scaler.unscale_(optimizer)
     grad_norm = clip_gradients(trained_parameters(optimizer), grad_clip)  # (FSDP: sharded)
     return Gradients(loss, grad_norm, metrics)
@@ -276,13 +284,33 @@ class TrainStep:
     learning rate for the step, forward + backward over `accum` micro-batches of the loader (objective), clip,
     the flags, then the optimizer step unless the flags already say the run stops with a non-finite step, and
     zero_grad. With `graphed` (a cudagraph.GraphedStep over the same model and optimizer) the step runs as one
-    CUDA graph instead, its update masked on the device from a bad step on."""
+    CUDA graph instead, its update masked on the device from a bad step on.
+
+    `stop` (a StopFlag, on a run of one process whose model runs uncompiled and ungraphed: `blocks`, its
+    transformer blocks): a stop signal cuts the step short instead of waiting for its end (a GPU-sized step on
+    a CPU takes minutes). The flag is checked before each micro-batch and before each block's forward and
+    backward; once set, StepInterrupted is raised out of the step before its optimizer step, with the loader
+    and the RNG put back where the step started, so that a save then holds the last finished step exactly."""
 
     def __init__(self, model: torch.nn.Module, optimizer, scaler: torch.amp.GradScaler, rt: Runtime, d: Dist,
-                 cfg: TrainConfig, *, accum: int, objective: Objective = next_token_loss, graphed=None):
+                 cfg: TrainConfig, *, accum: int, objective: Objective = next_token_loss, graphed=None,
+                 stop: StopFlag | None = None, blocks: list[torch.nn.Module] | None = None):
         self.model, self.optimizer, self.scaler, self.rt, self.cfg = model, optimizer, scaler, rt, cfg
         self.accum, self.objective, self.graphed = accum, objective, graphed
         self.guard = StepGuard(optimizer, rt, d)
+        self.stop, self.running = (stop if graphed is None and not d.enabled else None), False
+        if self.stop is not None:
+            for block in blocks or []:  # (hooks that do nothing outside a step: evaluations run their own check)
+                block.register_forward_pre_hook(lambda module, args: self._check())
+                block.register_forward_hook(lambda module, args, out: self._check_backward(out))
+
+    def _check(self, *_) -> None:
+        if self.running and self.stop.requested:
+            raise StepInterrupted
+
+    def _check_backward(self, out) -> None:
+        if self.running and isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(self._check)  # before this block's backward
 
     def __call__(self, step: int, loader, requests: Callable[[], float] | None = None) -> StepResult:
         """Step `step` on the loader's next micro-batches (loader.next_batch(), and loader.prefetch() to read
@@ -295,15 +323,52 @@ class TrainStep:
             loss, grad_norm, flags = self.graphed(loader, ask())
             verdict = self.guard.check(step, loss, grad_norm, flags=flags)
             return StepResult(lr, loss, grad_norm, self.graphed.metrics, verdict)
-        loss, grad_norm, metrics = forward_backward(self.model, self.optimizer, self.scaler, loader.next_batch,
-                                                    self.accum, self.rt, self.cfg.grad_clip,
-                                                    prefetch=loader.prefetch, objective=self.objective)
+        if self.stop is None:
+            loss, grad_norm, metrics = forward_backward(self.model, self.optimizer, self.scaler, loader.next_batch,
+                                                        self.accum, self.rt, self.cfg.grad_clip,
+                                                        prefetch=loader.prefetch, objective=self.objective)
+        else:
+            loss, grad_norm, metrics = self._interruptible(loader)
         # NaN/inf, a stop or a save asked for on any rank (this step's flags, or on a GPU the previous step's)
         verdict = self.guard.check(step, loss, grad_norm, ask())
         if verdict.bad_step is None:  # (else the run stops after this call, and this step is not applied either)
             self.guard.optimizer_step(self.optimizer, self.scaler)  # on a GPU skipped on the device if flagged
         self.optimizer.zero_grad(set_to_none=True)
         return StepResult(lr, loss, grad_norm, metrics, verdict)
+
+    @contextlib.contextmanager
+    def cut_short(self):
+        """Inside it, a stop signal leaves the forwards of the blocks too (StepInterrupted), as in a step: for an
+        evaluation, whose batches take as long as a step's (nothing to put back: it changes no state but the
+        model's train/eval mode, which the next evaluation or step sets). Does nothing where steps are not cut."""
+        if self.stop is None:
+            yield
+            return
+        self.running = True
+        try:
+            yield
+        finally:
+            self.running = False
+
+    def _interruptible(self, loader) -> Gradients:
+        """forward_backward, cut short by a stop signal (StepInterrupted) with the loader and the RNG put back."""
+        position = loader.state_dict()
+        rng = torch.get_rng_state()
+        cuda_rng = torch.cuda.get_rng_state(self.rt.device) if self.rt.device_type == "cuda" else None
+        self.running = True
+        try:
+            return forward_backward(self.model, self.optimizer, self.scaler, loader.next_batch, self.accum,
+                                    self.rt, self.cfg.grad_clip, prefetch=loader.prefetch,
+                                    objective=self.objective, interrupt=self._check)
+        except StepInterrupted:
+            self.optimizer.zero_grad(set_to_none=True)
+            loader.load_state_dict(position)
+            torch.set_rng_state(rng)
+            if cuda_rng is not None:
+                torch.cuda.set_rng_state(cuda_rng, self.rt.device)
+            raise
+        finally:
+            self.running = False
 
     def settle(self) -> Verdict:
         """The last step's flags, read now (StepGuard.settle): before an evaluation or a save."""
@@ -318,7 +383,10 @@ class StopFlag:
     an evaluation short), saves and exits with `exit_code`. A second Ctrl-C interrupts at once. SIGUSR1 asks for
     a save and no stop: `save_requested`, until a StepRequests sends it (Unix only)."""
 
-    def __init__(self):
+    def __init__(self, cuts_steps: bool = False):
+        # what a stop does to the step under way: cut short (TrainStep's `stop`), or finished
+        self.stopping = ("cutting this step (or the evaluation) short" if cuts_steps else
+                         "finishing this step (or cutting the evaluation short)")
         self.requested = False
         self.save_requested = False
         self.signum: int | None = None  # the signal that asked to stop, once one has
@@ -341,8 +409,8 @@ class StopFlag:
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.requested, self.signum = True, signum
-        print(f"\n{signal.Signals(signum).name} received: finishing this step (or cutting the evaluation short), "
-              f"then saving last.pt (once a step has finished)", flush=True)
+        print(f"\n{signal.Signals(signum).name} received: {self.stopping}, then saving last.pt (once a step has "
+              f"finished)", flush=True)
 
     def _handle_save(self, signum, frame):
         self.save_requested = True

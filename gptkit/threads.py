@@ -75,10 +75,14 @@ class Threads:
 
 
 def resolve_threads(threads: int, device_type: str, seconds: float = 0.25) -> Threads:
-    """--threads (threads > 0) as given; else on the CPU OMP_NUM_THREADS when set (torch read it at start),
+    """--threads (threads > 0) as given, at most one per core (said); else on the CPU OMP_NUM_THREADS when set (torch read it at start),
     else choose_threads(); else (a GPU) torch's own count. Raises ValueError for a negative count."""
     if threads < 0:
         raise ValueError(f"threads must be >= 0 (0 = auto), got {threads}")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if threads > cores:  # (more threads than cores only wait for each other)
+        return Threads(cores, f"--threads={threads} is more than the {cores} cores this process may run on: "
+                              f"using {cores}")
     if threads:
         return Threads(threads, "--threads")
     if device_type != "cpu":

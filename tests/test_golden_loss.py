@@ -88,7 +88,9 @@ def test_the_record_notices_a_half_percent_change_of_the_init(tmp_path, monkeypa
     """The point of the record: a small change of the numerics is caught. Here every normal_ init draws with
     a 0.5% larger std, and the GPT-2 recipe's losses leave the tolerance."""
     real = torch.nn.init.normal_
-    monkeypatch.setattr(torch.nn.init, "normal_", lambda t, mean=0.0, std=1.0, **kw: real(t, mean, std * 1.005, **kw))
+    # (named as torch names it: on the meta device, as the run's memory check builds its model, it is passed by name)
+    monkeypatch.setattr(torch.nn.init, "normal_",
+                        lambda tensor, mean=0.0, std=1.0, **kw: real(tensor, mean, std * 1.005, **kw))
     got = run_recipe("gpt2_adamw", tmp_path)
     want = json.loads(RECORD.read_text())["losses"]["gpt2_adamw"]
     assert max(abs(g - w) / abs(w) for g, w in zip(got, want)) > RTOL

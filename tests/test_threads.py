@@ -59,7 +59,7 @@ def test_threads_then_omp_num_threads_then_auto(monkeypatch):
     assert resolve_threads(0, "cpu") == Threads(1, "auto: 2 cores, 1.0 busy with other processes", auto=True)
     assert resolve_threads(0, "cpu").describe() == ("1 thread (auto: 2 cores, 1.0 busy with other processes; "
                                                     "--threads to choose)")
-    assert resolve_threads(3, "cpu") == Threads(3, "--threads") and resolve_threads(3, "cuda").n == 3
+    assert resolve_threads(1, "cpu") == Threads(1, "--threads") and resolve_threads(1, "cuda").n == 1
     monkeypatch.setenv("OMP_NUM_THREADS", "5")
     with torch_threads(5):  # (what torch read from it at its start)
         assert resolve_threads(0, "cpu") == Threads(5, "OMP_NUM_THREADS")

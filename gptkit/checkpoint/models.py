@@ -18,6 +18,7 @@ from gptkit.cli import UserError, one_line
 from gptkit.gguf_load import is_gguf, load_gguf
 from gptkit.hf_gpt2 import GPT2_NAMES, load_pretrained
 from gptkit.hf_tokenizer import GPTKIT_FILE
+from gptkit.options import read_config_file
 from gptkit.shards import DataError
 from gptkit.tokenizer import Tokenizer
 from model import GPT, GPTConfig
@@ -41,11 +42,39 @@ def model_from_checkpoint(ckpt: dict, device: str | torch.device = "cpu", merge_
 GPT2_BPE = {"kind": "tiktoken", "name": "gpt2"}
 
 
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"  # the recipes, whose out_dir a later recipe starts from
+
+
+def no_run_yet(init_from: str) -> str | None:
+    """When `init_from` names a run folder that holds no checkpoint yet (no best.pt, last.pt, nor a Hugging Face
+    config.json), what to say: that it has none, and which recipe of configs/ makes it (its out_dir); else None."""
+    path = Path(init_from)
+    if init_from in GPT2_NAMES or holds_checkpoint(path) or (path / "config.json").is_file():
+        return None
+    recipes = []
+    for config in sorted(CONFIGS.glob("*.py")):
+        try:
+            out_dir = read_config_file(str(config)).get("out_dir")
+        except UserError:
+            continue
+        if out_dir is not None and Path(out_dir) == path:
+            recipes.append(f"python train.py configs/{config.name}")
+    if recipes:
+        return (f"{init_from}/ has no checkpoint yet (no best.pt or last.pt); make it first with "
+                f"{' or '.join(recipes)}")
+    if path.is_dir():
+        return f"{init_from}/ holds no checkpoint (best.pt or last.pt) nor a Hugging Face config.json"
+    return None
+
+
 def load_base_model(init_from: str, dropout: float = 0.0) -> tuple[GPT, dict | None]:
     """The model a fine-tuning run starts from, and the tokenizer it was trained with: a GPT-2 name or a local
     Hugging Face GPT-2 folder (the GPT-2 BPE), or a checkpoint of this project (a .pt file or a sharded folder,
     or a run's out_dir holding best.pt or last.pt, or their sharded folders; its own tokenizer), or nanoGPT's."""
     path = Path(init_from)
+    missing = no_run_yet(init_from)
+    if missing:
+        raise CheckpointError(missing)
     if init_from in GPT2_NAMES or not holds_checkpoint(path):
         return load_pretrained(init_from, dropout=dropout), GPT2_BPE  # a bad name or folder: an HFGPT2Error
     ckpt = load_checkpoint(path)

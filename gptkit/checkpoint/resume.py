@@ -20,7 +20,7 @@ from gptkit.checkpoint.file import RESUME_KEYS, load_checkpoint, verify_checkpoi
 from gptkit.checkpoint.layout import CheckpointError, saved_checkpoint
 from gptkit.cli import UserError
 from gptkit.config import TrainConfig
-from gptkit.options import build_config, parse_args
+from gptkit.options import build_config, command_line_values, parse_args
 from gptkit.shards import dataset_dir
 from model import GPTConfig
 
@@ -67,6 +67,7 @@ def resolve_config(argv: list[str]) -> tuple[TrainConfig, dict | None]:
             values.pop("block_size", None)
         values["init_from"] = "resume"
     base = {k: v for k, v in ckpt["config"].items() if k not in INVOCATION_KEYS}
+    fitted = kept_block_size(argv, values, base, out_dir)
     # Through GPTConfig: a checkpoint older than an option has its default, and `auto` options their values.
     saved_model = GPTConfig.from_dict(ckpt["model_config"]).to_dict()
     saved_shape = {k: saved_model[k] for k in MODEL_KEYS}
@@ -85,9 +86,26 @@ def resolve_config(argv: list[str]) -> tuple[TrainConfig, dict | None]:
     base.update(saved_shape)
     cfg = build_config(TrainConfig, base)
     if not cfg.plan and os.environ.get("RANK", "0") == "0":
-        for line in resume_notes(cfg, values, ckpt, out_dir):
+        if not auto:  # (resume=auto said which step it continues)
+            print(f"resumed from step {ckpt['step']} of {last}", flush=True)
+        for line in ([fitted] if fitted else []) + resume_notes(cfg, values, ckpt, out_dir):
             print(f"note: {line}")
     return cfg, ckpt
+
+
+def kept_block_size(argv: list[str], values: dict, saved: dict, out_dir: Path) -> str | None:
+    """A resumed run trains on its checkpoint's block_size, which its first run may have fitted to its data (a
+    fine-tune on a small dataset, DPO's longest pair) or to its base's context, below what its config file
+    says: a config file's value is taken as the run took it, so the command a stopped run prints continues it
+    as printed. Only --block_size on the command line asks for another (and must then match the checkpoint).
+    Drops a config file's block_size from `values`; returns the note to print when it differed."""
+    if "block_size" not in values or "block_size" in command_line_values(TrainConfig, argv):
+        return None
+    asked, kept = values.pop("block_size"), saved.get("block_size")
+    if asked is None or kept is None or asked == kept:
+        return None
+    return (f"block_size is the checkpoint's {kept}, the one its run trained with (the config file says "
+            f"{asked}); continuing {out_dir}/last.pt with it")
 
 
 def auto_resumes(asked: TrainConfig, out_dir: Path) -> bool:

@@ -18,7 +18,7 @@ from gptkit.checkpoint.models import GPT2_BPE, load_base_model, lora_model
 from gptkit.cli import UserError
 from gptkit.config import TrainConfig, lora_settings
 from gptkit.hf_gpt2 import GPT2_NAMES
-from gptkit.options import parse_args
+from gptkit.options import command_line_values, parse_args
 from gptkit.shards import TokenDataset
 from gptkit.tokenizer import Tokenizer
 from model import GPT, GPTConfig
@@ -53,9 +53,7 @@ def build_model(cfg: TrainConfig, meta: dict, ckpt: dict | None) -> tuple[GPT, i
         return GPT(cfg.model_config(vocab, vocab_multiple=64 if meta["tokenizer"]["kind"] != "char" else 1)), 0
     # Fine-tuning: a GPT-2 name, a Hugging Face folder, or a checkpoint of this project.
     model, tokenizer = load_base_model(cfg.init_from, dropout=cfg.dropout)
-    if cfg.block_size > model.config.block_size:
-        raise ModelError(f"block_size {cfg.block_size} exceeds {cfg.init_from}'s context of "
-                         f"{model.config.block_size}; use --block_size={model.config.block_size} or less")
+    # (a block_size past the base's context: with_base_shape takes the base's, or refuses a --block_size)
     # A full fine-tune changes every weight at the first block_size positions only, so the model keeps those
     # (as nanoGPT does): the rows beyond would no longer match the network, and weight decay would shrink
     # them. A LoRA run keeps its frozen base whole, all positions included: block_size only limits the
@@ -83,11 +81,22 @@ def build_model(cfg: TrainConfig, meta: dict, ckpt: dict | None) -> tuple[GPT, i
     return model, added
 
 
-def with_base_shape(cfg: TrainConfig, model: GPT, argv: list[str]) -> TrainConfig:
+def with_base_shape(cfg: TrainConfig, model: GPT, argv: list[str], say: bool = True) -> TrainConfig:
     """A fine-tune's model has its base's shape (block_size aside, which may crop it): a shape setting that the
     command or its config files set to another value is a one-line error, and the run's config (config.json,
-    the checkpoints) records the base's values, what ran."""
+    the checkpoints) records the base's values, what ran. A block_size past the base's context is an error when
+    the command line asks for it; from a config file (configs/finetune_chat.py's GPT-2 context, on a smaller
+    base) the run takes the base's context and says so (`say`)."""
     values, ran = parse_args(TrainConfig, argv), model.config.to_dict()
+    if cfg.block_size > model.config.block_size:
+        context = model.config.block_size
+        if "block_size" in command_line_values(TrainConfig, argv):
+            raise ModelError(f"block_size {cfg.block_size} exceeds {cfg.init_from}'s context of {context}; use "
+                             f"--block_size={context} or less")
+        if say:
+            print(f"note: block_size {cfg.block_size} (the config file's) exceeds {cfg.init_from}'s context of "
+                  f"{context}: this fine-tune uses block_size={context}, its base's context", flush=True)
+        cfg = dataclasses.replace(cfg, block_size=context)
     keys = [k for k in GPTConfig.shape_names() if k != "block_size"]
     differing = [f"{k}={values[k]!r} (the base has {ran[k]!r})" for k in keys
                  if values.get(k) is not None and values[k] != ran[k]]
