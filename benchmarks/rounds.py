@@ -1,0 +1,116 @@
+"""Comparisons that hold on another machine: systems run interleaved over rounds, each cell printed as the
+median with its range over the rounds, each ratio likewise (computed round by round, so that a slow round
+slows both sides of its own ratio), and "at parity" where two systems' ranges overlap. A module of the
+benchmarks (benchmarks/serve_load.py, cpu_decode.py, train_threads.py, time_to_loss.py, reproduce.py), not a
+script: nothing here runs on its own.
+
+    order = interleave(["gptkit", "llama.cpp"], 3)    # round 1: A B, round 2: B A, round 3: A B
+    cell(rates["gptkit"])                             # '216 (190-231)'
+    ratio_cell(rates["gptkit"], rates["llama.cpp"])   # '1.18x (1.02-1.31), at parity'
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+DEFAULT_ROUNDS = 3
+MIN_SECONDS = 10.0  # a cell's least work, in seconds of it (--min_seconds); --quick: QUICK_SECONDS
+QUICK_SECONDS = 0.5
+
+
+def interleave(names: Sequence, rounds: int) -> list[tuple[int, object]]:
+    """(round, name) in the order to run them: every system once per round, the order rotated by one each round
+    (A B C, B C A, C A B, ...; for two systems: alternating), so that no system always runs first, right after
+    a start-up or another system's heaviest level."""
+    if rounds < 1 or not names:
+        raise ValueError("interleave needs at least one system and one round")
+    n = len(names)
+    return [(r, names[(r + i) % n]) for r in range(rounds) for i in range(n)]
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A median and the lowest and highest value of the rounds."""
+
+    median: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Spread:
+        values = [v for v in values if v is not None]
+        if not values:
+            raise ValueError("no values to summarise")
+        return cls(statistics.median(values), min(values), max(values))
+
+    def overlaps(self, other: Spread) -> bool:
+        return self.low <= other.high and other.low <= self.high
+
+    def holds(self, value: float) -> bool:
+        return self.low <= value <= self.high
+
+
+def number(x: float, digits: int | None = None) -> str:
+    """x with digits after the point; None: by size (3 significant figures, thousands separated)."""
+    if digits is None:
+        digits = 0 if abs(x) >= 100 else 1 if abs(x) >= 10 else 2
+    return f"{x:,.{digits}f}"
+
+
+def cell(values: Sequence[float], digits: int | None = None, unit: str = "") -> str:
+    """'median (low-high)' of the rounds' values; one value alone: itself (no range to give)."""
+    s = Spread.of(values)
+    if len(values) == 1 or s.low == s.high:
+        return f"{number(s.median, digits)}{unit}"
+    return f"{number(s.median, digits)}{unit} ({number(s.low, digits)}-{number(s.high, digits)})"
+
+
+def ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
+    """Each round's a / b: the rounds must pair up (the same rounds, in the same order)."""
+    if len(a) != len(b):
+        raise ValueError(f"{len(a)} rounds against {len(b)}: a ratio needs the same rounds of both")
+    return [x / y for x, y in zip(a, b) if x is not None and y]
+
+
+def verdict(a: Sequence[float], b: Sequence[float], higher_is_better: bool = True) -> str:
+    """'at parity' where the two systems' ranges over the rounds overlap (within each other's noise), else
+    'ahead' or 'behind' (a's side of it)."""
+    sa, sb = Spread.of(a), Spread.of(b)
+    if sa.overlaps(sb):
+        return "at parity"
+    return "ahead" if (sa.median > sb.median) == higher_is_better else "behind"
+
+
+def ratio_cell(a: Sequence[float], b: Sequence[float], higher_is_better: bool = True, word: bool = True) -> str:
+    """a's rounds over b's as 'median x (low-high)' of the per-round ratios, and with word the verdict:
+    e.g. '1.18x (1.02-1.31), at parity'."""
+    s = Spread.of(ratios(a, b))
+    text = f"{s.median:.2f}x" if len(a) == 1 or s.low == s.high else f"{s.median:.2f}x ({s.low:.2f}-{s.high:.2f})"
+    return f"{text}, {verdict(a, b, higher_is_better)}" if word and len(a) > 1 else text
+
+
+def run_rounds(systems: dict[str, Callable[[], float]], rounds: int = DEFAULT_ROUNDS,
+               log: Callable[[str], None] | None = None) -> dict[str, list[float]]:
+    """Each system's measurement (a callable giving one figure) once per round, interleaved as interleave()
+    orders them; the figures by system, in round order (so ratios pair a round's figures)."""
+    out: dict[str, list[float]] = {name: [None] * rounds for name in systems}
+    for r, name in interleave(list(systems), rounds):
+        out[name][r] = systems[name]()
+        if log:
+            log(f"  round {r + 1}/{rounds} {name}: {out[name][r]:.4g}")
+    return out
+
+
+def enough_work(step: Callable[[], float], min_seconds: float = MIN_SECONDS, min_count: int = 1
+                ) -> tuple[float, float]:
+    """Run step() (which returns the work it did: tokens, requests) until at least min_seconds have passed and
+    it has run min_count times, whichever is longer: (work done, seconds taken). A cell of ~1 s of work moves
+    by 20% with one scheduler hiccup; ten seconds of it do not."""
+    work, count, start = 0.0, 0, time.perf_counter()
+    while count < min_count or time.perf_counter() - start < min_seconds:
+        work += step()
+        count += 1
+    return work, time.perf_counter() - start
