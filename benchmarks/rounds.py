@@ -21,14 +21,19 @@ MIN_SECONDS = 10.0  # a cell's least work, in seconds of it (--min_seconds); --q
 QUICK_SECONDS = 0.5
 
 
+def rotation(items: Sequence, r: int) -> list:
+    """Round r's order of items: rotated by r (A B C, B C A, C A B, ...; for two: alternating)."""
+    items = list(items)
+    return items[r % len(items):] + items[:r % len(items)] if items else []
+
+
 def interleave(names: Sequence, rounds: int) -> list[tuple[int, object]]:
     """(round, name) in the order to run them: every system once per round, the order rotated by one each round
-    (A B C, B C A, C A B, ...; for two systems: alternating), so that no system always runs first, right after
-    a start-up or another system's heaviest level."""
+    (rotation()), so that no system always runs first, right after a start-up or another system's heaviest
+    level."""
     if rounds < 1 or not names:
         raise ValueError("interleave needs at least one system and one round")
-    n = len(names)
-    return [(r, names[(r + i) % n]) for r in range(rounds) for i in range(n)]
+    return [(r, name) for r in range(rounds) for name in rotation(names, r)]
 
 
 @dataclass(frozen=True)

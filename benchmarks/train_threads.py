@@ -53,7 +53,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a file: gptkit from this checkout
 
-from benchmarks.rounds import DEFAULT_ROUNDS, cell, ratio_cell, verdict  # noqa: E402
+from benchmarks.rounds import DEFAULT_ROUNDS, cell, ratio_cell, rotation, verdict  # noqa: E402
 from gptkit import cli  # noqa: E402
 from gptkit.threads import choose_threads, plural  # noqa: E402
 
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> dict:
     cells = [(pr, s) for pr in programs for s in settings]
     for r in range(args.repeats):
         for n in neighbours:
-            for (program, run), setting in cells[r % len(cells):] + cells[:r % len(cells)]:  # rotated each round
+            for (program, run), setting in rotation(cells, r):  # the order rotated each round
                 name = f"{program.replace('.py', '')}-{setting}-{n}busy-{r}"
                 with neighbours_busy(n):
                     figure = run(setting, args.steps, work, name, torch_threads, extra)

@@ -91,3 +91,21 @@ def test_a_conversation_grows_by_each_message_and_reply_and_fits_the_context(tmp
     assert serve_chat.tokens_at_last_turn(11, 40, 30, 56) == 987 <= serve_chat.CONTEXT
     with pytest.raises(SystemExit, match="the last turn would take 1073 tokens"):
         serve_chat.main(["--turns", "12"])
+
+
+def test_the_table_gives_each_servers_tokens_per_s_and_ratios_with_their_ranges_over_the_rounds(capsys):
+    """Rows as measure() leaves them (clients, requests, tokens, seconds, median tokens/s, TTFT median, p99,
+    the rounds' tokens/s): each tokens/s as median (range), each ratio round by round with its range, and the
+    verdict against the first server: "at parity" where the ranges overlap."""
+    ours = [(1, 6, 384, 3.0, 120.0, 0.04, 0.05, [100.0, 120.0, 130.0]),
+            (16, 96, 6144, 20.0, 300.0, 0.4, 0.5, [300.0, 280.0, 310.0])]
+    theirs = [(1, 6, 384, 3.0, 100.0, 0.03, 0.04, [90.0, 100.0, 125.0]),
+              (16, 96, 6144, 20.0, 200.0, 0.4, 0.5, [200.0, 190.0, 205.0])]
+    serve_load.print_table([("auto", "gpt2", ours), ("llama-server q8_0", "gpt2", theirs)], 64)
+    lines = capsys.readouterr().out.splitlines()
+    assert "median (range) of 3 interleaved rounds" in lines[0]
+    assert lines[3] == "| auto | 1 | 6 | 384 | 3.0 | 120 (100-130) | 1.00x | 1.00x | 40 ms | 50 ms |"
+    assert lines[4] == "| auto | 16 | 96 | 6144 | 20.0 | 300 (280-310) | 2.38x (2.33-3.00) | 1.00x | 400 ms | 500 ms |"
+    assert lines[5].startswith("| llama-server q8_0 | 1 | 6 | 384 | 3.0 | 100 (90-125) | 1.00x | "
+                               "0.90x (0.83-0.96), at parity |")
+    assert "| 200 (190-205) | 1.90x (1.64-2.22) | 0.67x (0.66-0.68), behind |" in lines[6]
