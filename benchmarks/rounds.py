@@ -109,6 +109,16 @@ def run_rounds(systems: dict[str, Callable[[], float]], rounds: int = DEFAULT_RO
     return out
 
 
+def sustained(rate: Callable[[], float], min_seconds: float = MIN_SECONDS) -> float:
+    """rate() (one run's work per second, e.g. tokens/s of a decode of a fixed number of tokens) run again
+    until min_seconds of wall time have passed, at least once: the rate of all that work together (the
+    harmonic mean of the runs' rates: each run did the same work)."""
+    rates, start = [], time.perf_counter()
+    while not rates or time.perf_counter() - start < min_seconds:
+        rates.append(rate())
+    return len(rates) / sum(1 / r for r in rates)
+
+
 def enough_work(step: Callable[[], float], min_seconds: float = MIN_SECONDS, min_count: int = 1
                 ) -> tuple[float, float]:
     """Run step() (which returns the work it did: tokens, requests) until at least min_seconds have passed and
