@@ -226,7 +226,9 @@ def compile_settings(text: str) -> list[str]:
 
 
 @cli.entry_point()
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> list[tuple]:
+    """Prints the table; returns it: (setting or server name, model, rows), each row's last field its rounds'
+    tokens/s."""
     p = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", default="", help="a running server, http://127.0.0.1:PORT (default: start one)")
     p.add_argument("--clients", default="1,4,16", help="comma-separated numbers of concurrent clients")
@@ -280,6 +282,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:  # what was measured, even if a later server failed
         if any(rows for _, _, rows in table):
             print_table([t for t in table if t[2]], args.max_tokens)
+    return table
 
 
 def run_settings(table: list[tuple], settings: list[str], levels: list[int], args: argparse.Namespace) -> None:
