@@ -111,9 +111,9 @@ def shares_lines(names: list[str], runs: list[list[dict]], targets: list[float])
         for t in targets:
             rounds = shares(runs[0], other, t)
             out[(name, t)] = rounds
-            text = "not reached in every round" if rounds is None else (
-                ratio_cell(rounds, [1.0] * len(rounds), word=False))
-            lines.append(f"{name}: val <= {t:.2f} in {text} of {names[0]}'s whole run (wall s)")
+            lines.append(f"{name}: val <= {t:.2f} not reached in every round" if rounds is None else
+                         f"{name}: val <= {t:.2f} in {ratio_cell(rounds, [1.0] * len(rounds), word=False)} of "
+                         f"{names[0]}'s whole run (wall s)")
     return lines, out
 
 
