@@ -109,3 +109,26 @@ def test_the_table_gives_each_servers_tokens_per_s_and_ratios_with_their_ranges_
     assert lines[5].startswith("| llama-server q8_0 | 1 | 6 | 384 | 3.0 | 100 (90-125) | 1.00x | "
                                "0.90x (0.83-0.96), at parity |")
     assert "| 200 (190-205) | 1.90x (1.64-2.22) | 0.67x (0.66-0.68), behind |" in lines[6]
+
+
+def test_conversations_ratios_against_llama_server_are_taken_round_by_round(capsys):
+    """serve_chat.py's tables: the replies' tokens/s as median (range) over the rounds, each turn's time to
+    first token against llama-server's as the rounds' ratios (lower is better: 'ahead' when ours is lower and
+    the ranges do not overlap), and the tokens/s ratio with its verdict."""
+    def row(server, firsts, rates):
+        r = serve_chat.Row(server, 1, [])
+        for first, rate in zip(firsts, rates):  # one round: two turns of one client, 10 tokens each
+            turns = [serve_chat.Turn(0, first[0], 10, 0.1), serve_chat.Turn(1, first[1], 10, 0.1)]
+            r.turns += turns
+            r.rounds.append((turns, 20, 20 / rate))
+        return r
+
+    ours = row("serve.py", [(0.030, 0.020), (0.040, 0.022), (0.035, 0.021)], [60.0, 50.0, 55.0])
+    theirs = row("llama-server", [(0.050, 0.060), (0.052, 0.070), (0.045, 0.065)], [58.0, 52.0, 70.0])
+    args = SimpleNamespace(turns=2, system=40, user=30, max_tokens=10, rounds=3)
+    serve_chat.print_tables([ours, theirs], args, {})
+    out = capsys.readouterr().out
+    assert "| serve.py | 35 ms | 21 ms | 55.0 (50.0-60.0) |" in out
+    assert "| serve.py: against its turn 1 | 1.00x | 0.60x (0.55-0.67) | |" in out
+    assert ("| serve.py / llama-server | 0.77x (0.60-0.78), ahead | 0.32x (0.31-0.33), ahead | "
+            "0.96x (0.79-1.03), at parity |") in out
