@@ -52,6 +52,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import inspect
+import json
 import multiprocessing
 import os
 import statistics
@@ -615,6 +616,8 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--llama", default="installed=", help="llama-cpp-python builds: NAME=PATH,... (PATH: a "
                         "folder holding the llama_cpp package, as pip install --target makes; empty: the "
                         "installed one)")
+    parser.add_argument("--json", default="", help="also write every row's rounds (decode and prefill tok/s, in "
+                        "round order) to this file (benchmarks/reproduce.py reads it)")
     parser.add_argument("--profile", action="store_true", help="also profile 20 decode steps of GPT-2 small's "
                         "shape, as loaded and packed")
     args = parser.parse_args(argv)
@@ -680,6 +683,10 @@ def main(argv: list[str] | None = None) -> list[Shape]:
         print("**Where a decode step's time goes** (GPT-2 small's shape, torch.profiler over 20 steps: each op's "
               "share of the time spent in ops, by self CPU time)\n")
         print(profile_table(shapes(["gpt2"], args.new_tokens)[0].config) + "\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps([{"model": shape.name, "engine": r.engine, "weights": r.weights,
+                                                "decodes": r.decodes, "prefills": r.prefills, "note": r.note}
+                                               for shape in models for r in shape.rows], indent=1) + "\n")
     log("done")
     return models
 

@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import shlex
+import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -135,65 +137,72 @@ def report(measured: list[Measured], skipped: list[str]) -> str:
 # ----------------------------------------------------------------------------- the parts
 
 
+def run_script(script: str, argv: list[str], json_path: Path) -> object:
+    """benchmarks/SCRIPT with argv and --json, in a process of its own (its table and log go to this one's
+    output); what it wrote to the JSON file. A failed run is a one-line error naming it."""
+    cmd = [sys.executable, f"benchmarks/{script}", *argv]
+    cmd.insert(cmd.index("--") if "--" in cmd else len(cmd), f"--json={json_path}")  # before train.py's settings
+    print(f"$ {' '.join(shlex.quote(c) for c in cmd[1:])}", flush=True)
+    if subprocess.run(cmd, cwd=REPO).returncode != 0:
+        raise ReproduceError(f"benchmarks/{script} failed (its output is above); the parts before it are lost")
+    return json.loads(json_path.read_text())
+
+
 def run_decode(args: argparse.Namespace, work: Path) -> list[Measured]:
-    from benchmarks import cpu_decode as bench
     from gptkit import cpu_decode
 
-    variant = cpu_decode.runnable_variants()[:1]
-    shapes = bench.main(["--models=gpt2", "--engines=gptkit,llama.cpp", f"--repeats={args.rounds}",
-                         f"--min_seconds={args.min_seconds}", f"--new_tokens={64 if args.quick else 256}"]
-                        + ([f"--variants={variant[0]}"] if variant else []))
-    rows = shapes[0].rows
-    llama = {r.weights: r.decodes for r in rows if r.engine.startswith("llama.cpp")}
+    variant = cpu_decode.runnable_variants()[:1]  # the one sample.py and serve.py use
+    rows = run_script("cpu_decode.py", ["--models=gpt2", "--engines=gptkit,llama.cpp", f"--repeats={args.rounds}",
+                                        f"--min_seconds={args.min_seconds}",
+                                        f"--new_tokens={64 if args.quick else 256}"]
+                      + ([f"--variants={variant[0]}"] if variant else []), work / "decode.json")
+    llama = {r["weights"]: r["decodes"] for r in rows if r["engine"].startswith("llama.cpp") and r["decodes"]}
     out = []
     for key, fmt, same in (("decode-float32", "float32", "f32"), ("decode-int8", "int8", "q8_0")):
-        row = next(r for r in rows if r.engine.startswith("gptkit") and r.weights.startswith(f"packed {fmt}"))
-        theirs = llama.get(same)
-        out.append(Measured(claim(key), [a / b for a, b in zip(row.decodes, theirs)] if theirs else None,
-                            row.decodes, theirs))
+        ours = next((r["decodes"] for r in rows if r["engine"].startswith("gptkit")
+                     and r["weights"].startswith(f"packed {fmt}")), [])
+        out.append(measured(key, ours, llama.get(same, [])))
     return out
 
 
 def run_serve(args: argparse.Namespace, work: Path) -> list[Measured]:
-    from benchmarks import serve_load
-
     levels = (1, 4, 16, 64)
-    table = serve_load.main(["--model=gpt2-random", f"--clients={','.join(map(str, levels))}", "--max_batch=64",
-                             "--requests=1" if args.quick else "--requests=2", "--max_tokens=64",
-                             f"--rounds={args.rounds}", f"--min_seconds={args.min_seconds}",
-                             "--serve_args=--quantize=int8 --threads=2", "--llama_type=q8_0",
-                             f"--llama_server={args.llama_server}"]
-                            + ([f"--n_layer={args.n_layer}"] if args.n_layer else []))
-    rates = [{row[0]: row[7] for row in rows} for _, _, rows in table]
-    out = []
-    for clients in levels:
-        ours, theirs = rates[0].get(clients), rates[-1].get(clients) if len(rates) > 1 else None
-        pairs = list(zip(ours or [], theirs or []))
-        out.append(Measured(claim(f"serve-{clients}"), [a / b for a, b in pairs] or None,
-                            [a for a, _ in pairs], [b for _, b in pairs]))
-    return out
+    servers = run_script("serve_load.py", [
+        "--model=gpt2-random", f"--clients={','.join(map(str, levels))}", "--max_batch=64",
+        f"--requests={1 if args.quick else 2}", "--max_tokens=64", f"--rounds={args.rounds}",
+        f"--min_seconds={args.min_seconds}", "--serve_args=--quantize=int8 --threads=2", "--llama_type=q8_0",
+        f"--llama_server={args.llama_server}"] + ([f"--n_layer={args.n_layer}"] if args.n_layer else []),
+        work / "serve.json")
+    ours, theirs = servers[0]["tokens_per_s"], servers[-1]["tokens_per_s"] if len(servers) > 1 else {}
+    return [measured(f"serve-{n}", ours.get(str(n), []), theirs.get(str(n), [])) for n in levels]
 
 
 def run_train(args: argparse.Namespace, work: Path) -> list[Measured]:
-    from benchmarks import train_threads
-
-    results = train_threads.main([f"--steps={20 if args.quick else 50}", "--neighbours=0", "--settings=torch",
-                                  f"--nanogpt={args.nanogpt}", f"--repeats={args.rounds}", f"--out={work}",
-                                  *([f"--text={TEXT}"] if TEXT.is_file() else []), "--",
-                                  *shlex.split(args.train_args)])
-    ours = [1000 / r["ms"] for r in results.get("train.py torch 0", [])]
-    theirs = [1000 / r["ms"] for r in results.get("nanoGPT torch 0", [])]
-    return [Measured(claim("train-nanogpt"), [a / b for a, b in zip(ours, theirs)] or None, ours, theirs)]
+    cells = run_script("train_threads.py", [
+        f"--steps={20 if args.quick else 50}", "--neighbours=0", "--settings=torch", f"--nanogpt={args.nanogpt}",
+        f"--repeats={args.rounds}", f"--out={work}", *([f"--text={TEXT}"] if TEXT.is_file() else []), "--",
+        *shlex.split(args.train_args)], work / "train.json")
+    ms = {c["program"]: [r["ms"] for r in c["runs"]] for c in cells if c["setting"] == "torch"}
+    return [measured("train-nanogpt", [1000 / m for m in ms.get("train.py", []) if m],
+                     [1000 / m for m in ms.get("nanoGPT", []) if m])]
 
 
 def run_loss(args: argparse.Namespace, work: Path) -> list[Measured]:
-    from benchmarks import time_to_loss, train_threads
+    text = ["--input", str(TEXT)] if TEXT.is_file() else []  # else prepare downloads it
+    subprocess.run([sys.executable, "prepare/shakespeare_char.py", f"--out_dir={work / 'data' / 'shakespeare_char'}",
+                    *text], cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    rounds = 1 if args.quick else args.rounds  # a pair of runs is ~5 minutes on 2 cores
+    shares = run_script("time_to_loss.py", [f"--repeats={rounds}", "--targets=1.80,1.65", f"--out={work / 'runs'}",
+                                            "--", f"--data_root={work / 'data'}", *shlex.split(args.train_args)],
+                        work / "loss.json")
+    by_target = {s["target"]: s["rounds"] for s in shares if s["config"] == "shakespeare_cpu_modern.py"}
+    return [Measured(claim(f"loss-{t:.2f}"), by_target.get(t)) for t in (1.80, 1.65)]
 
-    train_threads.prepare(work, TEXT if TEXT.is_file() else None, None)  # the character dataset, in work
-    rounds = 1 if args.quick else args.rounds  # a run pair is ~5 minutes on 2 cores
-    shares = time_to_loss.main([f"--repeats={rounds}", "--targets=1.80,1.65", f"--out={work / 'runs'}", "--",
-                                f"--data_root={work / 'data'}", *shlex.split(args.train_args)])
-    return [Measured(claim(f"loss-{t:.2f}"), shares.get(("shakespeare_cpu_modern.py", t))) for t in (1.80, 1.65)]
+
+def measured(key: str, ours: list[float], theirs: list[float]) -> Measured:
+    """A two-system claim from each system's rounds (paired by round: the rounds both ran)."""
+    pairs = [(a, b) for a, b in zip(ours, theirs) if a and b]
+    return Measured(claim(key), [a / b for a, b in pairs] or None, [a for a, _ in pairs], [b for _, b in pairs])
 
 
 def claim(key: str) -> Claim:

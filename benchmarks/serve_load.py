@@ -56,6 +56,7 @@ import asyncio
 import contextlib
 import importlib.util
 import itertools
+import json
 import os
 import shlex
 import statistics
@@ -256,6 +257,8 @@ def main(argv: list[str] | None = None) -> list[tuple]:
                    "exported to GGUF, -np max_batch")
     p.add_argument("--llama_type", choices=("f32", "f16", "q8_0", "q4_0"), default="f32",
                    help="llama-server's weights (f32 beside --quantize=float32, q8_0 beside int8, q4_0 beside q4_0)")
+    p.add_argument("--json", default="", help="also write each server's rounds of tokens/s by level to this file "
+                   "(benchmarks/reproduce.py reads it)")
     p.add_argument("--llama_args", default="-t 2", help="more options for llama-server (default: -t 2)")
     args = p.parse_args(argv)
     binaries = [b.strip() for b in args.llama_server.split(",") if b.strip()]
@@ -282,6 +285,10 @@ def main(argv: list[str] | None = None) -> list[tuple]:
     finally:  # what was measured, even if a later server failed
         if any(rows for _, _, rows in table):
             print_table([t for t in table if t[2]], args.max_tokens)
+        if args.json:
+            Path(args.json).write_text(json.dumps([{"server": setting, "model": model,
+                                                    "tokens_per_s": {str(row[0]): row[7] for row in rows}}
+                                                   for setting, model, rows in table], indent=1) + "\n")
     return table
 
 

@@ -143,6 +143,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--repeats", type=int, default=DEFAULT_ROUNDS, help="rounds: runs of each config, "
                    "interleaved (the order rotated each round)")
     p.add_argument("--out", default=None, help="folder for the runs (default: a new temporary folder)")
+    p.add_argument("--json", default="", help="also write the rounds' shares (config, target, rounds) to this "
+                   "file (benchmarks/reproduce.py reads it)")
     p.add_argument("--read", nargs="+", default=None, metavar="OUT_DIR",
                    help="no runs: the table from these out_dirs, one per config, in --configs order")
     args = p.parse_args(own)
@@ -167,6 +169,9 @@ def main(argv: list[str] | None = None) -> dict:
     print(table(names, [summarise(r, targets) for r in runs], targets, args.repeats))
     lines, out = shares_lines(names, runs, targets)
     print("\n".join(lines))
+    if args.json:
+        Path(args.json).write_text(json.dumps([{"config": name, "target": t, "rounds": rounds}
+                                               for (name, t), rounds in out.items()], indent=1) + "\n")
     return out
 
 
