@@ -55,3 +55,38 @@ def test_every_claim_is_one_of_the_parts_and_a_range_in_order():
 def test_a_bad_part_is_a_one_line_error():
     with pytest.raises(SystemExit, match="--parts 'fast'"):
         reproduce.main(["--parts=fast"])
+
+
+def test_each_part_reads_its_benchmarks_json_into_per_round_ratios(monkeypatch, tmp_path):
+    """What the parts make of the JSON their benchmark writes (cpu_decode.py, serve_load.py and
+    train_threads.py's --json, as those scripts write it): each claim's ratios paired by round."""
+    written = {
+        "cpu_decode.py": [{"engine": "gptkit AVX2", "weights": "packed float32 (the default)", "decodes": [50, 60]},
+                          {"engine": "gptkit AVX2", "weights": "packed int8", "decodes": [90, 80]},
+                          {"engine": "llama.cpp installed", "weights": "f32", "decodes": [40, 60]},
+                          {"engine": "llama.cpp installed", "weights": "q8_0", "decodes": [100, 100]}],
+        "serve_load.py": [{"server": "auto", "tokens_per_s": {"1": [100, 120], "4": [200, 210], "16": [300, 310],
+                                                               "64": [330, 300]}},
+                          {"server": "llama-server q8_0", "tokens_per_s": {"1": [50, 60], "4": [190, 200],
+                                                                            "16": [300, 300]}}],
+        "train_threads.py": [{"program": "train.py", "setting": "torch", "neighbours": 0,
+                              "runs": [{"ms": 30.0}, {"ms": 40.0}]},
+                             {"program": "nanoGPT", "setting": "torch", "neighbours": 0,
+                              "runs": [{"ms": 33.0}, {"ms": 40.0}]}]}
+    calls = []
+
+    def run_script(script, argv, json_path):
+        calls.append((script, argv))
+        return written[script]
+
+    monkeypatch.setattr(reproduce, "run_script", run_script)
+    args = reproduce.argparse.Namespace(rounds=2, min_seconds=1.0, quick=True, llama_server="x", n_layer=None,
+                                        nanogpt="n", train_args="")
+    decode = {m.claim.key: m.ratios for m in reproduce.run_decode(args, tmp_path)}
+    assert decode == {"decode-float32": [1.25, 1.0], "decode-int8": [0.9, 0.8]}
+    serve = {m.claim.key: m.ratios for m in reproduce.run_serve(args, tmp_path)}
+    assert serve == {"serve-1": [2.0, 2.0], "serve-4": [200 / 190, 1.05], "serve-16": [1.0, 310 / 300],
+                     "serve-64": None}  # llama-server's 64-client level failed: nothing to compare
+    (train,) = reproduce.run_train(args, tmp_path)
+    assert train.ratios == pytest.approx([1.1, 1.0]) and train.ours == pytest.approx([1000 / 30, 25.0])
+    assert "--max_batch=64" in calls[1][1] and "--llama_type=q8_0" in calls[1][1]
