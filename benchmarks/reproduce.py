@@ -1,8 +1,8 @@
 """The README's headline comparisons, rerun on this machine: quoted against measured, each with its range, and a
 quoted figure outside the measured range flagged.
 
-    python benchmarks/reproduce.py --quick        # a few minutes on 2 cores (2 rounds, shorter cells)
-    python benchmarks/reproduce.py                # the full run: 3 rounds, every cell >= 10 s (about an hour)
+    python benchmarks/reproduce.py --quick        # ~15 minutes on 2 cores (2 rounds, shorter cells)
+    python benchmarks/reproduce.py                # the full run: 3 rounds, every cell >= 10 s (~40 minutes)
     python benchmarks/reproduce.py --parts serve --llama_server build/llama-native/bin/llama-server
     python benchmarks/reproduce.py --nanogpt ../shared/anchors/nanoGPT
 
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> list[Measured]:
     p = cli.ArgumentParser(prog="benchmarks/reproduce.py", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="2 rounds, cells of >= 2 s, shorter decodes and runs, "
-                   "one pair of time-to-loss runs: a few minutes on 2 cores")
+                   "one pair of time-to-loss runs: ~15 minutes on 2 cores, the time-to-loss pair 5 of them")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated: {', '.join(PARTS)}")
     p.add_argument("--rounds", type=int, default=None, help="rounds of every comparison (default 3; --quick 2)")
     p.add_argument("--min_seconds", type=float, default=None, help="a cell's least seconds of work (default 10; "
