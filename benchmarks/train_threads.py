@@ -1,9 +1,9 @@
 """Training on a busy CPU: ms per step of the quick start (configs/shakespeare_cpu.py, a fixed number of steps)
 with each thread setting, while 0, 1 and 2 busy neighbours run, and nanoGPT's train.py beside it.
 
-    python benchmarks/train_threads.py                                       # ~10-20 min on 2 cores
+    python benchmarks/train_threads.py                                       # ~30-60 min on 2 cores
     python benchmarks/train_threads.py --nanogpt ../shared/anchors/nanoGPT   # + nanoGPT's rows
-    python benchmarks/train_threads.py --steps 4 --neighbours 0,1 -- --n_layer=1   # a rehearsal, tiny
+    python benchmarks/train_threads.py --steps 4 --neighbours 0,1 --repeats 1 -- --n_layer=1   # a rehearsal
 
 Settings (the rows; --settings picks them):
     torch    torch's default, one thread per core (what nanoGPT runs with): train.py --threads=N, N torch's
@@ -28,7 +28,10 @@ follows its own thread count and phases, and it competes for memory bandwidth to
 what the thread setting acts on (threads that wait for a core another process holds). The neighbours start a
 second before each run (so that auto's measurement sees them) and are stopped after it.
 
-ms/step is the median of the logged steps' times: train.py's metrics.jsonl (ms_per_step, every step logged;
+Every cell runs --repeats times (3), in rounds whose order of programs and settings is rotated each round
+(benchmarks/rounds.py); the table gives each cell's median with its range over the rounds and, with nanoGPT,
+train.py's steps/s over nanoGPT's at each setting, taken round by round: median (range), "at parity" where
+the two programs' ranges overlap. A run's ms/step is the median of the logged steps' times: train.py's metrics.jsonl (ms_per_step, every step logged;
 its first step, compile and warm-up, is left out as train.py leaves it out of its rates), nanoGPT's
 "iter N: ... time X ms" lines (iter 0, which holds its first evaluation, left out). Evaluations are reduced to
 one batch and happen only at the start and the end, outside the timed steps. Extra arguments after `--` go
