@@ -99,7 +99,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from benchmarks.rounds import cell, ratio_cell, ratios, rotation, verdict
+from benchmarks.rounds import cell, interleave, ratio_cell, ratios, verdict
 from gptkit import cli, fp8
 from gptkit.config import TrainConfig
 from gptkit.cudagraph import GraphedStep
@@ -785,12 +785,11 @@ def decode_benchmark(
     if step_fn is not None:
         variants.append((f"KV cache, window_shift={shift}, compiled step", True, shift, step_fn))
     times: list[list[float]] = [[] for _ in variants]
-    for r in range(repeats):
-        for i in rotation(range(len(variants)), r):  # the order rotated each round: none always goes first
-            _, use_cache, window_shift, fn = variants[i]
-            times[i] += time_decode(model, max_new_tokens, SamplingOptions(window_shift=window_shift),
-                                    batch_size=batch_size, use_cache=use_cache, step_fn=fn, repeats=1,
-                                    warmup_tokens=8 if r == 0 else 0)
+    for r, i in interleave(range(len(variants)), repeats):  # the order rotated each round: none always first
+        _, use_cache, window_shift, fn = variants[i]
+        times[i] += time_decode(model, max_new_tokens, SamplingOptions(window_shift=window_shift),
+                                batch_size=batch_size, use_cache=use_cache, step_fn=fn, repeats=1,
+                                warmup_tokens=8 if r == 0 else 0)
     rows = []
     for (name, use_cache, window_shift, _), t in zip(variants, times):
         seconds = statistics.median(t)

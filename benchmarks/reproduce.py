@@ -43,7 +43,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a file from anywhere: the scripts and gptkit are in the checkout
 
-from benchmarks.rounds import Spread, verdict  # noqa: E402
+from benchmarks.rounds import DEFAULT_ROUNDS, MIN_SECONDS, QUICK_SECONDS, Spread, verdict  # noqa: E402
 from gptkit import cli  # noqa: E402
 
 PARTS = ("decode", "serve", "train", "loss")
@@ -250,8 +250,8 @@ def main(argv: list[str] | None = None) -> list[Measured]:
     parts = [x.strip() for x in args.parts.split(",") if x.strip()]
     if not parts or not set(parts) <= set(PARTS):
         raise ReproduceError(f"--parts {args.parts!r}: comma-separated, of {', '.join(PARTS)}")
-    args.rounds = args.rounds or (2 if args.quick else 3)
-    args.min_seconds = (2.0 if args.quick else 10.0) if args.min_seconds is None else args.min_seconds
+    args.rounds = args.rounds or (2 if args.quick else DEFAULT_ROUNDS)
+    args.min_seconds = (QUICK_SECONDS if args.quick else MIN_SECONDS) if args.min_seconds is None else args.min_seconds
     if args.rounds < 1 or args.min_seconds < 0 or (args.n_layer is not None and args.n_layer < 1):
         raise ReproduceError("--rounds and --n_layer must be >= 1, --min_seconds >= 0")
     root = Path(args.out or tempfile.mkdtemp(prefix="reproduce-")).resolve()

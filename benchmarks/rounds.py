@@ -1,8 +1,8 @@
 """Comparisons that hold on another machine: systems run interleaved over rounds, each cell printed as the
 median with its range over the rounds, each ratio likewise (computed round by round, so that a slow round
 slows both sides of its own ratio), and "at parity" where two systems' ranges overlap. A module of the
-benchmarks (benchmarks/serve_load.py, cpu_decode.py, train_threads.py, time_to_loss.py, reproduce.py), not a
-script: nothing here runs on its own.
+benchmarks (serve_load.py, serve_chat.py, cpu_decode.py, train_threads.py, time_to_loss.py, reproduce.py and
+bench.py's decoders against nanoGPT's), not a script: nothing here runs on its own.
 
     order = interleave(["gptkit", "llama.cpp"], 3)    # round 1: A B, round 2: B A, round 3: A B
     cell(rates["gptkit"])                             # '216 (190-231)'
@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 DEFAULT_ROUNDS = 3
-MIN_SECONDS = 10.0  # a cell's least work, in seconds of it (--min_seconds); --quick: QUICK_SECONDS
-QUICK_SECONDS = 0.5
+MIN_SECONDS = 10.0  # a cell's least work, in seconds of it (--min_seconds)
+QUICK_SECONDS = 2.0  # benchmarks/reproduce.py --quick's
 
 
 def rotation(items: Sequence, r: int) -> list:
@@ -97,35 +97,12 @@ def ratio_cell(a: Sequence[float], b: Sequence[float], higher_is_better: bool = 
     return f"{text}, {verdict(a, b, higher_is_better)}" if word and len(a) > 1 else text
 
 
-def run_rounds(systems: dict[str, Callable[[], float]], rounds: int = DEFAULT_ROUNDS,
-               log: Callable[[str], None] | None = None) -> dict[str, list[float]]:
-    """Each system's measurement (a callable giving one figure) once per round, interleaved as interleave()
-    orders them; the figures by system, in round order (so ratios pair a round's figures)."""
-    out: dict[str, list[float]] = {name: [None] * rounds for name in systems}
-    for r, name in interleave(list(systems), rounds):
-        out[name][r] = systems[name]()
-        if log:
-            log(f"  round {r + 1}/{rounds} {name}: {out[name][r]:.4g}")
-    return out
-
-
-def sustained(rate: Callable[[], float], min_seconds: float = MIN_SECONDS) -> float:
+def sustained(rate: Callable[[], float], min_seconds: float = MIN_SECONDS,
+              clock: Callable[[], float] = time.perf_counter) -> float:
     """rate() (one run's work per second, e.g. tokens/s of a decode of a fixed number of tokens) run again
     until min_seconds of wall time have passed, at least once: the rate of all that work together (the
     harmonic mean of the runs' rates: each run did the same work)."""
-    rates, start = [], time.perf_counter()
-    while not rates or time.perf_counter() - start < min_seconds:
+    rates, start = [], clock()
+    while not rates or clock() - start < min_seconds:
         rates.append(rate())
     return len(rates) / sum(1 / r for r in rates)
-
-
-def enough_work(step: Callable[[], float], min_seconds: float = MIN_SECONDS, min_count: int = 1
-                ) -> tuple[float, float]:
-    """Run step() (which returns the work it did: tokens, requests) until at least min_seconds have passed and
-    it has run min_count times, whichever is longer: (work done, seconds taken). A cell of ~1 s of work moves
-    by 20% with one scheduler hiccup; ten seconds of it do not."""
-    work, count, start = 0.0, 0, time.perf_counter()
-    while count < min_count or time.perf_counter() - start < min_seconds:
-        work += step()
-        count += 1
-    return work, time.perf_counter() - start

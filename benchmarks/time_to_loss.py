@@ -30,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a file: gptkit from this checkout
 
-from benchmarks.rounds import DEFAULT_ROUNDS, ratio_cell, rotation  # noqa: E402
+from benchmarks.rounds import DEFAULT_ROUNDS, interleave, ratio_cell  # noqa: E402
 from gptkit import cli  # noqa: E402
 
 CONFIGS = ("configs/shakespeare_cpu.py", "configs/shakespeare_cpu_modern.py")
@@ -162,9 +162,8 @@ def main(argv: list[str] | None = None) -> dict:
     root = Path(args.out or tempfile.mkdtemp(prefix="time_to_loss-"))
     root.mkdir(parents=True, exist_ok=True)
     runs: list[list[dict]] = [[] for _ in configs]
-    for r in range(args.repeats):
-        for i in rotation(range(len(configs)), r):
-            runs[i].append(run_config(configs[i], root / f"{Path(configs[i]).stem}-{r}", extra))
+    for r, i in interleave(range(len(configs)), args.repeats):  # the order rotated each round
+        runs[i].append(run_config(configs[i], root / f"{Path(configs[i]).stem}-{r}", extra))
     names = [Path(c).name for c in configs]
     print(table(names, [summarise(r, targets) for r in runs], targets, args.repeats))
     lines, out = shares_lines(names, runs, targets)

@@ -17,22 +17,6 @@ def test_every_system_runs_once_a_round_and_none_always_first():
         rounds.interleave(["a"], 0)
 
 
-def test_run_rounds_keeps_each_systems_figures_in_round_order():
-    calls = []
-
-    def system(name, figures):
-        figures = iter(figures)
-
-        def measure():
-            calls.append(name)
-            return next(figures)
-        return measure
-
-    out = rounds.run_rounds({"a": system("a", [1, 2, 3]), "b": system("b", [10, 20, 30])}, 3)
-    assert calls == ["a", "b", "b", "a", "a", "b"]
-    assert out == {"a": [1, 2, 3], "b": [10, 20, 30]}  # round r's figures at index r, whatever ran first
-
-
 def test_a_cell_is_the_median_with_its_range():
     assert rounds.cell([216.4, 190.2, 231.0]) == "216 (190-231)"
     assert rounds.cell([5.0, 7.0, 6.0], 1) == "6.0 (5.0-7.0)"
@@ -60,10 +44,11 @@ def test_the_verdict_is_parity_where_the_ranges_overlap():
     assert rounds.verdict([12, 13], [10, 12]) == "at parity"  # touching ranges: within each other's noise
 
 
-def test_enough_work_runs_until_both_the_seconds_and_the_count_are_reached():
-    counts = []
-    work, seconds = rounds.enough_work(lambda: counts.append(1) or 2.0, min_seconds=0.0, min_count=5)
-    assert len(counts) == 5 and work == 10.0 and seconds >= 0
-    counts.clear()
-    work, seconds = rounds.enough_work(lambda: counts.append(1) or 1.0, min_seconds=0.05, min_count=1)
-    assert seconds >= 0.05 and work == len(counts) >= 1
+def test_a_sustained_rate_is_all_the_work_over_all_the_time():
+    """Runs of the same work repeated until the least time has passed: their rate together is the harmonic mean
+    of their rates (two runs of 100 tokens at 100 and 50 tokens/s: 200 tokens in 3 s), at least one run."""
+    rates = iter([100.0, 50.0, 25.0])
+    assert rounds.sustained(lambda: next(rates), min_seconds=0) == 100.0  # one run when no time is asked
+    rates, clock = iter([100.0, 50.0, 25.0]), iter([0.0, 1.0, 3.0, 7.0])  # the clock after each run
+    assert rounds.sustained(lambda: next(rates), min_seconds=2.5, clock=lambda: next(clock)) == pytest.approx(200 / 3)
+    assert next(rates) == 25.0  # the third run was not needed: 3 s had passed
