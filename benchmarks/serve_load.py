@@ -100,14 +100,23 @@ class Result:
 SERIALS = itertools.count(1000)  # every request's prompt starts with a number of its own
 
 
-def fresh_prompt() -> str:
+def fresh_prompt(letters: bool = False) -> str:
     """PROMPT after a number no other request of the run had: a fresh prompt, which no server has computed
     before (serve.py keeps prompts' keys and values; numbers from 1000 are mostly one GPT-2 token each, so
-    two prompts share at most a first token or two: serve.py's /metrics, printed at the end, says how many)."""
-    return f"{next(SERIALS)} {PROMPT}"
+    two prompts share at most a first token or two: serve.py's /metrics, printed at the end, says how many).
+    letters: the number in base 26 written a-z (for the baby model, whose 65 characters have one digit)."""
+    serial = next(SERIALS)
+    if letters:
+        digits = ""
+        while serial:
+            serial, d = divmod(serial, 26)
+            digits = chr(ord("a") + d) + digits
+        return f"{digits} {PROMPT}"
+    return f"{serial} {PROMPT}"
 
 
-async def one_request(client, model: str, max_tokens: int, seed: int, extra: dict | None = None) -> Result:
+async def one_request(client, model: str, max_tokens: int, seed: int, extra: dict | None = None,
+                      letters: bool = False) -> Result:
     """One streamed completion of a fresh prompt; its time to first token counts from the first attempt. A
     connection the server closes before answering (llama-server, now and then, on a new connection right
     after a level of many clients ends) is retried, at most RETRIES times: nothing was computed for it."""
@@ -115,7 +124,7 @@ async def one_request(client, model: str, max_tokens: int, seed: int, extra: dic
 
     start = time.perf_counter()
     first, tokens, pieces = None, None, 0
-    prompt = fresh_prompt()
+    prompt = fresh_prompt(letters)
     for attempt in range(RETRIES + 1):
         try:
             stream = await client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
@@ -135,8 +144,8 @@ async def one_request(client, model: str, max_tokens: int, seed: int, extra: dic
 
 
 async def run_level(url: str, model: str, clients: int, requests: int, seconds: float,
-                    max_tokens: int, extra: dict | None = None, timeout: float = 600, min_seconds: float = 0
-                    ) -> tuple[list[Result], float]:
+                    max_tokens: int, extra: dict | None = None, timeout: float = 600, min_seconds: float = 0,
+                    letters: bool = False) -> tuple[list[Result], float]:
     """`clients` clients, each sending `requests` requests one after another, and more until the level has run
     min_seconds (whichever is longer: a level of ~1 s of work moves by 20% with one scheduler hiccup); none
     new after `seconds`. The results and the level's wall time."""
@@ -151,7 +160,8 @@ async def run_level(url: str, model: str, clients: int, requests: int, seconds: 
         while r < requests or time.perf_counter() - start < min_seconds:
             if time.perf_counter() - start > seconds:
                 return
-            results.append(await one_request(client, model, max_tokens, seed=w * 100000 + r, extra=extra))
+            results.append(await one_request(client, model, max_tokens, seed=w * 100000 + r, extra=extra,
+                                             letters=letters))
             r += 1
 
     try:
@@ -171,7 +181,7 @@ def measure_level(url: str, model: str, clients: int, args: argparse.Namespace, 
                   ) -> tuple:
     """One level at url: (clients, requests, tokens, seconds, tokens/s, TTFT median, TTFT p99)."""
     results, wall = asyncio.run(run_level(url, model, clients, args.requests, args.seconds, args.max_tokens,
-                                          extra, args.timeout, args.min_seconds))
+                                          extra, args.timeout, args.min_seconds, letters=args.model == "baby"))
     tokens = sum(r.tokens for r in results)
     firsts = [r.first_token_s for r in results if r.first_token_s is not None]
     retried = sum(r.retries for r in results)
@@ -194,7 +204,8 @@ def measure(servers: list[tuple[str, str, dict | None]], levels: list[int], args
     models, history, tables = [], [], []  # each server's model id, every level it has run, its table rows
     for setting, url, extra in servers:
         models.append(served_model(url))
-        asyncio.run(run_level(url, models[-1], 1, 1, args.seconds, 8, extra, args.timeout))  # one-off costs
+        asyncio.run(run_level(url, models[-1], 1, 1, args.seconds, 8, extra, args.timeout,  # one-off costs
+                              letters=args.model == "baby"))
         history.append([])
         tables.append([])
         table.append((setting, models[-1], tables[-1]))

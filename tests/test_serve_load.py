@@ -9,6 +9,7 @@ import openai
 import pytest
 
 from benchmarks import serve_chat, serve_load
+from benchmarks.servers import SHAKESPEARE_CHARS
 from gptkit.checkpoint import load_model
 
 
@@ -71,6 +72,9 @@ def test_a_connection_closed_before_any_answer_is_sent_again():
 def test_every_request_of_a_load_has_a_prompt_of_its_own():
     prompts = [serve_load.fresh_prompt() for _ in range(2000)]
     assert len(set(prompts)) == 2000 and all(p.endswith(" " + serve_load.PROMPT) for p in prompts)
+    # The baby model's (the default's) 65 characters have one digit: its prompts number themselves in letters.
+    baby = [serve_load.fresh_prompt(letters=True) for _ in range(2000)]
+    assert len(set(baby)) == 2000 and all(set(p) <= set(SHAKESPEARE_CHARS) for p in baby)
 
 
 def test_a_conversation_grows_by_each_message_and_reply_and_fits_the_context(tmp_path):
