@@ -99,6 +99,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from benchmarks.rounds import cell, interleave, ratio_cell, ratios, verdict
 from gptkit import cli, fp8
 from gptkit.config import TrainConfig
 from gptkit.cudagraph import GraphedStep
@@ -770,7 +771,9 @@ def decode_benchmark(
     past block_size every step refills the cache, so it is no faster than no cache there); the KV cache with
     window_shift=block_size//4 (sample.py --window_shift, approximate); and, when step_fn is given (e.g.
     compile_decode_step's), the KV cache with that compiled step.
-    The repeats are interleaved across the variants, so a slow spell on a shared machine hits all of them alike.
+    The repeats are interleaved across the variants, the order rotated each round, so a slow spell on a shared
+    machine hits all of them alike (benchmarks/rounds.py); each row keeps its rounds' seconds (seconds_rounds)
+    and its speedup's range over them (speedup_range: the rounds' own ratios).
     """
     shift = max(1, model.config.block_size // 4)
     variants = [
@@ -782,32 +785,41 @@ def decode_benchmark(
     if step_fn is not None:
         variants.append((f"KV cache, window_shift={shift}, compiled step", True, shift, step_fn))
     times: list[list[float]] = [[] for _ in variants]
-    for r in range(repeats):
-        for i, (_, use_cache, window_shift, fn) in enumerate(variants):
-            times[i] += time_decode(model, max_new_tokens, SamplingOptions(window_shift=window_shift),
-                                    batch_size=batch_size, use_cache=use_cache, step_fn=fn, repeats=1,
-                                    warmup_tokens=8 if r == 0 else 0)
+    for r, i in interleave(range(len(variants)), repeats):  # the order rotated each round: none always first
+        _, use_cache, window_shift, fn = variants[i]
+        times[i] += time_decode(model, max_new_tokens, SamplingOptions(window_shift=window_shift),
+                                batch_size=batch_size, use_cache=use_cache, step_fn=fn, repeats=1,
+                                warmup_tokens=8 if r == 0 else 0)
     rows = []
     for (name, use_cache, window_shift, _), t in zip(variants, times):
         seconds = statistics.median(t)
+        speedups = ratios(times[0], t)  # round by round: nanoGPT's decoder's seconds over this one's
         rows.append({
             "name": name,
             "use_cache": use_cache,
             "window_shift": window_shift,
             "seconds": seconds,
+            "seconds_rounds": t,
             "tokens_per_s": batch_size * max_new_tokens / seconds,
             "ms_per_token": 1000 * seconds / max_new_tokens,
-            "speedup": rows[0]["seconds"] / seconds if rows else 1.0,
+            "speedup": statistics.median(speedups),
+            "speedup_range": (min(speedups), max(speedups)),
         })
     return rows
 
 
 def compare_table(rows: list[dict]) -> str:
-    """decode_benchmark's rows as a Markdown table."""
+    """decode_benchmark's rows as a Markdown table: seconds as the median (range) of the rounds; the speedup over
+    the first row (nanoGPT's decoder) taken round by round, median (range), and "at parity" where the two
+    rows' ranges overlap."""
     lines = ["| decoder | seconds | ms/token | tokens/s | speedup |", "|---|---:|---:|---:|---:|"]
     for r in rows:
+        rounds = r["seconds_rounds"]
+        versus = ratio_cell(rows[0]["seconds_rounds"], rounds, word=False)
+        if r is not rows[0] and len(rounds) > 1:
+            versus += f", {verdict(rounds, rows[0]['seconds_rounds'], higher_is_better=False)}"
         lines.append(
-            f"| {r['name']} | {r['seconds']:.2f} | {r['ms_per_token']:.2f} | {r['tokens_per_s']:.0f} | {r['speedup']:.1f}x |"
+            f"| {r['name']} | {cell(rounds, 2)} | {r['ms_per_token']:.2f} | {r['tokens_per_s']:.0f} | {versus} |"
         )
     return "\n".join(lines)
 

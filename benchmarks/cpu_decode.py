@@ -2,7 +2,7 @@
 (gptkit/cpu_decode.py: float32, float16, int8, q4_0), transformers, and llama.cpp (f32, f16, q8_0, q4_0) on the same
 random-weight models, batch 1. Prints markdown tables.
 
-    python benchmarks/cpu_decode.py                          # GPT-2 small's shape and the baby model, ~5 min
+    python benchmarks/cpu_decode.py                          # GPT-2 small's shape and the baby model, ~30 min
     python benchmarks/cpu_decode.py --models baby --new_tokens 128
     python benchmarks/cpu_decode.py --profile                # + where a decode step's time goes, by op
     python benchmarks/cpu_decode.py --threads 1
@@ -18,10 +18,12 @@ GGUF files for llama.cpp (gptkit/gguf.py). llama.cpp runs through llama-cpp-pyth
 their rows say why they are missing.
 
 Each engine: a 16-token prompt, then new_tokens greedy tokens (fewer when prompt and tokens would not fit the
-model's context: the baby model's 256), decode tok/s over the tokens after the first; prefill tok/s over a
-512-token prompt (the baby model: 256). Every engine is loaded and warmed up first, then --repeats rounds
-run each engine once in turn (a machine whose speed drifts slows a whole round alike): the medians of the
-rounds, and for gptkit the median of each round's ratio to llama.cpp of the same bytes per weight. gptkit
+model's context: the baby model's 256), decode tok/s over the tokens after the first, the decode repeated
+until it has run --min_seconds (10); prefill tok/s over a 512-token prompt (the baby model: 256). Every
+engine is loaded and warmed up first, then --repeats rounds (3) run each engine once in turn, the order
+rotated each round (benchmarks/rounds.py: a machine whose speed drifts slows a whole round alike): each
+figure is the median of the rounds with their range, and for gptkit each round's ratio to llama.cpp of the
+same bytes per weight, as median (range), with "at parity" where the two engines' ranges overlap. gptkit
 decodes through gptkit.generate.generate_stream, what sample.py runs; its rows are the model as loaded
 (--quantize=none) and packed (float32 is the scripts' default on the CPU). --engines picks engines. Every
 engine uses the same thread count: --threads, else gptkit.threads.choose_threads() (the cores other
@@ -50,6 +52,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import inspect
+import json
 import multiprocessing
 import os
 import statistics
@@ -66,6 +69,7 @@ sys.path.insert(0, str(REPO))  # run as a file from anywhere: the scripts and gp
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from benchmarks.rounds import DEFAULT_ROUNDS, MIN_SECONDS, cell, ratio_cell, rotation, sustained, verdict  # noqa: E402
 from gptkit import cli, cpu_decode  # noqa: E402
 from gptkit.generate import SamplingOptions, decode_one_token, generate_stream, prefill  # noqa: E402
 from gptkit.options import read_config_file  # noqa: E402
@@ -106,6 +110,9 @@ class Row:
     note: str = ""
     ratio: str = ""
     gbps: float | None = None  # weights read per second at the decode rate
+    decodes: list[float] = field(default_factory=list)  # the rounds' decode rates, in round order
+    prefills: list[float] = field(default_factory=list)
+    ratios: dict[str, list[float]] = field(default_factory=dict)  # llama.cpp's row name -> the rounds' ratios
 
 
 @dataclass
@@ -432,10 +439,11 @@ def with_variant(variant: str, timing: Callable[[], float]) -> Callable[[], floa
 
 
 def measure(shape: Shape, threads: int, repeats: int, folder: Path, engines: set[str], log,
-            variants: list[str], builds: list[LlamaBuild]) -> None:
-    """Every engine on one model, in interleaved rounds (each engine once per round, one after the other: a
-    machine whose speed drifts slows every engine of a round alike); appends the rows, with the medians of
-    the rounds, to shape.rows."""
+            variants: list[str], builds: list[LlamaBuild], min_seconds: float = 0) -> None:
+    """Every engine on one model, in interleaved rounds (each engine once per round, one after the other, the
+    order rotated each round: a machine whose speed drifts slows every engine of a round alike, and none
+    always goes first); a decode is repeated until it has run min_seconds (benchmarks/rounds.py: sustained).
+    Appends the rows, with the rounds' figures and their medians, to shape.rows."""
     from gptkit.gguf import export_gguf
     from gptkit.hf_export import export_hf
 
@@ -484,24 +492,26 @@ def measure(shape: Shape, threads: int, repeats: int, folder: Path, engines: set
     decodes: dict[int, list[float]] = {i: [] for i in range(len(contenders))}
     for r in range(repeats):
         log(f"{shape.name}: round {r + 1} of {repeats}")
-        for i, contender in enumerate(contenders):
-            prefills[i].append(contender.prefill_s())
-            decodes[i].append(contender.decode_s())
+        for i in rotation(range(len(contenders)), r):
+            prefills[i].append(contenders[i].prefill_s())
+            decodes[i].append(sustained(contenders[i].decode_s, min_seconds))
     llama = {(ct.row.engine, ct.row.weights): decodes[i] for i, ct in enumerate(contenders)
              if ct.row.engine.startswith("llama.cpp")}
     for i, contender in enumerate(contenders):
         row = contender.row
         row.prefill, row.decode = statistics.median(prefills[i]), statistics.median(decodes[i])
+        row.prefills, row.decodes = prefills[i], decodes[i]
         fmt = row.weights.split()[0 if row.engine.startswith("llama.cpp") or "as loaded" in row.weights else 1]
         row.gbps = weight_bytes(shape.config, f"llama {fmt}" if row.engine.startswith("llama.cpp") and fmt == "q4_0"
                                 else fmt) * row.decode / 1e9
         if row.engine.startswith("gptkit"):
             same = "f32" if "as loaded" in row.weights else SAME_BYTES[fmt]
             ratios = []
-            for build in builds:  # the ratio of each round's pair, then the median
+            for build in builds:  # the ratio of each round's pair: the median, the range, the verdict
                 if (key := (f"llama.cpp {build.name}", same)) in llama:
-                    ratio = statistics.median(a / b for a, b in zip(decodes[i], llama[key]))
-                    ratios.append(f"{ratio:.2f}x {build.name} {same}")
+                    row.ratios[f"{build.name} {same}"] = [a / b for a, b in zip(decodes[i], llama[key])]
+                    ratios.append(f"{ratio_cell(decodes[i], llama[key], word=False)} {build.name} {same}"
+                                  + (f", {verdict(decodes[i], llama[key])}" if repeats > 1 else ""))
             row.ratio = ", ".join(ratios)
         shape.rows.append(row)
         contender.close()
@@ -562,6 +572,14 @@ def fmt_rate(x: float | None) -> str:
     return "-" if x is None else f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
 
 
+def rounds_rate(values: list[float], median: float | None) -> str:
+    """The rounds' rates as median (range); the median alone where the rounds are not kept."""
+    if not values:
+        return fmt_rate(median)
+    digits = 0 if statistics.median(values) >= 100 else 1
+    return cell(values, digits)
+
+
 def table(shape: Shape) -> str:
     """The model's rows as a markdown table; gptkit's rows with their ratio to llama.cpp's of the same bytes
     per weight."""
@@ -569,14 +587,15 @@ def table(shape: Shape) -> str:
     lines = [f"**{shape.name}**: batch 1, a {PROMPT}-token prompt, {shape.new_tokens} greedy tokens",
              "",
              f"| engine, weights | prefill {prefill_tokens} tok/s | decode tok/s | weights read, GB/s | decode vs "
-             f"llama.cpp (same bytes; median of the rounds' ratios) | argmax agreement with gptkit fp32 |",
+             f"llama.cpp (same bytes; the rounds' ratios: median (range)) | argmax agreement with gptkit fp32 |",
              "|---|---|---|---|---|---|"]
     for r in shape.rows:
         agree = "" if r.agreement is None else f"{r.agreement:.3f}"
         if r.note:
             lines.append(f"| {r.engine}, {r.weights} | - | - | | | {r.note} |")
         else:
-            lines.append(f"| {r.engine}, {r.weights} | {fmt_rate(r.prefill)} | {fmt_rate(r.decode)} | "
+            lines.append(f"| {r.engine}, {r.weights} | {rounds_rate(r.prefills, r.prefill)} | "
+                         f"{rounds_rate(r.decodes, r.decode)} | "
                          f"{r.gbps:.1f} | {r.ratio} | {agree} |")
     return "\n".join(lines)
 
@@ -585,8 +604,10 @@ def parse_args(argv: list[str] | None):
     parser = cli.ArgumentParser(prog="benchmarks/cpu_decode.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="gpt2,baby", help="gpt2, baby or both (default: gpt2,baby)")
     parser.add_argument("--new_tokens", type=int, default=256, help="greedy tokens per decode (default 256)")
-    parser.add_argument("--repeats", type=int, default=3, help="rounds: each engine runs once per round, in "
-                        "turn; the medians are shown")
+    parser.add_argument("--repeats", type=int, default=DEFAULT_ROUNDS, help="rounds: each engine runs once per "
+                        "round, in turn (the order rotated each round); medians and ranges are shown")
+    parser.add_argument("--min_seconds", type=float, default=MIN_SECONDS, help="each decode is repeated until "
+                        "it has run this long (a cell of one short decode moves with one hiccup)")
     parser.add_argument("--engines", default=",".join(ENGINES), help=f"which of {', '.join(ENGINES)} to run "
                         "(default: all)")
     parser.add_argument("--threads", type=int, default=0, help="threads for every engine; 0 = choose_threads()")
@@ -595,11 +616,13 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--llama", default="installed=", help="llama-cpp-python builds: NAME=PATH,... (PATH: a "
                         "folder holding the llama_cpp package, as pip install --target makes; empty: the "
                         "installed one)")
+    parser.add_argument("--json", default="", help="also write every row's rounds (decode and prefill tok/s, in "
+                        "round order) to this file (benchmarks/reproduce.py reads it)")
     parser.add_argument("--profile", action="store_true", help="also profile 20 decode steps of GPT-2 small's "
                         "shape, as loaded and packed")
     args = parser.parse_args(argv)
-    if args.new_tokens < 2 or args.repeats < 1 or args.threads < 0:
-        parser.error("--new_tokens must be >= 2, --repeats >= 1 and --threads >= 0")
+    if args.new_tokens < 2 or args.repeats < 1 or args.threads < 0 or args.min_seconds < 0:
+        parser.error("--new_tokens must be >= 2, --repeats >= 1, --threads >= 0 and --min_seconds >= 0")
     runnable = cpu_decode.runnable_variants()
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()] or runnable
     if not set(args.variants) <= set(runnable):
@@ -615,7 +638,8 @@ def parse_args(argv: list[str] | None):
 
 
 @cli.entry_point()
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> list[Shape]:
+    """Prints the tables; returns the models measured, their rows holding the rounds' figures."""
     args = parse_args(argv)
     models = shapes([m.strip() for m in args.models.split(",") if m.strip()], args.new_tokens)
     shared_bpe = REPO.parent / "shared" / "data" / "tiktoken_cache"  # this workplace's offline GPT-2 BPE files
@@ -642,10 +666,12 @@ def main(argv: list[str] | None = None) -> None:
     try:
         print(f"torch {torch.__version__}, {threads} thread(s) for every engine ({why}); gptkit's packed "
               f"products: {variants} kernels; {llamas}; the machine's read bandwidth with {threads} thread(s): "
-              f"{bandwidth:.1f} GB/s; medians of {args.repeats} interleaved rounds\n")
+              f"{bandwidth:.1f} GB/s; median (range) of {args.repeats} interleaved rounds, each decode run for at "
+              f"least {args.min_seconds:g} s\n")
         with tempfile.TemporaryDirectory(prefix="cpu_decode_") as tmp:
             for i, shape in enumerate(models):
-                measure(shape, threads, args.repeats, Path(tmp) / str(i), args.engines, log, args.variants, builds)
+                measure(shape, threads, args.repeats, Path(tmp) / str(i), args.engines, log, args.variants, builds,
+                        args.min_seconds)
                 print(table(shape) + "\n", flush=True)
     finally:
         for build in builds:
@@ -657,7 +683,12 @@ def main(argv: list[str] | None = None) -> None:
         print("**Where a decode step's time goes** (GPT-2 small's shape, torch.profiler over 20 steps: each op's "
               "share of the time spent in ops, by self CPU time)\n")
         print(profile_table(shapes(["gpt2"], args.new_tokens)[0].config) + "\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps([{"model": shape.name, "engine": r.engine, "weights": r.weights,
+                                                "decodes": r.decodes, "prefills": r.prefills, "note": r.note}
+                                               for shape in models for r in shape.rows], indent=1) + "\n")
     log("done")
+    return models
 
 
 if __name__ == "__main__":

@@ -21,9 +21,11 @@ each turn adds --user characters of the user's message, and the reply is --max_t
 a seed per conversation and turn; llama-server is told to ignore its end-of-text, which this model has not).
 The run is refused if the last turn would not fit the context.
 
---rounds R starts every server at once and runs the clients' conversations on each server in turn, R times
-(a shared machine's speed drifts: all servers get the same drift); each turn's time to first token is the
-median over the clients and rounds. Without llama-server, only serve.py is measured (--url: a serve.py already
+--rounds R (default 3) starts every server at once and runs the clients' conversations on each server in
+turn, R times, the order rotated each round (benchmarks/rounds.py: a shared machine's speed drifts, and all
+servers get the same drift); each turn's time to first token is the median over the clients and rounds, the
+replies' tokens/s the median with its range over the rounds, and each ratio the median and range of the
+rounds' own ratios, "at parity" where the two servers' ranges overlap. Without llama-server, only serve.py is measured (--url: a serve.py already
 running on 127.0.0.1, started on the same kind of model).
 """
 
@@ -39,12 +41,13 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a file from anywhere: the scripts and gptkit are in the checkout
 
+from benchmarks.rounds import DEFAULT_ROUNDS, cell, ratio_cell, rotation  # noqa: E402
 from benchmarks.servers import (  # noqa: E402
     RETRIES,
     LlamaServer,
@@ -173,23 +176,37 @@ class Row:
     turns: list[Turn]
     tokens: int = 0
     seconds: float = 0.0
+    rounds: list[tuple[list[Turn], int, float]] = field(default_factory=list)  # each round's turns, tokens, s
 
     def ttft(self, turn: int) -> float:
         firsts = [t.first_token_s for t in self.turns if t.turn == turn and t.first_token_s is not None]
         return statistics.median(firsts) if firsts else float("nan")
 
+    def ttft_rounds(self, turn: int) -> list[float]:
+        """Each round's median time to first token at this turn (over the clients), in round order."""
+        out = []
+        for turns, _, _ in self.rounds:
+            firsts = [t.first_token_s for t in turns if t.turn == turn and t.first_token_s is not None]
+            out.append(statistics.median(firsts) if firsts else float("nan"))
+        return out
+
+    def rates(self) -> list[float]:
+        """Each round's replies' tokens/s."""
+        return [tokens / seconds for _, tokens, seconds in self.rounds]
+
 
 def measure(servers: list[tuple[str, str, dict | None]], levels: list[int], args: argparse.Namespace) -> list[Row]:
-    """Every level on every server, --rounds times, each level on each server in turn."""
+    """Every level on every server, --rounds times, each level on each server in turn, the servers' order
+    rotated each round (benchmarks/rounds.py); each row keeps its rounds apart too, for the ranges."""
     models = [served_model(url) for _, url, _ in servers]
     rows = {(name, clients): Row(name, clients, []) for name, _, _ in servers for clients in levels}
     number = 0  # conversations so far: each starts with a character of its own
     for (_, url, extra), model in zip(servers, models):  # one-off costs (the first request's), not measured
         asyncio.run(run_clients(url, model, [Conversation(number, args.system, args.user)], args, extra, turns=1))
         number += 1
-    for _ in range(args.rounds):
+    for r in range(args.rounds):
         for clients in levels:
-            for (name, url, extra), model in zip(servers, models):
+            for (name, url, extra), model in rotation(list(zip(servers, models)), r):
                 conversations = [Conversation(number + c, args.system, args.user) for c in range(clients)]
                 number += clients
                 turns, wall = asyncio.run(run_clients(url, model, conversations, args, extra))
@@ -197,6 +214,7 @@ def measure(servers: list[tuple[str, str, dict | None]], levels: list[int], args
                 row.turns += turns
                 row.tokens += sum(t.tokens for t in turns)
                 row.seconds += wall
+                row.rounds.append((turns, sum(t.tokens for t in turns), wall))
                 retried = sum(t.retries for t in turns)
                 print(f"  {name}, {clients} client(s): {len(turns)} turns, {sum(t.tokens for t in turns)} tokens "
                       f"in {wall:.1f} s" + (f" ({retried} sent again: the connection was closed before any answer)"
@@ -212,19 +230,22 @@ def print_tables(rows: list[Row], args: argparse.Namespace, metrics: dict[str, d
           f"load average {load}")
     for clients in sorted({r.clients for r in rows}):
         level = [r for r in rows if r.clients == clients]
-        print(f"\n{clients} client(s): time to first token by turn (median), and the replies' tokens/s")
+        print(f"\n{clients} client(s): time to first token by turn (median), and the replies' tokens/s (median "
+              f"(range) over the rounds); the ratios taken round by round: median (range)")
         print("| server | " + " | ".join(f"turn {t + 1}" for t in range(args.turns)) + " | tokens/s |")
         print("|---|" + "--:|" * (args.turns + 1))
         for r in level:
             print(f"| {r.server} | " + " | ".join(f"{r.ttft(t) * 1000:.0f} ms" for t in range(args.turns))
-                  + f" | {r.tokens / r.seconds:.1f} |")
+                  + f" | {cell(r.rates(), 1)} |")
         base = level[0]
         print(f"| {base.server}: against its turn 1 | "
-              + " | ".join(f"{base.ttft(t) / base.ttft(0):.2f}x" for t in range(args.turns)) + " | |")
+              + " | ".join(ratio_cell(base.ttft_rounds(t), base.ttft_rounds(0), word=False)
+                           for t in range(args.turns)) + " | |")
         for other in level[1:]:
             print(f"| {base.server} / {other.server} | "
-                  + " | ".join(f"{base.ttft(t) / other.ttft(t):.2f}x" for t in range(args.turns))
-                  + f" | {(base.tokens / base.seconds) / (other.tokens / other.seconds):.2f}x |")
+                  + " | ".join(ratio_cell(base.ttft_rounds(t), other.ttft_rounds(t), higher_is_better=False)
+                               for t in range(args.turns))
+                  + f" | {ratio_cell(base.rates(), other.rates())} |")
     for name, values in metrics.items():
         if values:
             print(f"\n{name}'s prefix cache (/metrics): hit rate {values['prefix_cache_hit_rate']:.3f} of "
@@ -244,7 +265,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--system", type=int, default=40, help="characters (tokens) of a conversation's opening")
     p.add_argument("--user", type=int, default=30, help="characters (tokens) of each user message")
     p.add_argument("--max_tokens", type=int, default=56, help="tokens of each reply")
-    p.add_argument("--rounds", type=int, default=1, help="run every level on every server this many times")
+    p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="run every level on every server this many "
+                   "times, the servers' order rotated each round; figures with their ranges over the rounds")
     p.add_argument("--timeout", type=float, default=600, help="seconds a request may take")
     p.add_argument("--max_batch", type=int, default=16, help="the started serve.py's --max_batch (llama-server's -np)")
     p.add_argument("--n_layer", type=int, default=None, help="the started model's layers (default: GPT-2's 12)")

@@ -36,9 +36,13 @@ comma-separated (a native build and an AVX2 one), are each measured in turn, nam
 
 A level's tokens/s is all the completion tokens it received over its wall time (first request sent to last
 reply done); time to first token is from sending a request to its first piece of text, queueing included.
---rounds R (for a machine whose speed drifts: a shared VM's memory bandwidth moves by 1.5x within minutes)
-starts every server at once and runs each level on each server in turn, R times; each row is then the
-median of its R rounds:
+--rounds R (default 3; a machine's speed drifts: a shared VM's memory bandwidth moves by 1.5x within minutes)
+starts every server at once and runs each level on each server in turn, R times, the servers' order rotated
+each round (benchmarks/rounds.py); each row is then the median of its R rounds with their range, and each
+ratio the median and range of the rounds' own ratios, "at parity" where the two servers' ranges overlap
+(--rounds 1: one server after another, single figures). Every level runs at least --min_seconds (10): its
+clients keep sending requests past --requests until then, so that one scheduler hiccup is not 20% of a cell.
+The headline comparison (BENCHMARKS.md; benchmarks/reproduce.py runs it):
 
     python benchmarks/serve_load.py --model gpt2 --clients 1,4,16,64 --requests 2 --max_tokens 64 --rounds 3 \
         --serve_args="--threads=2 --quantize=int8" --llama_type q8_0 \
@@ -52,6 +56,7 @@ import asyncio
 import contextlib
 import importlib.util
 import itertools
+import json
 import os
 import shlex
 import statistics
@@ -64,6 +69,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a file from anywhere: the scripts and gptkit are in the checkout
 
+from benchmarks.rounds import DEFAULT_ROUNDS, MIN_SECONDS, cell, ratio_cell, rotation  # noqa: E402
 from benchmarks.servers import (  # noqa: E402
     RETRIES,
     LlamaServer,
@@ -94,14 +100,23 @@ class Result:
 SERIALS = itertools.count(1000)  # every request's prompt starts with a number of its own
 
 
-def fresh_prompt() -> str:
+def fresh_prompt(letters: bool = False) -> str:
     """PROMPT after a number no other request of the run had: a fresh prompt, which no server has computed
     before (serve.py keeps prompts' keys and values; numbers from 1000 are mostly one GPT-2 token each, so
-    two prompts share at most a first token or two: serve.py's /metrics, printed at the end, says how many)."""
-    return f"{next(SERIALS)} {PROMPT}"
+    two prompts share at most a first token or two: serve.py's /metrics, printed at the end, says how many).
+    letters: the number in base 26 written a-z (for the baby model, whose 65 characters have one digit)."""
+    serial = next(SERIALS)
+    if letters:
+        digits = ""
+        while serial:
+            serial, d = divmod(serial, 26)
+            digits = chr(ord("a") + d) + digits
+        return f"{digits} {PROMPT}"
+    return f"{serial} {PROMPT}"
 
 
-async def one_request(client, model: str, max_tokens: int, seed: int, extra: dict | None = None) -> Result:
+async def one_request(client, model: str, max_tokens: int, seed: int, extra: dict | None = None,
+                      letters: bool = False) -> Result:
     """One streamed completion of a fresh prompt; its time to first token counts from the first attempt. A
     connection the server closes before answering (llama-server, now and then, on a new connection right
     after a level of many clients ends) is retried, at most RETRIES times: nothing was computed for it."""
@@ -109,7 +124,7 @@ async def one_request(client, model: str, max_tokens: int, seed: int, extra: dic
 
     start = time.perf_counter()
     first, tokens, pieces = None, None, 0
-    prompt = fresh_prompt()
+    prompt = fresh_prompt(letters)
     for attempt in range(RETRIES + 1):
         try:
             stream = await client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
@@ -129,8 +144,11 @@ async def one_request(client, model: str, max_tokens: int, seed: int, extra: dic
 
 
 async def run_level(url: str, model: str, clients: int, requests: int, seconds: float,
-                    max_tokens: int, extra: dict | None = None, timeout: float = 600
-                    ) -> tuple[list[Result], float]:
+                    max_tokens: int, extra: dict | None = None, timeout: float = 600, min_seconds: float = 0,
+                    letters: bool = False) -> tuple[list[Result], float]:
+    """`clients` clients, each sending `requests` requests one after another, and more until the level has run
+    min_seconds (whichever is longer: a level of ~1 s of work moves by 20% with one scheduler hiccup); none
+    new after `seconds`. The results and the level's wall time."""
     import openai
 
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=timeout)
@@ -138,10 +156,13 @@ async def run_level(url: str, model: str, clients: int, requests: int, seconds: 
     start = time.perf_counter()
 
     async def worker(w: int) -> None:
-        for r in range(requests):
+        r = 0
+        while r < requests or time.perf_counter() - start < min_seconds:
             if time.perf_counter() - start > seconds:
                 return
-            results.append(await one_request(client, model, max_tokens, seed=w * 1000 + r, extra=extra))
+            results.append(await one_request(client, model, max_tokens, seed=w * 100000 + r, extra=extra,
+                                             letters=letters))
+            r += 1
 
     try:
         await asyncio.gather(*(worker(w) for w in range(clients)))
@@ -160,7 +181,7 @@ def measure_level(url: str, model: str, clients: int, args: argparse.Namespace, 
                   ) -> tuple:
     """One level at url: (clients, requests, tokens, seconds, tokens/s, TTFT median, TTFT p99)."""
     results, wall = asyncio.run(run_level(url, model, clients, args.requests, args.seconds, args.max_tokens,
-                                          extra, args.timeout))
+                                          extra, args.timeout, args.min_seconds, letters=args.model == "baby"))
     tokens = sum(r.tokens for r in results)
     firsts = [r.first_token_s for r in results if r.first_token_s is not None]
     retried = sum(r.retries for r in results)
@@ -176,22 +197,26 @@ def measure(servers: list[tuple[str, str, dict | None]], levels: list[int], args
     """Measure every level on every server (setting, url, extra: more fields for every request's body), and
     append (setting, the served model's id, rows) to `table` for each, one row per level (a level that fails
     keeps the rows before it). With --rounds R the levels run R times, each level on every server in turn
-    before the next (a busy machine's drift falls on all of them alike), and a row holds the median of the
-    rounds' tokens/s, TTFT median and TTFT p99, and their requests, tokens and seconds summed."""
+    before the next, the servers' order rotated each round (benchmarks/rounds.py: a busy machine's drift falls
+    on all of them alike, and none always goes first); a row holds the median of the rounds' tokens/s, TTFT
+    median and TTFT p99, their requests, tokens and seconds summed, and last the rounds' tokens/s in round
+    order (the table's ranges and per-round ratios)."""
     models, history, tables = [], [], []  # each server's model id, every level it has run, its table rows
     for setting, url, extra in servers:
         models.append(served_model(url))
-        asyncio.run(run_level(url, models[-1], 1, 1, args.seconds, 8, extra, args.timeout))  # one-off costs
+        asyncio.run(run_level(url, models[-1], 1, 1, args.seconds, 8, extra, args.timeout,  # one-off costs
+                              letters=args.model == "baby"))
         history.append([])
         tables.append([])
         table.append((setting, models[-1], tables[-1]))
-    for _ in range(args.rounds):
+    everything = list(zip(servers, models, history, tables))
+    for r in range(args.rounds):
         for clients in levels:
-            for (_, url, extra), model, measured, rows in zip(servers, models, history, tables):
+            for (_, url, extra), model, measured, rows in rotation(everything, r):
                 measured.append(measure_level(url, model, clients, args, extra))
                 runs = [m for m in measured if m[0] == clients]
                 row = (clients, *(sum(m[i] for m in runs) for i in (1, 2, 3)),
-                       *(statistics.median(m[i] for m in runs) for i in (4, 5, 6)))
+                       *(statistics.median(m[i] for m in runs) for i in (4, 5, 6)), [m[4] for m in runs])
                 done = [r[0] for r in rows]
                 if clients in done:  # a later round: the medians so far
                     rows[done.index(clients)] = row
@@ -213,15 +238,21 @@ def compile_settings(text: str) -> list[str]:
 
 
 @cli.entry_point()
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> list[tuple]:
+    """Prints the table; returns it: (setting or server name, model, rows), each row's last field its rounds'
+    tokens/s."""
     p = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", default="", help="a running server, http://127.0.0.1:PORT (default: start one)")
     p.add_argument("--clients", default="1,4,16", help="comma-separated numbers of concurrent clients")
     p.add_argument("--requests", type=int, default=4, help="requests per client per level (at most)")
     p.add_argument("--seconds", type=float, default=60, help="no new request after this long in a level")
     p.add_argument("--max_tokens", type=int, default=128, help="tokens per reply")
-    p.add_argument("--rounds", type=int, default=1, help="run the levels this many times, every server started "
-                   "at once and each level on each in turn; rows are the rounds' medians (a noisy machine)")
+    p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help="run the levels this many times, every "
+                   "server started at once and each level on each in turn (the order rotated each round); rows "
+                   "are the rounds' medians with their ranges (1: one server at a time)")
+    p.add_argument("--min_seconds", type=float, default=MIN_SECONDS, help="a level runs at least this long: "
+                   "clients keep sending requests past --requests until then (a cell of ~1 s moves by 20%% with "
+                   "one hiccup)")
     p.add_argument("--timeout", type=float, default=600, help="seconds a request may take (a busy machine's "
                    "64 clients wait long for a row)")
     p.add_argument("--max_batch", type=int, default=16, help="the started server's --max_batch")
@@ -237,6 +268,8 @@ def main(argv: list[str] | None = None) -> None:
                    "exported to GGUF, -np max_batch")
     p.add_argument("--llama_type", choices=("f32", "f16", "q8_0", "q4_0"), default="f32",
                    help="llama-server's weights (f32 beside --quantize=float32, q8_0 beside int8, q4_0 beside q4_0)")
+    p.add_argument("--json", default="", help="also write each server's rounds of tokens/s by level to this file "
+                   "(benchmarks/reproduce.py reads it)")
     p.add_argument("--llama_args", default="-t 2", help="more options for llama-server (default: -t 2)")
     args = p.parse_args(argv)
     binaries = [b.strip() for b in args.llama_server.split(",") if b.strip()]
@@ -250,9 +283,9 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError:
         raise LoadError(f"--clients {args.clients!r}: comma-separated integers, e.g. 1,4,16") from None
     if min(levels) < 1 or args.requests < 1 or args.seconds <= 0 or args.max_tokens < 1 or args.timeout <= 0 or \
-            (args.n_layer is not None and args.n_layer < 1) or args.rounds < 1:
+            (args.n_layer is not None and args.n_layer < 1) or args.rounds < 1 or args.min_seconds < 0:
         raise LoadError("--clients, --requests, --seconds, --max_tokens, --timeout, --n_layer and --rounds must "
-                        "be positive")
+                        "be positive, --min_seconds not negative")
     settings = compile_settings(args.compile)
     if importlib.util.find_spec("openai") is None:
         raise LoadError("the load generator's clients need the openai package: pip install -e \".[dev]\"")
@@ -263,6 +296,11 @@ def main(argv: list[str] | None = None) -> None:
     finally:  # what was measured, even if a later server failed
         if any(rows for _, _, rows in table):
             print_table([t for t in table if t[2]], args.max_tokens)
+        if args.json:
+            Path(args.json).write_text(json.dumps([{"server": setting, "model": model,
+                                                    "tokens_per_s": {str(row[0]): row[7] for row in rows}}
+                                                   for setting, model, rows in table], indent=1) + "\n")
+    return table
 
 
 def run_settings(table: list[tuple], settings: list[str], levels: list[int], args: argparse.Namespace) -> None:
@@ -311,20 +349,28 @@ def llama_server(binary: str, ckpt: Path, levels: list[int], args: argparse.Name
 
 
 def print_table(table: list[tuple], max_tokens: int) -> None:
-    """One row per (compile setting, level), with its tokens/s against the setting's first level and against
-    the first setting's at the same level (1.00x when there is one setting)."""
+    """One row per (compile setting or server, level): tokens/s as the median with its range over the rounds,
+    against the setting's first level and against the first setting's at the same level (1.00x when there is
+    one setting), each ratio taken round by round with its range, and "at parity" where the two servers'
+    ranges overlap (benchmarks/rounds.py)."""
     model = table[0][1]
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())  # a busy machine's figures are not a quiet one's
-    print(f"serve_load: {model}, {max_tokens} tokens per reply, cpu count {os.cpu_count()}, load average {load}")
-    first = {row[0]: row[4] for row in table[0][2]}  # clients -> the first setting's tokens/s
+    rounds = max(len(row[7]) for _, _, rows in table for row in rows)
+    print(f"serve_load: {model}, {max_tokens} tokens per reply, cpu count {os.cpu_count()}, load average {load}"
+          + (f"; median (range) of {rounds} interleaved rounds" if rounds > 1 else ""))
+    first = {row[0]: row[7] for row in table[0][2]}  # clients -> the first setting's tokens/s, round by round
     print("| compile | clients | requests | tokens | seconds | tokens/s | vs first level | vs first compile "
           "setting | TTFT median | TTFT p99 |")
     print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     for setting, _, rows in table:
-        base = rows[0][4]
-        for clients, n, tokens, wall, rate, median, p99 in rows:
-            print(f"| {setting} | {clients} | {n} | {tokens} | {wall:.1f} | {rate:.0f} | {rate / base:.2f}x | "
-                  f"{rate / first.get(clients, rate):.2f}x | {median * 1000:.0f} ms | {p99 * 1000:.0f} ms |")
+        base = rows[0][7]
+        for clients, n, tokens, wall, _, median, p99, rates in rows:
+            theirs = first.get(clients, rates)
+            pairs = min(len(rates), len(theirs))  # a level cut short by a failure: the rounds both ran
+            versus = ratio_cell(rates[:pairs], theirs[:pairs], word=theirs is not rates)
+            print(f"| {setting} | {clients} | {n} | {tokens} | {wall:.1f} | {cell(rates, 0)} | "
+                  f"{ratio_cell(rates[:len(base)], base[:len(rates)], word=False)} | {versus} | "
+                  f"{median * 1000:.0f} ms | {p99 * 1000:.0f} ms |")
 
 
 if __name__ == "__main__":

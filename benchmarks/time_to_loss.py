@@ -1,16 +1,19 @@
 """Time to a validation loss, side by side: GPT-2's recipe (configs/shakespeare_cpu.py) and the modern recipe
 (configs/shakespeare_cpu_modern.py), run one after the other on the same machine, each from a fresh out_dir.
 
-    python benchmarks/time_to_loss.py                        # one run of each: ~5 minutes on 2 CPU cores
-    python benchmarks/time_to_loss.py --repeats=3            # interleaved (gpt2, modern, gpt2, ...): medians
+    python benchmarks/time_to_loss.py                        # 3 interleaved rounds: ~15 minutes on 2 CPU cores
+    python benchmarks/time_to_loss.py --repeats=1            # one run of each: ~5 minutes
     python benchmarks/time_to_loss.py --read OUT_DIR ...     # only the table, from runs already made
 
 Each run's metrics.jsonl gives val loss against
     wall s   elapsed_s of the evaluation's line: seconds since training began, evaluations included;
     train s  the training steps alone: the sum of the logged ms/step over the steps before that evaluation.
 For each target it reports the first evaluation at or below it (so the figure is rounded up to the next
-evaluation), and the modern run's time as a fraction of the first config's whole run. Extra arguments after
-`--` go to both train.py runs (e.g. -- --max_iters=500).
+evaluation), and the modern run's time as a fraction of the first config's whole run. The configs run in
+--repeats rounds (3), the order rotated each round (benchmarks/rounds.py); the table's figures are the rounds'
+medians, and below it each config's time to each target as a share of the first config's whole run, taken
+round by round (a slow round slows both): median (range). Extra arguments after `--` go to both train.py runs
+(e.g. -- --max_iters=500).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a file: gptkit from this checkout
 
+from benchmarks.rounds import DEFAULT_ROUNDS, interleave, ratio_cell  # noqa: E402
 from gptkit import cli  # noqa: E402
 
 CONFIGS = ("configs/shakespeare_cpu.py", "configs/shakespeare_cpu_modern.py")
@@ -87,6 +91,32 @@ def table(names: list[str], summaries: list[dict], targets: list[float], repeats
     return "\n".join(lines) + f"\n({note})"
 
 
+def shares(base: list[dict], other: list[dict], target: float) -> list[float] | None:
+    """Round by round: other's wall s to reach target over base's whole run's wall s (None where a round of
+    other never reached it)."""
+    out = []
+    for b, o in zip(base, other):
+        hit = time_to(o, target)
+        if hit is None:
+            return None
+        out.append(hit[1] / b["evals"][-1][2])
+    return out
+
+
+def shares_lines(names: list[str], runs: list[list[dict]], targets: list[float]) -> tuple[list[str], dict]:
+    """The lines under the table: each config's time to each target, as a share of the first config's whole
+    run, per round: median (range); and the rounds' shares by (config name, target)."""
+    lines, out = [], {}
+    for name, other in zip(names[1:], runs[1:]):
+        for t in targets:
+            rounds = shares(runs[0], other, t)
+            out[(name, t)] = rounds
+            lines.append(f"{name}: val <= {t:.2f} not reached in every round" if rounds is None else
+                         f"{name}: val <= {t:.2f} in {ratio_cell(rounds, [1.0] * len(rounds), word=False)} of "
+                         f"{names[0]}'s whole run (wall s)")
+    return lines, out
+
+
 def run_config(config: str, out_dir: Path, extra: list[str]) -> dict:
     cmd = [sys.executable, "train.py", config, f"--out_dir={out_dir}", "--overwrite=True", *extra]
     print(f"$ {' '.join(cmd[1:])}", flush=True)
@@ -101,7 +131,8 @@ def run_config(config: str, out_dir: Path, extra: list[str]) -> dict:
 
 
 @cli.entry_point()
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> dict:
+    """Prints the table; returns the rounds' shares by (config name, target), as shares_lines gives them."""
     argv = sys.argv[1:] if argv is None else argv
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     own = argv[: argv.index("--")] if "--" in argv else argv
@@ -109,26 +140,38 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated config files; the first is the "
                                                                  "baseline the others are compared with")
     p.add_argument("--targets", default="1.80,1.65", help="comma-separated val losses")
-    p.add_argument("--repeats", type=int, default=1, help="runs of each config, interleaved")
+    p.add_argument("--repeats", type=int, default=DEFAULT_ROUNDS, help="rounds: runs of each config, "
+                   "interleaved (the order rotated each round)")
     p.add_argument("--out", default=None, help="folder for the runs (default: a new temporary folder)")
+    p.add_argument("--json", default="", help="also write the rounds' shares (config, target, rounds) to this "
+                   "file (benchmarks/reproduce.py reads it)")
     p.add_argument("--read", nargs="+", default=None, metavar="OUT_DIR",
                    help="no runs: the table from these out_dirs, one per config, in --configs order")
     args = p.parse_args(own)
     configs = args.configs.split(",")
     targets = [float(t) for t in args.targets.split(",")]
+    if args.repeats < 1:
+        p.error("--repeats must be >= 1")
     if args.read:
         names = [Path(d).name for d in args.read]
         runs = [[read_run(Path(d))] for d in args.read]
         print(table(names, [summarise(r, targets) for r in runs], targets, 1))
-        return
+        lines, out = shares_lines(names, runs, targets)
+        print("\n".join(lines))
+        return out
     root = Path(args.out or tempfile.mkdtemp(prefix="time_to_loss-"))
     root.mkdir(parents=True, exist_ok=True)
     runs: list[list[dict]] = [[] for _ in configs]
-    for r in range(args.repeats):
-        for i, config in enumerate(configs):
-            runs[i].append(run_config(config, root / f"{Path(config).stem}-{r}", extra))
+    for r, i in interleave(range(len(configs)), args.repeats):  # the order rotated each round
+        runs[i].append(run_config(configs[i], root / f"{Path(configs[i]).stem}-{r}", extra))
     names = [Path(c).name for c in configs]
     print(table(names, [summarise(r, targets) for r in runs], targets, args.repeats))
+    lines, out = shares_lines(names, runs, targets)
+    print("\n".join(lines))
+    if args.json:
+        Path(args.json).write_text(json.dumps([{"config": name, "target": t, "rounds": rounds}
+                                               for (name, t), rounds in out.items()], indent=1) + "\n")
+    return out
 
 
 if __name__ == "__main__":

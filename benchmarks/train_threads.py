@@ -1,9 +1,9 @@
 """Training on a busy CPU: ms per step of the quick start (configs/shakespeare_cpu.py, a fixed number of steps)
 with each thread setting, while 0, 1 and 2 busy neighbours run, and nanoGPT's train.py beside it.
 
-    python benchmarks/train_threads.py                                       # ~10-20 min on 2 cores
+    python benchmarks/train_threads.py                                       # ~30-60 min on 2 cores
     python benchmarks/train_threads.py --nanogpt ../shared/anchors/nanoGPT   # + nanoGPT's rows
-    python benchmarks/train_threads.py --steps 4 --neighbours 0,1 -- --n_layer=1   # a rehearsal, tiny
+    python benchmarks/train_threads.py --steps 4 --neighbours 0,1 --repeats 1 -- --n_layer=1   # a rehearsal
 
 Settings (the rows; --settings picks them):
     torch    torch's default, one thread per core (what nanoGPT runs with): train.py --threads=N, N torch's
@@ -28,7 +28,10 @@ follows its own thread count and phases, and it competes for memory bandwidth to
 what the thread setting acts on (threads that wait for a core another process holds). The neighbours start a
 second before each run (so that auto's measurement sees them) and are stopped after it.
 
-ms/step is the median of the logged steps' times: train.py's metrics.jsonl (ms_per_step, every step logged;
+Every cell runs --repeats times (3), in rounds whose order of programs and settings is rotated each round
+(benchmarks/rounds.py); the table gives each cell's median with its range over the rounds and, with nanoGPT,
+train.py's steps/s over nanoGPT's at each setting, taken round by round: median (range), "at parity" where
+the two programs' ranges overlap. A run's ms/step is the median of the logged steps' times: train.py's metrics.jsonl (ms_per_step, every step logged;
 its first step, compile and warm-up, is left out as train.py leaves it out of its rates), nanoGPT's
 "iter N: ... time X ms" lines (iter 0, which holds its first evaluation, left out). Evaluations are reduced to
 one batch and happen only at the start and the end, outside the timed steps. Extra arguments after `--` go
@@ -53,6 +56,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a file: gptkit from this checkout
 
+from benchmarks.rounds import DEFAULT_ROUNDS, cell, ratio_cell, rotation, verdict  # noqa: E402
 from gptkit import cli  # noqa: E402
 from gptkit.threads import choose_threads, plural  # noqa: E402
 
@@ -172,7 +176,9 @@ def neighbours_busy(n: int):
 
 
 def table(results: dict, neighbours: list[int], rows: list[tuple[str, str]]) -> str:
-    """Markdown: a row per (program, setting), a column per neighbour count; ms/step (and the threads)."""
+    """Markdown: a row per (program, setting), a column per neighbour count; ms/step, the median of the
+    repeats with their range (and the threads). With nanoGPT's rows, a line per setting and neighbour count
+    with train.py's speed against nanoGPT's (its ms/step over ours), per repeat: median (range) and the verdict."""
     head = "| program | setting | " + " | ".join(f"{n} busy: ms/step (threads)" for n in neighbours) + " |"
     lines = [head, "|---|---|" + "--:|" * len(neighbours)]
     for program, setting in rows:
@@ -181,9 +187,22 @@ def table(results: dict, neighbours: list[int], rows: list[tuple[str, str]]) -> 
             runs = results.get((program, setting, n), [])
             ms = [r["ms"] for r in runs if r["ms"] is not None]
             threads = sorted({r["threads"] for r in runs})
-            cells.append(f"{statistics.median(ms):,.1f} ({'/'.join(map(str, threads))})" if ms else "n/a")
+            cells.append(f"{cell(ms, 1)} ({'/'.join(map(str, threads))})" if ms else "n/a")
         lines.append(f"| {program} | {setting} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    versus = [f"train.py {setting}, {n} busy: {ratio_cell(ours, theirs, word=False)} nanoGPT's steps/s, "
+              f"{verdict(ours, theirs)}"
+              for setting in dict.fromkeys(s for _, s in rows) for n in neighbours
+              for ours, theirs in [speed_pair(results, setting, n)] if ours]
+    return "\n".join(lines + ([""] + versus if versus else []))
+
+
+def speed_pair(results: dict, setting: str, n: int) -> tuple[list[float], list[float]]:
+    """train.py's and nanoGPT's steps/s at one setting and neighbour count, repeat by repeat (both ran in each
+    repeat), or ([], []) where either is missing."""
+    ours = [r["ms"] for r in results.get(("train.py", setting, n), [])]
+    theirs = [r["ms"] for r in results.get(("nanoGPT", setting, n), [])]
+    pairs = [(a, b) for a, b in zip(ours, theirs) if a and b]
+    return [1000 / a for a, _ in pairs], [1000 / b for _, b in pairs]
 
 
 @cli.entry_point()
@@ -200,7 +219,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--nanogpt", default="", help="nanoGPT's checkout (e.g. ../shared/anchors/nanoGPT): its rows too")
     p.add_argument("--text", default="", help="tiny Shakespeare's text (default: ../shared/data/tinyshakespeare.txt "
                                               "where present, else downloaded)")
-    p.add_argument("--repeats", type=int, default=1, help="runs of each cell, interleaved; the median is shown")
+    p.add_argument("--repeats", type=int, default=DEFAULT_ROUNDS, help="rounds: runs of each cell, interleaved (the "
+                   "programs' and settings' order rotated each round); the median and range are shown")
     p.add_argument("--out", default="", help="work folder (default: a new temporary folder)")
     p.add_argument("--json", default="", help="also write every run's figures to this file")
     args = p.parse_args(own)
@@ -226,9 +246,10 @@ def main(argv: list[str] | None = None) -> dict:
     programs = [("train.py", ours)] + ([("nanoGPT", nanogpt)] if nanogpt_path else [])
     rows = [(program, setting) for program, _ in programs for setting in settings]
     results: dict[tuple[str, str, int], list[dict]] = {}
+    cells = [(pr, s) for pr in programs for s in settings]
     for r in range(args.repeats):
         for n in neighbours:
-            for (program, run), setting in ((pr, s) for pr in programs for s in settings):
+            for (program, run), setting in rotation(cells, r):  # the order rotated each round
                 name = f"{program.replace('.py', '')}-{setting}-{n}busy-{r}"
                 with neighbours_busy(n):
                     figure = run(setting, args.steps, work, name, torch_threads, extra)

@@ -1,6 +1,7 @@
 """bench.py runs end to end in a tiny mode and reports sane numbers."""
 
 import json
+import re
 
 import pytest
 
@@ -114,10 +115,26 @@ def test_bench_data_errors(tmp_path):
 
 
 def test_decode_window_comparison(tiny_model, tiny_config):
-    rows = bench.decode_benchmark(tiny_model, tiny_config.block_size + 8, repeats=1)
+    rows = bench.decode_benchmark(tiny_model, tiny_config.block_size + 8, repeats=2)
     assert [r["use_cache"] for r in rows] == [False, False, True, True] and rows[0]["speedup"] == 1.0
-    assert all(r["seconds"] > 0 and r["tokens_per_s"] > 0 for r in rows)
-    assert len(bench.compare_table(rows).splitlines()) == 2 + len(rows)
+    assert all(r["seconds"] > 0 and r["tokens_per_s"] > 0 and len(r["seconds_rounds"]) == 2 for r in rows)
+    lines = bench.compare_table(rows).splitlines()
+    assert len(lines) == 2 + len(rows) and lines[2].endswith("| 1.00x |")
+    assert all(re.search(r"\| \d+\.\d\dx( \(\d+\.\d\d-\d+\.\d\d\))?, (at parity|ahead|behind) \|$", line)
+               for line in lines[3:])
+
+
+def test_the_decoders_speedup_over_nanogpts_is_taken_round_by_round():
+    """compare_table: each decoder's seconds as median (range) over the rounds, its speedup over nanoGPT's
+    decoder (the first row) from each round's own pair, and the verdict where the ranges meet or not."""
+    def row(name, rounds):
+        return {"name": name, "seconds_rounds": rounds, "ms_per_token": 1.0, "tokens_per_s": 1.0}
+
+    lines = bench.compare_table([row("no cache", [10.0, 20.0, 12.0]), row("cache", [1.0, 2.5, 1.5]),
+                                 row("close", [9.0, 21.0, 12.0])]).splitlines()
+    assert lines[2] == "| no cache | 12.00 (10.00-20.00) | 1.00 | 1 | 1.00x |"
+    assert lines[3] == "| cache | 1.50 (1.00-2.50) | 1.00 | 1 | 8.00x (8.00-10.00), ahead |"
+    assert lines[4] == "| close | 12.00 (9.00-21.00) | 1.00 | 1 | 1.00x (0.95-1.11), at parity |"
 
 
 def test_training_step_is_timed_as_train_py_runs_it(monkeypatch):

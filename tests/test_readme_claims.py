@@ -155,3 +155,21 @@ def test_ctrl_c_at_chats_prompt_ends_it_with_code_0_as_the_readme_says(tmp_path,
     with torch_threads(1):  # a Ctrl-C that escaped would be "interrupted" and exit code 1 (a SystemExit)
         assert chat.main([f"--ckpt={tmp_path / 'out'}", "--device=cpu"]) is None
     assert prompts == ["you> "] and "error" not in capsys.readouterr().err
+
+
+def test_the_headline_ratios_are_benchmarks_reproduce_claims_word_for_word():
+    """The README's and BENCHMARKS.md's headline comparisons quote benchmarks/reproduce.py's CLAIMS, the one
+    place their figures are kept (reproduce.py checks them against a new measurement), each with its range;
+    where ranges overlap the text says "at parity"; the old single-run ratios are gone."""
+    from benchmarks.reproduce import CLAIMS
+
+    readme = " ".join(README.split())
+    benchmarks = " ".join((REPO / "BENCHMARKS.md").read_text(encoding="utf-8").split())
+    for claim in CLAIMS:
+        assert claim.text in readme, f"README.md does not quote {claim.key}: {claim.text!r}"
+        assert claim.text in benchmarks, f"BENCHMARKS.md does not quote {claim.key}: {claim.text!r}"
+        said = [float(f) for f in re.findall(r"\d+\.\d+", claim.text)]  # the text says the claim's range
+        assert said[-2:] == [claim.low, claim.high] or said[-1:] == [claim.low] == [claim.high], claim.key
+    serving = paragraph("Measured on this 2-core CPU")
+    assert "**at parity** with llama-server, not ahead" in serving and "2.18x its" not in readme
+    assert "at parity" in paragraph("Decoding on a 2-core CPU")
