@@ -233,7 +233,8 @@ class Sampler:
 def sampled_line(summary: dict) -> str:
     """A Sampler's summary in one line."""
     if not summary.get("samples"):
-        return f"no readings ({summary.get('error')})"
+        error = summary.get("error")
+        return f"no readings ({'neither pynvml nor nvidia-smi here' if error == MISSING else error})"
     sm = summary["sm_clock_mhz"]
     clocks = "SM ?" if sm is None else f"SM {sm['min']:,.0f}-{sm['max']:,.0f} MHz (median {sm['median']:,.0f}"
     most = summary["sm_clock_max_mhz"]
