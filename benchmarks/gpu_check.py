@@ -3,7 +3,7 @@
     PYTHONPATH=. python benchmarks/gpu_check.py --dry_run   # the plan: each part, its seconds, its need, what it runs
     PYTHONPATH=. python benchmarks/gpu_check.py             # one H100 / H200 (JSON and log into $OUT, or benchmarks/)
     PYTHONPATH=. python benchmarks/gpu_check.py --smoke --out /tmp/smoke.json   # a rehearsal on the CPU
-    PYTHONPATH=. python benchmarks/gpu_check.py --parts=plan,serve,train_more --total_s=480   # the other parts
+    PYTHONPATH=. python benchmarks/gpu_check.py --parts=nanogpt_train,steps --total_s=400   # parts not in the default
 
 On a machine that gets the working tree only (this project's GPU machines: the checkout's files and a shared/
 folder inside it travel; ../shared, .git and the network do not, and the image may lack one of the project's
@@ -27,64 +27,83 @@ missing (tiny Shakespeare's text, nanoGPT's code, a package), before any part wo
 whose package is missing is skipped, saying so, rather than failing after its minutes.
 
 It runs from a fresh clone on a machine with only torch, numpy, tiktoken, tqdm, crc32c, pytest and transformers
-(nothing is installed): this file imports only Python's standard library (and gptkit.cli, which does too),
-and every part runs scripts as subprocesses, each with a time limit, so that a crash or a hang loses that run
-only. The device is read first, on its own budget; then each asked part gets its planned seconds, scaled to
---total_s (by default what the default parts need: 9.6 minutes), plus what earlier parts left unused. What a
-part needs is added up from its commands with the H200 figures (H200, one table, the slower of the runs of
-2026-11-26 and 2026-11-28: start + compile + steps x ms per step), and within a part each run may use the
-part's time less what the runs after it need. A --total_s that would give a part less than its floor is refused
-before anything runs, naming the least that fits; --dry_run prints the plan and runs nothing. The parts, in
-order (the default run: device to decode; every figure of its summary is measured in it, but transformers'
-beside our eager decoding):
+(nothing is installed): this file imports only Python's standard library (and gptkit.cli and
+benchmarks/gpu_readings.py, which do too), and every part runs scripts as subprocesses, each with a time limit,
+so that a crash or a hang loses that run only. The device is read first, on its own budget; then each asked part
+gets its planned seconds, scaled to --total_s (by default what the default parts need: 9.6 minutes), plus what
+earlier parts left unused: a part may run until where its time would end had every part before it used its
+whole budget. What a part needs is added up from its commands with the H200 figures (H200, one table, the slower
+of the runs of 2026-11-26 and 2026-11-28, estimates said so: start + compile + steps x ms per step), and every
+default part's budget is at least NEED_MARGIN (1.1) x that; within a part each run may use the part's time less
+what the runs after it need. A bench.py run's last rows may be measured only as time allows (not in its need: a
+run stopped after its other rows is "stopped", not a timeout), and some runs start only where the part's time
+left holds them (OPTIONAL_RUNS, the shakespeare part's second run). A --total_s that would give a part less than
+its floor is refused before anything runs, naming the least that fits; --dry_run prints the plan and runs
+nothing. bench.py's newer options (--decode_window, --profile_decode, --profile_step, --fp8_head) are passed only
+where this checkout's bench.py has them (read from its BenchConfig); one it lacks is left out, and --dry_run and
+the part say so. The parts, in order (the default run: device to tests):
 
-  device       the device and its versions (torch, CUDA, cuDNN, Triton), and the measured dense bf16 peak: an
-               8192 x 8192 x 8192 bf16 matmul timed after ~1 s of warm-up (the clocks up), in TFLOP/s, beside
-               the datasheet's (gptkit/metrics.py)
-  tests        the tests marked cuda, which skip without a CUDA GPU: first tests/test_cudagraph_cuda.py on its
-               own (the graphed training step against the plain one, eager and compiled with dropout, a NaN,
-               an asynchronous save), then the other files. pytest -v prints each outcome as the test ends, so
-               a run stopped keeps every outcome so far; a test past CUDA_TEST_LIMIT_S is stopped (its outcome
-               timeout) and pytest goes on with the tests not run yet
-  train        bench.py's training rows: GPT-2 124M without biases (gpt2nobias: the shape nanoGPT's bench.py
-               times) at micro-batch 12 as train.py runs it and as one CUDA graph. Each run has --keep_going and
-               writes its rows as it goes: a run stopped at its limit keeps the rows it finished; a row that
-               failed fails the part, named
-  nanogpt      nanoGPT's own code beside ours, in this call on this device (shared/anchors/nanoGPT in the
-               checkout or beside it, or --nanogpt; "no anchor" without it, "nanoGPT failed: ..." with its last
-               lines where it ran and failed): its bench.py (the denominator of the speed-up at 12 x 1024),
-               within its own time limit, and its train_shakespeare_char until its first val loss <= --val_loss
-               (or step 1,750), with each evaluation's wall seconds from its start and its median ms per iteration
-  shakespeare  python train.py configs/shakespeare.py --async_save=True --cuda_graphs=True (the fastest way,
-               its saves in the background beside the captured step) until its first val loss <= 1.47
-               (--val_loss): the time from the process' start (metrics.jsonl's elapsed_s, which counts from it)
-               and the wall's; then the run is stopped. The text comes from --shakespeare_text,
-               data/shakespeare_char, shared/data/tinyshakespeare.txt (in the checkout or beside it), or a
-               download; it is prepared in a temporary folder
-  steps        the same small model's ms per step, with --cuda_graphs=True first and then as train.py runs it,
-               over steps 101-200 (after the graphed run's warm-up and capture) and 901-1,000 (no evaluations
-               between), or the last window before it that both runs reached: is the step flat, what do graphs
-               give
-  decode       bench.py's batch-1 decode rows, eager then compiled (with the compile time), and the 1,000-token
-               prefill (transformers' eager generate beside ours: bench.py --hf_reference, in --smoke or alone)
+  device       NVML's readings at the start (benchmarks/gpu_readings.py: SM and memory clocks and their max, power
+               draw and limit, temperature, throttle reasons by name, other processes on the GPU; through pynvml,
+               else nvidia-smi, else "missing" in one line), the device and its versions (torch, CUDA, cuDNN,
+               Triton), and the dense bf16 peak measured after 3 s of warm-up at two shapes, 8192^3 (the
+               denominator of mfu_measured_peak) and GPT-2's 12,288 x 768 x 3,072, each with NVML read during it
+               (clocks, power, heat, throttle reasons), in TFLOP/s beside the datasheet's (gptkit/metrics.py)
+  decode       bench.py's batch-1 compiled decode of GPT-2's shape in windows of K tokens a CUDA graph launch
+               (--decode_window=1,16,8,32: 8 and 32 as time allows), each row profiled (--profile_decode: host and
+               GPU microseconds per token), and the 1,000-token prefill; the summary: the best K against 4,000
+               tokens/s, and K=1's host and GPU microseconds a token
+  train        bench.py's training rows of GPT-2 124M without biases (gpt2nobias: the shape nanoGPT's bench.py
+               times), as one CUDA graph: at 12 x 1024 profiled (--profile_step: ms per step by kernel kind) with
+               the head in bf16 and in FP8 (--fp8_head=False,True); the loss over all the logits at once against
+               the sliced default (--loss_chunk=plain,default); micro-batches 32, 24, 16 (24 and 16 as time
+               allows). Each run has --keep_going and writes its rows as it goes: a run stopped at its limit keeps
+               the rows it finished; a row that failed fails the part, named
+  nanogpt      nanoGPT's bench.py beside ours, in this call on this device (shared/anchors/nanoGPT in the checkout
+               or beside it, or --nanogpt; "no anchor" without it, "nanoGPT failed: ..." with its last lines where
+               it ran and failed): the denominator of the speed-up of the best row at 12 x 1024
+  shakespeare  python train.py configs/shakespeare.py --async_save=True --cuda_graphs=True (the fastest way, its
+               saves in the background beside the captured step) until its first val loss <= 1.47 (--val_loss):
+               the time from the process' start (metrics.jsonl's elapsed_s, which counts from it) and the wall's,
+               and train.py's start-up trace (runs.jsonl's start); then stopped, and, where the part's time left
+               holds it, the same as train.py runs it by default, to the same val loss (the pair that decides
+               --cuda_graphs' default). The text comes from --shakespeare_text, data/shakespeare_char,
+               shared/data/tinyshakespeare.txt (in the checkout or beside it), or a download; it is prepared in
+               a temporary folder
+  tests        the tests marked cuda, which skip without a CUDA GPU: tests/test_cudagraph_cuda.py on its own (the
+               graphed training step against the plain one, eager and compiled with dropout, a compiled dropout
+               captured alone, a NaN, an asynchronous save), then tests/test_decode_window.py and
+               tests/test_fp8.py, then, where the part's time left holds them, the other files (last of the
+               default parts, it gets what the parts before it left). pytest -v prints each outcome as the test
+               ends, so a run stopped keeps every outcome so far; a test past CUDA_TEST_LIMIT_S is stopped (its
+               outcome timeout) and pytest goes on with the tests not run yet
+  nanogpt_train (not in the default run: its figure, 94.7 s to val 1.4696 on 2026-11-28's host, is recorded
+               and in the summary) nanoGPT's train_shakespeare_char until its first val loss <= --val_loss (or
+               step 1,750), with each evaluation's wall seconds from its start and its median ms per iteration
+  steps        (not in the default run) the same small model's ms per step, with --cuda_graphs=True first and
+               then as train.py runs it, over steps 101-200 (after the graphed run's warm-up and capture) and
+               901-1,000 (no evaluations between), or the last window before it that both runs reached
+  decode_more  (not in the default run) eager batch-1 decoding, beside transformers' eager generate
+               (--hf_reference): ours over theirs, and with the compiled rows the tokens from which compiling pays
   plan         (not in the default run) python -m benchmarks.plan_memory --device=cuda: the plan's peak memory
                against the allocator's
   serve        (not in the default run) benchmarks/serve_load.py, where starlette, uvicorn and openai are
                installed (else skipped)
-  train_more   (not in the default run) bench.py's other training rows: micro-batches 32 and 16; each block
-               compiled on its own; compile's autotuned kernels; the optimizer step compiled; GPT-2 with biases,
-               the modern model
+  train_more   (not in the default run) bench.py's other training rows: 12 x 1024 as train.py runs it (not
+               graphed); each block compiled on its own; compile's autotuned kernels; the optimizer step
+               compiled; GPT-2 with biases, the modern model
 
-It writes --out, a JSON file (rewritten after every part): the date, the command, the device, torch, the git
-commit, the budgets and needs, what was missing; every part's status (ok, failed, timeout or skipped), seconds,
-time budget and reason, and its runs (command, exit code, seconds, and the last lines of one that failed);
-every bench.py row, each with mfu_measured_peak (MFU against the measured peak, beside mfu against the
-datasheet's); the tests' outcomes, the Shakespeare runs, the plan's rows; and a summary against BENCHMARKS.md's
-targets. Beside it, the log (--log): every subprocess's output.
+It writes --out, a JSON file, rewritten whole after every part and every bench.py run, with the summary of what
+is measured so far (so a check cut short, by the call's limit say, keeps every row it measured): the date, the
+command, the device, torch, the git commit, the budgets and needs, what was missing, NVML's readings; every
+part's status (ok, failed, timeout or skipped), seconds, time budget and reason, and its runs (command, exit
+code, seconds, and the last lines of one that failed); every bench.py row, each with mfu_measured_peak (MFU
+against the measured peak, beside mfu against the datasheet's); the tests' outcomes, the Shakespeare runs, the
+plan's rows; and a summary against BENCHMARKS.md's targets. Beside it, the log (--log): every subprocess's output.
 
 --smoke runs the same parts on the CPU in about a minute (tiny models, a few steps, configs/shakespeare_cpu.py
-shrunk, val loss 3.6, nanoGPT's training shrunk and without its bench.py, which needs CUDA): a rehearsal of the
-machinery, none of its figures means anything.
+shrunk, val loss 3.6, no nanoGPT bench.py, which needs CUDA, and none of bench.py's newer options): a rehearsal
+of the machinery, none of its figures means anything.
 """
 
 from __future__ import annotations
