@@ -138,25 +138,46 @@ def number(value: str) -> float | int | None:
         return None
 
 
+def smi_values(index: int) -> tuple[list[str | None], str | None]:
+    """The values of SMI_FIELDS as nvidia-smi prints them, and the throttle-reason mask's: in one query where
+    the driver knows every field (the reasons' under either of its names), else one field at a time (a field it
+    does not know: None; none known: the first error raised)."""
+    error = None
+    for reason in SMI_REASONS:
+        fields = SMI_FIELDS + ((reason,) if reason else ())
+        try:
+            out = smi(f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits", f"--id={index}")
+        except ValueError as e:
+            error = error or e
+            continue
+        values = [v.strip() for v in out.strip().splitlines()[0].split(",")] if out.strip() else []
+        if len(values) == len(fields):
+            return values[:len(SMI_FIELDS)], values[-1] if reason else None
+    one = {}
+    for field in SMI_FIELDS + SMI_REASONS[:-1]:
+        try:
+            one[field] = smi(f"--query-gpu={field}", "--format=csv,noheader,nounits", f"--id={index}").strip() or None
+        except ValueError:
+            one[field] = None
+    if all(value is None for value in one.values()):
+        raise error or ValueError("nvidia-smi --query-gpu printed nothing")
+    return [one[field] for field in SMI_FIELDS], one[SMI_REASONS[0]] or one[SMI_REASONS[1]]
+
+
 def read_smi(index: int, processes: bool) -> dict:
     """A reading through nvidia-smi's CSV queries: the GPU's fields, then its compute processes."""
-    for field in SMI_REASONS:
-        fields = SMI_FIELDS + ((field,) if field else ())
-        try:
-            line = smi(f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits", f"--id={index}")
-            break
-        except ValueError:
-            if field is None:
-                raise
-    values = [v.strip() for v in line.strip().splitlines()[0].split(",")]
-    if len(values) != len(fields):
-        raise ValueError(f"nvidia-smi printed {len(values)} values for {len(fields)} fields: {line.strip()[:200]}")
-    found = {key: value if key in ("name", "driver") else number(value) for key, value in zip(SMI_KEYS, values)}
-    mask = int(values[-1], 16) if len(fields) > len(SMI_FIELDS) and values[-1].startswith("0x") else None
+    values, mask_text = smi_values(index)
+    found = {key: value if key in ("name", "driver") else number(value or "")
+             for key, value in zip(SMI_KEYS, values)}
+    mask = int(mask_text, 16) if mask_text and mask_text.startswith("0x") else None
     found.update(throttle_mask=mask, throttle_reasons=reasons(mask))
     if processes:
-        uuid = smi("--query-gpu=uuid", "--format=csv,noheader", f"--id={index}").strip()
-        apps = smi("--query-compute-apps=gpu_uuid,pid,process_name,used_memory", "--format=csv,noheader,nounits")
+        try:
+            uuid = smi("--query-gpu=uuid", "--format=csv,noheader", f"--id={index}").strip()
+            apps = smi("--query-compute-apps=gpu_uuid,pid,process_name,used_memory", "--format=csv,noheader,nounits")
+        except ValueError as e:  # (the clocks read are kept)
+            found.update(processes=None, processes_error=" ".join(str(e).split())[:300])
+            return found
         found["processes"] = []
         for row in apps.strip().splitlines():
             parts = [p.strip() for p in row.split(",")]

@@ -74,9 +74,12 @@ def test_readings_through_the_nvml_bindings(monkeypatch, new_names):
 
 
 FAKE_SMI = """#!{python}
-import sys
+import os, sys
 args = sys.argv[1:]
 query = next((a for a in args if a.startswith("--query-gpu=")), "")
+if "power.draw" in query and os.environ.get("FAKE_SMI_OLD"):  # (a driver that knows no such field)
+    print("Field power.draw is not a valid field to query.", file=sys.stderr)
+    sys.exit(2)
 if "clocks_event_reasons.active" in query:
     print("Field \\"clocks_event_reasons.active\\" is not a valid field to query.", file=sys.stderr)
     sys.exit(2)
@@ -99,7 +102,8 @@ else:
 
 def test_readings_through_nvidia_smi_when_the_bindings_are_missing(tmp_path, monkeypatch):
     """No pynvml: nvidia-smi's CSV, as a real one prints it (the throttle field under the name this driver
-    knows, tried after the other), the processes on this GPU only (not another GPU's, not this process)."""
+    knows, tried after the other; a field it does not know at all, None, the rest read one at a time), the
+    processes on this GPU only (not another GPU's, not this process)."""
     smi = tmp_path / "nvidia-smi"
     smi.write_text(FAKE_SMI.format(python=sys.executable, me=os.getpid()))
     smi.chmod(0o755)
@@ -114,6 +118,11 @@ def test_readings_through_nvidia_smi_when_the_bindings_are_missing(tmp_path, mon
     assert reading["processes"] == [{"pid": 1234, "name": "/usr/bin/python3", "used_mib": 7029}]
     without = gpu_readings.read(processes=False)
     assert "processes" not in without and without["sm_clock_mhz"] == 1980
+    # a driver that does not know one of the fields: the others read one at a time, that one None
+    monkeypatch.setenv("FAKE_SMI_OLD", "1")
+    older = gpu_readings.read(processes=False)
+    assert older["source"] == "nvidia-smi" and older["power_w"] is None and older["power_limit_w"] == 700.0
+    assert older["sm_clock_mhz"] == 1980 and older["name"] == "NVIDIA H200" and older["throttle_reasons"] == ["sw_power_cap"]
     # a failing nvidia-smi: said in one line, no exception
     smi.write_text(textwrap.dedent("""\
         #!/bin/sh
