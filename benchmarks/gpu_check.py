@@ -839,21 +839,25 @@ def accepted(options: list[str], flags: set[str] | None) -> tuple[list[str], lis
     return [o for o in options if known(o)], [o for o in options if not known(o)]
 
 
-def bench_runs(kind: str, smoke: bool) -> tuple[list[tuple[str, list[str], int]], list[str]]:
-    """A bench.py part's runs ((what, options, extra rows) each: the last `extra` rows measured if time holds
-    them), each with only the options this bench.py accepts, and the options they share."""
+def bench_table(kind: str, smoke: bool) -> tuple[tuple, list[str]]:
+    """A bench.py part's runs as written ((what, options, extra rows) each), and the options they share."""
     if kind in ("train", "train_more"):
         options = ["--device=cpu", "--skip_decode", "--warmup=1", "--repeats=2"] if smoke else ["--device=cuda",
                                                                                                "--skip_decode"]
         runs = {("train", False): TRAIN_RUNS, ("train", True): SMOKE_TRAIN_RUNS,
                 ("train_more", False): TRAIN_MORE_RUNS, ("train_more", True): SMOKE_TRAIN_MORE_RUNS}[kind, smoke]
-    elif smoke:
-        runs, options = SMOKE_DECODE_RUNS, ["--device=cpu", "--models=tiny", "--skip_train", "--skip_nocache",
-                                            "--decode_batch=1", "--decode_tokens=16", "--decode_repeats=2",
-                                            "--prefill_tokens=64"]
-    else:
-        runs = DECODE_MORE_RUNS if kind == "decode_more" else DECODE_RUNS
-        options = ["--device=cuda", "--models=gpt2", "--skip_train", "--skip_nocache", "--decode_batch=1"]
+        return runs, options
+    if smoke:
+        return SMOKE_DECODE_RUNS, ["--device=cpu", "--models=tiny", "--skip_train", "--skip_nocache",
+                                   "--decode_batch=1", "--decode_tokens=16", "--decode_repeats=2", "--prefill_tokens=64"]
+    return (DECODE_MORE_RUNS if kind == "decode_more" else DECODE_RUNS,
+            ["--device=cuda", "--models=gpt2", "--skip_train", "--skip_nocache", "--decode_batch=1"])
+
+
+def bench_runs(kind: str, smoke: bool) -> tuple[list[tuple[str, list[str], int]], list[str]]:
+    """A bench.py part's runs ((what, options, extra rows) each: the last `extra` rows measured if time holds
+    them), each with only the options this bench.py accepts, and the options they share."""
+    runs, options = bench_table(kind, smoke)
     flags = bench_flags()
     kept = []
     for label, extra, optional in runs:
@@ -864,12 +868,8 @@ def bench_runs(kind: str, smoke: bool) -> tuple[list[tuple[str, list[str], int]]
 
 def bench_lacking(kind: str, smoke: bool) -> list[str]:
     """The options of a bench.py part's runs that this checkout's bench.py lacks (left out of its commands)."""
-    runs = {"train": TRAIN_RUNS, "train_more": TRAIN_MORE_RUNS, "decode": DECODE_RUNS, "decode_more": DECODE_MORE_RUNS}
-    if smoke:
-        runs = {"train": SMOKE_TRAIN_RUNS, "train_more": SMOKE_TRAIN_MORE_RUNS, "decode": SMOKE_DECODE_RUNS,
-                "decode_more": SMOKE_DECODE_RUNS}
     flags = bench_flags()
-    return sorted({o.split("=")[0] for _, extra, _ in runs[kind] for o in accepted(extra, flags)[1]})
+    return sorted({o.split("=")[0] for _, extra, _ in bench_table(kind, smoke)[0] for o in accepted(extra, flags)[1]})
 
 
 def bench_part(check: Check, kind: str, runs: list, options: list[str]) -> dict:
