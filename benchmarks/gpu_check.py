@@ -1473,16 +1473,16 @@ def format_plan(budgets: dict[str, float], args) -> str:
     figures of H200; not in --smoke) and the budget over it, and what it runs; then what the default run
     leaves out."""
     lines = [f"gpu_check plan{' --smoke' if args.smoke else ''} at --total_s={args.total_s:g}:",
-             f"{'part':<12}{'budget':>8}{'floor':>7}{'need':>7}{'x need':>7}  runs"]
+             f"{'part':<14}{'budget':>8}{'floor':>7}{'need':>7}{'x need':>7}  runs"]
     for name, budget in budgets.items():
         floor = (DEVICE_BUDGET if name == "device" else BUDGETS[name]).of(args.smoke)[1]
         need = part_need(name)
         shown = ("-", "-") if args.smoke else (f"{need:.0f} s", f"{budget / need:.2f}" if need else "-")
         commands = plan_commands(name, args.smoke, args)
-        lines.append(f"{name:<12}{budget:>6.0f} s{floor:>5.0f} s{shown[0]:>7}{shown[1]:>7}  {commands[0]}")
-        lines += [f"{'':<43}{command}" for command in commands[1:]]
-    lines.append(f"{'(stopping)':<12}{2 * GRACE_S:>6.0f} s{'':>21}  kept back to stop the last run")
-    lines.append(f"{'total':<12}{sum(budgets.values()) + 2 * GRACE_S:>6.0f} s")
+        lines.append(f"{name:<14}{budget:>6.0f} s{floor:>5.0f} s{shown[0]:>7}{shown[1]:>7}  {commands[0]}")
+        lines += [f"{'':<45}{command}" for command in commands[1:]]
+    lines.append(f"{'(stopping)':<14}{2 * GRACE_S:>6.0f} s{'':>21}  kept back to stop the last run")
+    lines.append(f"{'total':<14}{sum(budgets.values()) + 2 * GRACE_S:>6.0f} s")
     if set(budgets) == {"device", *DEFAULT_PARTS}:
         lines.append(f"not in the default run: {LEFT_OUT}")
     return "\n".join(lines)
