@@ -102,8 +102,8 @@ against the measured peak, beside mfu against the datasheet's); the tests' outco
 plan's rows; and a summary against BENCHMARKS.md's targets. Beside it, the log (--log): every subprocess's output.
 
 --smoke runs the same parts on the CPU in about a minute (tiny models, a few steps, configs/shakespeare_cpu.py
-shrunk, val loss 3.6, no nanoGPT bench.py, which needs CUDA, and none of bench.py's newer options): a rehearsal
-of the machinery, none of its figures means anything.
+shrunk, val loss 3.6, no nanoGPT bench.py, which needs CUDA, nor the FP8 head): a rehearsal of the machinery,
+none of its figures means anything.
 """
 
 from __future__ import annotations
@@ -292,11 +292,12 @@ TRAIN_MORE_RUNS = (
     ("GPT-2 with biases, the modern model", ["--models=gpt2,modern", "--batch_size=12"], 0),
 )
 # ... and their stand-ins in --smoke: the tiny model, eager (compiling on a CPU takes minutes); one run, as on a
-# GPU, its CUDA graph and cuDNN attention rows skipped (no CUDA) and reported so. (bench.py's newer flags are
-# left out of the rehearsal: it stays at its minute.)
+# GPU, its CUDA graph and cuDNN attention rows skipped (no CUDA) and reported so, its rows profiled (not the FP8
+# head: CUDA only).
 SMOKE_TRAIN_RUNS = (
     ("tiny, with and without biases, cuDNN's attention and one CUDA graph (skipped: no CUDA)",
-     ["--models=tinynobias,tiny", "--batch_size=2", "--sdpa=default,cudnn", "--cuda_graphs=False,True"], 0),
+     ["--models=tinynobias,tiny", "--batch_size=2", "--sdpa=default,cudnn", "--cuda_graphs=False,True",
+      "--profile_step=True"], 0),
 )
 SMOKE_TRAIN_MORE_RUNS = (("tiny, blocks compiled on their own", ["--models=tinynobias", "--batch_size=2"], 0),)
 # bench.py's variant options: a comma list each, one row per combination (run_needs counts the rows; a decode
@@ -331,7 +332,8 @@ def shakespeare_options(smoke: bool) -> tuple[str, ...]:
 DECODE_RUNS = (("compiled, in windows of 1, 16, 8, 32 tokens, profiled",
                 ["--compile=True", "--decode_window=1,16,8,32", "--profile_decode=True"], 2),)
 DECODE_MORE_RUNS = (("eager, beside transformers' eager generate", ["--compile=False", "--hf_reference"], 0),)
-SMOKE_DECODE_RUNS = (("eager", ["--compile=False", "--hf_reference"], 0),)
+SMOKE_DECODE_RUNS = (("eager, in windows of 1 and 4 tokens, profiled",
+                      ["--compile=False", "--hf_reference", "--decode_window=1,4", "--profile_decode=True"], 0),)
 # The tests part: tests/test_cudagraph_cuda.py first, on its own (the graphed step, its capture compiled and
 # beside an asynchronous save), then the files of the newest CUDA code (the decode window, the FP8 head), then,
 # where the part's time holds them, the other files holding CUDA tests (they passed on 2026-11-28); a test
@@ -1589,8 +1591,7 @@ def summarise(report: dict, smoke: bool) -> dict:
     nobias = "tinynobias" if smoke else "gpt2nobias"
     at_12 = [r for r in train if r["model"] == nobias and r["batch_size"] == (2 if smoke else 12)]
     best_12 = min(at_12, key=lambda r: r["ms"], default=None)
-    default_12 = next((r for r in at_12 if not r.get("fp8_head") and r.get("loss_slice_rows", 0) is not None
-                       and r.get("profile")), None)
+    default_12 = next((r for r in at_12 if r.get("profile") and not r.get("fp8_head")), None)  # (the bf16 head's)
     best = max((r for r in train if r["model"] in (nobias, nobias.removesuffix("nobias"))),
                key=lambda r: r["tokens_per_s"], default=None)
     name = report["device"].get("name") or ""

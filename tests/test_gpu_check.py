@@ -90,6 +90,19 @@ def test_smoke_runs_every_part_or_says_why_not(smoke):
         assert plain["late_over_early"] > 0 and report["parts"]["steps"]["windows"]["late"] == [101, 120]
         assert report["summary"]["shakespeare_ms_per_step_late"]["value"] == plain["late_ms"]
     assert set(report["summary"]) >= {"train_12x1024_no_bias", "decode_compiled_batch1_tokens_per_s", "prefill_ms"}
+    # bench.py's newer flags where this checkout's bench.py has them (else left out, and said so): decode rows a
+    # window each with host and GPU microseconds per token, training rows profiled by kind
+    flags = gpu_check.bench_flags()
+    ours = [r for r in report["rows"] if r["kind"] == "decode" and r["model"] == "tiny"]
+    if "decode_window" in flags and "profile_decode" in flags:
+        assert [r["decode_window"] for r in ours] == [1, 4] and all(r["host_us_per_token"] > 0 for r in ours)
+    else:
+        assert "--decode_window" in report["parts"]["decode"]["lacking_flags"]
+    if "profile_step" in flags:
+        profile = report["summary"]["train_12x1024_no_bias"]["profile_default"]
+        assert set(profile) == {"matmul", "attention", "head_loss", "optimizer", "other"}
+    else:
+        assert report["parts"]["train"]["lacking_flags"] == ["--profile_step"]
     # transformers' eager generate of the same shape, beside our eager decode
     assert any(r["model"] == "tiny (transformers)" and r["tokens_per_s"] > 0 for r in report["rows"])
     assert report["summary"]["decode_eager_vs_transformers"]["value"] > 0
