@@ -421,7 +421,8 @@ def test_every_default_part_gets_what_its_commands_need_by_the_h200s_figures(tmp
     assert gpu_check.DEFAULT_TOTAL_S[False] <= 580  # (with pip's install of the wheel, inside a 600-s call)
     # the runs' needs follow the commands: one per pytest run, bench.py run, train.py run; a bench.py run's rows
     # measured as time allows are not in it
-    assert len(gpu_check.run_needs("tests")) == len(gpu_check.cuda_test_runs()) == (3 if complete else 2)
+    groups = 3 if set(gpu_check.NEW_TESTS) & set(gpu_check.cuda_test_files()) else 2  # (the newest files' own)
+    assert len(gpu_check.run_needs("tests")) == len(gpu_check.cuda_test_runs()) == groups and (groups == 3 or not complete)
     assert [label for label, _ in gpu_check.run_needs("steps")[1:]] == [label for label, _ in gpu_check.STEP_RUNS]
     assert gpu_check.bench_rows(["--models=a,b", "--batch_size=12", "--cuda_graphs=False,True"]) == 4
     micro = dict(gpu_check.run_needs("train"))["micro-batches 32, 24, 16 as one CUDA graph"]
