@@ -472,7 +472,7 @@ def test_dry_run_prints_each_part_its_budget_and_what_it_runs(tmp_path, capsys, 
     assert "--fp8_head" not in text.replace("left out: --fp8_head", "") and "--decode_window=1,16,8,32" in text
     with_every_flag_and_test_file(monkeypatch)
     text = "\n".join(dry_run_table(tmp_path, capsys))
-    assert "left out" not in text and "--profile_step=True --fp8_head=False,True" in text
+    assert "left out" not in text and "--profile_step=True --loss_chunk=default,plain --fp8_head=False,True" in text
     assert "--decode_window=1,16,8,32 --profile_decode=True" in text and "tests/test_fp8.py" in text
 
 
