@@ -147,8 +147,8 @@ class Figure:
 # compiles and every launch-bound step took 1.3-2x the first's (nanoGPT's iter lines 15-17 ms against 8), and
 # three parts ran out of budgets made from the first run alone. run_needs() adds the figures up for each run of
 # a part, from the very commands the part runs (start + compile + steps x ms per step); the default budgets hold
-# what the default parts need (tests/test_gpu_check.py fails where one does not), so that a change to a part
-# cannot silently starve it.
+# NEED_MARGIN x what the default parts need (tests/test_gpu_check.py fails where one does not), so that a change
+# to a part cannot silently starve it.
 H200 = {
     "torch_start_s": Figure(9.0, "11-28 gpu_check.log, device: a python with torch, CUDA's start and the matmul "
                                  "peak, 10.0 s, less the peak's 1 s of warm-up (11-26: 4.5 s in all)"),
