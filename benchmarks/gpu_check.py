@@ -94,7 +94,8 @@ the part say so. The parts, in order (the default run: device to tests):
                compiled; GPT-2 with biases, the modern model
 
 It writes --out, a JSON file, rewritten whole after every part and every bench.py run, with the summary of what
-is measured so far (so a check cut short, by the call's limit say, keeps every row it measured): the date, the
+is measured so far (so a check cut short, by the call's limit say, keeps every row it measured; SIGTERM stops
+the running subprocess and the JSON says where the check was cut): the date, the
 command, the device, torch, the git commit, the budgets and needs, what was missing, NVML's readings; every
 part's status (ok, failed, timeout or skipped), seconds, time budget and reason, and its runs (command, exit
 code, seconds, and the last lines of one that failed); every bench.py row, each with mfu_measured_peak (MFU
@@ -506,11 +507,14 @@ class Check:
     def python(self, *args: str) -> list[str]:
         return python(*args)
 
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
     def write(self) -> None:
         """The JSON, rewritten whole (beside it first, then moved: never half a file) after every part and every
         bench.py run, with the summary of what is measured so far: a check cut short (the call's limit, a
         crash) keeps what it measured."""
-        self.report["elapsed_s"] = round(time.monotonic() - self.started, 1)
+        self.report["elapsed_s"] = round(self.elapsed(), 1)
         try:
             add_measured_mfu(self.report)
             self.report["summary"] = summarise(self.report, self.smoke)
@@ -1803,6 +1807,11 @@ def parse_args(argv: list[str] | None):
 NOT_ASKED = "not in --parts"  # (a part's reason where it was not asked for)
 
 
+def interrupt(signum, frame) -> None:
+    """SIGTERM's handler while the check runs: as Ctrl-C."""
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 @cli.entry_point()
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
@@ -1817,6 +1826,10 @@ def main(argv: list[str] | None = None) -> dict:
           f"JSON {args.out}, log {args.log}", flush=True)
     if args.missing:  # (before any part would look for it, or try a download)
         print(args.missing, flush=True)
+    # SIGTERM (a time limit around the whole call) as Ctrl-C: the running subprocess is stopped, and the JSON
+    # says where the check was cut before it exits
+    terminated = signal.signal(signal.SIGTERM, interrupt)
+    name = None
     try:
         no_device = None
         for name in PARTS:
@@ -1831,7 +1844,13 @@ def main(argv: list[str] | None = None) -> dict:
                 no_device = ("no CUDA device here: run it on a GPU, or --smoke for the CPU rehearsal"
                              if check.report["device"] else "the device could not be read (see the log)")
             check.write()  # (after every part: what it measured is on disk before the next starts)
+    except KeyboardInterrupt as e:
+        check.report["cut_short"] = (f"interrupted ({e or 'Ctrl-C'}) {check.elapsed():.0f} s in, during the part "
+                                     f"{name}: its rows so far and every earlier part's are here")
+        check.write()
+        raise
     finally:
+        signal.signal(signal.SIGTERM, terminated)
         check.close()
     print_summary(check.report)
     print(f"wrote {args.out} and {args.log}")

@@ -5,6 +5,7 @@ limit without losing the rest, a failed bench.py row, a failed nanoGPT run, a mi
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -639,7 +640,8 @@ def train_row(batch: int) -> dict:
 def test_a_check_cut_short_keeps_on_disk_what_it_measured(tmp_path, monkeypatch):
     """The JSON is rewritten as each bench.py run ends (a snapshot taken by the part's second run holds the
     first run's rows) and as each part ends, with the summary of what is there: a check cut short in a later
-    part (the call's limit: here an interrupt) leaves every row measured before it in the JSON under --out."""
+    part (the call's limit: here an interrupt, as SIGTERM is made) leaves every row measured before it in the JSON
+    under --out, and says where it was cut."""
     monkeypatch.setattr(gpu_check, "MIN_RUN_S", 0)
     out, snapshot = tmp_path / "out" / "check.json", tmp_path / "mid_part.json"
 
@@ -658,16 +660,22 @@ def test_a_check_cut_short_keeps_on_disk_what_it_measured(tmp_path, monkeypatch)
 
     def cut(check, args):
         on_disk.update(json.loads(out.read_text()))
-        raise KeyboardInterrupt  # (the call's limit, mid-part)
+        handler = signal.getsignal(signal.SIGTERM)
+        assert handler is gpu_check.interrupt  # (while the check runs)
+        handler(signal.SIGTERM, None)  # (the call's limit, mid-part)
 
     monkeypatch.setitem(gpu_check.PARTS, "shakespeare", cut)
+    before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit, match="interrupted"):
         gpu_check.main(["--smoke", "--parts=train,shakespeare", f"--out={out}"])
+    assert signal.getsignal(signal.SIGTERM) is before
     mid = json.loads(snapshot.read_text())
     assert [r["batch_size"] for r in mid["rows"]] == [2] and "train" not in mid["parts"]
     assert mid["summary"]["train_12x1024_no_bias"]["ms"] == 20.0  # (the summary of the rows so far)
     assert [r["batch_size"] for r in on_disk["rows"]] == [2, 4] and on_disk["parts"]["train"]["status"] == "ok"
-    assert json.loads(out.read_text())["rows"] == on_disk["rows"]  # (still there after the cut)
+    final = json.loads(out.read_text())  # (still there after the cut, saying where it was cut)
+    assert final["rows"] == on_disk["rows"] and "(SIGTERM)" in final["cut_short"]
+    assert "during the part shakespeare" in final["cut_short"]
     assert not out.with_name(out.name + ".partial").exists()
 
 
