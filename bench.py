@@ -44,7 +44,9 @@ The bias: a model name with "nobias" appended (gpt2nobias) is the same shape
 without biases, as nanoGPT's bench.py (bias=False) times it.
 
 Decoding times gptkit/generate.py's loop with and without the KV cache (with the compiled one-token step of
-generate.compile_decode_step when compile is on), at batch sizes --decode_batch (--hf_reference: beside
+generate.compile_decode_step when compile is on), at batch sizes --decode_batch, with the cache a row per
+--decode_window K (K tokens per call: K steps in one compiled function, one CUDA graph; each K compiled
+afresh), --profile_decode adding a step's host and device kernel microseconds (--hf_reference: beside
 transformers' eager generate of the same GPT-2 shape, the reference), and its prefill of a prompt
 (--prefill_tokens, 1,000 by default: ms per prefill). Warm-up and compilation are excluded (a compiled row
 says its compile time, compile_s); each figure is the median of several repeats, timed with CUDA events on a
@@ -64,7 +66,8 @@ CPU: the process's peak resident memory during the row), device, device_name, dt
 compile_s, the compile time of a compiled decode step), status (ok, skipped or failed; the measurements None
 unless ok) and reason, plus a few per kind (train: optimizer, optimizer_ms, optimizer_share,
 loss_slice_rows: rows per slice of the loss, None if plain, flops_per_token, and the variant's sdpa,
-compile_mode, compile_optimizer).
+compile_mode, compile_optimizer; decode: decode_window, and host_us_per_token and gpu_us_per_token, None
+unless --profile_decode: see profile_decode).
 """
 
 from __future__ import annotations
@@ -91,7 +94,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from gptkit import cli
 from gptkit.config import TrainConfig
 from gptkit.cudagraph import GraphedStep
-from gptkit.generate import SamplingOptions, compile_decode_step, generate_stream, prefill
+from gptkit.generate import SamplingOptions, compile_decode_step, generate_blocks, prefill
 from gptkit.metrics import peak_flops
 from gptkit.optim import make_optimizer
 from gptkit.options import ConfigError, load_config, setting
@@ -236,7 +239,7 @@ def make_row(kind: str, name: str, rt: Runtime, status: str = "ok", reason: str 
 TRAIN_MEASURES = ("params_M", "tokens_per_s", "ms", "mfu", "peak_mem_mb", "optimizer", "optimizer_ms",
                   "optimizer_share", "loss_slice_rows", "flops_per_token", "first_step_s")
 # ... and of a decode or prefill row.
-DECODE_MEASURES = ("tokens_per_s", "ms", "mfu", "peak_mem_mb", "compile_s")
+DECODE_MEASURES = ("tokens_per_s", "ms", "mfu", "peak_mem_mb", "compile_s", "host_us_per_token", "gpu_us_per_token")
 
 
 def unmeasured_row(kind: str, name: str, rt: Runtime, status: str, reason: str, **fields) -> dict:
@@ -526,7 +529,8 @@ def bench_decode(name: str, rt: Runtime, args) -> Iterator[dict]:
         except Exception as e:
             if not recoverable(e, args):
                 raise
-            yield failed_row(e, "decode", name, rt, batch_size=batch, seq_len=new, compile=use_compile)
+            yield failed_row(e, "decode", name, rt, batch_size=batch, seq_len=new, compile=use_compile,
+                             decode_window=None)
     if args.hf_reference:
         try:
             yield hf_reference_row(model, name, rt, args, new)
@@ -573,31 +577,44 @@ def hf_reference_row(model: GPT, name: str, rt: Runtime, args, new: int) -> dict
 
 
 def decode_rows(model: GPT, name: str, rt: Runtime, args, batch: int, new: int, use_compile: bool) -> Iterator[dict]:
-    """The decode rows of one batch size: with the KV cache (through the compiled step when compiling, whose
-    compile time is the row's compile_s) and, unless --skip_nocache, without it."""
+    """The decode rows of one batch size: with the KV cache, a row per --decode_window K (K tokens per call, through
+    the compiled step or window when compiling, whose compile time is the row's compile_s) and, unless
+    --skip_nocache, without it (one token per step). With --profile_decode each row also says where a token's
+    time goes (profile_decode)."""
+    for window in args.decode_window:
+        yield decode_row(model, name, rt, args, batch, new, use_compile, window)
+    if not args.skip_nocache:
+        yield decode_row(model, name, rt, args, batch, new, False, 1, use_cache=False)
+
+
+def decode_row(model: GPT, name: str, rt: Runtime, args, batch: int, new: int, use_compile: bool, window: int,
+               use_cache: bool = True) -> dict:
+    """One decode row: `new` tokens per run for `batch` random 16-token prompts, `window` tokens per call.
+    Without the cache it is nanoGPT's decoder, a full forward over the last block_size tokens per token; with
+    it, one-token steps or windows. Past block_size both slide the window one token at a time (the default)."""
     step_fn, compile_s = None, None
-    if use_compile:  # a fresh static graph for this batch size (a recompile would be counted, not timed)
+    if use_compile:  # a fresh static graph for this batch size and window (a recompile would be counted, not timed)
         torch._dynamo.reset()
         step_fn = compile_decode_step(rt.device)
-        t0 = time.perf_counter()  # the first steps compile the step: timed apart, as compile_s
-        time_decode(model, 4, batch_size=batch, prompt_tokens=16, step_fn=step_fn, repeats=1, warmup_tokens=0)
+        t0 = time.perf_counter()  # the first steps compile the step or window: timed apart, as compile_s
+        time_decode(model, 4 if window == 1 else window + 1, batch_size=batch, prompt_tokens=16, step_fn=step_fn,
+                    window=window, repeats=1, warmup_tokens=0)
         compile_s = time.perf_counter() - t0
-    for use_cache in (True, False):
-        if not use_cache and args.skip_nocache:
-            continue
-        # Without the cache: nanoGPT's decoder, a full forward over the last block_size tokens per token.
-        # With it: one-token steps. Past block_size both slide the window one token at a time (the default).
-        options = SamplingOptions()
-        reset_peak_memory(rt)
-        sec = statistics.median(time_decode(
-            model, new, options, batch_size=batch, prompt_tokens=16, use_cache=use_cache,
-            step_fn=step_fn if use_cache else None, repeats=args.decode_repeats, budget_s=args.row_budget_s))
-        compiled = use_compile and use_cache
-        yield make_row(
-            "decode", name, rt, batch_size=batch, seq_len=new, prompt_tokens=16, kv_cache=use_cache,
-            tokens_per_s=batch * new / sec, ms=sec / new * 1000, mfu=None, peak_mem_mb=peak_memory_mb(rt),
-            compile=compiled, compile_s=compile_s if compiled else None,
-        )
+    options = SamplingOptions()
+    reset_peak_memory(rt)
+    sec = statistics.median(time_decode(
+        model, new, options, batch_size=batch, prompt_tokens=16, use_cache=use_cache, step_fn=step_fn,
+        window=window, repeats=args.decode_repeats, budget_s=args.row_budget_s))
+    peak = peak_memory_mb(rt)
+    host_us = gpu_us = None
+    if args.profile_decode:
+        host_us, gpu_us = profile_decode(model, new, options, batch_size=batch, prompt_tokens=16,
+                                         use_cache=use_cache, step_fn=step_fn, window=window)
+    return make_row(
+        "decode", name, rt, batch_size=batch, seq_len=new, prompt_tokens=16, kv_cache=use_cache,
+        decode_window=window, tokens_per_s=batch * new / sec, ms=sec / new * 1000, mfu=None, peak_mem_mb=peak,
+        compile=use_compile, compile_s=compile_s, host_us_per_token=host_us, gpu_us_per_token=gpu_us,
+    )
 
 
 def prefill_row(model: GPT, name: str, rt: Runtime, args, n_prompt: int) -> dict:
@@ -629,6 +646,7 @@ def time_decode(
     prompt_tokens: int = 1,
     use_cache: bool = True,
     step_fn: Callable | None = None,
+    window: int = 1,
     repeats: int = 3,
     warmup_tokens: int = 8,
     seed: int = 0,
@@ -638,9 +656,29 @@ def time_decode(
     (with budget_s, no new run once the runs add up to that many seconds; at least one runs).
 
     options: how to sample (None: temperature 1, the default window). It must have no stop token, so that
-    every run decodes exactly max_new_tokens tokens. A short warm-up run first takes one-off costs
-    (allocations, compilation, CUDA graph recording) out of the timing.
+    every run decodes exactly max_new_tokens tokens. window: tokens per call (generate.generate_blocks). A short
+    warm-up run first takes one-off costs (allocations, compilation, CUDA graph recording) out of the timing.
     """
+    decode, device = decoder(model, options, batch_size=batch_size, prompt_tokens=prompt_tokens,
+                             use_cache=use_cache, step_fn=step_fn, window=window, seed=seed)
+    if warmup_tokens:
+        decode(warmup_tokens)
+        synchronize(device)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        decode(max_new_tokens)
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+        if budget_s and sum(times) >= budget_s:
+            break
+    return times
+
+
+def decoder(model: GPT, options: SamplingOptions | None, *, batch_size: int, prompt_tokens: int, use_cache: bool,
+            step_fn: Callable | None, window: int, seed: int = 0) -> tuple[Callable[[int], None], torch.device]:
+    """decode(n): n tokens of generate's loop for batch_size random prompts, without waiting for the device at
+    the end; and the device. options must have no stop token, so that every run decodes exactly n tokens."""
     options = options if options is not None else SamplingOptions()
     if options.stop_token is not None:
         raise ValueError("time_decode: options.stop_token must be None (a stop would end runs early)")
@@ -650,22 +688,47 @@ def time_decode(
     prompt = torch.randint(model.config.vocab_size, (batch_size, prompt_tokens), generator=generator, device=device)
 
     def decode(n: int) -> None:
-        stream = generate_stream(model, prompt, n, options, generator=generator, use_cache=use_cache, step_fn=step_fn)
-        for _ in stream:
+        for _ in generate_blocks(model, prompt, n, options, generator=generator, use_cache=use_cache,
+                                 step_fn=step_fn, window=window):
             pass
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
 
-    if warmup_tokens:
-        decode(warmup_tokens)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        decode(max_new_tokens)
-        times.append(time.perf_counter() - t0)
-        if budget_s and sum(times) >= budget_s:
-            break
-    return times
+    return decode, device
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def profile_decode(model: GPT, new: int, options: SamplingOptions | None = None, *, batch_size: int = 1,
+                   prompt_tokens: int = 16, use_cache: bool = True, step_fn: Callable | None = None,
+                   window: int = 1) -> tuple[float, float | None]:
+    """Where a decode step's time goes (a token of every row), in microseconds: (host, kernels).
+
+    host: the Python side, the wall time of the decode's loop up to its last launch, before waiting for the
+    device at the end (with no stop token the loop never waits for the device, bar a full launch queue); on a
+    CPU, which computes as it goes, that is all of it. kernels: the device's kernel time by torch.profiler (the
+    sum of every CUDA kernel's), on a CPU the operators' own CPU time (their self time, so none counted twice).
+    On a GPU host >> kernels says the host is the bottleneck; on the CPU host - kernels is Python's share.
+    One untimed run first (allocations, compilation), then one of each."""
+    decode, device = decoder(model, options, batch_size=batch_size, prompt_tokens=prompt_tokens,
+                             use_cache=use_cache, step_fn=step_fn, window=window)
+    decode(new)
+    synchronize(device)
+    t0 = time.perf_counter()
+    decode(new)
+    host = time.perf_counter() - t0
+    synchronize(device)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        decode(new)
+        synchronize(device)
+    kind = torch.autograd.DeviceType.CUDA if device.type == "cuda" else torch.autograd.DeviceType.CPU
+    events = [e for e in prof.key_averages() if e.device_type == kind]
+    kernels = sum(e.self_device_time_total if device.type == "cuda" else e.self_cpu_time_total for e in events)
+    return host / new * 1e6, (kernels / new if kernels else None)  # (None: the profiler saw no kernel)
 
 
 def decode_benchmark(
@@ -733,8 +796,8 @@ def table_header(kind: str) -> str:
         return (f"{'train':<12}{'params':>9}{'T':>6}{'batch':>9}{'loss by':>11}{'ms/step':>10}{'tokens/s':>12}"
                 f"{'MFU':>7}{'optimizer':>16}{'peak mem':>11}  variant")
     if kind == "decode":
-        return (f"{'decode':<12}{'batch':>6}{'KV cache':>10}{'compiled':>10}{'new tokens':>12}{'tokens/s':>12}"
-                f"{'ms/token':>10}{'peak mem':>11}")
+        return (f"{'decode':<12}{'batch':>6}{'KV cache':>10}{'window':>8}{'compiled':>10}{'new tokens':>12}"
+                f"{'tokens/s':>12}{'ms/token':>10}{'peak mem':>11}{'host us':>9}{'gpu us':>8}")
     return f"{'prefill':<12}{'prompt tokens':>14}{'ms':>10}{'tokens/s':>12}"
 
 
@@ -771,8 +834,11 @@ def table_line(r: dict) -> str:
                 f"{r['tokens_per_s']:>12,.0f}{mfu:>7}{opt:>16}{mem:>11}  {variant_text(r)}")
     if r["kind"] == "decode":
         compiled = f"{r['compile_s']:.0f} s" if r["compile"] else "no"  # with the compile time
-        return (f"{r['model']:<12}{r['batch_size']:>6}{'yes' if r['kv_cache'] else 'no':>10}{compiled:>10}"
-                f"{r['seq_len']:>12}{r['tokens_per_s']:>12,.1f}{r['ms']:>10.2f}{mem:>11}")
+        host, gpu = (f"{r[k]:,.0f}" if r.get(k) is not None else "-" for k in ("host_us_per_token",
+                                                                               "gpu_us_per_token"))
+        return (f"{r['model']:<12}{r['batch_size']:>6}{'yes' if r['kv_cache'] else 'no':>10}"
+                f"{r.get('decode_window') or 1:>8}{compiled:>10}{r['seq_len']:>12}{r['tokens_per_s']:>12,.1f}"
+                f"{r['ms']:>10.2f}{mem:>11}{host:>9}{gpu:>8}")
     return f"{r['model']:<12}{r['seq_len']:>14}{r['ms']:>10.2f}{r['tokens_per_s']:>12,.0f}"
 
 
@@ -861,6 +927,11 @@ class BenchConfig:
     decode_batch: list[int] = setting([1, 8], "decode batch sizes, a row each")
     decode_tokens: int = setting(0, "new tokens per decode run (0: 100 CPU, 200 GPU)")
     decode_repeats: int = setting(3, "timed decode runs per row (median)")
+    decode_window: list[int] = setting([1], "decode tokens per call with the KV cache, a row each: 1 = a token per "
+                                            "step, K > 1 = K steps in one function (one CUDA graph compiled)")
+    profile_decode: bool = setting(False, "decode rows also say a step's host microseconds (host_us_per_token) and "
+                                          "device kernel microseconds by torch.profiler (gpu_us_per_token; on the "
+                                          "CPU the operators' CPU time)")
     prefill_tokens: int = setting(1000, "prompt length for the prefill timing")
     row_budget_s: float = setting(10.0, "decode and prefill: no new timed run once a row's add up to this many "
                                         "seconds (at least one; 0: --decode_repeats always)")
@@ -882,7 +953,8 @@ class BenchConfig:
             parse_loss_chunk(value)  # a one-line error naming --loss_chunk
         # Out-of-range counts would otherwise fail deep inside (a median of no timings, empty batches) with a
         # traceback. None means "not given": main picks the device's default.
-        for name, low in (("batch_size", 0), ("decode_batch", 1), ("accum", 1), ("warmup", 0), ("repeats", 1),
+        for name, low in (("batch_size", 0), ("decode_batch", 1), ("decode_window", 1), ("accum", 1), ("warmup", 0),
+                          ("repeats", 1),
                           ("decode_tokens", 0), ("decode_repeats", 1), ("prefill_tokens", 1), ("row_budget_s", 0)):
             value = getattr(self, name)
             for v in value if isinstance(value, list) else [value]:

@@ -13,10 +13,11 @@ On a terminal the replies follow an "assistant>" label; from a pipe (stdin not a
 block of text followed by a blank line, and notes go to stderr, so the output can be scripted and tested.
 
 The prompt is gptkit/chat.py's template, the one the training data and the server use; the decoding is the
-server's engine (gptkit/serving/engine.py) with a single row, and its prefix cache: the conversation's keys and
-values stay in the row between turns, so each message computes only its own tokens, however long the history
-(until messages are dropped: the prompt then starts otherwise, and is computed again from the system message).
-It keeps at most CONTEXTS_KEPT contexts' worth of keys and values.
+server's engine (gptkit/serving/engine.py) with a single row (on a GPU 16 tokens per compiled call; the reply
+still ends at its stop token), and its prefix cache: the conversation's keys and values stay in the row
+between turns, so each message computes only its own tokens, however long the history (until messages are
+dropped: the prompt then starts otherwise, and is computed again from the system message). It keeps at most
+CONTEXTS_KEPT contexts' worth of keys and values.
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ from typing import TextIO
 from gptkit import checkpoint, cli
 from gptkit.chat import ChatError, ChatTokens, fit_history, prompt_ids
 from gptkit.config import SamplingSettings
-from gptkit.generate import TextStream
+from gptkit.generate import DECODE_WINDOW, TextStream
 from gptkit.inference import setup_inference
 from gptkit.options import ConfigError, load_config, redefault, setting
+from gptkit.runtime import resolve_compile
 from gptkit.serving.engine import Engine, Finished, Request
 from gptkit.serving.prefix_cache import token_bytes
 from gptkit.shards import DataError
@@ -173,9 +175,12 @@ def main(argv: list[str] | None = None) -> None:
           + ("; /reset, /system TEXT, /quit; Ctrl-C stops a reply" if interactive else ""), file=sys.stderr,
           flush=True)
     # The prefix cache holds this one conversation: a few contexts' worth (its history, and what /reset or
-    # dropped messages left behind), not the server's share of the machine's memory.
+    # dropped messages left behind), not the server's share of the machine's memory. Where the engine compiles
+    # its step (a GPU), replies come DECODE_WINDOW tokens per call, their windows compiled at start.
+    compiled, _ = resolve_compile(None, inference.rt.device)
     engine = Engine(model, max_batch=1, max_queue=0,
-                    prefix_cache=CONTEXTS_KEPT * model.config.block_size * token_bytes(model)).start()
+                    prefix_cache=CONTEXTS_KEPT * model.config.block_size * token_bytes(model),
+                    window=DECODE_WINDOW if compiled else 1, window_sampling=cfg.sampling()).start()
     try:
         converse(Chat(engine, tokenizer, cfg, sys.stdout, sys.stderr), sys.stdin, interactive)
     finally:

@@ -9,8 +9,8 @@ so `python sample.py ... > out.txt` captures the text only. Every bad input ends
 This script loads the model and its tokenizer and prints; the decoding loop itself is gptkit/generate.py's.
 Speed: decoding uses the model's KV cache, so each new token costs one single-token forward instead of a
 forward over the whole context. On CUDA the weights are cast to bf16 (decoding is memory-bound: half the bytes
-per token) and, with compile on, the single-token step (the forward and the token's draw) runs as one CUDA
-graph. Compiling takes tens of seconds, so --compile=auto (the default) compiles only a decode long enough to
+per token) and, with compile on, DECODE_WINDOW (16) single-token steps (each the forward and the token's
+draw) run as one CUDA graph, one launch per 16 tokens (generate.py, "Many tokens per call"). Compiling takes tens of seconds, so --compile=auto (the default) compiles only a decode long enough to
 repay that (generate.compile_decision) and says on stderr which it chose. `python bench.py` times it.
 Past block_size each token is predicted from exactly the last block_size tokens, as in nanoGPT (the same tokens:
 a forward over the whole window per token there); --window_shift=N moves the window N tokens at a time instead,
@@ -30,13 +30,14 @@ import torch
 from gptkit import checkpoint, cli
 from gptkit.config import SamplingSettings
 from gptkit.generate import (
+    DECODE_WINDOW,
     TOKEN_BYTES,
     SamplingOptions,
     TextStream,
     check_decode_memory,
     compile_decision,
     compile_decode_step,
-    generate_stream,
+    generate_blocks,
 )
 from gptkit.inference import setup_inference
 from gptkit.options import Alias, ConfigError, load_config, setting
@@ -121,7 +122,7 @@ def prompt_ids(text: str, tokenizer: Tokenizer) -> list[int]:
 # ----------------------------------------------------------------------------- generating
 
 # What a token of a sample costs, for the check that --max_new_tokens fits before anything is allocated: on the
-# decoding device generate_stream's buffer and generate_ids' (int64 each); in RAM its id in the rows (an 8-byte
+# decoding device generate_blocks' buffer and generate_ids' (int64 each); in RAM its id in the rows (an 8-byte
 # pointer and, past id 256, a 32-byte int) and its text (the decoded bytes, the string, the sample's copy).
 # Measured with a tiny GPT-2-vocabulary model on the CPU: ~76 bytes a token in all at 9 characters a token.
 DEVICE_BYTES_PER_TOKEN = 2 * TOKEN_BYTES
@@ -145,13 +146,14 @@ def generate_ids(
     generator: torch.Generator | None = None,
     step_fn: Callable | None = None,
     use_cache: bool = True,
-    on_step: Callable[[torch.Tensor], None] | None = None,
+    window: int = 1,
+    on_block: Callable[[torch.Tensor], None] | None = None,
 ) -> list[list[int]]:
     """Continue `prompt` num_samples times, as one batch; the new ids of each sample, cut before the options'
-    stop_token.
+    stop_token. window: the decode's tokens per call (generate.generate_blocks; the same tokens).
 
-    on_step gets each step's tokens (num_samples,) as they are produced (streaming). Without it the tokens
-    stay on the device until the end: no per-token host synchronisation.
+    on_block gets each block of new tokens (num_samples, n) as it is produced (streaming: n = 1 a step, a
+    window's tokens at once). Without it the tokens stay on the device until the end: no host synchronisation.
     """
     options = options if options is not None else SamplingOptions()
     device = model.transformer.wte.weight.device
@@ -160,13 +162,13 @@ def generate_ids(
     # One buffer for the new tokens (a list of per-step tensors would cost ~0.5 KB a step, not 8 bytes a token)
     new = torch.empty(num_samples, max_new_tokens, dtype=torch.long, device=device)
     n = 0
-    for nxt in generate_stream(
-        model, idx, max_new_tokens, options, generator=generator, use_cache=use_cache, step_fn=step_fn
+    for block in generate_blocks(
+        model, idx, max_new_tokens, options, generator=generator, use_cache=use_cache, step_fn=step_fn, window=window
     ):
-        new[:, n] = nxt
-        n += 1
-        if on_step is not None:
-            on_step(nxt)
+        new[:, n : n + block.size(1)] = block
+        n += block.size(1)
+        if on_block is not None:
+            on_block(block)
     return [cut_at(row, options.stop_token) for row in new[:, :n].tolist()]
 
 
@@ -179,8 +181,9 @@ def cut_at(ids: list[int], stop_token: int | None) -> list[int]:
 
 class Printer:
     """Writes the samples to `out`: each is the prompt and its continuation, then a newline, after a header
-    line when there are several. With streaming (`stream_first`, then `on_step` for every step) the first
-    sample appears token by token as it is generated, up to the stop token; `finish` writes what is left."""
+    line when there are several. With streaming (`stream_first`, then `on_block` for every block of tokens) the
+    first sample appears as it is generated, up to the stop token (a window's tokens after it are never shown);
+    `finish` writes what is left."""
 
     def __init__(self, out: TextIO, tokenizer: Tokenizer, prompt_text: str, num_samples: int, stop: int | None):
         self.out = out
@@ -196,24 +199,24 @@ class Printer:
             self.out.write(f"---------- sample {i + 1}/{self.num_samples} ----------\n")
 
     def stream_first(self) -> Callable[[torch.Tensor], None]:
-        """Start streaming the first sample of the batch; returns the on_step for generate_ids."""
+        """Start streaming the first sample of the batch; returns the on_block for generate_ids."""
         self.header(0)
         self.out.write(self.prompt_text)
         self.out.flush()
         self.stream = TextStream(self.tokenizer)
-        return self.on_step
+        return self.on_block
 
-    def on_step(self, nxt: torch.Tensor) -> None:
+    def on_block(self, block: torch.Tensor) -> None:
         if self.stream is None or self.stopped:
             return
-        token = int(nxt[0])  # the one host synchronisation per token that streaming needs
-        if token == self.stop:
-            self.stopped = True
-            return
-        piece = self.stream.push(token)
-        if piece:
-            self.out.write(piece)
-            self.out.flush()
+        for token in block[0].tolist():  # the one host synchronisation per block that streaming needs
+            if token == self.stop:
+                self.stopped = True
+                return
+            piece = self.stream.push(token)
+            if piece:
+                self.out.write(piece)
+                self.out.flush()
 
     def finish(self, texts: list[str]) -> None:
         """Write every sample not streamed, and the end of the streamed one."""
@@ -265,7 +268,8 @@ def run(cfg: SampleConfig, out: TextIO | None = None, err: TextIO | None = None)
         cfg.sampling(stop_token=tokenizer.eot_id),
         generator=torch.Generator(device=rt.device).manual_seed(cfg.seed),  # the only randomness: sampling
         step_fn=step_fn,
-        on_step=printer.stream_first() if stream else None,
+        window=DECODE_WINDOW if use_compile else 1,  # (the eager step gains nothing from windows)
+        on_block=printer.stream_first() if stream else None,
     )
     texts = [prompt_text + tokenizer.decode(row) for row in new_ids]
     printer.finish(texts)

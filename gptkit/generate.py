@@ -10,8 +10,12 @@
     prefill                  one forward over a window (B, T) that fills the KV cache -> logits (B, V)
     decode_one_token         one cached step: tokens (B, 1) at position pos (1,) or (B, 1) -> logits (B, V)
     decode_step              decode_one_token and next_token: the whole step, tokens (B, 1) -> next tokens (B,)
-    compile_decode_step      decode_step compiled (a CUDA graph on a GPU), and when --compile=auto does it
-    generate_stream          the loop: yields the next token of every sequence, (B,), step by step
+    compile_decode_step      decode_step and its windows compiled (a CUDA graph on a GPU), and when --compile=auto
+                             does it
+    decode_window            K decode_steps in one function, the state on the device -> K tokens (K, B)
+    DecodeWindow             decode_window for one model, batch size, options and K, eager or compiled
+    generate_blocks          the loop: yields the next tokens of every sequence, (B, 1) a step or (B, K) a window
+    generate_stream          the same a token at a time, (B,)
     generate                 the prompts with their continuations, (B, T + n)
     check_decode_memory      before sizing buffers from a user's max_new_tokens: a one-line error saying what fits
     TextStream               streamed token ids -> text that can be printed at once (whole characters)
@@ -24,14 +28,24 @@ the noise, the preallocated cache), so it compiles to one graph, which mode="red
 CUDA graph per token: the model's forward and the choice of the token (temperature, top-k, top-p, the draw)
 with no host synchronisation and no kernel launches of its own (see compile_decode_step).
 
+Many tokens per call: a window (`window=K` in generate, sample.py's DECODE_WINDOW when compiled) is K
+decode_steps in one function, each step's token fed to the next, the positions advanced and the stop token
+masked on the device, its state (the last token, the position, the finished rows, the K steps' noise) in
+device buffers that the compiled function reaches through its closure, with the model: it takes no input, so
+the host does per K tokens what it did per token (one replay, the noise's draws, one copy of the K tokens
+out), and Dynamo's guards and the CUDA graph's input copies happen once per window. Windows run where K cached
+steps fit before the context must move; the other steps go one token at a time (generate_blocks). The tokens
+are those of one step at a time, bit for bit where the same kernels run (eagerly; the CPU tests).
+
 Drawing a token: the Gumbel-max trick in its exponential form. With E_i ~ Exp(1) independent,
 argmax_i p_i / E_i is token i with probability p_i (the smallest of the "arrival times" E_i / p_i wins), so a
 draw is an argmax over the probabilities and a noise tensor: a few fused element-wise kernels, unlike
 torch.multinomial (a dozen kernels and a host-side check). The noise comes from the caller's seeded
-torch.Generator, drawn outside the compiled step into one buffer per generation (one kernel per token) and
-passed in: a torch.Generator cannot be used inside a compiled graph, and inductor's own in-graph RNG would give
-other numbers than eager. So a seed gives the same tokens eagerly and compiled, cached and uncached, on a
-given device. Logits are float32 (`GPT.head(fp32=True)`) from the head on.
+torch.Generator, drawn outside the compiled step into one buffer per generation (one kernel per token; a
+window's K buffers before it) and passed in: a torch.Generator cannot be used inside a compiled graph, and
+inductor's own in-graph RNG would give other numbers than eager. So a seed gives the same tokens eagerly and
+compiled, cached and uncached, a token or a window at a time, on a given device. Logits are float32
+(`GPT.head(fp32=True)`) from the head on.
 
 The window: the model learned positions 0..block_size-1 only, so it sees at most the last block_size tokens,
 with positions counted from the window's start. `prefill` fills the cache from the whole window; each new
@@ -277,6 +291,9 @@ def decode_step(
 # compiling the baby model's step took ~60 s (~10 s with inductor's on-disk cache warm) and saved ~2.4 of
 # ~15 ms per token: it repays itself only after ~5,000-25,000 tokens, and inductor there needs a C++ compiler
 # that a CPU-only machine may lack.
+# sample.py compiles a window of DECODE_WINDOW steps, not one step: a larger graph, longer to compile (on this
+# project's shared 2-core CPU inductor took ~2.5x a step's time for 4 steps); bench.py's compile_s per
+# --decode_window row measures both sides on the GPU.
 DECODE_COMPILE_COST = {"cuda": (40.0, 4.5)}
 
 
@@ -302,25 +319,141 @@ def compile_decision(device: torch.device, compile: bool | None, new_tokens: int
     return True, f"compiling the decode step (~{seconds:.0f} s; pays from ~{needed:,} tokens)"
 
 
-def compile_decode_step(device: torch.device) -> Callable:
-    """decode_step, compiled with fullgraph=True and static shapes; pass it to generate_stream as `step_fn`.
-
-    On CUDA mode="reduce-overhead" records the step once as a CUDA graph and replays it with one launch per
-    token: the model's forward and the choice of the token, instead of hundreds of small kernel launches.
-    Only the noise (one exponential_ kernel) and the copies of the graph's inputs run outside it. Elsewhere
-    it is inductor's code without CUDA graphs. The prompt's forward (varying length) stays eager.
-
-    dynamic=False: a new batch size or sampling option is a new static graph, never a symbolic-shape one."""
+def decode_compiler(device: torch.device) -> Callable[[Callable], Callable]:
+    """How the decode's functions are compiled: fullgraph=True and static shapes (dynamic=False: a new batch size
+    or sampling option is a new static graph, never a symbolic-shape one); on CUDA mode="reduce-overhead", which
+    records the function once as a CUDA graph and replays it with one launch per call."""
     mode = "reduce-overhead" if device.type == "cuda" else None
-    compiled = torch.compile(decode_step, mode=mode, fullgraph=True, dynamic=False)
+    return lambda fn: torch.compile(fn, mode=mode, fullgraph=True, dynamic=False)
 
-    def step(*args, **kwargs):
+
+class CompiledDecode:
+    """The decode compiled: called as decode_step (generate_stream's `step_fn`), and, for generate_stream's
+    windows, `window(...)`'s DecodeWindow for a model, batch size, options and window size, made and compiled on
+    first use and kept for the next generations (a new one would be a new compilation).
+
+    On CUDA mode="reduce-overhead" replays the one-token step as one CUDA graph per token, or a window as one
+    per K tokens: the model's forward and the choice of the token, instead of hundreds of small kernel launches.
+    Elsewhere it is inductor's code without CUDA graphs. The prompt's forward (varying length) stays eager.
+    compiler: what compiles (default decode_compiler's torch.compile; tests pass a cheaper backend)."""
+
+    def __init__(self, device: torch.device | str, compiler: Callable[[Callable], Callable] | None = None):
+        self.device = torch.device(device)
+        self.compiler = compiler if compiler is not None else decode_compiler(self.device)
+        self._step: Callable | None = None
+        self._windows: dict[tuple, DecodeWindow] = {}
+
+    def __call__(self, *args, **kwargs) -> torch.Tensor:
+        if self._step is None:
+            self._step = self.compiler(decode_step)
         # Inductor's matmuls follow the TF32 flag in force at the call, not the model's no_tf32 inside the
         # head: float32 weights get a float32 head here too (and float32 blocks; bf16 weights are unaffected).
         with no_tf32():
-            return compiled(*args, **kwargs)
+            return self._step(*args, **kwargs)
 
-    return step
+    def window(self, model: GPT, batch: int, options: SamplingOptions, steps: int) -> DecodeWindow:
+        key = (model, batch, options, steps)
+        if key not in self._windows:
+            self._windows[key] = DecodeWindow(model, batch, options, steps, self.device, compiler=self.compiler)
+        return self._windows[key]
+
+
+def compile_decode_step(device: torch.device, compiler: Callable[[Callable], Callable] | None = None) -> CompiledDecode:
+    """The decode step (and its windows) compiled: pass it to generate_stream as `step_fn` (CompiledDecode)."""
+    return CompiledDecode(device, compiler)
+
+
+# ----------------------------------------------------------------------------- K tokens per call: the window
+
+# Tokens per window where the decode is compiled (sample.py). 16 is a first pick, not a measurement: gpu_check's
+# decode rows (bench.py --decode_window=1,8,16,32) decide it.
+DECODE_WINDOW = 16
+
+
+class WindowState(torch.nn.Module):
+    """What a decode window reads and leaves for the next, in device buffers that never move: the token each
+    row feeds in next (last, (B, 1)), its position (pos, (1,)), which rows are finished (finished, (B,)), and
+    the noise of the window's K draws (noise, (K, B, V); None when greedy). They are buffers of a module that
+    the compiled window reaches through its closure, so torch.compile treats them as static inputs: a CUDA
+    graph reads and updates them where they are, with no copy in or out per call."""
+
+    def __init__(self, batch: int, steps: int, vocab_size: int, device: torch.device, sampled: bool):
+        super().__init__()
+        self.register_buffer("last", torch.zeros(batch, 1, dtype=torch.long, device=device), persistent=False)
+        self.register_buffer("pos", torch.zeros(1, dtype=torch.long, device=device), persistent=False)
+        self.register_buffer("finished", torch.zeros(batch, dtype=torch.bool, device=device), persistent=False)
+        noise = torch.empty(steps, batch, vocab_size, dtype=torch.float32, device=device) if sampled else None
+        self.register_buffer("noise", noise, persistent=False)
+
+
+def stop_mask(nxt: torch.Tensor, finished: torch.Tensor, stop_token: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens (B,) with every finished row's replaced by the stop token (a finished sequence keeps emitting
+    it, so the batch stays rectangular), and the rows finished after them (B,)."""
+    if stop_token is None:
+        return nxt, finished
+    nxt = torch.where(finished, torch.full_like(nxt, stop_token), nxt)
+    return nxt, finished | (nxt == stop_token)
+
+
+def decode_window(model: GPT, state: WindowState, options: SamplingOptions, steps: int,
+                  length: int | None = None) -> torch.Tensor:
+    """`steps` one-token steps (K) in one function -> their tokens (K, B): each step's token fed to the next,
+    positions advanced and the stop test made on the device, from the state's buffers, which it leaves ready
+    for the next window (the last token, its position, the finished rows). The noise of step k is
+    state.noise[k]. This is the function to compile: its shapes never change. With `length` (eagerly) step k
+    reads the cache's first length + k slots, as decode_step's eager calls do; without, the whole cache."""
+    token, finished, tokens = state.last, state.finished, []
+    for k in range(steps):
+        noise = state.noise[k] if state.noise is not None else None
+        nxt = decode_step(model, token, state.pos + k, options, noise, length=None if length is None else length + k)
+        nxt, finished = stop_mask(nxt, finished, options.stop_token)
+        tokens.append(nxt)
+        token = nxt[:, None]
+    state.last.copy_(token)
+    state.finished.copy_(finished)
+    state.pos.add_(steps)
+    return torch.stack(tokens)
+
+
+class DecodeWindow:
+    """decode_window for one model, batch size, sampling options and K: its state, and the function itself,
+    eager or compiled (`compiler`, e.g. decode_compiler's). The model, the state and the options are in the
+    function's closure, not its arguments: the compiled window takes no input at all, so a replay copies
+    nothing in, and Dynamo checks its guards once per K tokens.
+
+    The noise: `draw_noise` fills state.noise with K successive draws from the caller's generator, outside the
+    graph, one call per window: the numbers K one-token steps would draw, so a seed gives the same tokens with
+    windows or without, eagerly or compiled. (A generator registered with the CUDA graph would draw inside it,
+    but its numbers come from the graph's own offsets, not the eager path's: the same seed would give other
+    tokens.)"""
+
+    def __init__(self, model: GPT, batch: int, options: SamplingOptions, steps: int, device: torch.device | str,
+                 compiler: Callable[[Callable], Callable] | None = None):
+        self.steps, self.device = steps, torch.device(device)
+        self.state = WindowState(batch, steps, model.config.vocab_size, self.device, options.temperature > 0)
+        state = self.state
+
+        def window(length: int | None = None) -> torch.Tensor:
+            return decode_window(model, state, options, steps, length)
+
+        self.eager = window
+        self.compiled = compiler(window) if compiler is not None else None
+
+    def draw_noise(self, generator: torch.Generator | None) -> None:
+        noise = self.state.noise
+        if noise is not None:
+            for k in range(self.steps):
+                exponential_noise(noise[k].shape, generator=generator, out=noise[k])
+
+    def __call__(self, length: int) -> torch.Tensor:
+        """The window's K tokens (K, B), a tensor of their own; `length`: the cache slots filled before it (the
+        eager window reads those and the new ones; the compiled one always the whole cache, masked)."""
+        if self.compiled is None:
+            return self.eager(length)
+        if self.device.type == "cuda":  # a new replay: its outputs overwrite the last one's (copied already)
+            torch.compiler.cudagraph_mark_step_begin()
+        with no_tf32():  # (see CompiledDecode.__call__)
+            return self.compiled().clone()  # a CUDA graph's output lives in memory its next replay rewrites
 
 
 # ----------------------------------------------------------------------------- how long a decode may be
@@ -386,7 +519,7 @@ def _size(n: float) -> str:
 
 
 @torch.no_grad()
-def generate_stream(
+def generate_blocks(
     model: GPT,
     idx: torch.Tensor,
     max_new_tokens: int,
@@ -395,10 +528,21 @@ def generate_stream(
     generator: torch.Generator | None = None,
     use_cache: bool = True,
     step_fn: Callable | None = None,
+    window: int = 1,
 ) -> Iterator[torch.Tensor]:
-    """Yield the next token of every sequence, (B,), one step at a time (see `generate`). Puts the model in
-    eval mode: dropout while sampling would make the cached and uncached paths disagree."""
+    """Yield the next tokens of every sequence, (B, n), a block at a time: one token per step (n = 1), or with
+    window = K > 1 a window's K tokens at once (see `generate` for the rest). Puts the model in eval mode:
+    dropout while sampling would make the cached and uncached paths disagree.
+
+    A window (decode_window) makes K cached steps in one call: compiled (step_fn from compile_decode_step), one
+    CUDA graph replay per K tokens. A window is used only where K cached steps fit before the model's window
+    must move (window_shift); elsewhere (the prompt's forward, the refills, the < K steps before a move) one
+    token per step, eagerly: compiling the one-token step as well would cost a second compilation for fewer
+    than K tokens at a time. At the end up to K - 1 tokens past max_new_tokens are computed and never yielded,
+    and a window in which every sequence has drawn the stop token yields up to that step only."""
     opts = options if options is not None else SamplingOptions()
+    if not (_is_int(window) and window >= 1):
+        raise ValueError(f"window must be an integer >= 1 (1 = a token per step), got {window!r}")
     model.eval()
     B, T0 = idx.shape
     if T0 == 0:
@@ -416,50 +560,103 @@ def generate_stream(
     if use_cache and model.kv_cache_batch_size != B:
         model.setup_kv_cache(B)
     refill = True  # the cache must be (re)built from the whole window
+    win = None
+    if use_cache and window > 1:
+        win = (step_fn.window(model, B, opts, window) if isinstance(step_fn, CompiledDecode)
+               else DecodeWindow(model, B, opts, window, idx.device))
     # The position of the next cached step lives on the device and is advanced in place: building it from a
-    # Python int every token would be a host-to-device copy that waits for the GPU.
-    step_pos = torch.zeros(1, dtype=torch.long, device=idx.device)
+    # Python int every token would be a host-to-device copy that waits for the GPU. One noise buffer, refilled
+    # every single step from the generator (the same draws whichever path runs). With windows these are the
+    # window's buffers, where the token fed in next and the finished rows go before a window runs.
+    state = win.state if win is not None else WindowState(B, 1, model.config.vocab_size, idx.device,
+                                                          opts.temperature > 0)
+    step_pos, stop = state.pos, opts.stop_token
+    noise = state.noise[0] if state.noise is not None else None
     last = buf[:, T0 - 1 : T0].clone()  # (B, 1), a fresh tensor: the compiled step sees fixed strides
-    # One noise buffer, refilled every step from the generator (the same draws whichever path runs).
-    noise = None
-    if opts.temperature > 0:
-        noise = torch.empty(B, model.config.vocab_size, dtype=torch.float32, device=idx.device)
     finished = torch.zeros(B, dtype=torch.bool, device=idx.device)
-    # Checking "all stopped" reads a flag back to the host; on an accelerator do it only every 8 tokens.
+    # Checking "all stopped" after a single step reads a flag back to the host; on an accelerator do it only
+    # every 8 tokens. (A window reads its tokens' stops once, after it.)
     check_every = 1 if idx.device.type == "cpu" else 8
-    stop = opts.stop_token
-    for i in range(max_new_tokens):
+    n = 0
+    while n < max_new_tokens:
         if length - start > block:  # one token too many for the window: move it forward by `shift`
             start += shift
             refill = True
-        if noise is not None:
-            exponential_noise(noise.shape, generator=generator, out=noise)
-        if not use_cache:  # a full forward over the window; the head only at its last position
-            logits = model.head(model.hidden_states(buf[:, start:length])[:, -1], fp32=True)
-            nxt = next_token(logits, opts, noise)
-        elif refill:  # one batched forward over the window fills the cache
-            logits = prefill(model, buf[:, start:length], torch.arange(length - start, device=idx.device),
-                             length=length - start)
-            nxt = next_token(logits, opts, noise)
-            step_pos.fill_(length - start)
+        if win is not None and not refill and block - (length - start) + 1 >= window:  # K cached steps fit
+            if last is not state.last:  # (single steps ran since the last window)
+                state.last.copy_(last)
+                state.finished.copy_(finished)
+            win.draw_noise(generator)
+            tokens = win(length - start).t()  # (B, K)
+            last, finished = state.last, state.finished
+            take = min(window, max_new_tokens - n)
+            stopped = _first_all_stopped(tokens[:, :take], stop) if stop is not None else 0
+            take, done = stopped or take, stopped > 0
+        else:
+            if noise is not None:
+                exponential_noise(noise.shape, generator=generator, out=noise)
+            nxt = _one_token(model, buf, start, length, refill, use_cache, step_fn if win is None else None,
+                             last, step_pos, opts, noise)
             refill = False
-        elif step_fn is not None:  # one new token at position step_pos, through a compiled (static) step
-            # A compiled step's output may live in CUDA-graph memory that its next replay overwrites.
-            nxt = step_fn(model, last, step_pos, opts, noise).clone()
-            step_pos += 1
-        else:  # the same eagerly, attention reading only the filled slots: 0..step_pos = length - start - 1
-            nxt = decode_step(model, last, step_pos, opts, noise, length=length - start)
-            step_pos += 1
-        if stop is not None:
-            # A finished sequence keeps emitting the stop token, so the batch stays rectangular.
-            nxt = torch.where(finished, torch.full_like(nxt, stop), nxt)
-            finished = finished | (nxt == stop)
-        buf[:, length] = nxt
-        length += 1
-        last = nxt[:, None]  # (B,) -> (B, 1)
-        yield nxt
-        if stop is not None and i % check_every == check_every - 1 and bool(finished.all()):
+            nxt, finished = stop_mask(nxt, finished, stop)
+            last = tokens = nxt[:, None]  # (B,) -> (B, 1)
+            take = 1
+            done = stop is not None and n % check_every == check_every - 1 and bool(finished.all())
+        buf[:, length : length + take] = tokens[:, :take]
+        length += take
+        n += take
+        yield tokens[:, :take]
+        if done:
             return
+
+
+def _one_token(model: GPT, buf: torch.Tensor, start: int, length: int, refill: bool, use_cache: bool,
+               step_fn: Callable | None, last: torch.Tensor, step_pos: torch.Tensor, opts: SamplingOptions,
+               noise: torch.Tensor | None) -> torch.Tensor:
+    """One step of generate_blocks: the next token of every sequence (B,) after buf[:, :length], the model's
+    window starting at `start`; a refill also sets step_pos, a cached step advances it."""
+    if not use_cache:  # a full forward over the window; the head only at its last position
+        logits = model.head(model.hidden_states(buf[:, start:length])[:, -1], fp32=True)
+        return next_token(logits, opts, noise)
+    if refill:  # one batched forward over the window fills the cache
+        logits = prefill(model, buf[:, start:length], torch.arange(length - start, device=buf.device),
+                         length=length - start)
+        step_pos.fill_(length - start)
+        return next_token(logits, opts, noise)
+    if step_fn is not None:  # one new token at position step_pos, through a compiled (static) step
+        # A compiled step's output may live in CUDA-graph memory that its next replay overwrites.
+        nxt = step_fn(model, last, step_pos, opts, noise).clone()
+    else:  # the same eagerly, attention reading only the filled slots: 0..step_pos = length - start - 1
+        nxt = decode_step(model, last, step_pos, opts, noise, length=length - start)
+    step_pos += 1
+    return nxt
+
+
+def _first_all_stopped(tokens: torch.Tensor, stop: int) -> int:
+    """1 + the first step of tokens (B, n) at which every sequence has stopped (a finished row keeps emitting
+    the stop token), or 0 when none: one host synchronisation."""
+    steps = (tokens == stop).all(dim=0).nonzero()
+    return int(steps[0, 0]) + 1 if len(steps) else 0
+
+
+@torch.no_grad()
+def generate_stream(
+    model: GPT,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    options: SamplingOptions | None = None,
+    *,
+    generator: torch.Generator | None = None,
+    use_cache: bool = True,
+    step_fn: Callable | None = None,
+    window: int = 1,
+) -> Iterator[torch.Tensor]:
+    """Yield the next token of every sequence, (B,), one step at a time (see `generate`; with window > 1
+    they are computed a window at a time, see generate_blocks)."""
+    for tokens in generate_blocks(model, idx, max_new_tokens, options, generator=generator, use_cache=use_cache,
+                                  step_fn=step_fn, window=window):
+        for j in range(tokens.size(1)):
+            yield tokens[:, j]
 
 
 @torch.no_grad()
@@ -472,30 +669,32 @@ def generate(
     generator: torch.Generator | None = None,
     use_cache: bool = True,
     step_fn: Callable | None = None,
+    window: int = 1,
 ) -> torch.Tensor:
     """Continue the prompts idx (B, T) by up to max_new_tokens tokens; returns (B, T + n).
 
     options: see SamplingOptions (None: temperature 1, no top-k/top-p, no stop token, the exact window).
     Sequences that draw the stop token are padded with it until all sequences have stopped (or
     max_new_tokens is reached), so n can be smaller than max_new_tokens. generator: the random stream of the
-    draws (the same seed gives the same tokens, with or without the cache or a compiled step). use_cache=False
-    recomputes the whole window for every token (same tokens, slower). step_fn replaces decode_step for the
-    cached one-token steps, with its signature (e.g. compile_decode_step's). The model's train/eval mode is
+    draws (the same seed gives the same tokens, with or without the cache, a compiled step or windows).
+    use_cache=False recomputes the whole window for every token (same tokens, slower). step_fn replaces
+    decode_step for the cached one-token steps, with its signature (e.g. compile_decode_step's). window: K > 1
+    decodes K tokens per call where they fit (generate_blocks), compiled when step_fn is compile_decode_step's
+    (DECODE_WINDOW is sample.py's choice); the same tokens as one at a time. The model's train/eval mode is
     restored afterwards.
     """
     was_training = model.training
     B, T0 = idx.shape
-    # This buffer and generate_stream's: the tokens' bytes twice (a list of per-step tensors cost ~0.5 KB a step).
+    # This buffer and generate_blocks': the tokens' bytes twice (a list of per-step tensors cost ~0.5 KB a step).
     check_decode_memory(B, T0, max_new_tokens, idx.device, device_bytes=2 * TOKEN_BYTES)
     out = torch.empty(B, T0 + max_new_tokens, dtype=idx.dtype, device=idx.device)
     out[:, :T0] = idx
     n = 0
     try:
-        for nxt in generate_stream(
-            model, idx, max_new_tokens, options, generator=generator, use_cache=use_cache, step_fn=step_fn
-        ):
-            out[:, T0 + n] = nxt
-            n += 1
+        for tokens in generate_blocks(model, idx, max_new_tokens, options, generator=generator,
+                                      use_cache=use_cache, step_fn=step_fn, window=window):
+            out[:, T0 + n : T0 + n + tokens.size(1)] = tokens
+            n += tokens.size(1)
     finally:
         model.train(was_training)
     return out if n == max_new_tokens else out[:, : T0 + n].clone()  # stopped early: not a view of the rest

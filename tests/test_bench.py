@@ -33,9 +33,10 @@ def test_bench_tiny(tmp_path, capsys):
 
 
 def test_each_model_and_batch_is_compiled_afresh_with_static_shapes(monkeypatch):
-    """Two models of different sizes in one run: each is compiled as its own static graph (no recompile, which
-    would make Dynamo's automatic dynamic shapes time a symbolic-shape graph for the second model). Checked with
-    a backend that fails on any symbolic size, and error_on_recompile; fast, as it generates no code."""
+    """Two models of different sizes in one run, a one-token step and a 3-token window each: each is compiled as
+    its own static graph (no recompile, which would make Dynamo's automatic dynamic shapes time a symbolic-shape
+    graph for the second model). Checked with a backend that fails on any symbolic size, and error_on_recompile;
+    fast, as it generates no code."""
     import torch
     import torch._dynamo
 
@@ -53,10 +54,31 @@ def test_each_model_and_batch_is_compiled_afresh_with_static_shapes(monkeypatch)
     monkeypatch.setitem(bench.MODELS, "tiny2", (1, 2, 32, 48, 50, 1))
     with torch._dynamo.config.patch(error_on_recompile=True):
         rows = bench.main(["--models=tiny,tiny2", "--device=cpu", "--compile=True", "--warmup=1", "--repeats=1",
-                           "--decode_tokens=6", "--decode_repeats=1", "--prefill_tokens=8", "--skip_nocache"])
+                           "--decode_tokens=6", "--decode_repeats=1", "--prefill_tokens=8", "--skip_nocache",
+                           "--decode_window=1,3"])
     torch._dynamo.reset()
-    assert [r["compile"] for r in rows if r["kind"] != "prefill"] == [True] * 6 and graphs
+    assert [r["compile"] for r in rows if r["kind"] != "prefill"] == [True] * 10 and graphs
+    assert [r["decode_window"] for r in rows if r["kind"] == "decode"] == [1, 3] * 4  # (2 models x 2 batches)
     assert all(r["compile_s"] > 0 for r in rows if r["kind"] == "decode")
+
+
+def test_decode_rows_per_window_with_their_profile(tmp_path):
+    """--decode_window: a KV-cache row per K, each saying its K; --profile_decode: every decode row says a step's
+    host and kernel microseconds (on the CPU the operators' own time, a part of the step's wall time)."""
+    out = tmp_path / "bench.json"
+    rows = bench.main(["--models=tiny", "--device=cpu", "--skip_train", "--decode_tokens=6", "--decode_repeats=1",
+                       "--decode_batch=2", "--prefill_tokens=8", "--decode_window=1,4", "--profile_decode=True",
+                       f"--json={out}"])
+    decode = [r for r in rows if r["kind"] == "decode"]
+    assert [(r["kv_cache"], r["decode_window"]) for r in decode] == [(True, 1), (True, 4), (False, 1)]
+    for r in decode:
+        assert r["status"] == "ok" and r["tokens_per_s"] > 0
+        assert r["host_us_per_token"] > 0 and r["gpu_us_per_token"] > 0
+    assert json.loads(out.read_text())["rows"] == json.loads(json.dumps(rows))
+    plain = bench.main(["--models=tiny", "--device=cpu", "--skip_train", "--decode_tokens=4", "--decode_repeats=1",
+                        "--decode_batch=1", "--prefill_tokens=8", "--skip_nocache"])
+    assert [(r["decode_window"], r["host_us_per_token"], r["gpu_us_per_token"]) for r in plain
+            if r["kind"] == "decode"] == [(1, None, None)]
 
 
 def expect_error(args, *fragments):

@@ -11,7 +11,7 @@ import torch
 
 import sample
 from gptkit.checkpoint import save_checkpoint
-from gptkit.generate import SamplingOptions, TextStream, decode_step
+from gptkit.generate import SamplingOptions, TextStream, compile_decode_step, decode_step
 from gptkit.tokenizer import Tokenizer
 from model import GPT, GPTConfig
 
@@ -149,17 +149,31 @@ def test_compiled_step_never_recompiles(tiny_model, tiny_config):
 
 
 def test_compile_auto_is_off_on_the_cpu_and_stderr_says_when_it_compiles(capsys, char_ckpt, monkeypatch):
-    sample.main(["--device=cpu", f"--ckpt={char_ckpt}", "--max_new_tokens=5"])
-    assert "decode step not compiled: not by default on cpu" in capsys.readouterr().err
-    compiled = []
+    """Compiled, sample.py decodes in windows of DECODE_WINDOW tokens: the same text as the eager decode."""
+    import torch._dynamo
+
+    import gptkit.generate as generate_module
+
+    args = ["--device=cpu", f"--ckpt={char_ckpt}", "--max_new_tokens=5"]
+    sample.main(args)
+    eager = capsys.readouterr()
+    assert "decode step not compiled: not by default on cpu" in eager.err
+    compiled, windows = [], []
 
     def fake_compile(device):  # the real one is tested in test_generate.py; here only the CLI's wiring
         compiled.append(device)
-        return torch.compile(decode_step, backend="eager", fullgraph=True, dynamic=False)
+        return compile_decode_step(device, compiler=lambda fn: torch.compile(fn, backend="eager", fullgraph=True,
+                                                                             dynamic=False))
 
+    real_window = generate_module.decode_window
     monkeypatch.setattr(sample, "compile_decode_step", fake_compile)
-    sample.main(["--device=cpu", f"--ckpt={char_ckpt}", "--max_new_tokens=5", "--compile=True"])
-    assert "compiling the decode step" in capsys.readouterr().err and compiled == [torch.device("cpu")]
+    monkeypatch.setattr(generate_module, "decode_window", lambda *a, **k: windows.append(a[3]) or real_window(*a, **k))
+    torch._dynamo.reset()
+    sample.main([*args, "--compile=True"])
+    torch._dynamo.reset()
+    got = capsys.readouterr()
+    assert "compiling the decode step" in got.err and compiled == [torch.device("cpu")] and got.out == eager.out
+    assert windows == [sample.DECODE_WINDOW]  # one window holds the 4 tokens after the prompt's
 
 
 def test_cut_at():
@@ -200,6 +214,22 @@ def test_streamed_output_equals_final_text(capsys, char_ckpt, n):
     common = [f"--ckpt={char_ckpt}", f"--num_samples={n}", "--max_new_tokens=30", "--prompt=Hi"]
     streamed = run_cli(capsys, *common, "--stream")
     assert streamed == run_cli(capsys, *common, "--stream=False")
+
+
+def test_a_streamed_window_ends_at_the_stop_token():
+    """Tokens come a window at a time when the decode is compiled: those after the stop token are computed but
+    never shown, so the streamed text ends at the same character as the final text."""
+    tokenizer = Tokenizer.char_from_text("abcdef")
+    stop = tokenizer.encode("f")[0]
+    out = io.StringIO()
+    printer = sample.Printer(out, tokenizer, "P:", 1, stop)
+    on_block = printer.stream_first()
+    ids = tokenizer.encode("abc") + [stop] + tokenizer.encode("de")
+    for block in (ids[:2], ids[2:], tokenizer.encode("e")):  # a window holding the stop, one after it
+        on_block(torch.tensor([block, block]))  # (2 samples: only the first is streamed)
+    text = "P:" + tokenizer.decode(sample.cut_at(ids, stop))
+    printer.finish([text])
+    assert out.getvalue() == text + "\n" == "P:abc\n"
 
 
 def test_streams_by_default_on_a_terminal(char_ckpt):

@@ -17,6 +17,10 @@ One iteration of the loop (`Engine.step`):
                from the request's generator, placed in its filtered distribution (inverse_cdf_draw);
     3. retire  finished and cancelled requests leave; the last active row moves into the hole, so the active
                rows are always rows 0..A-1 of the cache and the forward reads views of it, never copies.
+With window=K (chat.py: when compiled), step 2 decodes K tokens per row in one call wherever every active row
+allows it (Engine._windowable): each row's K uniforms drawn first, its tokens fed back on the device, then told
+one by one up to its stop token or max_tokens (the later ones, computed, are never told); new requests join
+between windows.
 Each request is told its tokens, one by one, and then how it finished, through its `emit` callback (called on
 the engine's thread: a server hands them over to its event loop).
 
@@ -130,6 +134,11 @@ class EngineStopped(EngineError):
 
 # ----------------------------------------------------------------------------- a request
 
+def _alike(a: SamplingOptions, b: SamplingOptions) -> bool:
+    """Whether two requests' tokens are drawn alike (the engine's sampling: temperature, top-k, top-p)."""
+    return (a.temperature, a.top_k, a.top_p) == (b.temperature, b.top_k, b.top_p)
+
+
 BAN = -100.0  # a logit_bias of -100 bans its token (OpenAI: "should result in a ban"): its logit becomes -inf
 
 
@@ -200,6 +209,47 @@ def decode_all_rows(model: GPT, tokens: torch.Tensor, pos: torch.Tensor, length:
     row's own position pos (R, 1), attending over the first `length` slots (masked past each position) ->
     float32 logits (R, V). R and length are a bucket's (Engine.buckets): a few shapes, one graph each."""
     return decode_one_token(model, tokens, pos, rows=slice(0, tokens.size(0)), length=length)
+
+
+class WindowInputs(torch.nn.Module):
+    """The inputs of the engine's K-token windows, in buffers that never move (static inputs of their CUDA
+    graphs, reached through the window's closure: a replay copies nothing in): each row's token (R, 1) and
+    position (R, 1), 1 for an active row and 0 for a free one of the bucket (R, 1), which stays at position 0,
+    and the K steps' uniform draws (K, R), float64 as each row's generator gives them."""
+
+    def __init__(self, max_batch: int, steps: int, device: torch.device):
+        super().__init__()
+        for name, shape, dtype in (("tokens", (max_batch, 1), torch.long), ("pos", (max_batch, 1), torch.long),
+                                   ("active", (max_batch, 1), torch.long),
+                                   ("uniform", (steps, max_batch), torch.float64)):
+            self.register_buffer(name, torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+
+def draw(logits: torch.Tensor, options: SamplingOptions, uniform: torch.Tensor | None) -> torch.Tensor:
+    """One token per row of logits (n, V), the rows drawn alike with `options`: the argmax at temperature 0,
+    else each row's uniform (n,) placed in its filtered distribution (its candidates, likeliest first, or the
+    whole vocabulary: inverse_cdf_draw)."""
+    if options.temperature == 0:
+        return logits.argmax(dim=-1)
+    probs, order = candidates(logits, options)
+    picked = inverse_cdf_draw(probs, uniform)
+    return picked if order is None else order.gather(-1, picked[:, None])[:, 0]
+
+
+def decode_rows_window(model: GPT, inputs: WindowInputs, options: SamplingOptions, steps: int, rows: int,
+                       length: int, grow: bool) -> torch.Tensor:
+    """K = steps decode steps of the cache's first `rows` rows in one function -> their tokens (K, rows): each
+    step's tokens drawn alike (`draw`, step k with inputs.uniform[k]) and fed to the next, each active row one
+    position further. Attention reads the first `length` slots (grow: length + k at step k, what an eager
+    window reads; else a bucket's, the same every step: the function to compile, one graph per bucket)."""
+    token, pos, active, tokens = inputs.tokens[:rows], inputs.pos[:rows], inputs.active[:rows], []
+    for k in range(steps):
+        logits = decode_one_token(model, token, pos + k * active, rows=slice(0, rows),
+                                  length=length + k if grow else length)
+        nxt = draw(logits, options, inputs.uniform[k, :rows] if options.temperature > 0 else None)
+        tokens.append(nxt)
+        token = nxt[:, None]
+    return torch.stack(tokens)
 
 
 def default_compiler(device: torch.device) -> Callable[[Callable], Callable]:
@@ -277,14 +327,23 @@ class Engine:
     second thread's OpenMP team (the main thread's, had it loaded the model with several threads) makes GNU
     OpenMP manage more threads than there are cores, and then every parallel region of a step wakes sleeping
     threads instead of spinning ones (GPT-2 small in int8 on 2 cores: 9 ms a token against 6). serve.py loads
-    the model with one thread and gives the engine the count."""
+    the model with one thread and gives the engine the count.
+
+    window: K > 1 decodes K tokens per call where every active row allows it (_windowable: no logit_bias,
+    penalties nor logprobs, the same temperature, top-k and top-p, K positions left in the context), else one
+    token per step; each request's tokens are the same either way (its own generator's draws, K at a time).
+    Compiled, a window is one graph per bucket and sampling options (on CUDA one CUDA graph replay per K
+    tokens), compiled at start for window_sampling (chat.py: its one), on first use for others.
+    """
 
     def __init__(self, model: GPT, *, max_batch: int = 16, max_queue: int = 64, compile: bool | None = None,
                  compiler: Callable[[Callable], Callable] | None = None,
                  buckets: tuple[tuple[int, ...], tuple[int, ...]] | None = None, threads: int | None = None,
-                 prefix_cache: int | None = None):
+                 prefix_cache: int | None = None, window: int = 1, window_sampling: SamplingOptions | None = None):
         if max_batch < 1 or max_queue < 0:
             raise ValueError(f"max_batch must be >= 1 and max_queue >= 0, got {max_batch}, {max_queue}")
+        if not (isinstance(window, int) and window >= 1):
+            raise ValueError(f"window must be an integer >= 1 (1 = a token per step), got {window!r}")
         self.model = model.eval()
         self.max_batch, self.max_queue = max_batch, max_queue
         self.threads = threads or torch.get_num_threads()
@@ -309,6 +368,10 @@ class Engine:
         self._inputs = torch.zeros(2, max_batch, 1, dtype=torch.long, device=self.device)  # (2, R, 1)
         self.buckets = buckets or (row_buckets(max_batch), length_buckets(self.block_size))
         self._ran: set[tuple[int, int]] = set()  # the buckets whose step has run (so is compiled)
+        # K-token windows (see _decode_window): their inputs, and the compiled ones by (rows, slots, options).
+        self.window, self.window_sampling = window, window_sampling
+        self._window_inputs = WindowInputs(max_batch, window, self.device) if window > 1 else None
+        self._windows: dict[tuple, Callable] = {}
         rows, lengths = self.buckets
         if list(rows) != sorted(set(rows)) or rows[-1] != max_batch or rows[0] < 1 or \
                 list(lengths) != sorted(set(lengths)) or lengths[-1] != self.block_size or lengths[0] < 1:
@@ -410,18 +473,29 @@ class Engine:
             for bucket in itertools.product(*self.buckets):
                 for _ in range(3):
                     self._forward_static([], bucket)
+            if self.window > 1 and self.window_sampling is not None:  # (every row free: each writes its slot 0)
+                o = self.window_sampling
+                options = SamplingOptions(temperature=o.temperature, top_k=o.top_k, top_p=o.top_p)
+                for buffer in self._window_inputs.buffers():
+                    buffer.zero_()
+                for n, length in itertools.product(*self.buckets):
+                    for _ in range(3):
+                        self._run_window(n, length, options)
         except Exception as e:
             if self._compile_asked:
                 raise
             self.compiled, self._step_fn = False, None
+            self._windows.clear()
             first = (str(e).strip().splitlines() or [""])[0][:200]
             self.decode_mode = (f"decode step eager: compiling it failed ({type(e).__name__}: {first}; "
                                 f"compile=True raises it)")
             return
         rows, lengths = self.buckets
         where = "CUDA graphs" if self.device.type == "cuda" else "shapes"
+        windows = f", and as many of {self.window} tokens" if self._windows else ""
         self.decode_mode = (f"decode step compiled in {time.perf_counter() - began:.1f} s ({len(rows) * len(lengths)} "
-                            f"{where}: rows {', '.join(map(str, rows))} x slots {', '.join(map(str, lengths))})")
+                            f"{where}: rows {', '.join(map(str, rows))} x slots {', '.join(map(str, lengths))}"
+                            f"{windows})")
 
     # ---- one iteration
 
@@ -547,11 +621,80 @@ class Engine:
             rows = self.active
             if not rows:
                 return
+        if self._windowable(rows):
+            self._decode_window(rows)
+            return
         logits = self._forward_static(rows) if self.compiled else self._forward_eager(rows)  # (A, V)
         for r in rows:
             r.length += 1
         for r, token in zip(rows, self._sample(logits, rows)):
             self._deliver(r, token)
+
+    def _windowable(self, rows: list[_Row]) -> bool:
+        """Whether these rows' next tokens can come K at a time: no row adjusts its logits or asks for logprobs
+        (those need the host between tokens), all are drawn alike, and each has K positions left."""
+        if self.window == 1:
+            return False
+        first = rows[0].request.sampling
+        return all(not r.request.adjusts_logits and r.request.logprobs is None and _alike(r.request.sampling, first)
+                   and r.length + self.window <= self.block_size for r in rows)
+
+    def _decode_window(self, rows: list[_Row]) -> None:
+        """K tokens of every active row in one call (decode_rows_window), then told row by row as K steps
+        would: a row that finishes in the window (its stop token, max_tokens) is told nothing after, nor is one
+        cancelled meanwhile. Each row's K uniforms are drawn first from its generator, one by one: K draws of
+        one are what K steps draw (on a GPU one draw of K would be other numbers)."""
+        A, K, inputs = len(rows), self.window, self._window_inputs
+        o = rows[0].request.sampling
+        options = SamplingOptions(temperature=o.temperature, top_k=o.top_k, top_p=o.top_p)
+        n, length = self.window_bucket(rows) if self.compiled else (A, max(r.length for r in rows) + 1)
+        host = torch.zeros(3, n, 1, dtype=torch.long)
+        host[:, :A, 0] = torch.tensor([[r.last for r in rows], [r.length for r in rows], [1] * A])
+        for i, dst in enumerate((inputs.tokens, inputs.pos, inputs.active)):
+            dst[:n].copy_(host[i])
+        if options.temperature > 0:
+            uniform = torch.cat([torch.rand(1, generator=r.generator, dtype=torch.float64, device=self.device)
+                                 for r in rows for _ in range(K)])
+            inputs.uniform[:, :A].copy_(uniform.view(A, K).t())
+        if self.compiled:
+            tokens = self._run_window(n, length, options)
+        else:
+            tokens = decode_rows_window(self.model, inputs, options, K, A, length, grow=True)
+        for step in tokens[:, :A].tolist():  # (the one host synchronisation of the window)
+            for r, token in zip(rows, step):
+                if r.finish is None and not r.request.cancelled:
+                    r.length += 1
+                    self._deliver(r, token)
+
+    def window_bucket(self, rows: list[_Row]) -> tuple[int, int]:
+        """A compiled window's (rows, slots): the smallest buckets that hold the rows and each row's K next
+        positions."""
+        n_rows, lengths = self.buckets
+        longest = max((r.length for r in rows), default=0) + self.window - 1
+        return (next(n for n in n_rows if n >= len(rows)), next(n for n in lengths if n > longest))
+
+    def _run_window(self, n: int, length: int, options: SamplingOptions) -> torch.Tensor:
+        """The compiled window of a bucket (n rows, `length` slots) and options, made on first use -> (K, n)
+        tokens, a copy (a CUDA graph's output lives in memory its next replay rewrites). The bucket's free rows
+        write their slot 0 (see _forward_static)."""
+        for r in range(len(self.active), n):
+            self._parked.pop(r, None)
+        key = (n, length, options)
+        first = key not in self._windows
+        if first:
+            model, inputs, steps = self.model, self._window_inputs, self.window
+
+            def window() -> torch.Tensor:
+                return decode_rows_window(model, inputs, options, steps, n, length, grow=False)
+
+            self._windows[key] = self._compiler(window)
+        if self.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()
+        # Each bucket and options a graph of the same function: more than Dynamo's default limit of 8, maybe.
+        limit = contextlib.nullcontext() if not first else torch._dynamo.config.patch(
+            recompile_limit=max(8, 2 * len(self._windows) * len(self.buckets[0]) * len(self.buckets[1])))
+        with no_tf32(), limit:
+            return self._windows[key]().clone()
 
     def _forward_eager(self, rows: list[_Row]) -> torch.Tensor:
         """Rows 0..A-1, each at its own position, reading the slots filled so far (the longest row's) -> the
@@ -653,17 +796,10 @@ class Engine:
             alike = len(idx) == len(rows)  # (every row: no gathering, no scattering)
             sel = None if alike else torch.tensor(idx, device=logits.device)
             group = logits if alike else logits[sel]
-            if options.temperature == 0:
-                picked = group.argmax(dim=-1)
-            else:
-                # One uniform per row from its own generator, and the token where it falls in the row's
-                # filtered distribution (its candidates, likeliest first, or the whole vocabulary).
-                probs, order = candidates(group, options)
-                uniform = torch.cat([torch.rand(1, generator=rows[i].generator, dtype=torch.float64,
-                                                device=logits.device) for i in idx])
-                picked = inverse_cdf_draw(probs, uniform)
-                if order is not None:
-                    picked = order.gather(-1, picked[:, None])[:, 0]
+            # One uniform per row from its own generator (none when greedy).
+            uniform = None if options.temperature == 0 else torch.cat(
+                [torch.rand(1, generator=rows[i].generator, dtype=torch.float64, device=logits.device) for i in idx])
+            picked = draw(group, options, uniform)
             if alike:
                 out = picked
             else:
