@@ -40,6 +40,14 @@ that is not the default), the JSON rows carry every value:
                                  --cuda_graphs, gptkit/cudagraph.py); the optimizer's share is then not separable
                                  ("in graph").
                                  Where it cannot run (not CUDA, float16, Muon) the row is skipped, saying why.
+  --fp8_head=False,True          the head's three matmuls in the loss (logits, grad_x, grad_W) in FP8 through
+                                 torch._scaled_mm, per-tensor scales (gptkit/fp8.py; the weights stay bf16/fp32).
+                                 Only on CUDA with compute capability >= 8.9: elsewhere the row is skipped, saying
+                                 why. With --loss_chunk=plain the FP8 loss takes all the rows as one slice.
+--profile_step=True: each training row also runs a few more steps (3, or --repeats if fewer) after its timed
+window under torch.profiler and reports `profile`, {kind: ms per step} for matmul, attention, head_loss,
+optimizer and other (gptkit/step_profile.py: the GPU's kernel time on CUDA, operators' self time on the CPU),
+printed under the row.
 The bias: a model name with "nobias" appended (gpt2nobias) is the same shape
 without biases, as nanoGPT's bench.py (bias=False) times it.
 
@@ -65,9 +73,9 @@ ms (train: per step; decode: per token; prefill: per prompt), mfu, peak_mem_mb (
 CPU: the process's peak resident memory during the row), device, device_name, dtype, torch, compile (and
 compile_s, the compile time of a compiled decode step), status (ok, skipped or failed; the measurements None
 unless ok) and reason, plus a few per kind (train: optimizer, optimizer_ms, optimizer_share,
-loss_slice_rows: rows per slice of the loss, None if plain, flops_per_token, and the variant's sdpa,
-compile_mode, compile_optimizer; decode: decode_window, and host_us_per_token and gpu_us_per_token, None
-unless --profile_decode: see profile_decode).
+loss_slice_rows: rows per slice of the loss, None if plain, flops_per_token, profile (--profile_step, else
+None), and the variant's sdpa, compile_mode, compile_optimizer, compile_scope, cuda_graphs, fp8_head; decode:
+decode_window, and host_us_per_token and gpu_us_per_token, None unless --profile_decode: see profile_decode).
 """
 
 from __future__ import annotations
@@ -91,7 +99,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from gptkit import cli
+from gptkit import cli, fp8
 from gptkit.config import TrainConfig
 from gptkit.cudagraph import GraphedStep
 from gptkit.generate import SamplingOptions, compile_decode_step, generate_blocks, prefill
@@ -110,6 +118,7 @@ from gptkit.runtime import (
 )
 from gptkit.shards import read_meta, require_dataset
 from gptkit.step import TrainStep
+from gptkit.step_profile import format_profile, profile_steps
 from model import GPT, LOSS_CHUNK_ELEMENTS, GPTConfig, loss_chunk_rows
 
 # Model sizes by name: (n_layer, n_head, n_embd, block_size, vocab_size, vocab_multiple)
@@ -128,6 +137,8 @@ PLAIN_LOSS = 2**62
 # --sdpa: the attention kernel (torch.nn.attention.SDPBackend's member), "default" letting torch choose.
 SDPA_BACKENDS = {"default": None, "flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION",
                  "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
+# --profile_step: steps profiled per training row (fewer if --repeats is).
+PROFILED_STEPS = 3
 # --compile_mode: torch.compile's modes ("default" is mode=None).
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
 
@@ -237,7 +248,7 @@ def make_row(kind: str, name: str, rt: Runtime, status: str = "ok", reason: str 
 
 # The measured fields of a training row: None in a skipped or failed one.
 TRAIN_MEASURES = ("params_M", "tokens_per_s", "ms", "mfu", "peak_mem_mb", "optimizer", "optimizer_ms",
-                  "optimizer_share", "loss_slice_rows", "flops_per_token", "first_step_s")
+                  "optimizer_share", "loss_slice_rows", "flops_per_token", "first_step_s", "profile")
 # ... and of a decode or prefill row.
 DECODE_MEASURES = ("tokens_per_s", "ms", "mfu", "peak_mem_mb", "compile_s", "host_us_per_token", "gpu_us_per_token")
 
@@ -360,12 +371,13 @@ class Variant:
     compile_optimizer: bool = False
     compile_scope: str = "model"
     cuda_graphs: bool = False
+    fp8_head: bool = False
 
     def fields(self) -> dict:
         """What a row records of it (the loss' slicing is recorded as loss_slice_rows)."""
         return {"batch_size": self.batch_size, "sdpa": self.sdpa, "compile_mode": self.compile_mode,
                 "compile_optimizer": self.compile_optimizer, "compile_scope": self.compile_scope,
-                "cuda_graphs": self.cuda_graphs}
+                "cuda_graphs": self.cuda_graphs, "fp8_head": self.fp8_head}
 
 
 def default_batch(name: str, rt: Runtime) -> int:
@@ -379,7 +391,7 @@ def train_variants(name: str, rt: Runtime, args) -> list[Variant]:
     loss_chunks = [parse_loss_chunk(value) for value in args.loss_chunk]
     return [Variant(*combo) for combo in itertools.product(
         batches, loss_chunks, args.sdpa, args.compile_mode, args.compile_optimizer, args.compile_scope,
-        args.cuda_graphs)]
+        args.cuda_graphs, args.fp8_head)]
 
 
 def sdpa_backend(name: str) -> contextlib.AbstractContextManager:
@@ -445,9 +457,14 @@ def bench_train(name: str, rt: Runtime, args, variant: Variant) -> dict:
     cfg = model.config
     use_compile, _ = resolve_compile(args.compile, rt.device)
     slice_rows = loss_chunk_rows(cfg.padded_vocab_size, rt.device_type, v.loss_chunk)
+    n_tokens = v.batch_size * cfg.block_size
+    # None: plain. The FP8 head always slices (one slice of all the rows, at most).
+    sliced = min(slice_rows, n_tokens) if v.fp8_head else slice_rows if n_tokens > slice_rows else None
     fields = dict(**v.fields(), accum=args.accum, seq_len=cfg.block_size, compile=use_compile,
-                  loss_slice_rows=slice_rows if v.batch_size * cfg.block_size > slice_rows else None)  # None: plain
+                  loss_slice_rows=sliced)
     problem = sdpa_problem(v.sdpa, cfg, rt)
+    if v.fp8_head and not problem:
+        problem = fp8.fp8_problem(rt.device) or fp8.shape_problem(n_tokens, cfg.n_embd, cfg.padded_vocab_size)
     if v.compile_optimizer and rt.needs_grad_scaler:
         problem = "--compile_optimizer=True is not measured under float16's GradScaler (use bfloat16 or float32)"
     batch = v.batch_size
@@ -462,6 +479,8 @@ def bench_train(name: str, rt: Runtime, args, variant: Variant) -> dict:
             problem = "--cuda_graphs=True records the fused AdamW step in the graph: not with --compile_optimizer"
     if problem:
         return unmeasured_row("train", name, rt, "skipped", problem, **fields)
+    if v.fp8_head:
+        fp8.use_fp8_head(model, rt.device)
     optimizer = make_optimizer(model, train_cfg, rt.device_type, graphable=v.cuda_graphs)
     torch._dynamo.reset()  # this row's own static graphs, not dynamic ones from the last row's sizes
     if v.compile_optimizer:
@@ -492,7 +511,9 @@ def bench_train(name: str, rt: Runtime, args, variant: Variant) -> dict:
             rt.synchronize()
             first_step_s = time.perf_counter() - t0
         sec = timed_window(step, rt, max(0, args.warmup - 1), args.repeats)
-    opt_sec = statistics.median(s.seconds() for s in optimizer_spans[args.warmup:]) if optimizer_spans else None
+        opt_sec = statistics.median(s.seconds() for s in optimizer_spans[args.warmup:]) if optimizer_spans else None
+        profile = (profile_steps(step, rt.device_type, min(PROFILED_STEPS, args.repeats), cfg.padded_vocab_size)
+                   if args.profile_step else None)
     tokens = batch * cfg.block_size * args.accum
     tok_s = tokens / sec
     peak = peak_flops(rt.device, rt.dtype)
@@ -502,6 +523,7 @@ def bench_train(name: str, rt: Runtime, args, variant: Variant) -> dict:
         ms=sec * 1000, mfu=fpt * tok_s / peak if peak else None, peak_mem_mb=peak_memory_mb(rt),
         optimizer=train_cfg.optimizer, optimizer_ms=opt_sec and opt_sec * 1000,
         optimizer_share=opt_sec and opt_sec / sec, flops_per_token=fpt, first_step_s=first_step_s,
+        profile=profile,
     )
 
 
@@ -813,6 +835,8 @@ def variant_text(r: dict) -> str:
         parts.append(f"{r['compile_scope']} compiled")
     if r.get("cuda_graphs"):
         parts.append("one CUDA graph")
+    if r.get("fp8_head"):
+        parts.append("fp8 head")
     return ", ".join(parts)
 
 
@@ -867,6 +891,8 @@ class RowPrinter:
             print(("\n" if self.kind else "") + table_header(row["kind"]))
             self.kind = row["kind"]
         print(table_line(row), flush=True)
+        if row.get("profile"):
+            print(format_profile(row["profile"]), flush=True)
         if self.json_path:
             self.write()
 
@@ -916,6 +942,10 @@ class BenchConfig:
                                        ("model", "blocks"))
     cuda_graphs: list[bool] = setting([False], "the whole step as one CUDA graph: False, True or False,True "
                                                "(a row each)")
+    fp8_head: list[bool] = setting([False], "the head's matmuls in the training loss in FP8 (CUDA, compute "
+                                            "capability >= 8.9): False, True or False,True (a row each)")
+    profile_step: bool = setting(False, "each training row also profiles a few steps: ms per step by kind "
+                                        "(matmul, attention, head_loss, optimizer, other)")
     loss_chunk: list[str] = setting(["default"], "one training row per loss slice size: plain (one "
                                                  "F.cross_entropy on all the logits), default (the device's), or "
                                                  "logit elements per slice, e.g. plain,2**25,2**28")

@@ -397,6 +397,9 @@ class GPT(nn.Module):
         )
         self.transformer = nn.ModuleDict(layers)
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
+        # How the training loss multiplies by the head (see HeadMatmuls): in autocast's precision, unless a
+        # trainer swaps in another (train.py's fp8_head: gptkit/fp8.py's FP8 matmuls).
+        self.head_matmuls: type[HeadMatmuls] = HeadMatmuls
         if config.tie_embeddings:
             # Weight tying: the output projection is the token embedding (GPT-2 does this; saves V*C parameters).
             self.lm_head.weight = self.transformer.wte.weight
@@ -466,7 +469,7 @@ class GPT(nn.Module):
         holding all of them (see linear_cross_entropy)."""
         return linear_cross_entropy(
             x.flatten(0, 1), self.lm_head.weight, targets.flatten(), softcap=self.config.logit_softcap,
-            vocab_size=self.config.vocab_size,
+            vocab_size=self.config.vocab_size, matmuls=self.head_matmuls,
         )
 
     def hidden_states(self, idx: torch.Tensor, pos: torch.Tensor | None = None, *, rows: slice | None = None,
@@ -684,6 +687,7 @@ def linear_cross_entropy(
     softcap: float = 0.0,
     chunk_elements: int | None = None,
     vocab_size: int | None = None,
+    matmuls: type[HeadMatmuls] | None = None,
 ) -> torch.Tensor:
     """Mean cross-entropy of the logits x @ weight.T (soft-capped by `softcap` when > 0) against targets;
     x (N, C), weight (V, C), targets (N,) with -1 = ignored. The same value and gradients as
@@ -696,22 +700,50 @@ def linear_cross_entropy(
     Problems of at most one slice's rows (loss_chunk_rows: chunk_elements, by default the device type's
     LOSS_CHUNK_ELEMENTS) take that plain path. Larger ones go through _ChunkedLinearCrossEntropy: a slice of
     rows of logits at a time, so memory stays at a few slices of logits however long the batch is. The cap is
-    applied in fp32 on both paths (tanh has no autocast policy: under autocast it would run in bf16)."""
+    applied in fp32 on both paths (tanh has no autocast policy: under autocast it would run in bf16).
+
+    matmuls: a HeadMatmuls subclass that computes the chunked path's matmuls otherwise (gptkit/fp8.py's FP8
+    ones). It is used only where a backward will follow, and then always (the chunked path, however small):
+    evaluation's loss stays that of the weights as they are saved and sampled."""
     device_type = x.device.type
     rows = loss_chunk_rows(weight.size(0), device_type, chunk_elements)
-    if x.size(0) <= rows:
+    grad_on = torch.is_grad_enabled()
+    needs_grad = (grad_on and x.requires_grad, grad_on and weight.requires_grad)
+    special = matmuls not in (None, HeadMatmuls) and any(needs_grad)
+    if x.size(0) <= rows and not special:
         logits = F.linear(x, weight)
         if softcap:
             logits = softcap * torch.tanh(logits.float() / softcap)
         return F.cross_entropy(logits[:, :vocab_size].float(), targets, ignore_index=-1)
     # Under autocast the plain path's matmul runs in autocast's dtype: so do the chunks (cast inside).
     dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
-    # Only the gradients autograd will ask for: a frozen head (LoRA's tied wte) needs no (V, C) gradient.
-    grad_on = torch.is_grad_enabled()
-    needs_grad = (grad_on and x.requires_grad, grad_on and weight.requires_grad)
+    # Only the gradients autograd will ask for (needs_grad): a frozen head (LoRA's tied wte) needs no (V, C) one.
     n_real = vocab_size or weight.size(0)
     return _ChunkedLinearCrossEntropy.apply(x, weight, targets, rows, float(softcap), dtype, needs_grad,
-                                            n_real)
+                                            n_real, matmuls if special else HeadMatmuls)
+
+
+class HeadMatmuls:
+    """The chunked loss's matmuls with the head's weight, in `dtype` (autocast's when it is on): a slice's
+    logits, and from its dloss/dlogits the slice's gradient of x and its share of the weight's gradient.
+    GPT.head_matmuls names the class the training loss uses; gptkit/fp8.py's subclass computes them in FP8."""
+
+    def __init__(self, x: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype):
+        self.x, self.w, self.dtype = x.to(dtype), weight.to(dtype), dtype
+
+    def logits(self, rows: slice) -> torch.Tensor:
+        """x[rows] @ W^T as float32 (r, V)."""
+        return (self.x[rows] @ self.w.t()).float()
+
+    def gradients(self, g: torch.Tensor, rows: slice, need_x: bool, grad_w: torch.Tensor | None):
+        """g (r, V) float32 = dloss/dlogits of x[rows]: adds g^T @ x[rows] to grad_w (V, C, float32) unless it
+        is None, and returns g @ W (r, C) in dtype, or None unless need_x."""
+        g = g.to(self.dtype)
+        if grad_w is not None and self.dtype == torch.float32:
+            grad_w.addmm_(g.t(), self.x[rows])
+        elif grad_w is not None:
+            grad_w += (g.t() @ self.x[rows]).float()
+        return g @ self.w if need_x else None
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
@@ -719,8 +751,9 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
 
     For each slice: logits s = x_c @ W^T (in `dtype`, then fp32), z = softcap * tanh(s / softcap) (or z = s),
     loss += logsumexp(z) - z[target]; and, when a backward will follow, dloss/dz = softmax(z) - onehot(target)
-    (times 1 - tanh^2 with the cap), then grad_x_c = dz @ W and grad_W += dz^T @ x_c. The slice's logits are
-    then dropped: what is kept for backward is grad_x (N, C) and grad_W (V, C), the size of x and of W. The
+    (times 1 - tanh^2 with the cap), then grad_x_c = dz @ W and grad_W += dz^T @ x_c (these three matmuls by
+    `matmuls`, a HeadMatmuls: in `dtype`, or in FP8). The slice's logits are then dropped: what is kept for
+    backward is grad_x (N, C) and grad_W (V, C), the size of x and of W. The
     backward only scales them by d(total)/d(loss) / n_valid. So the head costs its usual three matmuls (no
     recomputation, unlike checkpointing each slice) and memory holds at most a couple of slices of logits.
     `needs_grad` (x's, W's) says which gradients a backward will ask for: the others are neither computed
@@ -733,20 +766,21 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, targets, rows: int, softcap: float, dtype: torch.dtype,
-                needs_grad: tuple[bool, bool], n_real: int):
+                needs_grad: tuple[bool, bool], n_real: int, matmuls: type[HeadMatmuls]):
         N = x.size(0)
         need_x, need_w = needs_grad
         with_grad = need_x or need_w
         with torch.autocast(x.device.type, enabled=False):
-            xd, wd = x.to(dtype), weight.to(dtype)
+            mm = matmuls(x, weight, dtype)
             valid = targets != -1
             safe = targets.clamp(min=0)[:, None]  # ignored rows pick column 0, then count for nothing
             loss_sum = torch.zeros((), device=x.device, dtype=torch.float32)
             grad_x = []
             grad_w = torch.zeros(weight.shape, device=weight.device, dtype=torch.float32) if need_w else None
             for lo in range(0, N, rows):
-                xc, tc, vc = xd[lo : lo + rows], safe[lo : lo + rows], valid[lo : lo + rows, None]
-                z = (xc @ wd.t()).float()  # (r, V)
+                part = slice(lo, lo + rows)
+                tc, vc = safe[part], valid[part, None]
+                z = mm.logits(part)  # (r, V) float32
                 if softcap:
                     cap = torch.tanh(z / softcap)
                     z = cap * softcap
@@ -761,13 +795,9 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
                 g.mul_(vc)  # ignored rows: no gradient
                 if softcap:
                     g.mul_(1 - cap * cap)  # d(cap * tanh(s / cap)) / ds
-                g = g.to(dtype)
+                grad_xc = mm.gradients(g, part, need_x, grad_w)  # adds to grad_w
                 if need_x:
-                    grad_x.append(g @ wd)  # (r, C)
-                if need_w and dtype == torch.float32:
-                    grad_w.addmm_(g.t(), xc)
-                elif need_w:
-                    grad_w += (g.t() @ xc).float()
+                    grad_x.append(grad_xc)  # (r, C)
             n_valid = valid.sum().float()
         if with_grad:
             ctx.save_for_backward(torch.cat(grad_x) if need_x else None, grad_w, n_valid)
@@ -781,7 +811,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         x_dtype, w_dtype = ctx.dtypes
         dx = None if grad_x is None else (grad_x.float() * scale).to(x_dtype)
         dw = None if grad_w is None else (grad_w * scale).to(w_dtype)
-        nothing = (None,) * 6  # targets and the settings have no gradient
+        nothing = (None,) * 7  # targets and the settings have no gradient
         return dx, dw, *nothing
 
 

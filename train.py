@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from gptkit import cli, hellaswag, lora, objectives, parallel, plan, startup
+from gptkit import cli, fp8, hellaswag, lora, objectives, parallel, plan, startup
 from gptkit.batch_size import choose_batch_size, oom_message
 from gptkit.checkpoint import (
     build_checkpoint,
@@ -244,6 +244,8 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
     # Under torchrun DDP or FSDP (gptkit/parallel.py), decided before the batch size (FSDP holds less per process)
     sharing, parallel_line = parallel.decide(model, cfg, d, rt, use_compile)
     cfg = choose_batch_size(cfg, model, ckpt, d, rt, sharing)
+    if cfg.fp8_head:  # a one-line error where the GPU or the sizes cannot (gptkit/fp8.py)
+        fp8.use_fp8_head(model, rt.device, tokens=cfg.batch_size * cfg.block_size)
     # FSDP shards in place: the optimizer comes after
     wrapped = parallel.wrap(model, sharing, rt, use_compile, cfg.compile_scope)
     graphs, graphs_line = resolve_cuda_graphs(cfg.cuda_graphs, rt, world_size=d.world_size,

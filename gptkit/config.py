@@ -140,6 +140,10 @@ class TrainConfig(ModelSettings):
     cuda_graphs: bool | None = setting(None, "replay the whole training step (forward, backward, clip, AdamW) as one "
                                              "CUDA graph after a few warm-up steps: no kernel launches on the host. "
                                              "True, False, or auto (None: off); one CUDA process, bf16/fp32, AdamW")
+    fp8_head: bool = setting(False, "the training loss' head matmuls (logits and both gradients) in FP8 with "
+                                    "per-tensor scales, the weights kept in their precision (gptkit/fp8.py); "
+                                    "CUDA with compute capability >= 8.9 only, objective=next_token; evaluation "
+                                    "and sampling unchanged")
     # know before you run (README.md "Plan a run"): python train.py CONFIG --plan
     plan: bool = setting(False, "print the run's memory, FLOPs, time and cost per device, then exit (builds nothing big)")
     plan_gpus: int = setting(0, "--plan: processes (GPUs) to plan for, per GPU under DDP and under FSDP; "
@@ -197,6 +201,9 @@ class TrainConfig(ModelSettings):
             raise ConfigError(f"lora_rank must be >= 0 (0 = off), got {self.lora_rank}")
         if self.lora_rank:
             lora_settings(self)  # names a bad lora_targets, lora_alpha or lora_dropout
+        if self.fp8_head and self.objective != "next_token":
+            raise ConfigError(f"fp8_head is for the next-token loss, not objective={self.objective}: drop "
+                              f"--fp8_head=True")
         # what a capture of the whole step cannot record: refused now, not at the capture
         refuse_uncapturable(self.cuda_graphs, activation_checkpointing=self.activation_checkpointing)
         self.model_config(vocab_size=1)  # the model's shape is checked by GPTConfig, its one validator
