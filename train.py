@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from gptkit import cli, fp8, hellaswag, lora, objectives, parallel, plan
+from gptkit import cli, fp8, hellaswag, lora, objectives, parallel, plan, startup
 from gptkit.batch_size import choose_batch_size, oom_message
 from gptkit.checkpoint import (
     build_checkpoint,
@@ -203,7 +203,7 @@ def write_run_info(cfg: TrainConfig, argv: list[str], d: Dist, rt: Runtime, thre
     info = {"argv": ["train.py", *argv], "config": config_to_dict(cfg), "versions": library_versions(),
             "code": code_version(Path(__file__).resolve().parent),
             "world_size": d.world_size, "device": str(rt.device), "dtype": rt.dtype_name,
-            "threads": threads.record(), "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            "threads": threads.record(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "start": startup.record()}
     with open(out / "runs.jsonl", "a") as f:  # one line per invocation: a resumed run keeps the history
         f.write(json.dumps(info) + "\n")
 
@@ -262,6 +262,7 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
         lora.cast_frozen_base(model, torch.bfloat16)  # the blocks' frozen weights: half their memory
     model.activation_checkpointing = cfg.activation_checkpointing
     model.to(rt.device)
+    startup.mark("model", rt.device)
     use_compile, why = resolve_compile(cfg.compile, rt.device)
     # Under torchrun DDP or FSDP (gptkit/parallel.py), decided before the batch size (FSDP holds less per process)
     sharing, parallel_line = parallel.decide(model, cfg, d, rt, use_compile)
@@ -289,7 +290,9 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
                                   before_capture=run.saver.wait)
     torch.manual_seed(cfg.seed + d.rank)  # dropout masks: a different stream per rank
     step, best_val = restore_state(run, ckpt) if ckpt is not None else (0, float("inf"))
+    startup.mark("setup")  # (the batch size, the wrappers, the loader, the optimizer)
     if d.master:
+        print(startup.line())
         print("config:")
         print_config(cfg)
         files = files or RunFiles(cfg.out_dir, new=cfg.init_from != "resume")  # (removed at the first save)
@@ -556,6 +559,7 @@ def train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Run
     """Run the training loop; returns a summary (final step, last val loss, best val loss). `threads`: torch's
     CPU threads, applied by the caller."""
     data_dir, meta = load_dataset(cfg, d)
+    startup.mark("data")
     objectives.check_dataset(cfg, meta, repr(cfg.dataset))  # pairs for DPO, token windows for the next token
     cfg = fit_base_context(cfg, argv, say=d.master)  # a config file's block_size past a fine-tune's base's context
     cfg = objectives.fit_block_size(cfg, data_dir, d.master) if objectives.is_dpo(cfg) else fit_block_size(cfg, meta, d)
@@ -642,11 +646,14 @@ def plan_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str]) -> dict:
                           "per step")
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
+    startup.begin()
     cfg, ckpt = resolve_config(argv)
+    startup.mark("config")
     if cfg.plan:
         return plan_run(cfg, ckpt, argv)
     check_accumulation(cfg, int(os.environ.get("WORLD_SIZE", 1)))
     with distributed(cfg.device, cfg.dtype, cfg.backend) as (d, rt):
+        startup.mark("device", rt.device)
         with resolve_threads(cfg.threads, rt.device_type).applied() as threads:  # (left as they were on return)
             return train(cfg, ckpt, argv, d, rt, threads)
 

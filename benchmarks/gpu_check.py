@@ -3,7 +3,7 @@
     PYTHONPATH=. python benchmarks/gpu_check.py --dry_run   # the plan: each part, its seconds, its need, what it runs
     PYTHONPATH=. python benchmarks/gpu_check.py             # one H100 / H200 (JSON and log into $OUT, or benchmarks/)
     PYTHONPATH=. python benchmarks/gpu_check.py --smoke --out /tmp/smoke.json   # a rehearsal on the CPU
-    PYTHONPATH=. python benchmarks/gpu_check.py --parts=plan,serve,train_more --total_s=480   # the other parts
+    PYTHONPATH=. python benchmarks/gpu_check.py --parts=nanogpt_train,steps --total_s=400   # parts not in the default
 
 On a machine that gets the working tree only (this project's GPU machines: the checkout's files and a shared/
 folder inside it travel; ../shared, .git and the network do not, and the image may lack one of the project's
@@ -27,64 +27,84 @@ missing (tiny Shakespeare's text, nanoGPT's code, a package), before any part wo
 whose package is missing is skipped, saying so, rather than failing after its minutes.
 
 It runs from a fresh clone on a machine with only torch, numpy, tiktoken, tqdm, crc32c, pytest and transformers
-(nothing is installed): this file imports only Python's standard library (and gptkit.cli, which does too),
-and every part runs scripts as subprocesses, each with a time limit, so that a crash or a hang loses that run
-only. The device is read first, on its own budget; then each asked part gets its planned seconds, scaled to
---total_s (by default what the default parts need: 9.6 minutes), plus what earlier parts left unused. What a
-part needs is added up from its commands with the H200 figures (H200, one table, the slower of the runs of
-2026-11-26 and 2026-11-28: start + compile + steps x ms per step), and within a part each run may use the
-part's time less what the runs after it need. A --total_s that would give a part less than its floor is refused
-before anything runs, naming the least that fits; --dry_run prints the plan and runs nothing. The parts, in
-order (the default run: device to decode; every figure of its summary is measured in it, but transformers'
-beside our eager decoding):
+(nothing is installed): this file imports only Python's standard library (and gptkit.cli and
+benchmarks/gpu_readings.py, which do too), and every part runs scripts as subprocesses, each with a time limit,
+so that a crash or a hang loses that run only. The device is read first, on its own budget; then each asked part
+gets its planned seconds, scaled to --total_s (by default what the default parts need: 9.6 minutes), plus what
+earlier parts left unused: a part may run until where its time would end had every part before it used its
+whole budget. What a part needs is added up from its commands with the H200 figures (H200, one table, the slower
+of the runs of 2026-11-26 and 2026-11-28, estimates said so: start + compile + steps x ms per step), and every
+default part's budget is at least NEED_MARGIN (1.1) x that; within a part each run may use the part's time less
+what the runs after it need. A bench.py run's last rows may be measured only as time allows (not in its need: a
+run stopped after its other rows is "stopped", not a timeout), and some runs start only where the part's time
+left holds them (OPTIONAL_RUNS, the shakespeare part's second run). A --total_s that would give a part less than
+its floor is refused before anything runs, naming the least that fits; --dry_run prints the plan and runs
+nothing. bench.py's newer options (--decode_window, --profile_decode, --profile_step, --fp8_head) are passed only
+where this checkout's bench.py has them (read from its BenchConfig); one it lacks is left out, and --dry_run and
+the part say so. The parts, in order (the default run: device to tests):
 
-  device       the device and its versions (torch, CUDA, cuDNN, Triton), and the measured dense bf16 peak: an
-               8192 x 8192 x 8192 bf16 matmul timed after ~1 s of warm-up (the clocks up), in TFLOP/s, beside
-               the datasheet's (gptkit/metrics.py)
-  tests        the tests marked cuda, which skip without a CUDA GPU: first tests/test_cudagraph_cuda.py on its
-               own (the graphed training step against the plain one, eager and compiled with dropout, a NaN,
-               an asynchronous save), then the other files. pytest -v prints each outcome as the test ends, so
-               a run stopped keeps every outcome so far; a test past CUDA_TEST_LIMIT_S is stopped (its outcome
-               timeout) and pytest goes on with the tests not run yet
-  train        bench.py's training rows: GPT-2 124M without biases (gpt2nobias: the shape nanoGPT's bench.py
-               times) at micro-batch 12 as train.py runs it and as one CUDA graph. Each run has --keep_going and
-               writes its rows as it goes: a run stopped at its limit keeps the rows it finished; a row that
-               failed fails the part, named
-  nanogpt      nanoGPT's own code beside ours, in this call on this device (shared/anchors/nanoGPT in the
-               checkout or beside it, or --nanogpt; "no anchor" without it, "nanoGPT failed: ..." with its last
-               lines where it ran and failed): its bench.py (the denominator of the speed-up at 12 x 1024),
-               within its own time limit, and its train_shakespeare_char until its first val loss <= --val_loss
-               (or step 1,750), with each evaluation's wall seconds from its start and its median ms per iteration
-  shakespeare  python train.py configs/shakespeare.py --async_save=True --cuda_graphs=True (the fastest way,
-               its saves in the background beside the captured step) until its first val loss <= 1.47
-               (--val_loss): the time from the process' start (metrics.jsonl's elapsed_s, which counts from it)
-               and the wall's; then the run is stopped. The text comes from --shakespeare_text,
-               data/shakespeare_char, shared/data/tinyshakespeare.txt (in the checkout or beside it), or a
-               download; it is prepared in a temporary folder
-  steps        the same small model's ms per step, with --cuda_graphs=True first and then as train.py runs it,
-               over steps 101-200 (after the graphed run's warm-up and capture) and 901-1,000 (no evaluations
-               between), or the last window before it that both runs reached: is the step flat, what do graphs
-               give
-  decode       bench.py's batch-1 decode rows, eager then compiled (with the compile time), and the 1,000-token
-               prefill (transformers' eager generate beside ours: bench.py --hf_reference, in --smoke or alone)
+  device       NVML's readings at the start (benchmarks/gpu_readings.py: SM and memory clocks and their max, power
+               draw and limit, temperature, throttle reasons by name, other processes on the GPU; through pynvml,
+               else nvidia-smi, else "missing" in one line), the device and its versions (torch, CUDA, cuDNN,
+               Triton), and the dense bf16 peak measured after 3 s of warm-up at two shapes, 8192^3 (the
+               denominator of mfu_measured_peak) and GPT-2's 12,288 x 768 x 3,072, each with NVML read during it
+               (clocks, power, heat, throttle reasons), in TFLOP/s beside the datasheet's (gptkit/metrics.py)
+  decode       bench.py's batch-1 compiled decode of GPT-2's shape in windows of K tokens a CUDA graph launch
+               (--decode_window=1,16,8,32: 8 and 32 as time allows), each row profiled (--profile_decode: host and
+               GPU microseconds per token), and the 1,000-token prefill; the summary: the best K against 4,000
+               tokens/s, and K=1's host and GPU microseconds a token
+  train        bench.py's training rows of GPT-2 124M without biases (gpt2nobias: the shape nanoGPT's bench.py
+               times), as one CUDA graph: at 12 x 1024 profiled (--profile_step: ms per step by kernel kind) with
+               the head in bf16 and in FP8 (--fp8_head=False,True), the loss by slices (the default) and then, as
+               time allows, over all the logits at once (--loss_chunk=default,plain); micro-batches 32, 24, 16
+               (24 and 16 as time allows). Each run has --keep_going and writes its rows as it goes: a run stopped at its limit keeps
+               the rows it finished; a row that failed fails the part, named
+  nanogpt      nanoGPT's bench.py beside ours, in this call on this device (shared/anchors/nanoGPT in the checkout
+               or beside it, or --nanogpt; "no anchor" without it, "nanoGPT failed: ..." with its last lines where
+               it ran and failed): the denominator of the speed-up of the best row at 12 x 1024
+  shakespeare  python train.py configs/shakespeare.py --async_save=True --cuda_graphs=True (the fastest way, its
+               saves in the background beside the captured step) until its first val loss <= 1.47 (--val_loss):
+               the time from the process' start (metrics.jsonl's elapsed_s, which counts from it) and the wall's,
+               and train.py's start-up trace (runs.jsonl's start); then stopped, and, where the part's time left
+               holds it, the same as train.py runs it by default, to the same val loss (the pair that decides
+               --cuda_graphs' default). The text comes from --shakespeare_text, data/shakespeare_char,
+               shared/data/tinyshakespeare.txt (in the checkout or beside it), or a download; it is prepared in
+               a temporary folder
+  tests        the tests marked cuda, which skip without a CUDA GPU: tests/test_cudagraph_cuda.py on its own (the
+               graphed training step against the plain one, eager and compiled with dropout, a compiled dropout
+               captured alone, a NaN, an asynchronous save), then tests/test_decode_window.py and
+               tests/test_fp8.py, then, where the part's time left holds them, the other files (last of the
+               default parts, it gets what the parts before it left). pytest -v prints each outcome as the test
+               ends, so a run stopped keeps every outcome so far; a test past CUDA_TEST_LIMIT_S is stopped (its
+               outcome timeout) and pytest goes on with the tests not run yet
+  nanogpt_train (not in the default run: its figure, 94.7 s to val 1.4696 on 2026-11-28's host, is recorded
+               and in the summary) nanoGPT's train_shakespeare_char until its first val loss <= --val_loss (or
+               step 1,750), with each evaluation's wall seconds from its start and its median ms per iteration
+  steps        (not in the default run) the same small model's ms per step, with --cuda_graphs=True first and
+               then as train.py runs it, over steps 101-200 (after the graphed run's warm-up and capture) and
+               901-1,000 (no evaluations between), or the last window before it that both runs reached
+  decode_more  (not in the default run) eager batch-1 decoding, beside transformers' eager generate
+               (--hf_reference): ours over theirs, and with the compiled rows the tokens from which compiling pays
   plan         (not in the default run) python -m benchmarks.plan_memory --device=cuda: the plan's peak memory
                against the allocator's
   serve        (not in the default run) benchmarks/serve_load.py, where starlette, uvicorn and openai are
                installed (else skipped)
-  train_more   (not in the default run) bench.py's other training rows: micro-batches 32 and 16; each block
-               compiled on its own; compile's autotuned kernels; the optimizer step compiled; GPT-2 with biases,
-               the modern model
+  train_more   (not in the default run) bench.py's other training rows: 12 x 1024 as train.py runs it (not
+               graphed); each block compiled on its own; compile's autotuned kernels; the optimizer step
+               compiled; GPT-2 with biases, the modern model
 
-It writes --out, a JSON file (rewritten after every part): the date, the command, the device, torch, the git
-commit, the budgets and needs, what was missing; every part's status (ok, failed, timeout or skipped), seconds,
-time budget and reason, and its runs (command, exit code, seconds, and the last lines of one that failed);
-every bench.py row, each with mfu_measured_peak (MFU against the measured peak, beside mfu against the
-datasheet's); the tests' outcomes, the Shakespeare runs, the plan's rows; and a summary against BENCHMARKS.md's
-targets. Beside it, the log (--log): every subprocess's output.
+It writes --out, a JSON file, rewritten whole after every part and every bench.py run, with the summary of what
+is measured so far (so a check cut short, by the call's limit say, keeps every row it measured; SIGTERM stops
+the running subprocess and the JSON says where the check was cut): the date, the
+command, the device, torch, the git commit, the budgets and needs, what was missing, NVML's readings; every
+part's status (ok, failed, timeout or skipped), seconds, time budget and reason, and its runs (command, exit
+code, seconds, and the last lines of one that failed); every bench.py row, each with mfu_measured_peak (MFU
+against the measured peak, beside mfu against the datasheet's); the tests' outcomes, the Shakespeare runs, the
+plan's rows; and a summary against BENCHMARKS.md's targets. Beside it, the log (--log): every subprocess's output.
 
 --smoke runs the same parts on the CPU in about a minute (tiny models, a few steps, configs/shakespeare_cpu.py
-shrunk, val loss 3.6, nanoGPT's training shrunk and without its bench.py, which needs CUDA): a rehearsal of the
-machinery, none of its figures means anything.
+shrunk, val loss 3.6, no nanoGPT bench.py, which needs CUDA, nor the FP8 head): a rehearsal of the machinery,
+none of its figures means anything.
 """
 
 from __future__ import annotations
@@ -109,6 +129,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks import gpu_readings  # (standard library only, as gptkit.cli)
 from gptkit import cli  # (standard library only)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,8 +148,8 @@ class Figure:
 # compiles and every launch-bound step took 1.3-2x the first's (nanoGPT's iter lines 15-17 ms against 8), and
 # three parts ran out of budgets made from the first run alone. run_needs() adds the figures up for each run of
 # a part, from the very commands the part runs (start + compile + steps x ms per step); the default budgets hold
-# what the default parts need (tests/test_gpu_check.py fails where one does not), so that a change to a part
-# cannot silently starve it.
+# NEED_MARGIN x what the default parts need (tests/test_gpu_check.py fails where one does not), so that a change
+# to a part cannot silently starve it.
 H200 = {
     "torch_start_s": Figure(9.0, "11-28 gpu_check.log, device: a python with torch, CUDA's start and the matmul "
                                  "peak, 10.0 s, less the peak's 1 s of warm-up (11-26: 4.5 s in all)"),
@@ -160,9 +181,22 @@ H200 = {
                                    "reference it took 47.0-47.5 s"),
     "decode_compiled_s": Figure(41.0, "11-28 gpu_check.log, decode: compiled (its compile 15.8 s), 41.0 s (11-26: "
                                       "27 s)"),
+    "hf_reference_s": Figure(19.5, "11-28 gpu_check.log, decode: the eager run with transformers' eager generate "
+                                   "beside it, 47.0-47.5 s, less decode_eager_s"),
+    "decode_window_s": Figure(19.0, "estimate: each further decode window (K tokens a graph), compiled afresh as "
+                                    "bench.py compiles every row (15.8 s on 11-28) and timed (~3 s)"),
+    "profile_s": Figure(3.0, "estimate: torch.profiler over a few timed steps or tokens, and its table, per row"),
     "plan_s": Figure(37.5, "11-26 gpu_check.log, memory plan: 37.5 s"),
-    "graph_tests_s": Figure(59.0, "11-28 gpu_check.log: tests/test_cudagraph_cuda.py's five tests, 54.4 s by "
-                                  "pytest's count, and ~4 s for the eager pair with dropout since added"),
+    "readings_s": Figure(1.0, "estimate: NVML's readings through nvidia-smi, three queries of ~0.1-0.3 s at the "
+                              "start (pynvml's take milliseconds)"),
+    "graph_tests_s": Figure(64.0, "11-28 gpu_check.log: tests/test_cudagraph_cuda.py's five tests, 54.4 s by "
+                                  "pytest's count, ~4 s for the eager pair with dropout since added, and ~5 s "
+                                  "(estimate) for the compiled dropout captured alone, since added"),
+    "decode_window_tests_s": Figure(55.0, "estimate: tests/test_decode_window.py's two CUDA tests, each compiling "
+                                          "(mode reduce-overhead) a tiny model's step and window for two samplings, "
+                                          "or the engine's buckets: ~2x test_generate's decode graph test (19 s)"),
+    "fp8_tests_s": Figure(30.0, "estimate: tests/test_fp8.py's two CUDA tests, 150 training steps of a small GPT "
+                                "and one compile (fullgraph)"),
     "generate_loader_tests_s": Figure(19.0, "11-26 gpu_check.log, CUDA tests: test_generate's decode graph and "
                                             "test_loader's batches, 25.5 s, less pytest's start"),
     "engine_tests_s": Figure(10.0, "11-28 gpu_check.log: test_engine's, test_prefix_cache's, test_generate's and "
@@ -172,6 +206,8 @@ H200 = {
     "other_test_file_s": Figure(20.0, "estimate: a file of CUDA tests not named above"),
     "nanogpt_prepare_s": Figure(2.0, "estimate: its prepare.py on the 1.1M characters (1.0 s on both machines)"),
     "nanogpt_bench_s": Figure(49.0, "11-28 gpu_check.log: its bench.py, 48.5 s (26.68 ms/iter; 11-26: 26.35)"),
+    "nanogpt_to_val_s": Figure(94.7, "11-28 rerun.log: its train_shakespeare_char's val 1.4696 at step 1,750, 94.7 s "
+                                     "from its start (1.4777 at step 1,500, 87.9 s; 11-26: ~54 s on the faster host)"),
     "nanogpt_start_s": Figure(37.0, "11-28 gpu_check.json, nanogpt: its step-0 evaluation 37.0 s after its start "
                                     "(rerun.log 30.3 s; 11-26: ~19 s)"),
     "nanogpt_compile_s": Figure(20.6, "11-28 gpu_check.json, nanogpt: its step-250 evaluation at 64.6 s = 37.0 s + "
@@ -202,64 +238,87 @@ class Budget:
 
 
 # The device read comes first, on its own budget: no other part's share can skip it (4.5 s on 2026-11-26, 10.0 s
-# with the matmul's 1 s of warm-up on 2026-11-28's slower host).
-DEVICE_BUDGET = Budget(15, 10, 25, 15)
-BUDGETS = {"tests": Budget(108.5, 60, 30, 20), "train": Budget(75.5, 40, 50, 25), "decode": Budget(69.5, 50, 40, 20),
-           "shakespeare": Budget(73, 55, 60, 30), "steps": Budget(68.5, 50, 45, 20),
-           "nanogpt": Budget(158, 60, 40, 15),
-           # not in the default run (--parts=...,plan,serve,train_more): their figures are not in its summary
-           "plan": Budget(45, 40, 10, 5), "serve": Budget(160, 90, 10, 5), "train_more": Budget(200, 35, 10, 5)}
-DEFAULT_PARTS = ("tests", "train", "nanogpt", "shakespeare", "steps", "decode")  # (in PARTS' order)
+# with the matmul's 1 s of warm-up on 2026-11-28's slower host; now NVML's readings, 3 s of warm-up and two shapes).
+DEVICE_BUDGET = Budget(18, 12, 25, 15)
+# Each default part's budget is at least NEED_MARGIN x what its commands need on an H200 (run_needs; the test of
+# the plan fails where one is not), so that a part measured as slow as the slower host was still ends in time.
+NEED_MARGIN = 1.1
+BUDGETS = {"decode": Budget(74, 50, 40, 20), "train": Budget(141, 90, 50, 25), "nanogpt": Budget(55, 50, 10, 5),
+           "shakespeare": Budget(82, 60, 60, 30), "tests": Budget(182, 80, 30, 20),
+           # not in the default run (--parts=...): each with its own time
+           "nanogpt_train": Budget(120, 60, 40, 15), "steps": Budget(140, 50, 45, 20),
+           "decode_more": Budget(53, 30, 10, 5), "plan": Budget(42, 40, 10, 5), "serve": Budget(165, 90, 10, 5),
+           "train_more": Budget(280, 35, 10, 5)}
+DEFAULT_PARTS = ("decode", "train", "nanogpt", "shakespeare", "tests")  # (in PARTS' order)
 DEFAULT_TOTAL_S = {False: 578.0, True: 300.0}  # on a GPU (the default parts' budgets), and in --smoke
 # A run is not started with less time than this left in its part (it would only import torch and be stopped).
 MIN_RUN_S = 8
 # How long a stopped run has to exit after SIGTERM before it is killed (twice that is kept back from the
 # budgets, so that stopping the last run still ends within --total_s).
 GRACE_S = 5
-# The matmul peak's warm-up, in seconds: ten products (~15 ms) read 725 TFLOP/s on the H200, against the 788-798
-# that H200s give once their clocks are up; the measured peak is the denominator of an MFU.
-PEAK_WARMUP_S = {False: 1.0, True: 0.1}
+# The matmul peak: PEAK_WARMUP_S of warm-up on the first shape (ten products, ~15 ms, read 725 TFLOP/s on the
+# H200 against the 788-798 that H200s give once their clocks are up, and 1 s read 607 on the slower host of
+# 2026-11-28, with nothing to say why), then each shape timed for ~PEAK_TIMED_S while NVML is read on a thread;
+# the second shape gets PEAK_SHAPE_WARMUP_S of its own first. The first is the denominator of mfu_measured_peak.
+PEAK_WARMUP_S = {False: 3.0, True: 0.1}
+PEAK_SHAPE_WARMUP_S = {False: 0.5, True: 0.05}
+PEAK_TIMED_S = {False: 1.0, True: 0.1}
+# (m, k, n) of each product: 8192^3, and GPT-2's MLP up-projection at 12 x 1024 tokens (in --smoke, on the CPU in
+# float32, shapes a CPU times in a moment)
+PEAK_SHAPES = {False: (("8192^3", (8192, 8192, 8192)), ("GPT-2's 12,288 x 768 x 3,072", (12288, 768, 3072))),
+               True: (("512^3", (512, 512, 512)), ("GPT-2's shape / 16", (768, 48, 192)))}
 
-# bench.py's training runs in the default run, the most decisive: nanoGPT's shape (no biases) at 12 x 1024, plain
-# and as one CUDA graph, against nanoGPT's bench.py. (The attention kernels are left out: at 12 x 1024 the
-# default, cuDNN's, was the fastest on the H200.)
+# bench.py's training runs in the default run, the most decisive first: (what, options, extra), where the last
+# `extra` rows of a run are measured if the part's time holds them (they are not in its need; a run stopped after
+# its other rows is "stopped", not a timeout). First nanoGPT's shape (no biases) at 12 x 1024 as one CUDA graph,
+# profiled (kernel time by kind), the head in bf16 and in FP8, the loss by slices (the default), then, as time
+# allows, the same two over all the logits at once (bench.py's product: the loss varies slower than the head);
+# then the larger micro-batches (32 gave the best tokens/s on 2026-11-26), the most likely best first. The step
+# as train.py runs it (not graphed: 0.5 ms slower at 12 x 1024 on 2026-11-28) is in train_more. A flag that this
+# checkout's bench.py lacks is left out, saying so.
 TRAIN_RUNS = (
-    ("nanoGPT's shape (no biases) at 12, plain and as one CUDA graph",
-     ["--models=gpt2nobias", "--batch_size=12", "--cuda_graphs=False,True"]),
+    ("the profiled step at 12 x 1024 as one CUDA graph: the head in bf16 and in FP8, the loss by slices, then whole",
+     ["--models=gpt2nobias", "--batch_size=12", "--cuda_graphs=True", "--profile_step=True",
+      "--loss_chunk=default,plain", "--fp8_head=False,True"], 2),
+    ("micro-batches 32, 24, 16 as one CUDA graph", ["--models=gpt2nobias", "--batch_size=32,24,16", "--cuda_graphs=True"],
+     2),
 )
-# ... and the rest, the train_more part (--parts=train_more, with its own time): first the larger micro-batches
-# (32 gave the best tokens/s on the H200).
+# ... and the rest, the train_more part (--parts=train_more, with its own time)
 TRAIN_MORE_RUNS = (
-    ("micro-batches 32, 16", ["--models=gpt2nobias", "--batch_size=32,16"]),
-    ("each block compiled on its own", ["--models=gpt2nobias", "--batch_size=12", "--compile_scope=blocks"]),
+    ("12 x 1024 as train.py runs it (not graphed)", ["--models=gpt2nobias", "--batch_size=12"], 0),
+    ("each block compiled on its own", ["--models=gpt2nobias", "--batch_size=12", "--compile_scope=blocks"], 0),
     ("compile's autotuned kernels", ["--models=gpt2nobias", "--batch_size=12",
-                                     "--compile_mode=max-autotune-no-cudagraphs"]),
-    ("the optimizer step compiled", ["--models=gpt2nobias", "--batch_size=12", "--compile_optimizer=True"]),
-    ("GPT-2 with biases, the modern model", ["--models=gpt2,modern", "--batch_size=12"]),
+                                     "--compile_mode=max-autotune-no-cudagraphs"], 0),
+    ("the optimizer step compiled", ["--models=gpt2nobias", "--batch_size=12", "--compile_optimizer=True"], 0),
+    ("GPT-2 with biases, the modern model", ["--models=gpt2,modern", "--batch_size=12"], 0),
 )
 # ... and their stand-ins in --smoke: the tiny model, eager (compiling on a CPU takes minutes); one run, as on a
-# GPU, its CUDA graph and cuDNN attention rows skipped (no CUDA) and reported so.
+# GPU, its CUDA graph and cuDNN attention rows skipped (no CUDA) and reported so, its rows profiled (not the FP8
+# head: CUDA only).
 SMOKE_TRAIN_RUNS = (
     ("tiny, with and without biases, cuDNN's attention and one CUDA graph (skipped: no CUDA)",
-     ["--models=tinynobias,tiny", "--batch_size=2", "--sdpa=default,cudnn", "--cuda_graphs=False,True"]),
+     ["--models=tinynobias,tiny", "--batch_size=2", "--sdpa=default,cudnn", "--cuda_graphs=False,True",
+      "--profile_step=True"], 0),
 )
-SMOKE_TRAIN_MORE_RUNS = (("tiny, blocks compiled on their own", ["--models=tinynobias", "--batch_size=2"]),)
-# bench.py's variant options: a comma list each, one row per combination (run_needs counts the rows).
+SMOKE_TRAIN_MORE_RUNS = (("tiny, blocks compiled on their own", ["--models=tinynobias", "--batch_size=2"], 0),)
+# bench.py's variant options: a comma list each, one row per combination (run_needs counts the rows; a decode
+# row per window).
 BENCH_VARIANTS = ("--models", "--batch_size", "--sdpa", "--compile_mode", "--compile_optimizer", "--compile_scope",
-                  "--cuda_graphs")
-# The steps part: train.py's options for each run (a run each, the graphed one first: its late window is the
-# figure the part exists for), its log interval, and the two steps whose ms/step (each over the log interval
-# before it) it reports: the early window starts after the graphed run's warm-up steps and capture
-# (gptkit/cudagraph.py: 3 warm-up steps, captured at the 4th), which the first interval holds; the late one is
-# the last that every run reached, at most the second.
+                  "--cuda_graphs", "--loss_chunk", "--fp8_head", "--decode_window")
+# The steps part (--parts=steps, not in the default run): train.py's options for each run (a run each, the graphed
+# one first: its late window is the figure the part exists for), its log interval, and the two steps whose
+# ms/step (each over the log interval before it) it reports: the early window starts after the graphed run's
+# warm-up steps and capture (gptkit/cudagraph.py: 3 warm-up steps, captured at the 4th), which the first interval
+# holds; the late one is the last that every run reached, at most the second.
 STEP_RUNS = (("one CUDA graph", ["--cuda_graphs=True"]), ("as train.py runs it", []))
 STEP_LOG, STEP_AT = 100, (200, 1000)
 SMOKE_STEP_LOG, SMOKE_STEP_AT = 20, (40, 120)
 # The shakespeare part's options on top of configs/shakespeare.py's (--smoke: of the CPU config's, shrunk, and
 # without the CUDA graph): the fastest way to its val loss (the graphed step, 2.1-2.4x the plain one's speed on
 # the H200 of 2026-11-28, the same val loss at step 1,500), with its saves in the background, so that the
-# pinned-memory copy and the writer thread run beside a captured step on a GPU. (train.py as it runs by default
-# is the steps part's second run.)
+# pinned-memory copy and the writer thread run beside a captured step on a GPU. Then, where the part's time
+# (with what earlier parts left) holds its need, train.py as it runs by default, to the same val loss: the pair
+# that decides --cuda_graphs' default.
 SHAKESPEARE_OPTIONS = ("--async_save=True", "--cuda_graphs=True")
 
 
@@ -267,17 +326,24 @@ def shakespeare_options(smoke: bool) -> tuple[str, ...]:
     return tuple(o for o in SHAKESPEARE_OPTIONS if not (smoke and o.startswith("--cuda_graphs")))
 
 
-# (eager, then compiled. transformers' eager generate beside the eager rows, --hf_reference, is left to the
-# --smoke rehearsal and to a run of its own: ours was 1.28x its tokens/s on the H200 of 2026-11-28, and its
-# ~20 s no longer fit the default run once the budgets held the slower machine's figures)
-DECODE_RUNS = (("eager", ["--compile=False"]), ("compiled", ["--compile=True"]))
-SMOKE_DECODE_RUNS = (("eager", ["--compile=False", "--hf_reference"]),)
+# The decode part: batch-1 decoding compiled, in windows of K tokens a CUDA graph (a row each, K=1 the per-token
+# step; the last two if time holds them), each row profiled (host and GPU microseconds per token), and the
+# 1,000-token prefill. Eager decoding and transformers' eager generate beside it (--hf_reference) are the
+# decode_more part (ours was 1.28x transformers' on the H200 of 2026-11-28).
+DECODE_RUNS = (("compiled, in windows of 1, 16, 8, 32 tokens, profiled",
+                ["--compile=True", "--decode_window=1,16,8,32", "--profile_decode=True"], 2),)
+DECODE_MORE_RUNS = (("eager, beside transformers' eager generate", ["--compile=False", "--hf_reference"], 0),)
+SMOKE_DECODE_RUNS = (("eager, in windows of 1 and 4 tokens, profiled",
+                      ["--compile=False", "--hf_reference", "--decode_window=1,4", "--profile_decode=True"], 0),)
 # The tests part: tests/test_cudagraph_cuda.py first, on its own (the graphed step, its capture compiled and
-# beside an asynchronous save: what the GPU run is first to try), then the other files holding CUDA tests; a test
+# beside an asynchronous save), then the files of the newest CUDA code (the decode window, the FP8 head), then,
+# where the part's time holds them, the other files holding CUDA tests (they passed on 2026-11-28); a test
 # running longer than CUDA_TEST_LIMIT_S is stopped (its outcome: timeout) and pytest goes on with the rest.
 GRAPH_TESTS = "tests/test_cudagraph_cuda.py"
+NEW_TESTS = ("tests/test_decode_window.py", "tests/test_fp8.py")
 CUDA_TEST_LIMIT_S = 90
-CUDA_TEST_FILE_S = {GRAPH_TESTS: "graph_tests_s", "tests/test_generate.py": "generate_loader_tests_s",
+CUDA_TEST_FILE_S = {GRAPH_TESTS: "graph_tests_s", "tests/test_decode_window.py": "decode_window_tests_s",
+                    "tests/test_fp8.py": "fp8_tests_s", "tests/test_generate.py": "generate_loader_tests_s",
                     "tests/test_loader.py": None, "tests/test_engine.py": "engine_tests_s",
                     "tests/test_prefix_cache.py": "prefix_tests_s"}  # (None: in another's)
 
@@ -309,8 +375,8 @@ SERVE_PACKAGES = ("starlette", "uvicorn", "openai")
 # rows and ends on its one-line error, and the compiled run goes on.)
 OURS = ("torch", "numpy", "tiktoken", "tqdm", "crc32c")  # train.py, bench.py, prepare/, the tests
 PART_MODULES = {"device": ("torch",), "tests": (*OURS, "pytest"), "train": OURS, "nanogpt": ("torch", "numpy"),
-                "shakespeare": OURS, "steps": OURS, "decode": OURS, "plan": OURS,
-                "serve": (*OURS, *SERVE_PACKAGES), "train_more": OURS}
+                "nanogpt_train": ("torch", "numpy"), "shakespeare": OURS, "steps": OURS, "decode": OURS,
+                "decode_more": OURS, "plan": OURS, "serve": (*OURS, *SERVE_PACKAGES), "train_more": OURS}
 # Where a launcher that can send only the working tree writes the commit (.git may not travel): the commit, then
 # "dirty" where tracked files differed from it. The variable wins over the file.
 COMMIT_ENV, COMMIT_FILE = "GPU_CHECK_COMMIT", "COMMIT"
@@ -375,8 +441,8 @@ class Check:
                        "smoke": args.smoke, "total_s": args.total_s, "elapsed_s": 0.0, "device": {},
                        "budgets_s": {name: round(b) for name, b in self.budgets.items()},
                        "needs_s": None if args.smoke else {name: round(part_need(name)) for name in self.budgets},
-                       "missing": args.missing, "torch": None, "git": git_version(), "parts": {}, "rows": [],
-                       "summary": {}}
+                       "missing": args.missing, "torch": None, "git": git_version(), "readings": {}, "parts": {},
+                       "rows": [], "summary": {}}
         self.part_end = self.deadline
         self.run_offset = 0  # where the running subprocess' output starts in the log
 
@@ -441,8 +507,19 @@ class Check:
     def python(self, *args: str) -> list[str]:
         return python(*args)
 
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
     def write(self) -> None:
-        self.report["elapsed_s"] = round(time.monotonic() - self.started, 1)
+        """The JSON, rewritten whole (beside it first, then moved: never half a file) after every part and every
+        bench.py run, with the summary of what is measured so far: a check cut short (the call's limit, a
+        crash) keeps what it measured."""
+        self.report["elapsed_s"] = round(self.elapsed(), 1)
+        try:
+            add_measured_mfu(self.report)
+            self.report["summary"] = summarise(self.report, self.smoke)
+        except Exception as e:  # (a bug of the summary's must not cost the rows)
+            self.report["summary"] = {"error": f"{type(e).__name__}: {cli.one_line(e)}"[:300]}
         partial = self.out.with_name(self.out.name + ".partial")
         partial.write_text(json.dumps(self.report, indent=2, default=str) + "\n")
         os.replace(partial, self.out)
@@ -517,14 +594,16 @@ def missing_line(args, parts) -> str | None:
     are skipped), tiny Shakespeare's text (prepared data aside, its parts would try a download, and nanoGPT is
     skipped), nanoGPT's code ("no anchor")."""
     said = [f"the package {module} ({', '.join(names)} skipped)" for module, names in missing_modules(parts).items()]
-    if {"shakespeare", "steps", "nanogpt"} & set(parts) and shakespeare_text(args.shakespeare_text) is None:
+    if {"shakespeare", "steps", "nanogpt_train"} & set(parts) and shakespeare_text(args.shakespeare_text) is None:
         prepared = (ROOT / "data" / "shakespeare_char" / "meta.json").is_file()
         download = [p for p in ("shakespeare", "steps") if p in parts and not prepared]
         said.append("tiny Shakespeare's text, shared/data/tinyshakespeare.txt or --shakespeare_text=PATH ("
                     + "; ".join(([f"{', '.join(download)} would download it"] if download else [])
-                                + (["nanogpt skipped"] if "nanogpt" in parts else [])) + ")")
-    if "nanogpt" in parts and nanogpt_dir(args.nanogpt) is None:
-        said.append("nanoGPT's code, shared/anchors/nanoGPT or --nanogpt=PATH (nanogpt skipped: no anchor)")
+                                + (["nanogpt_train skipped"] if "nanogpt_train" in parts else [])) + ")")
+    anchored = [p for p in ("nanogpt", "nanogpt_train") if p in parts]
+    if anchored and nanogpt_dir(args.nanogpt) is None:
+        said.append(f"nanoGPT's code, shared/anchors/nanoGPT or --nanogpt=PATH ({', '.join(anchored)} skipped: no "
+                    f"anchor)")
     if not said:
         return None
     return (f"missing: {'; '.join(said)}. (shared/ in the checkout or beside it; the launch command in "
@@ -560,19 +639,24 @@ def device_command(smoke: bool, out: Path) -> list[str]:
 
 
 def part_device(check: Check, args) -> dict:
-    """The device, the versions and the measured dense peak, from a child process (this one imports no torch)."""
+    """NVML's readings of the GPU as the check starts (clocks, power, temperature, throttle reasons, other
+    processes: benchmarks/gpu_readings.py, here, before anything has warmed it), then the device, the versions
+    and the measured dense peaks at two shapes with the readings taken while each ran, from a child process
+    (this one imports no torch)."""
+    reading = gpu_readings.read()
+    check.report["readings"] = {"start": reading, "line": gpu_readings.line(reading)}
+    check.note(f"\n===== NVML's readings at the start: {check.report['readings']['line']}\n")
+    print(f"  readings: {check.report['readings']['line']}", flush=True)
     out = check.tmp / "peak.json"
-    run = check.run("device and matmul peak", device_command(check.smoke, out))
+    run = check.run("device and matmul peaks", device_command(check.smoke, out))
     info = json.loads(out.read_text()) if out.is_file() else {}
     check.report["device"] = info
     check.report["torch"] = info.get("torch")
-    runs = [run]
-    if shutil.which("nvidia-smi") and not check.smoke:  # the driver, clocks and other processes, into the log
-        runs.append(check.run("nvidia-smi", ["nvidia-smi"]))
-    status, reason = outcome(runs[:1], ["the matmul peak"])
+    status, reason = outcome([run], ["the matmul peak"])
     if status == "ok" and not check.smoke and not info.get("cuda_available"):
         status, reason = "failed", "no CUDA device here (torch.cuda.is_available() is False)"
-    return {"status": status, "reason": reason, "runs": [r.record() for r in runs if r], "peak": info.get("peak")}
+    return {"status": status, "reason": reason, "runs": [run.record()] if run else [], "peak": info.get("peak"),
+            "peaks": info.get("peaks")}
 
 
 def marks_cuda(source: str) -> bool:
@@ -596,11 +680,16 @@ def cuda_test_files() -> list[str]:
     return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py") if marks_cuda(p.read_text()))
 
 
+OTHER_TESTS = "CUDA tests: the others"  # (the group run where the part's time holds it: OPTIONAL_RUNS)
+
+
 def cuda_test_runs() -> list[tuple[str, list[str]]]:
-    """The tests part's pytest runs, in order: the graphed training step's file on its own, then the others."""
+    """The tests part's pytest runs, in order: the graphed training step's file on its own, then the newest
+    code's (NEW_TESTS), then the others."""
     files = cuda_test_files()
     groups = (("CUDA tests: the graphed training step", [f for f in files if f == GRAPH_TESTS]),
-              ("CUDA tests: the others", [f for f in files if f != GRAPH_TESTS]))
+              ("CUDA tests: the decode window, the FP8 head", [f for f in files if f in NEW_TESTS]),
+              (OTHER_TESTS, [f for f in files if f != GRAPH_TESTS and f not in NEW_TESTS]))
     return [(label, chosen) for label, chosen in groups if chosen]
 
 
@@ -696,11 +785,16 @@ def part_tests(check: Check, args) -> dict:
     # (COLUMNS: pytest -v cuts a line, a skip's reason first, at the terminal's width, 80 in a file)
     offline = {"HTTPS_PROXY": "http://127.0.0.1:9", "HTTP_PROXY": "http://127.0.0.1:9", "COLUMNS": "250"}
     needs = [need for _, need in run_needs("tests", check.smoke)]
+    counted = [0.0 if label in OPTIONAL_RUNS else need for (label, _), need in zip(groups, needs)]
     runs: list[Run] = []
     results: dict[str, dict] = {}
-    not_started = []
+    not_started, not_run = [], []
     for i, (label, files) in enumerate(groups):
-        done, found = run_tests(check, label, files, check.share(needs[i], sum(needs[i + 1:])), offline)
+        if label in OPTIONAL_RUNS and check.left() < needs[i]:
+            not_run.append(f"{label} ({', '.join(files)}): not enough time left ({check.left():.0f} s; it needs "
+                           f"{needs[i]:.0f} s): --parts=tests runs them")
+            continue
+        done, found = run_tests(check, label, files, check.share(needs[i], sum(counted[i + 1:])), offline)
         runs += done
         results.update(found)
         if not done:
@@ -718,16 +812,41 @@ def part_tests(check: Check, args) -> dict:
     elif late or not_started:
         status, reason = "timeout", "; ".join(([f"timeout: {', '.join(late)}"] if late else [])
                                              + ([f"not reached: {'; '.join(not_started)}"] if not_started else []))
+    elif not_run:
+        reason = "; ".join(not_run)
     return {"status": status, "reason": reason, "runs": [r.record() for r in runs], "counts": counts,
-            "results": list(results.values())}
+            "results": list(results.values()), "not_run": not_run}
 
 
 def bench_command(options: list[str], extra: list[str], path: Path) -> list[str]:
     return python("bench.py", *options, *extra, "--keep_going", f"--json={path}")
 
 
-def bench_runs(kind: str, smoke: bool) -> tuple[tuple, list[str]]:
-    """A bench.py part's runs ((what, options) each) and the options they share."""
+def bench_flags() -> set[str] | None:
+    """The options this checkout's bench.py accepts: the fields of its BenchConfig, read from its source (this
+    script imports no torch); None where that cannot be read (then every option is passed as written)."""
+    try:
+        tree = ast.parse((ROOT / "bench.py").read_text())
+    except (OSError, SyntaxError):
+        return None
+    config = next((node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "BenchConfig"), None)
+    if config is None:
+        return None
+    return {node.target.id for node in config.body if isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)}
+
+
+def accepted(options: list[str], flags: set[str] | None) -> tuple[list[str], list[str]]:
+    """`options` split into those bench.py accepts and those it lacks (left out: a checkout older than the
+    flag); with flags None, all accepted."""
+    def known(option: str) -> bool:
+        return flags is None or option.removeprefix("--").split("=", 1)[0] in flags
+
+    return [o for o in options if known(o)], [o for o in options if not known(o)]
+
+
+def bench_table(kind: str, smoke: bool) -> tuple[tuple, list[str]]:
+    """A bench.py part's runs as written ((what, options, extra rows) each), and the options they share."""
     if kind in ("train", "train_more"):
         options = ["--device=cpu", "--skip_decode", "--warmup=1", "--repeats=2"] if smoke else ["--device=cuda",
                                                                                                "--skip_decode"]
@@ -735,38 +854,68 @@ def bench_runs(kind: str, smoke: bool) -> tuple[tuple, list[str]]:
                 ("train_more", False): TRAIN_MORE_RUNS, ("train_more", True): SMOKE_TRAIN_MORE_RUNS}[kind, smoke]
         return runs, options
     if smoke:
-        return SMOKE_DECODE_RUNS, ["--device=cpu", "--models=tiny", "--skip_train", "--skip_nocache", "--decode_batch=1",
-                                   "--decode_tokens=16", "--decode_repeats=2", "--prefill_tokens=64"]
-    return DECODE_RUNS, ["--device=cuda", "--models=gpt2", "--skip_train", "--skip_nocache", "--decode_batch=1"]
+        return SMOKE_DECODE_RUNS, ["--device=cpu", "--models=tiny", "--skip_train", "--skip_nocache",
+                                   "--decode_batch=1", "--decode_tokens=16", "--decode_repeats=2", "--prefill_tokens=64"]
+    return (DECODE_MORE_RUNS if kind == "decode_more" else DECODE_RUNS,
+            ["--device=cuda", "--models=gpt2", "--skip_train", "--skip_nocache", "--decode_batch=1"])
 
 
-def bench_part(check: Check, kind: str, runs: tuple, options: list[str]) -> dict:
-    """bench.py once per group of rows (`runs`: (what, options)), most wanted first, with --keep_going and
-    --json; the rows join the report, each with the group's name in "run". A row that failed (which
-    --keep_going reports as a row and bench.py's exit code hides) fails the part, named with its reason."""
+def bench_runs(kind: str, smoke: bool) -> tuple[list[tuple[str, list[str], int]], list[str]]:
+    """A bench.py part's runs ((what, options, extra rows) each: the last `extra` rows measured if time holds
+    them), each with only the options this bench.py accepts, and the options they share."""
+    runs, options = bench_table(kind, smoke)
+    flags = bench_flags()
+    kept = []
+    for label, extra, optional in runs:
+        usable = accepted(extra, flags)[0]
+        kept.append((label, usable, min(optional, bench_rows(options + usable) - 1)))
+    return kept, options
+
+
+def bench_lacking(kind: str, smoke: bool) -> list[str]:
+    """The options of a bench.py part's runs that this checkout's bench.py lacks (left out of its commands)."""
+    flags = bench_flags()
+    return sorted({o.split("=")[0] for _, extra, _ in bench_table(kind, smoke)[0] for o in accepted(extra, flags)[1]})
+
+
+def bench_part(check: Check, kind: str, runs: list, options: list[str]) -> dict:
+    """bench.py once per group of rows (`runs`: (what, options, extra rows)), most wanted first, with --keep_going
+    and --json; the rows join the report as each run ends (the JSON rewritten), each with the group's name in
+    "run". A run stopped at its limit after all but its extra rows is "stopped" (what it was for is measured).
+    A row that failed (which --keep_going reports as a row and bench.py's exit code hides) fails the part, named
+    with its reason."""
     needs = [need for _, need in run_needs(kind, check.smoke)]
-    done, failed_rows = [], []
-    for i, (label, extra) in enumerate(runs):
+    done, failed_rows, cut = [], [], []
+    for i, (label, extra, optional) in enumerate(runs):
         path = check.tmp / f"{kind}_{i}.json"
         run = check.run(f"{kind}: {label}", bench_command(options, extra, path),
                         limit_s=check.share(needs[i], sum(needs[i + 1:])))
+        rows = read_rows(path)
+        wanted = bench_rows(options + extra)  # (its rows of the part's kind: a decode run's prefill row aside)
+        measured = sum(row.get("kind") == ("train" if kind.startswith("train") else "decode") for row in rows)
+        if run is not None and run.status == "timeout" and optional and measured >= wanted - optional:
+            run.status = "stopped"  # (its last rows were measured as time allowed)
+            cut.append(f"{label}: {measured} of {wanted} rows (the last {optional} as time allowed)")
         done.append(run)
-        for row in read_rows(path):
+        for row in rows:
             check.report["rows"].append({"run": f"{kind}: {label}", **row})
             if row.get("status") == "failed":
                 failed_rows.append(f"{row_name(row)}: {str(row.get('reason'))[:200]}")
-    status, reason = outcome(done, [label for label, _ in runs])
+        check.write()  # (a check cut short keeps these rows)
+    status, reason = outcome(done, [label for label, _, _ in runs])
     if failed_rows:
         rows = f"failed rows: {'; '.join(failed_rows)}"
         status, reason = "failed", rows if reason is None else f"{rows}; {reason}"
-    return {"status": status, "reason": reason, "runs": [r.record() for r in done if r]}
+    lacking = bench_lacking(kind, check.smoke)
+    return {"status": status, "reason": reason, "runs": [r.record() for r in done if r], "cut_short": cut,
+            "lacking_flags": lacking}
 
 
 def row_name(row: dict) -> str:
     """A bench.py row in a few words: its kind and model, micro-batch, and what its variant changes."""
     words = [row.get("kind", "?"), str(row.get("model")), f"batch {row.get('batch_size')}"]
     defaults = {"sdpa": "default", "compile_mode": "default", "compile_scope": "model", "compile_optimizer": False,
-                "cuda_graphs": False}
+                "cuda_graphs": False, "fp8_head": False, "decode_window": 1}
     words += [f"{key}={row[key]}" for key, default in defaults.items() if row.get(key, default) != default]
     if row.get("kind") != "train" and "compile" in row:
         words.append("compiled" if row["compile"] else "eager")
@@ -783,6 +932,10 @@ def part_train_more(check: Check, args) -> dict:
 
 def part_decode(check: Check, args) -> dict:
     return bench_part(check, "decode", *bench_runs("decode", check.smoke))
+
+
+def part_decode_more(check: Check, args) -> dict:
+    return bench_part(check, "decode_more", *bench_runs("decode_more", check.smoke))
 
 
 def shakespeare_text(given: str | None) -> Path | None:
@@ -888,14 +1041,10 @@ def step_windows(results: list[dict], at: tuple[int, int], log: int) -> dict:
             "late_wanted": [at[1] - log + 1, at[1]]}
 
 
-def part_shakespeare(check: Check, args) -> dict:
-    """train.py on shakespeare_char until its first evaluation at or below args.val_loss."""
-    data_root, runs, why = shakespeare_data(check, args)
-    if data_root is None:
-        return {"status": "skipped", "runs": [r.record() for r in runs], "reason": why}
-    out_dir = check.tmp / "shakespeare_out"
-    # (with its saves in the background: the pinned-memory copy and the writer thread run on a GPU here)
-    command = shakespeare_command(check.smoke, data_root, out_dir, *shakespeare_options(check.smoke))
+def train_until_val(check: Check, args, label: str, command: list[str], out_dir: Path) -> tuple[Run | None, dict]:
+    """train.py (`command`, writing into out_dir) until its first evaluation at or below args.val_loss, then
+    stopped: the run, and what it reached (step, val_loss, elapsed_s from its process start, wall_s), its
+    evaluations and its start-up trace (runs.jsonl's start: imports, device, data, model, ...)."""
     metrics, started = out_dir / "metrics.jsonl", time.monotonic()
     reached: dict = {}
 
@@ -910,15 +1059,51 @@ def part_shakespeare(check: Check, args) -> dict:
                            wall_s=round(time.monotonic() - started, 1), last_rates=rates[-1] if rates else None)
         return bool(reached)
 
-    run = check.run(f"train.py until val <= {args.val_loss}", command, watch)
-    runs.append(run)
+    run = check.run(label, command, watch)
     watch()  # what it wrote just before it ended
     evals = [{k: e[k] for k in ("step", "val_loss", "elapsed_s")} for e in read_metrics(metrics) if "val_loss" in e]
-    result = {"runs": [r.record() for r in runs if r], "val_threshold": args.val_loss, "reached": reached or None,
-              "evaluations": evals}
-    if reached:
+    return run, {"command": shlex.join(command), "reached": reached or None, "evaluations": evals,
+                 "start": start_trace(out_dir)}
+
+
+def start_trace(out_dir: Path) -> dict | None:
+    """train.py's start-up trace from its runs.jsonl (the last invocation's "start": seconds per phase)."""
+    try:
+        lines = (out_dir / "runs.jsonl").read_text().splitlines()
+        return json.loads(lines[-1]).get("start") if lines else None
+    except (OSError, ValueError):
+        return None
+
+
+def part_shakespeare(check: Check, args) -> dict:
+    """train.py on shakespeare_char, the fastest way (SHAKESPEARE_OPTIONS), until its first evaluation at or below
+    args.val_loss; then, where the part's time left holds what it needs, as train.py runs it by default, to the
+    same val loss (--smoke: not again, the run being that already)."""
+    data_root, runs, why = shakespeare_data(check, args)
+    if data_root is None:
+        return {"status": "skipped", "runs": [r.record() for r in runs], "reason": why}
+    options = shakespeare_options(check.smoke)
+    command = shakespeare_command(check.smoke, data_root, check.tmp / "shakespeare_out", *options)
+    run, result = train_until_val(check, args, f"train.py {' '.join(options)} until val <= {args.val_loss}", command,
+                                  check.tmp / "shakespeare_out")
+    runs.append(run)
+    result = {"val_threshold": args.val_loss, **result}
+    plain: dict = {"skipped": "--smoke: the run above is train.py as it runs by default"} if check.smoke else {}
+    need = plain_shakespeare_need()
+    if not check.smoke and result["reached"] and check.left() < need:
+        plain = {"skipped": f"not enough time left: {check.left():.0f} s, and it needs {need:.0f} s"}
+    elif not check.smoke and result["reached"]:
+        command = shakespeare_command(check.smoke, data_root, check.tmp / "shakespeare_plain", "--async_save=True")
+        plain_run, plain = train_until_val(check, args, f"train.py as it runs by default until val <= "
+                                                        f"{args.val_loss}", command, check.tmp / "shakespeare_plain")
+        runs.append(plain_run)
+        plain["status"] = plain_run.status if plain_run else "not started"
+    elif not check.smoke:
+        plain = {"skipped": "the run above did not reach the val loss"}
+    result = {"runs": [r.record() for r in runs if r], **result, "plain": plain}
+    if result["reached"]:
         return {"status": "ok", "reason": None, **result}
-    best = min((e["val_loss"] for e in evals), default=None)
+    best = min((e["val_loss"] for e in result["evaluations"]), default=None)
     status = "timeout" if run is None or run.status == "timeout" else "failed"
     return {"status": status, "reason": f"train.py ended ({run.status if run else 'not started'}) before val <= "
                                         f"{args.val_loss}; best val {best}", **result}
@@ -930,11 +1115,15 @@ def nanogpt_dir(given: str | None) -> Path | None:
     return next((p for p in candidates if all((p / name).is_file() for name in NANOGPT_FILES)), None)
 
 
-def nanogpt_commands(smoke: bool) -> list[tuple[str, list[str]]]:
-    """nanoGPT's runs, each (what, command), run in a copy of its folder (its scripts read ./data, ./config)."""
+def nanogpt_commands(smoke: bool, part: str = "nanogpt") -> list[tuple[str, list[str]]]:
+    """nanoGPT's runs of a part (nanogpt: its bench.py, which needs CUDA, so none in --smoke; nanogpt_train: its
+    train_shakespeare_char, shrunk in --smoke), each (what, command), run in a copy of its folder (its scripts
+    read ./data, ./config)."""
+    if part == "nanogpt":
+        return [] if smoke else [("nanoGPT bench.py", python(*NANOGPT_BENCH))]
     if smoke:
         return [("nanoGPT train_shakespeare_char (shrunk)", python(*SMOKE_NANOGPT_TRAIN))]
-    return [("nanoGPT bench.py", python(*NANOGPT_BENCH)), ("nanoGPT train_shakespeare_char", python(*NANOGPT_TRAIN))]
+    return [("nanoGPT train_shakespeare_char", python(*NANOGPT_TRAIN))]
 
 
 def nanogpt_results(output: str) -> dict:
@@ -950,34 +1139,51 @@ def nanogpt_results(output: str) -> dict:
 
 
 def part_nanogpt(check: Check, args) -> dict:
-    """nanoGPT beside ours in this call: its bench.py (the denominator of vs_nanogpt), within its own time limit
-    (the part's time less what the training needs: a hang there cannot cost the training run), and its
-    train_shakespeare_char until its first val loss <= --val_loss (or step 1,750), timed from its start."""
+    """nanoGPT's bench.py beside ours in this call (the denominator of vs_nanogpt: GPT-2 124M without biases at
+    12 x 1024, compiled, random tokens), from a copy of its folder."""
+    if check.smoke:
+        return {"status": "skipped", "runs": [], "reason": "--smoke: nanoGPT's bench.py needs CUDA",
+                "bench": {"skipped": "--smoke: nanoGPT's bench.py needs CUDA"}}
+    return nanogpt_part(check, args, "nanogpt")
+
+
+def part_nanogpt_train(check: Check, args) -> dict:
+    """nanoGPT's train_shakespeare_char beside ours (--parts=nanogpt_train: its figure is recorded, see
+    H200's nanogpt_to_val_s), until its first val loss <= --val_loss (or step 1,750), timed from its start."""
+    return nanogpt_part(check, args, "nanogpt_train")
+
+
+def nanogpt_part(check: Check, args, name: str) -> dict:
+    """A nanoGPT part's runs from a copy of its folder, with its own model.py (not ours); for its training, its
+    prepare.py on tiny Shakespeare first."""
     source = nanogpt_dir(args.nanogpt)
     if source is None:
         return {"status": "skipped", "runs": [], "reason": "no anchor: nanoGPT's code is not at "
                 "shared/anchors/nanoGPT (in the checkout or beside it); pass --nanogpt=PATH"}
+    training = name == "nanogpt_train"
     text = shakespeare_text(args.shakespeare_text)
-    if text is None:
+    if training and text is None:
         return {"status": "skipped", "runs": [], "reason": "no anchor: no tiny Shakespeare text for nanoGPT's data: "
                 "pass --shakespeare_text=PATH, or put it at shared/data/tinyshakespeare.txt"}
     copy = check.tmp / "nanoGPT"
-    for name in NANOGPT_FILES:  # (the files alone: the folder's own modes may be read-only)
-        (copy / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source / name, copy / name)
-    shutil.copyfile(text, copy / "data/shakespeare_char/input.txt")  # (its prepare.py downloads it otherwise)
+    for file in NANOGPT_FILES:  # (the files alone: the folder's own modes may be read-only)
+        (copy / file).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source / file, copy / file)
     env = {"PYTHONPATH": ""}  # nanoGPT's own model.py, not ours
-    needs = [need for _, need in run_needs("nanogpt", check.smoke)]  # its prepare.py, then its runs
-    # its prepare.py imports requests, which it needs only for the download
-    stub = "import runpy, sys, types\ntry:\n    import requests\nexcept ImportError:\n    sys.modules['requests'] = " \
-           "types.ModuleType('requests')\nrunpy.run_path('data/shakespeare_char/prepare.py', run_name='__main__')"
-    prepare = check.run("nanoGPT prepare shakespeare_char", python("-c", stub), env=env, cwd=copy,
-                        limit_s=check.share(needs[0], sum(needs[1:])))
-    runs, labels = [prepare], ["nanoGPT's prepare.py"]
-    result: dict = {"bench": {"skipped": "--smoke: nanoGPT's bench.py needs CUDA"}} if check.smoke else {}
-    if prepare is not None and prepare.status == "ok":
-        for i, (label, command) in enumerate(nanogpt_commands(check.smoke), start=1):
-            training = "train.py" in command
+    needs = [need for _, need in run_needs(name, check.smoke)]  # (its prepare.py first, for the training)
+    runs: list[Run | None] = []
+    labels: list[str] = []
+    if training:
+        shutil.copyfile(text, copy / "data/shakespeare_char/input.txt")  # (its prepare.py downloads it otherwise)
+        # its prepare.py imports requests, which it needs only for the download
+        stub = "import runpy, sys, types\ntry:\n    import requests\nexcept ImportError:\n    sys.modules['requests'] " \
+               "= types.ModuleType('requests')\nrunpy.run_path('data/shakespeare_char/prepare.py', run_name='__main__')"
+        runs.append(check.run("nanoGPT prepare shakespeare_char", python("-c", stub), env=env, cwd=copy,
+                              limit_s=check.share(needs[0], sum(needs[1:]))))
+        labels.append("nanoGPT's prepare.py")
+    result: dict = {}
+    if not runs or (runs[0] is not None and runs[0].status == "ok"):
+        for i, (label, command) in enumerate(nanogpt_commands(check.smoke, name), start=len(runs)):
             started, seen = time.monotonic(), {}
 
             def watch(seen=seen, started=started) -> bool:  # each evaluation's wall seconds from the start
@@ -1078,11 +1284,12 @@ def part_serve(check: Check, args) -> dict:
             "output": [line for r in runs for line in r.output.splitlines()[-12:]]}
 
 
-# The parts in the order they run: the device first, then the most decisive.
-PARTS: dict[str, Callable] = {"device": part_device, "tests": part_tests, "train": part_train,
-                              "nanogpt": part_nanogpt, "shakespeare": part_shakespeare, "steps": part_steps,
-                              "decode": part_decode, "plan": part_plan, "serve": part_serve,
-                              "train_more": part_train_more}
+# The parts in the order they run: the device first, then the most decisive; the tests last of the default
+# parts, so that the time the parts before them left unused lets their last files run too.
+PARTS: dict[str, Callable] = {"device": part_device, "decode": part_decode, "train": part_train,
+                              "nanogpt": part_nanogpt, "shakespeare": part_shakespeare, "tests": part_tests,
+                              "nanogpt_train": part_nanogpt_train, "steps": part_steps, "decode_more": part_decode_more,
+                              "plan": part_plan, "serve": part_serve, "train_more": part_train_more}
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -1119,9 +1326,11 @@ def bench_rows(options: list[str]) -> int:
 def run_needs(name: str, smoke: bool = False) -> list[tuple[str, float]]:
     """What each run of a part needs on an H200, added up from the figures of H200 for the very commands the part
     runs, in the order it runs them (each 0 in --smoke: the CPU rehearsal's runs share their part's time as
-    they come)."""
+    they come). A bench.py run's extra rows (measured if time holds them) are not in it; a run in
+    OPTIONAL_RUNS is, but not in part_need."""
     if name == "device":
-        needs = [("device and matmul peak", h200("torch_start_s") + PEAK_WARMUP_S[False])]
+        timed = PEAK_WARMUP_S[False] + PEAK_SHAPE_WARMUP_S[False] + len(PEAK_SHAPES[False]) * PEAK_TIMED_S[False]
+        needs = [("NVML's readings", h200("readings_s")), ("device and matmul peak", h200("torch_start_s") + timed)]
     elif name == "tests":
         def file_s(path: str) -> float:
             figure = CUDA_TEST_FILE_S.get(path, "other_test_file_s")
@@ -1130,30 +1339,30 @@ def run_needs(name: str, smoke: bool = False) -> list[tuple[str, float]]:
         needs = [(label, h200("pytest_start_s") + sum(map(file_s, files))) for label, files in cuda_test_runs()]
     elif name in ("train", "train_more"):
         runs, options = bench_runs(name, smoke)
-        needs = [(label, h200("bench_start_s") + bench_rows(options + extra) * h200("bench_row_s"))
-                 for label, extra in runs]
-    elif name == "decode":
-        runs, _ = bench_runs(name, smoke)
-        needs = [(label, h200("decode_compiled_s" if "--compile=True" in extra else "decode_eager_s"))
-                 for label, extra in runs]
+        needs = [(label, h200("bench_start_s") + (bench_rows(options + extra) - optional)
+                  * (h200("bench_row_s") + profiled(extra))) for label, extra, optional in runs]
+    elif name in ("decode", "decode_more"):
+        runs, options = bench_runs(name, smoke)
+        needs = []
+        for label, extra, optional in runs:
+            windows = len((option(extra, "decode_window") or "1").split(",")) - optional
+            compiled = "--compile=True" in extra
+            needs.append((label, h200("decode_compiled_s" if compiled else "decode_eager_s")
+                          + (windows - 1) * h200("decode_window_s") + windows * profiled(extra)
+                          + ("--hf_reference" in extra) * h200("hf_reference_s")))
     elif name == "shakespeare":
-        steps = h200("train_val_step")
-        evals = steps // config_value("configs/shakespeare.py", "eval_interval") + 1
         command = shakespeare_command(smoke, Path("data"), Path("out"), *shakespeare_options(smoke))
-        needs = [("prepare shakespeare_char", h200("prepare_s")),
-                 ("train.py until val", train_py_need(command, steps, evals,
-                                                      config_value("configs/shakespeare.py", "eval_iters")))]
+        needs = [("prepare shakespeare_char", h200("prepare_s")), ("train.py until val", to_val_need(command))]
     elif name == "steps":
         needs = [("prepare shakespeare_char", h200("prepare_s"))]
         for label, extra in STEP_RUNS:
             if not (smoke and extra):
                 command = steps_command(smoke, Path("data"), Path("out"), extra)
-                # (after the shakespeare part in the default run, which compiles the same model first)
                 needs.append((label, train_py_need(command, float(option(command, "max_iters")), 2,
-                                                   float(option(command, "eval_iters")), warm=True)))
-    elif name == "nanogpt":
-        needs = [("nanoGPT prepare shakespeare_char", h200("nanogpt_prepare_s"))]
-        for label, command in nanogpt_commands(smoke):
+                                                   float(option(command, "eval_iters")))))
+    elif name in ("nanogpt", "nanogpt_train"):
+        needs = [("nanoGPT prepare shakespeare_char", h200("nanogpt_prepare_s"))] if name == "nanogpt_train" else []
+        for label, command in nanogpt_commands(smoke, name):
             if "bench.py" in command:
                 needs.append((label, h200("nanogpt_bench_s")))
             else:
@@ -1170,9 +1379,34 @@ def run_needs(name: str, smoke: bool = False) -> list[tuple[str, float]]:
     return [(label, 0.0 if smoke else seconds) for label, seconds in needs]
 
 
+# Runs that start only where their part's time left holds what they need, and are not in the part's need: the
+# older CUDA test files (the tests part, last, gets what every part before it left unused).
+OPTIONAL_RUNS = {OTHER_TESTS}
+
+
+def profiled(options: list[str]) -> float:
+    """The profiler's seconds per row, where a bench.py run profiles its rows."""
+    return h200("profile_s") if "--profile_step=True" in options or "--profile_decode=True" in options else 0.0
+
+
+def to_val_need(command: list[str], warm: bool = False) -> float:
+    """train.py on configs/shakespeare.py (`command`) until its val loss reaches the threshold, by the H200's
+    figures: the step it came at, with an evaluation every eval_interval."""
+    steps = h200("train_val_step")
+    evals = steps // config_value("configs/shakespeare.py", "eval_interval") + 1
+    return train_py_need(command, steps, evals, config_value("configs/shakespeare.py", "eval_iters"), warm=warm)
+
+
+def plain_shakespeare_need() -> float:
+    """The shakespeare part's second run, as train.py runs it by default (compiling from inductor's cache, warm
+    from the graphed run of the same model): started only where the part's time left holds this."""
+    return to_val_need(shakespeare_command(False, Path("data"), Path("out"), "--async_save=True"), warm=True)
+
+
 def part_need(name: str) -> float:
-    """What a part's commands need on an H200, by the figures of H200 (its budget should hold it)."""
-    return sum(seconds for _, seconds in run_needs(name))
+    """What a part's commands need on an H200, by the figures of H200 (its budget should hold it): its runs'
+    needs but those of OPTIONAL_RUNS."""
+    return sum(seconds for label, seconds in run_needs(name) if label not in OPTIONAL_RUNS)
 
 
 def make_plan(parts: list[str], total_s: float, smoke: bool) -> dict[str, float]:
@@ -1199,24 +1433,33 @@ def plan_commands(name: str, smoke: bool, args) -> list[str]:
     """What a part runs, as text (paths in the check's temporary folder shown as TMP): --dry_run's column."""
     tmp, show = Path("TMP"), (lambda command: shlex.join(["python", *command[1:]]))
     if name == "device":
-        return [show(device_command(smoke, tmp / "peak.json")), *(["nvidia-smi"] if not smoke else [])]
+        return ["NVML's readings (pynvml, else nvidia-smi --query-gpu=... and --query-compute-apps=...)",
+                show(device_command(smoke, tmp / "peak.json"))]
     if name == "tests":
         groups = cuda_test_runs()
-        return [show(tests_command(files)) for _, files in groups] or ["nothing: no test skips without CUDA"]
-    if name in ("train", "train_more", "decode"):
+        return [show(tests_command(files)) + ("  (if the part's time left holds it)" if label in OPTIONAL_RUNS else "")
+                for label, files in groups] or ["nothing: no test skips without CUDA"]
+    if name in ("train", "train_more", "decode", "decode_more"):
         runs, options = bench_runs(name, smoke)
-        return [show(bench_command(options, extra, tmp / f"{name}_{i}.json")) for i, (_, extra) in enumerate(runs)]
+        lacking = bench_lacking(name, smoke)
+        return [show(bench_command(options, extra, tmp / f"{name}_{i}.json"))
+                + (f"  (the last {optional} row(s) if time holds them)" if optional else "")
+                for i, (_, extra, optional) in enumerate(runs)] + (
+            [f"(left out: {', '.join(lacking)}, which this checkout's bench.py lacks)"] if lacking else [])
     if name == "shakespeare":
-        return [show(shakespeare_command(smoke, tmp / "data", tmp / "shakespeare_out", *shakespeare_options(smoke)))
-                + f"  (stopped at the first val <= {args.val_loss})"]
+        graphed = show(shakespeare_command(smoke, tmp / "data", tmp / "shakespeare_out", *shakespeare_options(smoke)))
+        plain = show(shakespeare_command(smoke, tmp / "data", tmp / "shakespeare_plain", "--async_save=True"))
+        return [f"{graphed}  (stopped at the first val <= {args.val_loss})"] + (
+            [] if smoke else [f"{plain}  (then, if the part's time left holds its {plain_shakespeare_need():.0f} s)"])
     if name == "steps":
         return [show(steps_command(smoke, tmp / "data", tmp / f"steps_{i}", extra)) for i, (_, extra) in
                 enumerate(STEP_RUNS) if not (smoke and extra)]
-    if name == "nanogpt":
+    if name in ("nanogpt", "nanogpt_train"):
         where = nanogpt_dir(args.nanogpt)
         if where is None:
             return ["no anchor: nanoGPT's code not found (shared/anchors/nanoGPT; --nanogpt=PATH)"]
-        return [f"(in a copy of {where}) " + show(command) for _, command in nanogpt_commands(smoke)]
+        return [f"(in a copy of {where}) " + show(command) for _, command in nanogpt_commands(smoke, name)] or [
+            "nothing in --smoke (its bench.py needs CUDA)"]
     if name == "plan":
         return [show(PLAN_COMMAND)] if not smoke else ["nothing in --smoke"]
     if name == "serve":
@@ -1224,19 +1467,30 @@ def plan_commands(name: str, smoke: bool, args) -> list[str]:
     raise KeyError(name)
 
 
+# What the default run leaves out since budgets hold 1.1x each part's need, each with its own --parts=NAME.
+LEFT_OUT = ("nanogpt_train (nanoGPT's time to val 1.47, recorded: 94.7 s on 2026-11-28), steps (the small model's "
+            "ms/step early and late), decode_more (eager decoding beside transformers'), train_more (the step at "
+            "12 x 1024 not graphed, blocks compiled, autotune, the optimizer compiled, GPT-2 with biases, the modern "
+            "model), plan, serve")
+
+
 def format_plan(budgets: dict[str, float], args) -> str:
     """--dry_run's table: each part, its budget and floor in seconds, what its commands need on an H200 (by the
-    figures of H200; not in --smoke), and what it runs."""
+    figures of H200; not in --smoke) and the budget over it, and what it runs; then what the default run
+    leaves out."""
     lines = [f"gpu_check plan{' --smoke' if args.smoke else ''} at --total_s={args.total_s:g}:",
-             f"{'part':<12}{'budget':>8}{'floor':>7}{'need':>7}  runs"]
+             f"{'part':<14}{'budget':>8}{'floor':>7}{'need':>7}{'x need':>7}  runs"]
     for name, budget in budgets.items():
         floor = (DEVICE_BUDGET if name == "device" else BUDGETS[name]).of(args.smoke)[1]
-        need = "-" if args.smoke else f"{part_need(name):.0f} s"
+        need = part_need(name)
+        shown = ("-", "-") if args.smoke else (f"{need:.0f} s", f"{budget / need:.2f}" if need else "-")
         commands = plan_commands(name, args.smoke, args)
-        lines.append(f"{name:<12}{budget:>6.0f} s{floor:>5.0f} s{need:>7}  {commands[0]}")
-        lines += [f"{'':<36}{command}" for command in commands[1:]]
-    lines.append(f"{'(stopping)':<12}{2 * GRACE_S:>6.0f} s{'':>14}  kept back to stop the last run")
-    lines.append(f"{'total':<12}{sum(budgets.values()) + 2 * GRACE_S:>6.0f} s")
+        lines.append(f"{name:<14}{budget:>6.0f} s{floor:>5.0f} s{shown[0]:>7}{shown[1]:>7}  {commands[0]}")
+        lines += [f"{'':<45}{command}" for command in commands[1:]]
+    lines.append(f"{'(stopping)':<14}{2 * GRACE_S:>6.0f} s{'':>21}  kept back to stop the last run")
+    lines.append(f"{'total':<14}{sum(budgets.values()) + 2 * GRACE_S:>6.0f} s")
+    if set(budgets) == {"device", *DEFAULT_PARTS}:
+        lines.append(f"not in the default run: {LEFT_OUT}")
     return "\n".join(lines)
 
 
@@ -1279,16 +1533,69 @@ def figure(value, target, met) -> dict:
 def bench_variant(row: dict) -> dict:
     """A bench.py training row's variant: what the summary says it measured."""
     return {k: row.get(k) for k in ("model", "batch_size", "sdpa", "compile_mode", "compile_optimizer",
-                                    "compile_scope", "cuda_graphs")}
+                                    "compile_scope", "cuda_graphs", "fp8_head", "loss_slice_rows")}
+
+
+def peak_figure(peak: dict | None) -> dict:
+    """A matmul peak of the device part: TFLOP/s beside the datasheet's, with NVML's readings taken during it."""
+    peak = peak or {}
+    value = peak.get("tflops_measured")
+    return figure(value, peak.get("tflops_datasheet"), None) | {
+        "shape": peak.get("shape"), "clocks": peak.get("clocks"),
+        "line": peak.get("clocks_line") and f"during it: {peak['clocks_line']}"}
+
+
+def decode_summary(rows: list[dict]) -> dict:
+    """Batch-1 compiled decoding: the best window's tokens/s against the target, every window's, and K=1's host
+    and GPU microseconds per token (--profile_decode)."""
+    compiled = [r for r in rows if r["kind"] == "decode" and r["compile"] and r["batch_size"] == 1]
+    best = max(compiled, key=lambda r: r["tokens_per_s"], default=None)
+    by_window = {str(r.get("decode_window", 1)): r["tokens_per_s"] for r in compiled}
+    k1 = next((r for r in compiled if r.get("decode_window", 1) == 1), None) or {}
+    target = TARGETS["decode_tokens_per_s"]
+    return figure(best and best["tokens_per_s"], target, best and best["tokens_per_s"] >= target) | {
+        "decode_window": best and best.get("decode_window", 1), "by_window": by_window,
+        "compile_s": k1.get("compile_s"), "k1_host_us_per_token": k1.get("host_us_per_token"),
+        "k1_gpu_us_per_token": k1.get("gpu_us_per_token"),
+        "note": "the best decode window (K tokens a CUDA graph launch); K=1's host and GPU microseconds a token"}
+
+
+def shakespeare_summary(report: dict) -> dict:
+    """configs/shakespeare.py to the val loss from the process start: the graphed run, the plain one where it
+    ran, train.py's start-up trace, and nanoGPT's: from nanogpt_train where it ran, else its recorded figure."""
+    part = report["parts"].get("shakespeare", {})
+    shakespeare, plain = part.get("reached"), (part.get("plain") or {})
+    nanogpt = report["parts"].get("nanogpt_train", {})
+    nanogpt_train = nanogpt.get("train") or {}
+    nanogpt_val = nanogpt_train.get("reached") or nanogpt_train.get("best")
+    recorded = H200["nanogpt_to_val_s"]
+    if nanogpt_val is None and (not nanogpt or nanogpt.get("reason") == NOT_ASKED):
+        nanogpt_val = {"wall_s": recorded.value, "val_loss": 1.4696, "step": 1750, "recorded": recorded.where}
+        note = ("seconds from train.py's process start; nanogpt: its train_shakespeare_char's, recorded (not run: "
+                "--parts=nanogpt_train runs it)")
+    else:
+        note = nanogpt_note(nanogpt, "train") or ("seconds from train.py's process start; nanogpt: its "
+                                                  "train_shakespeare_char in this call, the first val at or below "
+                                                  "the threshold (else its best), with the wall seconds from its start")
+    value = shakespeare and shakespeare["elapsed_s"]
+    plain_reached = plain.get("reached") or {}
+    return figure(value, TARGETS["shakespeare_s"], shakespeare and value <= TARGETS["shakespeare_s"]) | {
+        "val_loss": shakespeare and shakespeare["val_loss"], "step": shakespeare and shakespeare["step"],
+        "wall_s": shakespeare and shakespeare["wall_s"], "start": part.get("start"),
+        "plain_elapsed_s": plain_reached.get("elapsed_s"), "plain_step": plain_reached.get("step"),
+        "plain_start": plain.get("start"), "plain_note": plain.get("skipped"), "nanogpt": nanogpt_val,
+        "note": note}
 
 
 def summarise(report: dict, smoke: bool) -> dict:
-    """The figures BENCHMARKS.md's GPU targets ask for, each with its target and whether it was met."""
+    """The figures BENCHMARKS.md's GPU targets ask for, each with its target and whether it was met, and the
+    readings that tell whether the device gave its best."""
     rows = [r for r in report["rows"] if r.get("status") == "ok"]
     train = [r for r in rows if r["kind"] == "train"]
     nobias = "tinynobias" if smoke else "gpt2nobias"
     at_12 = [r for r in train if r["model"] == nobias and r["batch_size"] == (2 if smoke else 12)]
     best_12 = min(at_12, key=lambda r: r["ms"], default=None)
+    default_12 = next((r for r in at_12 if r.get("profile") and not r.get("fp8_head")), None)  # (the bf16 head's)
     best = max((r for r in train if r["model"] in (nobias, nobias.removesuffix("nobias"))),
                key=lambda r: r["tokens_per_s"], default=None)
     name = report["device"].get("name") or ""
@@ -1300,11 +1607,11 @@ def summarise(report: dict, smoke: bool) -> dict:
     vs_hf = (max(r["tokens_per_s"] for r in eager) / reference[0]["tokens_per_s"]) if eager and reference else None
     # sample.py --compile=auto's threshold (gptkit/generate.py's DECODE_COMPILE_COST): the compile time, and the
     # milliseconds the compiled step saves per token; it compiles from compile_s / saved tokens on.
-    saved_ms = (min(r["ms"] for r in eager) - min(r["ms"] for r in decode)) if decode and eager else None
-    compile_s = decode[0].get("compile_s") if decode else None
+    k1 = [r for r in decode if r.get("decode_window", 1) == 1]
+    saved_ms = (min(r["ms"] for r in eager) - min(r["ms"] for r in k1)) if k1 and eager else None
+    compile_s = k1[0].get("compile_s") if k1 else None
     prefill = [r for r in rows if r["kind"] == "prefill"]
     plan = report["parts"].get("plan", {}).get("rows") or []
-    shakespeare = report["parts"].get("shakespeare", {}).get("reached")
     steps_part = report["parts"].get("steps", {})
     steps = {s["run"]: s for s in steps_part.get("steps") or [] if "ms_per_step" in s}
     late = [(s["late_ms"], s["late_over_early"]) for s in steps.values() if s.get("late_ms") is not None]
@@ -1312,48 +1619,54 @@ def summarise(report: dict, smoke: bool) -> dict:
     window = (steps_part.get("windows") or {}).get("late")
     nanogpt = report["parts"].get("nanogpt", {})
     nanogpt_ms = (nanogpt.get("bench") or {}).get("ms")
-    nanogpt_train = nanogpt.get("train") or {}
-    nanogpt_val = nanogpt_train.get("reached") or nanogpt_train.get("best")
+    nanogpt_iter = ((report["parts"].get("nanogpt_train") or {}).get("train") or {}).get("iter_ms_median")
+    readings = report.get("readings") or {}
+    tests = report["parts"].get("tests") or {}
+    counts = tests.get("counts") or {}
 
     speedup = nanogpt_ms / best_12["ms"] if best_12 and nanogpt_ms else None
     summary = {
+        "gpu_readings": figure(None, None, None) | {"line": readings.get("line"), "start": readings.get("start")},
+        "matmul_peak_8192_tflops": peak_figure((report["device"].get("peaks") or [None])[0]),
+        "matmul_gpt2_mlp_tflops": peak_figure((report["device"].get("peaks") or [None, None])[-1]),
         "train_12x1024_no_bias": figure(speedup, TARGETS["vs_nanogpt"], speedup and speedup >= TARGETS["vs_nanogpt"])
         | {"ms": best_12 and best_12["ms"], "nanogpt_ms": nanogpt_ms, "variant": best_12 and bench_variant(best_12),
-           "note": nanogpt_note(nanogpt, "bench") or "x nanoGPT's bench.py tokens/s, run in this call on this device"},
+           "tokens_per_s": best_12 and best_12["tokens_per_s"], "profile": best_12 and best_12.get("profile"),
+           "profile_default": default_12 and default_12.get("profile"),
+           "rows": [{**bench_variant(r), "ms": r["ms"], "vs_nanogpt": nanogpt_ms / r["ms"] if nanogpt_ms else None}
+                    for r in at_12],
+           "note": nanogpt_note(nanogpt, "bench") or "the best row at 12 x 1024: x nanoGPT's bench.py tokens/s, run "
+                                                     "in this call on this device"},
         "train_best_tokens_per_s": figure(best and best["tokens_per_s"], floor,
                                           floor and best and best["tokens_per_s"] >= floor)
         | {"variant": best and bench_variant(best), "mfu_datasheet": best and best["mfu"],
-           "mfu_measured_peak": best and best.get("mfu_measured_peak")},
-        "decode_compiled_batch1_tokens_per_s": figure(
-            max((r["tokens_per_s"] for r in decode), default=None), TARGETS["decode_tokens_per_s"],
-            any(r["tokens_per_s"] >= TARGETS["decode_tokens_per_s"] for r in decode))
-        | {"compile_s": compile_s},
+           "mfu_measured_peak": best and best.get("mfu_measured_peak"),
+           "at_12_tokens_per_s": best_12 and best_12["tokens_per_s"],
+           "note": "the best micro-batch that fits, beside the best row at 12 x 1024 (at_12_tokens_per_s)"},
+        "decode_compiled_batch1_tokens_per_s": decode_summary(rows),
         "decode_eager_vs_transformers": figure(vs_hf, 1.0, vs_hf and vs_hf >= 1.0)
         | {"note": "our eager batch-1 decode's tokens/s over transformers' eager generate, same shape and dtype"
-                   + ("" if reference else "; not measured: the default run leaves transformers out (bench.py "
-                      "--hf_reference; 1.28 on the H200 of 2026-11-28)")},
+                   + ("" if reference else "; not measured: the default run leaves it to --parts=decode_more "
+                      "(1.28 on the H200 of 2026-11-28)")},
         "decode_compile_cost": figure(
             round(compile_s / (saved_ms / 1000)) if compile_s and saved_ms and saved_ms > 0 else None, None, None)
         | {"compile_s": compile_s, "saved_ms_per_token": saved_ms,
            "note": "value: the tokens from which compiling pays; (compile_s, saved_ms_per_token) is "
-                   "gptkit/generate.py's DECODE_COMPILE_COST['cuda']"},
+                   "gptkit/generate.py's DECODE_COMPILE_COST['cuda'] (needs the eager rows: --parts=decode_more)"},
         "prefill_ms": figure(min((r["ms"] for r in prefill), default=None), TARGETS["prefill_ms"],
                              any(r["ms"] < TARGETS["prefill_ms"] for r in prefill))
         | {"prompt_tokens": prefill[0]["seq_len"] if prefill else None},
-        "shakespeare_s_to_val": figure(shakespeare and shakespeare["elapsed_s"], TARGETS["shakespeare_s"],
-                                       shakespeare and shakespeare["elapsed_s"] <= TARGETS["shakespeare_s"])
-        | {"val_loss": shakespeare and shakespeare["val_loss"], "step": shakespeare and shakespeare["step"],
-           "wall_s": shakespeare and shakespeare["wall_s"], "nanogpt": nanogpt_val,
-           "note": nanogpt_note(nanogpt, "train") or "seconds from train.py's process start; nanogpt: its "
-                   "train_shakespeare_char in this call, the first val at or below the threshold (else its best), "
-                   "with the wall seconds from its start"},
+        "shakespeare_s_to_val": shakespeare_summary(report),
         "shakespeare_ms_per_step_late": figure(best_late and best_late[0], TARGETS["small_step_ms"],
                                                best_late and best_late[0] <= TARGETS["small_step_ms"])
         | {"late_over_early": best_late and best_late[1], "runs": steps, "window": window,
-           "nanogpt_iter_ms": nanogpt_train.get("iter_ms_median"),
+           "nanogpt_iter_ms": nanogpt_iter,
            "note": "ms/step over the late window (steps window[0]-window[1], the last that both runs reached), "
-                   "the fastest way (steps part); flat: late_over_early <= 1.1; nanogpt_iter_ms: the median of "
-                   "its iter lines in this call"},
+                   "the fastest way (the steps part, --parts=steps); flat: late_over_early <= 1.1; nanogpt_iter_ms: "
+                   "the median of its iter lines (--parts=nanogpt_train)"},
+        "cuda_tests_passed": figure(counts.get("passed") if counts else None, None,
+                                    None if not counts else not (counts.get("failed") or counts.get("error")))
+        | {"counts": counts, "not_run": tests.get("not_run")},
     }
     if "plan" in report["parts"] and report["parts"]["plan"]["status"] != "skipped":
         summary["plan_worst_error"] = figure(max((abs(r["error"]) for r in plan), default=None), TARGETS["plan_error"],
@@ -1364,22 +1677,30 @@ def summarise(report: dict, smoke: bool) -> dict:
 def print_summary(report: dict) -> None:
     print("\nparts:")
     for name, part in report["parts"].items():
-        print(f"  {name:<12}{part['status']:<9}{part['seconds']:>6.0f} s  {part['reason'] or ''}")
+        print(f"  {name:<14}{part['status']:<9}{part['seconds']:>6.0f} s  {part['reason'] or ''}")
     print("summary:")
     for name, entry in report["summary"].items():
+        if not isinstance(entry, dict) or "value" not in entry:
+            print(f"  {name:<38}{entry}")
+            continue
         value = entry["value"]
-        shown = "n/a" if value is None else f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+        shown = "" if value is None and entry.get("line") else "n/a" if value is None else (
+            f"{value:,.0f}" if value >= 100 else f"{value:.3g}")
         met = {True: "met", False: "NOT met", None: ""}[entry["met"]]
         target = "" if entry["target"] is None else f" (target {entry['target']:,})"
         print(f"  {name:<38}{shown:>12}{target} {met}")
+        if entry.get("line"):
+            print(f"  {'':<38}{entry['line']}")
 
 
 # ----------------------------------------------------------------------------- the child: device and peak
 
 
 def child_peak(smoke: bool) -> dict:
-    """The device, its versions and its measured dense peak: a square matmul (bf16 8192 on a GPU; float32 512
-    on the CPU in --smoke) timed over 50 runs after PEAK_WARMUP_S of them (the clocks up), in TFLOP/s."""
+    """The device, its versions and its measured dense peaks (bf16 on a GPU; float32 on the CPU in --smoke): after
+    PEAK_WARMUP_S of warm-up (the clocks up), each of PEAK_SHAPES timed for ~PEAK_TIMED_S in batches, NVML read
+    on a thread meanwhile (gpu_readings.Sampler), in TFLOP/s. "peak" is the first shape's (8192^3: the
+    denominator of mfu_measured_peak), "peaks" every shape's."""
     import torch
 
     from gptkit.metrics import peak_flops_for
@@ -1402,23 +1723,37 @@ def child_peak(smoke: bool) -> dict:
         info.update(name=platform.processor() or platform.machine(), cpu_threads=torch.get_num_threads())
     else:
         return info
-    device, dtype, n = ("cuda", torch.bfloat16, 8192) if on_gpu else ("cpu", torch.float32, 512)
-    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    device, dtype = ("cuda", torch.bfloat16) if on_gpu else ("cpu", torch.float32)
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
-    warm, warmup_products = time.perf_counter() + PEAK_WARMUP_S[smoke], 0
-    while time.perf_counter() < warm:
-        for _ in range(10):
-            a @ b
-        sync()  # (the host waits: the products counted are those the GPU has done)
-        warmup_products += 10
-    t0 = time.perf_counter()
-    for _ in range(50):
-        a @ b
-    sync()
-    seconds = (time.perf_counter() - t0) / 50
     datasheet = peak_flops_for(info["name"], dtype) if on_gpu else None
-    info["peak"] = {"dtype": str(dtype).removeprefix("torch."), "n": n, "tflops_measured": 2 * n**3 / seconds / 1e12,
-                    "tflops_datasheet": datasheet / 1e12 if datasheet else None, "warmup_products": warmup_products}
+    index = torch.cuda.current_device() if on_gpu else 0
+    info["peaks"] = []
+
+    def products(a, b, count: int) -> float:  # (the host waits: the products counted are those the device has done)
+        t0 = time.perf_counter()
+        for _ in range(count):
+            a @ b
+        sync()
+        return time.perf_counter() - t0
+
+    for i, (name, (m, k, n)) in enumerate(PEAK_SHAPES[smoke]):
+        a, b = torch.randn(m, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype)
+        warmup_s = PEAK_WARMUP_S[smoke] if i == 0 else PEAK_SHAPE_WARMUP_S[smoke]
+        warm, warmup_products, spent = time.perf_counter() + warmup_s, 0, 0.0
+        while time.perf_counter() < warm:
+            spent += products(a, b, 10)
+            warmup_products += 10
+        batch = max(10, round(warmup_products / max(spent, 1e-9) * PEAK_TIMED_S[smoke] / 5))  # five timed batches
+        with gpu_readings.Sampler(index) as sampler:
+            seconds = sum(products(a, b, batch) for _ in range(5)) / (5 * batch)
+        clocks = sampler.summary()
+        info["peaks"].append({"shape": name, "mkn": [m, k, n], "dtype": str(dtype).removeprefix("torch."),
+                              "tflops_measured": 2 * m * k * n / seconds / 1e12,
+                              "tflops_datasheet": datasheet / 1e12 if datasheet else None,
+                              "warmup_s": warmup_s, "warmup_products": warmup_products, "timed_products": 5 * batch,
+                              "clocks": clocks, "clocks_line": gpu_readings.sampled_line(clocks)})
+        del a, b
+    info["peak"] = {"n": PEAK_SHAPES[smoke][0][1][0], **info["peaks"][0]}
     return info
 
 
@@ -1469,6 +1804,14 @@ def parse_args(argv: list[str] | None):
     return args
 
 
+NOT_ASKED = "not in --parts"  # (a part's reason where it was not asked for)
+
+
+def interrupt(signum, frame) -> None:
+    """SIGTERM's handler while the check runs: as Ctrl-C."""
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 @cli.entry_point()
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
@@ -1483,11 +1826,15 @@ def main(argv: list[str] | None = None) -> dict:
           f"JSON {args.out}, log {args.log}", flush=True)
     if args.missing:  # (before any part would look for it, or try a download)
         print(args.missing, flush=True)
+    # SIGTERM (a time limit around the whole call) as Ctrl-C: the running subprocess is stopped, and the JSON
+    # says where the check was cut before it exits
+    terminated = signal.signal(signal.SIGTERM, interrupt)
+    name = None
     try:
         no_device = None
         for name in PARTS:
             if name not in args.budgets:
-                part = {"status": "skipped", "seconds": 0.0, "budget_s": 0, "reason": "not in --parts", "runs": []}
+                part = {"status": "skipped", "seconds": 0.0, "budget_s": 0, "reason": NOT_ASKED, "runs": []}
             elif no_device:
                 part = {"status": "skipped", "seconds": 0.0, "budget_s": 0, "reason": no_device, "runs": []}
             else:
@@ -1496,11 +1843,14 @@ def main(argv: list[str] | None = None) -> dict:
             if name == "device" and not args.smoke and not check.report["device"].get("cuda_available"):
                 no_device = ("no CUDA device here: run it on a GPU, or --smoke for the CPU rehearsal"
                              if check.report["device"] else "the device could not be read (see the log)")
-            check.write()
-        add_measured_mfu(check.report)
-        check.report["summary"] = summarise(check.report, args.smoke)
+            check.write()  # (after every part: what it measured is on disk before the next starts)
+    except KeyboardInterrupt as e:
+        check.report["cut_short"] = (f"interrupted ({e or 'Ctrl-C'}) {check.elapsed():.0f} s in, during the part "
+                                     f"{name}: its rows so far and every earlier part's are here")
         check.write()
+        raise
     finally:
+        signal.signal(signal.SIGTERM, terminated)
         check.close()
     print_summary(check.report)
     print(f"wrote {args.out} and {args.log}")

@@ -1,15 +1,16 @@
 """train.py's whole step as one CUDA graph, on a GPU (tests/test_cudagraph.py checks the same arithmetic eagerly
 on the CPU; only here is the step captured and replayed): the graphed run's steps equal the plain step's from one
-seed, eager and compiled with dropout (the random masks drawn inside the graph); a NaN that enters after the
-capture masks that step and every later one; an asynchronous save pending at the capture does not break it; a
-DPO step, with either reference, captured as well. gpu_check's tests part runs this file first, on its own,
-each test within a time limit."""
+seed, eager and compiled with dropout (the random masks drawn inside the graph; and directly: a compiled dropout
+captured and replayed draws the plain run's masks); a NaN that enters after the capture masks that step and every
+later one; an asynchronous save pending at the capture does not break it; a DPO step, with either reference,
+captured as well. gpu_check's tests part runs this file first, on its own, each test within a time limit."""
 
 import threading
 from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import train
 from gptkit import optim
@@ -118,6 +119,39 @@ def test_cuda_compiled_graphed_training_with_dropout_is_the_plain_step(char_data
     for name in (name for name in wa if wa[name].dim() >= 2):  # the matrices (the vectors: see above)
         diff = (wa[name].float() - wb[name].float()).norm() / wa[name].float().norm()
         assert diff < 2e-2, (name, float(diff))
+
+
+def test_cuda_a_compiled_dropout_captured_draws_the_plain_masks_at_each_replay():
+    """The direct case under the compiled capture with dropout: torch.compile's F.dropout of a tensor of ones,
+    captured in one CUDA graph and replayed three times. Each replay draws a new mask (none baked into the graph:
+    the three differ) and advances the CUDA generator, and each is the mask the same compiled function draws
+    run plainly from the generator offset that replay started at (inductor's random numbers follow the
+    generator's offset, captured or not)."""
+    generator = torch.cuda.default_generators[torch.cuda.current_device()]
+    dropout = torch.compile(lambda x: F.dropout(x, p=0.5, training=True))
+    ones = torch.ones(64, 1024, device="cuda")
+    torch.manual_seed(1234)
+    side = torch.cuda.Stream()  # (the warm-up, which compiles, on a side stream, as a capture wants)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            dropout(ones)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = dropout(ones)
+    offsets, masks = [], []
+    for _ in range(3):
+        offsets.append(generator.get_offset())
+        graph.replay()
+        masks.append(out.clone())
+    assert len(set(offsets)) == 3 and generator.get_offset() > offsets[-1]  # (each replay advanced it)
+    for mask in masks:  # a dropout of ones: 0 or 1 / (1 - p), about half of each
+        assert set(mask.unique().tolist()) == {0.0, 2.0} and 0.45 < float((mask == 0).float().mean()) < 0.55
+    assert not any(torch.equal(masks[i], masks[j]) for i, j in ((0, 1), (0, 2), (1, 2)))
+    for offset, mask in zip(offsets, masks):
+        generator.set_offset(offset)
+        assert torch.equal(dropout(ones), mask)
 
 
 def test_cuda_an_asynchronous_save_pending_at_the_capture_does_not_break_it(char_dataset, tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ limit without losing the rest, a failed bench.py row, a failed nanoGPT run, a mi
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -12,10 +13,13 @@ import textwrap
 import pytest
 from conftest import SHARED_DATA
 
-from benchmarks import gpu_check
+from benchmarks import gpu_check, gpu_readings
 
 # nanoGPT's own code, beside the checkout's shared data (as gpu_check finds it)
 NANOGPT = SHARED_DATA.parent / "anchors" / "nanoGPT"
+
+
+SMOKE_PARTS = (*gpu_check.DEFAULT_PARTS, "nanogpt_train", "steps")
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +28,10 @@ def smoke(tmp_path_factory):
     folder of its JSON and log, and its report."""
     tmp_path = tmp_path_factory.mktemp("smoke")
     text = SHARED_DATA / "tinyshakespeare.txt"
-    # Without a local copy the Shakespeare part would try a download: left out here (skipped, with the reason).
-    extra = [f"--shakespeare_text={text}"] if text.is_file() else ["--parts=tests,train,decode,plan,serve"]
+    # The default parts, and nanoGPT's training and the steps part beside them. Without a local copy the
+    # Shakespeare parts would try a download: left out here (skipped, with the reason).
+    extra = ([f"--shakespeare_text={text}", f"--parts={','.join(SMOKE_PARTS)}"] if text.is_file()
+             else ["--parts=decode,train,tests,plan,serve"])
     anchor = [f"--nanogpt={NANOGPT}"] if NANOGPT.is_dir() else []
     return tmp_path, gpu_check.main(["--smoke", f"--out={tmp_path / 'check.json'}", *extra, *anchor])
 
@@ -35,9 +41,17 @@ def test_smoke_runs_every_part_or_says_why_not(smoke):
     text = SHARED_DATA / "tinyshakespeare.txt"
     out = tmp_path / "check.json"
     assert json.loads(out.read_text()) == json.loads(json.dumps(report, default=str))
-    assert {"date", "command", "smoke", "device", "torch", "git", "parts", "rows", "summary", "missing"} <= set(report)
+    assert {"date", "command", "smoke", "device", "torch", "git", "readings", "parts", "rows", "summary",
+            "missing"} <= set(report)
     assert report["device"]["torch"] == report["torch"] and report["device"]["peak"]["tflops_measured"] > 0
     assert report["device"]["peak"]["warmup_products"] >= 10
+    # both shapes timed, NVML read meanwhile (here, without NVML, said so), and the readings at the start
+    peaks = report["device"]["peaks"]
+    assert [p["shape"] for p in peaks] == [name for name, _ in gpu_check.PEAK_SHAPES[True]]
+    assert all(p["tflops_measured"] > 0 and p["timed_products"] >= 50 and "samples" in p["clocks"] for p in peaks)
+    assert report["device"]["peak"]["tflops_measured"] == peaks[0]["tflops_measured"]
+    assert report["readings"]["line"] == gpu_readings.line(report["readings"]["start"])
+    assert report["summary"]["gpu_readings"]["line"] == report["readings"]["line"]
     assert set(report["parts"]) == set(gpu_check.PARTS)
     for name, part in report["parts"].items():
         assert part["status"] in ("ok", "skipped"), (name, part)
@@ -50,7 +64,8 @@ def test_smoke_runs_every_part_or_says_why_not(smoke):
     tests = report["parts"]["tests"]
     assert tests["results"] and all(t["outcome"] == "skipped" and "CUDA" in t["message"] for t in tests["results"])
     assert [run["command"].split()[-1] for run in tests["runs"][:1]] == [gpu_check.GRAPH_TESTS]
-    assert len(tests["runs"]) == 2 and gpu_check.GRAPH_TESTS not in tests["runs"][1]["command"]
+    assert len(tests["runs"]) == len(gpu_check.cuda_test_runs()) >= 2
+    assert all(gpu_check.GRAPH_TESTS not in run["command"] for run in tests["runs"][1:]) and not tests["not_run"]
     assert tests["counts"]["skipped"] == len(tests["results"]) >= 5
     kinds = {r["kind"] for r in report["rows"]}
     assert kinds == {"train", "decode", "prefill"}
@@ -66,12 +81,29 @@ def test_smoke_runs_every_part_or_says_why_not(smoke):
         # elapsed_s counts from train.py's process start: its imports and setup are in it
         assert 0 < reached["elapsed_s"]
         assert "--async_save=True" in shakespeare["runs"][-1]["command"]
+        assert shakespeare["plain"]["skipped"].startswith("--smoke")
+        # train.py's start-up trace, read from its runs.jsonl
+        assert list(shakespeare["start"]) == ["imports", "config", "device", "data", "model", "setup"]
+        assert report["summary"]["shakespeare_s_to_val"]["start"] == shakespeare["start"]
         graphed, plain = report["parts"]["steps"]["steps"]  # (the graphed run first)
         assert "no CUDA graph" in graphed["skipped"]
         assert plain["early_ms"] == plain["ms_per_step"]["40"] > 0 and plain["late_ms"] == plain["ms_per_step"]["120"]
         assert plain["late_over_early"] > 0 and report["parts"]["steps"]["windows"]["late"] == [101, 120]
         assert report["summary"]["shakespeare_ms_per_step_late"]["value"] == plain["late_ms"]
     assert set(report["summary"]) >= {"train_12x1024_no_bias", "decode_compiled_batch1_tokens_per_s", "prefill_ms"}
+    # bench.py's newer flags where this checkout's bench.py has them (else left out, and said so): decode rows a
+    # window each with host and GPU microseconds per token, training rows profiled by kind
+    flags = gpu_check.bench_flags()
+    ours = [r for r in report["rows"] if r["kind"] == "decode" and r["model"] == "tiny"]
+    if "decode_window" in flags and "profile_decode" in flags:
+        assert [r["decode_window"] for r in ours] == [1, 4] and all(r["host_us_per_token"] > 0 for r in ours)
+    else:
+        assert "--decode_window" in report["parts"]["decode"]["lacking_flags"]
+    if "profile_step" in flags:
+        profile = report["summary"]["train_12x1024_no_bias"]["profile_default"]
+        assert set(profile) == {"matmul", "attention", "head_loss", "optimizer", "other"}
+    else:
+        assert report["parts"]["train"]["lacking_flags"] == ["--profile_step"]
     # transformers' eager generate of the same shape, beside our eager decode
     assert any(r["model"] == "tiny (transformers)" and r["tokens_per_s"] > 0 for r in report["rows"])
     assert report["summary"]["decode_eager_vs_transformers"]["value"] > 0
@@ -199,7 +231,8 @@ NANOGPT_FAKE = {
 
 def test_when_nanogpt_fails_the_summary_says_so_with_its_last_lines(tmp_path, monkeypatch):
     """nanoGPT's bench.py failing (its compile, say) is "nanoGPT failed: ..." with its last lines in the
-    summary, never "no anchor"; its training still runs and gives its figures. Not run at all, "no anchor"."""
+    summary, never "no anchor"; its training (the nanogpt_train part) still runs and gives its figures. Not run
+    at all, "no anchor"; its training not run, its recorded figure."""
     monkeypatch.setattr(gpu_check, "MIN_RUN_S", 0)
     for name, text in NANOGPT_FAKE.items():
         (tmp_path / "nanoGPT" / name).parent.mkdir(parents=True, exist_ok=True)
@@ -212,11 +245,14 @@ def test_when_nanogpt_fails_the_summary_says_so_with_its_last_lines(tmp_path, mo
     try:
         check.part_end = gpu_check.time.monotonic() + 60
         part = gpu_check.part_nanogpt(check, args)
+        trained = gpu_check.part_nanogpt_train(check, args)
     finally:
         check.close()
     assert part["status"] == "failed" and part["bench"]["status"] == "failed" and part["bench"]["ms"] is None
-    assert part["train"]["reached"]["val_loss"] == 1.46 and part["train"]["iter_ms_median"] == 8.10
-    summary = gpu_check.summarise({"rows": [], "device": {}, "parts": {"nanogpt": part}}, smoke=False)
+    assert trained["status"] == "ok" and trained["train"]["reached"]["val_loss"] == 1.46
+    assert trained["train"]["iter_ms_median"] == 8.10
+    summary = gpu_check.summarise({"rows": [], "device": {}, "parts": {"nanogpt": part, "nanogpt_train": trained}},
+                                  smoke=False)
     note = summary["train_12x1024_no_bias"]["note"]
     assert note.startswith("nanoGPT failed: nanoGPT bench.py failed (exit code 1") and "no anchor" not in note
     assert "RuntimeError: inductor: the compile failed" in note
@@ -224,6 +260,8 @@ def test_when_nanogpt_fails_the_summary_says_so_with_its_last_lines(tmp_path, mo
     skipped = {"status": "skipped", "reason": "no anchor: nanoGPT's code is not at shared/anchors/nanoGPT"}
     summary = gpu_check.summarise({"rows": [], "device": {}, "parts": {"nanogpt": skipped}}, smoke=False)
     assert summary["train_12x1024_no_bias"]["note"] == skipped["reason"]
+    recorded = summary["shakespeare_s_to_val"]["nanogpt"]
+    assert recorded["wall_s"] == gpu_check.H200["nanogpt_to_val_s"].value == 94.7 and recorded["recorded"]
 
 
 def test_plan_memory_table_is_read():
@@ -238,39 +276,62 @@ def test_plan_memory_table_is_read():
 
 
 def test_summary_against_the_targets():
-    """The summary picks the fastest 12 x 1024 row without biases (against nanoGPT's bench.py in the same call),
-    the best tokens/s with the device's floor, and compiled decode and prefill against their targets."""
+    """The summary picks the fastest 12 x 1024 row without biases, whatever its variant (against nanoGPT's
+    bench.py in the same call), with the default row's profile; the best tokens/s with the device's floor,
+    beside the best at 12; the best decode window against the target, with K=1's host and GPU microseconds per
+    token; the prefill; the readings and both matmul peaks with their clocks."""
+    profile = {"matmul": 14.0, "attention": 4.0, "head_loss": 3.0, "optimizer": 1.0, "other": 3.0}
+
     def train(model, batch, ms, **variant):
         return {"kind": "train", "status": "ok", "model": model, "batch_size": batch, "ms": ms, "mfu": 0.4,
                 "tokens_per_s": batch * 1024 / ms * 1000, "sdpa": "default", "compile_mode": "default",
-                "compile_optimizer": False, **variant}
+                "compile_optimizer": False, "cuda_graphs": True, "loss_slice_rows": 4096, **variant}
 
-    rows = [train("gpt2nobias", 12, 24.0), train("gpt2nobias", 12, 22.0, sdpa="cudnn"), train("gpt2nobias", 32, 50.0),
+    def decode(window, tokens_per_s, **more):
+        return {"kind": "decode", "status": "ok", "compile": True, "batch_size": 1, "tokens_per_s": tokens_per_s,
+                "ms": 1000 / tokens_per_s, "compile_s": 16.0, "kv_cache": True, "decode_window": window, **more}
+
+    rows = [train("gpt2nobias", 12, 24.0, fp8_head=False, profile=profile), train("gpt2nobias", 12, 22.0, fp8_head=True),
+            train("gpt2nobias", 12, 24.5, loss_slice_rows=None), train("gpt2nobias", 32, 50.0),
             train("gpt2", 12, 30.0), {"kind": "train", "status": "skipped", "model": "gpt2nobias", "batch_size": 12},
-            {"kind": "decode", "status": "ok", "compile": True, "batch_size": 1, "tokens_per_s": 4500.0,
-             "ms": 0.22, "compile_s": 40.0, "kv_cache": True},
+            decode(1, 1000.0, host_us_per_token=900.0, gpu_us_per_token=60.0), decode(16, 4500.0),
+            decode(32, 4200.0),
             {"kind": "decode", "status": "ok", "compile": False, "batch_size": 1, "tokens_per_s": 200.0, "ms": 5.0,
              "compile_s": None, "kv_cache": True},
             {"kind": "decode", "status": "ok", "compile": False, "batch_size": 1, "tokens_per_s": 20.0, "ms": 50.0,
              "compile_s": None, "kv_cache": False},
             {"kind": "prefill", "status": "ok", "ms": 4.0, "seq_len": 1000}]
-    report = {"rows": rows, "device": {"name": "NVIDIA H200"},
+    clocks = {"samples": 5, "sm_clock_mhz": {"min": 1755, "median": 1830, "max": 1980}}
+    peaks = [{"shape": "8192^3", "tflops_measured": 780.0, "tflops_datasheet": 989.0, "clocks": clocks,
+              "clocks_line": "SM 1,755-1,980 MHz"}, {"shape": "GPT-2's", "tflops_measured": 640.0, "clocks": clocks}]
+    report = {"rows": rows, "device": {"name": "NVIDIA H200", "peaks": peaks},
+              "readings": {"line": "NVIDIA H200 (pynvml): SM 345/1,980 MHz", "start": {"source": "pynvml"}},
               "parts": {"plan": {"status": "ok", "rows": [{"error": -0.013}]},
                         "nanogpt": {"status": "ok", "bench": {"ms": 26.3}}}}
     summary = gpu_check.summarise(report, smoke=False)
     first = summary["train_12x1024_no_bias"]
-    assert first["variant"]["sdpa"] == "cudnn" and abs(first["value"] - 26.3 / 22.0) < 1e-9 and first["met"]
+    assert first["variant"]["fp8_head"] is True and abs(first["value"] - 26.3 / 22.0) < 1e-9 and first["met"]
+    assert first["profile"] is None and first["profile_default"] == profile  # (only the default row profiled)
+    assert [r["ms"] for r in first["rows"]] == [24.0, 22.0, 24.5] and first["rows"][2]["loss_slice_rows"] is None
     best = summary["train_best_tokens_per_s"]
     assert best["variant"]["batch_size"] == 32 and best["target"] == 600_000 and best["met"] is True
-    assert first["nanogpt_ms"] == 26.3 and first["note"].startswith("x nanoGPT's bench.py")
-    assert summary["decode_compiled_batch1_tokens_per_s"]["met"] and summary["prefill_ms"]["met"]
+    assert best["at_12_tokens_per_s"] == 12 * 1024 / 22.0 * 1000
+    assert first["nanogpt_ms"] == 26.3 and first["note"].startswith("the best row at 12 x 1024: x nanoGPT's")
+    decoding = summary["decode_compiled_batch1_tokens_per_s"]
+    assert decoding["value"] == 4500.0 and decoding["met"] and decoding["decode_window"] == 16
+    assert decoding["by_window"] == {"1": 1000.0, "16": 4500.0, "32": 4200.0}
+    assert (decoding["k1_host_us_per_token"], decoding["k1_gpu_us_per_token"]) == (900.0, 60.0)
+    assert summary["prefill_ms"]["met"]
     assert summary["plan_worst_error"]["value"] == 0.013 and summary["shakespeare_s_to_val"]["value"] is None
     assert summary["shakespeare_ms_per_step_late"]["value"] is None
-    # sample.py --compile=auto's threshold: 40 s to compile, 5.0 - 0.22 ms saved per token (the cached eager row)
+    assert summary["gpu_readings"]["line"] == report["readings"]["line"]
+    assert summary["matmul_peak_8192_tflops"]["value"] == 780.0 and summary["matmul_peak_8192_tflops"]["target"] == 989
+    assert summary["matmul_gpt2_mlp_tflops"]["value"] == 640.0 and summary["matmul_gpt2_mlp_tflops"]["clocks"] == clocks
+    # sample.py --compile=auto's threshold: 16 s to compile K=1, 5.0 - 1.0 ms saved per token (the cached eager row)
     assert summary["decode_eager_vs_transformers"]["value"] is None  # (no transformers row here)
     cost = summary["decode_compile_cost"]
-    assert cost["compile_s"] == 40.0 and abs(cost["saved_ms_per_token"] - 4.78) < 1e-9
-    assert cost["value"] == round(40.0 / 0.00478)
+    assert cost["compile_s"] == 16.0 and abs(cost["saved_ms_per_token"] - 4.0) < 1e-9
+    assert cost["value"] == round(16.0 / 0.004)
     # no nanoGPT in the call: no speed-up, "no anchor"; no plan part asked: no plan figure promised
     report["parts"] = {"nanogpt": {"status": "skipped", "reason": "nanoGPT's code is not at shared/anchors"}}
     summary = gpu_check.summarise(report, smoke=False)
@@ -318,7 +379,7 @@ def test_the_default_plan_gives_every_part_its_floor_and_a_short_total_is_refuse
     assert not (tmp_path / "short.json").exists() and not (tmp_path / "short.log").exists()
     # more time: every part's share grows, the device's stays its own
     roomy = gpu_check.parse_args(["--total_s=900", "--parts=train,decode", f"--out={tmp_path / 'c.json'}"]).budgets
-    assert list(roomy) == ["device", "train", "decode"] and roomy["device"] == gpu_check.DEVICE_BUDGET.gpu
+    assert list(roomy) == ["device", "decode", "train"] and roomy["device"] == gpu_check.DEVICE_BUDGET.gpu
     assert roomy["train"] > gpu_check.BUDGETS["train"].gpu and abs(sum(roomy.values()) - 890) < 1e-6
 
 
@@ -329,52 +390,91 @@ def dry_run_table(tmp_path, capsys, *extra: str, anchor: bool = True) -> list[st
     return capsys.readouterr().out.splitlines()
 
 
-def test_every_default_part_gets_what_its_commands_need_by_the_h200s_figures(tmp_path, capsys, monkeypatch):
+def with_every_flag_and_test_file(monkeypatch) -> None:
+    """The plan of a checkout whose bench.py has every flag the default run uses and which holds every CUDA test
+    file it names (as after the branches that add them are merged)."""
+    monkeypatch.setattr(gpu_check, "bench_flags", lambda: None)
+    files = gpu_check.cuda_test_files()
+    monkeypatch.setattr(gpu_check, "cuda_test_files", lambda: sorted({*files, *gpu_check.NEW_TESTS}))
+
+
+@pytest.mark.parametrize("complete", [False, True], ids=["this checkout", "every flag and test file"])
+def test_every_default_part_gets_what_its_commands_need_by_the_h200s_figures(tmp_path, capsys, monkeypatch,
+                                                                              complete):
     """--dry_run's need column: each part's runs added up from the H200 figures (start + compile + steps x ms),
-    from the commands the part runs. The default plan gives every part at least that, and the whole within one
-    10-minute call; a part made to run longer is starved no more silently: its need outgrows its budget."""
+    from the commands the part runs. The default plan gives every part at least 1.1x that (NEED_MARGIN: room for
+    a host as slow as the slowest seen), this checkout's and one with every flag and test file the default run
+    would use, and the whole within one 10-minute call; a part made to run longer is starved no more silently:
+    its need outgrows its budget."""
+    if complete:
+        with_every_flag_and_test_file(monkeypatch)
     table = dry_run_table(tmp_path, capsys)
     rows = {line.split()[0]: line.split() for line in table if line.split()[:1] and line.split()[0] in gpu_check.PARTS}
     assert list(rows) == ["device", *gpu_check.DEFAULT_PARTS]
+    assert gpu_check.NEED_MARGIN >= 1.1
     for name, row in rows.items():
         budget, need = float(row[1]), float(row[5])
         assert need == round(gpu_check.part_need(name)) and need > 0, (name, row)
-        assert budget >= need, f"{name}: a budget of {budget:g} s, below the {need:g} s its commands need on an H200"
+        assert budget >= gpu_check.NEED_MARGIN * gpu_check.part_need(name), (
+            f"{name}: a budget of {budget:g} s, below {gpu_check.NEED_MARGIN:g} x the {need:g} s its commands need "
+            f"on an H200")
+        assert float(row[7]) == pytest.approx(budget / gpu_check.part_need(name), abs=0.02)
     assert gpu_check.DEFAULT_TOTAL_S[False] <= 580  # (with pip's install of the wheel, inside a 600-s call)
-    # the runs' needs follow the commands: one per pytest run, bench.py run, train.py run
-    assert len(gpu_check.run_needs("tests")) == len(gpu_check.cuda_test_runs()) == 2
+    # the runs' needs follow the commands: one per pytest run, bench.py run, train.py run; a bench.py run's rows
+    # measured as time allows are not in it
+    groups = 3 if set(gpu_check.NEW_TESTS) & set(gpu_check.cuda_test_files()) else 2  # (the newest files' own)
+    assert len(gpu_check.run_needs("tests")) == len(gpu_check.cuda_test_runs()) == groups and (groups == 3 or not complete)
     assert [label for label, _ in gpu_check.run_needs("steps")[1:]] == [label for label, _ in gpu_check.STEP_RUNS]
     assert gpu_check.bench_rows(["--models=a,b", "--batch_size=12", "--cuda_graphs=False,True"]) == 4
+    micro = dict(gpu_check.run_needs("train"))["micro-batches 32, 24, 16 as one CUDA graph"]
+    assert micro == gpu_check.h200("bench_start_s") + gpu_check.h200("bench_row_s")  # (24 and 16 as time allows)
     assert all(figure.where for figure in gpu_check.H200.values())
     steps = gpu_check.part_need("steps")
     monkeypatch.setattr(gpu_check, "STEP_AT", (200, 3000))
     assert gpu_check.part_need("steps") > steps + 30 > gpu_check.BUDGETS["steps"].gpu
     monkeypatch.setattr(gpu_check, "NANOGPT_TRAIN", ("train.py", "config/train_shakespeare_char.py", "--max_iters=5000"))
-    assert gpu_check.part_need("nanogpt") > gpu_check.BUDGETS["nanogpt"].gpu
+    assert gpu_check.part_need("nanogpt_train") > gpu_check.BUDGETS["nanogpt_train"].gpu
 
 
-def test_dry_run_prints_each_part_its_budget_and_what_it_runs(tmp_path, capsys):
+def test_dry_run_prints_each_part_its_budget_and_what_it_runs(tmp_path, capsys, monkeypatch):
+    """Every part's budget and commands, the rows measured as time allows and the runs made if time holds them
+    said so, what the default run leaves out; a flag this checkout's bench.py lacks is left out of the
+    commands, saying so."""
     table = dry_run_table(tmp_path, capsys)
     budgets = gpu_check.parse_args([f"--out={tmp_path / 'c.json'}"]).budgets
     for name, budget in budgets.items():
         row = next(line for line in table if line.startswith(f"{name} "))
         assert row.split()[1] == f"{budget:.0f}", (name, row)
     text = "\n".join(table)
-    assert "--batch_size=12 --cuda_graphs=False,True" in text and "--hf_reference" not in text
-    assert "--cuda_graphs=True" in next(line for line in table if "steps_0" in line)  # (the graphed run first)
-    assert "--cuda_graphs" not in next(line for line in table if "steps_1" in line)
+    assert "--batch_size=12 --cuda_graphs=True" in text and "--hf_reference" not in text
+    assert "--batch_size=32,24,16 --cuda_graphs=True" in text and "(the last 2 row(s) if time holds them)" in text
     tests = next(line for line in table if line.startswith("tests "))
     assert "-m cuda" in tests and tests.endswith(gpu_check.GRAPH_TESTS) and "--verbosity=1" in tests
+    assert "tests/test_engine.py" in text and "(if the part's time left holds it)" in text
     shakespeare = next(line for line in table if line.startswith("shakespeare "))
     assert "--async_save=True" in shakespeare and "--cuda_graphs=True" in shakespeare
-    assert table[-1].split()[:2] == ["total", f"{gpu_check.DEFAULT_TOTAL_S[False]:.0f}"]
+    plain = table[table.index(shakespeare) + 1]
+    assert "shakespeare_plain --overwrite=True" in plain and "--cuda_graphs" not in plain and "time left" in plain
+    assert table[-2].split()[:2] == ["total", f"{gpu_check.DEFAULT_TOTAL_S[False]:.0f}"]
+    assert table[-1].startswith("not in the default run: nanogpt_train (nanoGPT's time to val 1.47, recorded")
     nanogpt = next(line for line in table if line.startswith("nanogpt "))
-    if NANOGPT.is_dir() or gpu_check.nanogpt_dir(None):  # nanoGPT's own bench.py and Shakespeare, run, not quoted
+    if NANOGPT.is_dir() or gpu_check.nanogpt_dir(None):  # nanoGPT's own bench.py, run, not quoted
         assert "python bench.py --real_data=False --compile=True" in nanogpt
-        assert "python train.py config/train_shakespeare_char.py" in text
+        assert "train_shakespeare_char" not in text  # (its training: --parts=nanogpt_train)
         assert not table[0].startswith("missing:")
     else:
         assert "no anchor" in nanogpt
+    # a bench.py without the newer flags: they are left out, and said so; with them, in the commands
+    monkeypatch.setattr(gpu_check, "bench_flags", lambda: {"models", "batch_size", "cuda_graphs", "loss_chunk",
+                                                            "compile", "decode_window"})
+    text = "\n".join(dry_run_table(tmp_path, capsys))
+    assert "(left out: --fp8_head, --profile_step, which this checkout's bench.py lacks)" in text
+    assert "(left out: --profile_decode, which this checkout's bench.py lacks)" in text
+    assert "--fp8_head" not in text.replace("left out: --fp8_head", "") and "--decode_window=1,16,8,32" in text
+    with_every_flag_and_test_file(monkeypatch)
+    text = "\n".join(dry_run_table(tmp_path, capsys))
+    assert "left out" not in text and "--profile_step=True --loss_chunk=default,plain --fp8_head=False,True" in text
+    assert "--decode_window=1,16,8,32 --profile_decode=True" in text and "tests/test_fp8.py" in text
 
 
 def test_what_is_missing_is_said_in_one_line_before_anything_runs(tmp_path, capsys, monkeypatch):
@@ -385,10 +485,11 @@ def test_what_is_missing_is_said_in_one_line_before_anything_runs(tmp_path, caps
     monkeypatch.setattr(gpu_check, "PART_MODULES", {**gpu_check.PART_MODULES,
                                                     "device": ("torch", "no_such_module_here"),
                                                     "decode": ("torch", "no_such_module_here")})
-    table = dry_run_table(tmp_path, capsys, anchor=False)
+    table = dry_run_table(tmp_path, capsys, "--parts=decode,nanogpt,shakespeare,nanogpt_train,steps", "--total_s=900",
+                          anchor=False)
     assert table[0].startswith("missing: the package no_such_module_here (device, decode skipped); tiny "
-                               "Shakespeare's text") and "nanoGPT's code" in table[0]
-    assert "shakespeare, steps would download it; nanogpt skipped" in table[0]
+                               "Shakespeare's text") and "(nanogpt, nanogpt_train skipped: no anchor)" in table[0]
+    assert "shakespeare, steps would download it; nanogpt_train skipped" in table[0]
     assert table[1].startswith("gpu_check plan")
     report = gpu_check.main(["--smoke", "--parts=decode", f"--out={tmp_path / 'r.json'}"])
     out = capsys.readouterr().out
@@ -477,9 +578,9 @@ def test_nanogpt_runs_beside_ours_in_smoke(tmp_path, smoke):
     if NANOGPT.is_dir() and text.is_file():
         report = smoke[1]  # the smoke run above ran nanoGPT beside ours
     else:
-        report = gpu_check.main(["--smoke", f"--out={tmp_path / 'c.json'}", "--parts=nanogpt",
+        report = gpu_check.main(["--smoke", f"--out={tmp_path / 'c.json'}", "--parts=nanogpt,nanogpt_train",
                                  *([f"--shakespeare_text={text}"] if text.is_file() else []), "--total_s=120"])
-    part, summary = report["parts"]["nanogpt"], report["summary"]
+    part, summary = report["parts"]["nanogpt_train"], report["summary"]
     # no bench.py on the CPU (it needs CUDA): the speed-up has no anchor, and says so
     assert summary["train_12x1024_no_bias"]["value"] is None
     assert summary["train_12x1024_no_bias"]["note"].startswith("no anchor")
@@ -499,3 +600,108 @@ def test_nanogpt_runs_beside_ours_in_smoke(tmp_path, smoke):
     assert [r["status"] for r in part["runs"]] == ["ok", "stopped"]
     assert summary["shakespeare_s_to_val"]["nanogpt"] == train["reached"]
     assert summary["shakespeare_ms_per_step_late"]["nanogpt_iter_ms"] == train["iter_ms_median"]
+
+
+def quick_device(check, args) -> dict:
+    """The device part's stand-in where a test needs none of it (its child process takes seconds)."""
+    return {"status": "ok", "reason": None, "runs": []}
+
+
+def test_a_part_that_ends_early_passes_its_time_to_the_next(tmp_path, monkeypatch):
+    """Each part may run until where its time would end had every part before it used its whole budget: a part
+    that ends at once leaves its budget to the next, and so on to the last, which gets the whole check's time
+    but the device's (itself used at once here)."""
+    left = {}
+
+    def part(name):
+        def run(check, args):
+            left[name] = check.left()
+            return {"status": "ok", "reason": None, "runs": []}
+        return run
+
+    for name in ("device", "decode", "train", "tests"):
+        monkeypatch.setitem(gpu_check.PARTS, name, part(name))
+    report = gpu_check.main(["--smoke", "--parts=decode,train,tests", f"--out={tmp_path / 'c.json'}"])
+    budgets = report["budgets_s"]
+    assert left["device"] == pytest.approx(budgets["device"], abs=2)
+    assert left["decode"] == pytest.approx(budgets["device"] + budgets["decode"], abs=2)
+    assert left["train"] == pytest.approx(budgets["device"] + budgets["decode"] + budgets["train"], abs=2)
+    total = gpu_check.DEFAULT_TOTAL_S[True] - 2 * gpu_check.GRACE_S
+    assert left["tests"] == pytest.approx(total, abs=2) and sum(budgets.values()) == pytest.approx(total, abs=2)
+    assert [report["parts"][name]["budget_s"] for name in ("decode", "train")] == [budgets["decode"],
+                                                                                   budgets["train"]]
+
+
+def train_row(batch: int) -> dict:
+    return {"kind": "train", "status": "ok", "model": "tinynobias", "batch_size": batch, "ms": 10.0 * batch,
+            "tokens_per_s": 3200.0, "mfu": 0.1, "flops_per_token": 1000, "cuda_graphs": False}
+
+
+def test_a_check_cut_short_keeps_on_disk_what_it_measured(tmp_path, monkeypatch):
+    """The JSON is rewritten as each bench.py run ends (a snapshot taken by the part's second run holds the
+    first run's rows) and as each part ends, with the summary of what is there: a check cut short in a later
+    part (the call's limit: here an interrupt, as SIGTERM is made) leaves every row measured before it in the JSON
+    under --out, and says where it was cut."""
+    monkeypatch.setattr(gpu_check, "MIN_RUN_S", 0)
+    out, snapshot = tmp_path / "out" / "check.json", tmp_path / "mid_part.json"
+
+    def fake_bench(options, extra, path):
+        row = train_row(int(gpu_check.option(extra, "batch_size")))
+        code = f"import json, shutil; json.dump({{'rows': [{row!r}]}}, open({str(path)!r}, 'w'))"
+        if path.stem.endswith("_1"):  # (the second run: what is on disk while the part still runs)
+            code = f"import shutil; shutil.copyfile({str(out)!r}, {str(snapshot)!r}); {code}"
+        return [sys.executable, "-c", code]
+
+    monkeypatch.setattr(gpu_check, "bench_command", fake_bench)
+    monkeypatch.setattr(gpu_check, "SMOKE_TRAIN_RUNS", (("first", ["--batch_size=2"], 0), ("second", ["--batch_size=4"],
+                                                                                           0)))
+    monkeypatch.setitem(gpu_check.PARTS, "device", quick_device)
+    on_disk = {}
+
+    def cut(check, args):
+        on_disk.update(json.loads(out.read_text()))
+        handler = signal.getsignal(signal.SIGTERM)
+        assert handler is gpu_check.interrupt  # (while the check runs)
+        handler(signal.SIGTERM, None)  # (the call's limit, mid-part)
+
+    monkeypatch.setitem(gpu_check.PARTS, "shakespeare", cut)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit, match="interrupted"):
+        gpu_check.main(["--smoke", "--parts=train,shakespeare", f"--out={out}"])
+    assert signal.getsignal(signal.SIGTERM) is before
+    mid = json.loads(snapshot.read_text())
+    assert [r["batch_size"] for r in mid["rows"]] == [2] and "train" not in mid["parts"]
+    assert mid["summary"]["train_12x1024_no_bias"]["ms"] == 20.0  # (the summary of the rows so far)
+    assert [r["batch_size"] for r in on_disk["rows"]] == [2, 4] and on_disk["parts"]["train"]["status"] == "ok"
+    final = json.loads(out.read_text())  # (still there after the cut, saying where it was cut)
+    assert final["rows"] == on_disk["rows"] and "(SIGTERM)" in final["cut_short"]
+    assert "during the part shakespeare" in final["cut_short"]
+    assert not out.with_name(out.name + ".partial").exists()
+
+
+def test_a_run_stopped_after_its_wanted_rows_keeps_its_part_ok(tmp_path, monkeypatch):
+    """A bench.py run whose last rows are measured only as time allows (micro-batches 24 and 16 after 32): stopped
+    at the part's end after its first row, it is "stopped" and the part ok, saying how many rows it measured;
+    stopped before that row, a timeout."""
+    monkeypatch.setattr(gpu_check, "MIN_RUN_S", 0)
+    written = {"rows": [train_row(32)]}
+
+    def fake_bench(options, extra, path):
+        rows = written if "32" in gpu_check.option(extra, "batch_size") else {"rows": []}
+        return [sys.executable, "-c", f"import json, time; json.dump({rows!r}, open({str(path)!r}, 'w')); "
+                                      f"time.sleep(60)"]
+
+    monkeypatch.setattr(gpu_check, "bench_command", fake_bench)
+    check = gpu_check.Check(gpu_check.parse_args(["--smoke", f"--out={tmp_path / 'c.json'}"]))
+    try:
+        runs = [("micro-batches", ["--batch_size=32,24,16"], 2)]
+        check.part_end = gpu_check.time.monotonic() + 2
+        part = gpu_check.bench_part(check, "train", runs, [])
+        assert part["status"] == "ok" and [r["status"] for r in part["runs"]] == ["stopped"]
+        assert part["cut_short"] == ["micro-batches: 1 of 3 rows (the last 2 as time allowed)"]
+        check.part_end = gpu_check.time.monotonic() + 2
+        part = gpu_check.bench_part(check, "train", [("micro-batches", ["--batch_size=24,16"], 1)], [])
+        assert part["status"] == "timeout" and not part["cut_short"]
+    finally:
+        check.close()
+    assert [r["batch_size"] for r in check.report["rows"]] == [32]
