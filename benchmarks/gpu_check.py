@@ -1253,7 +1253,8 @@ def plan_rows(output: str) -> tuple[list[dict], list[str]]:
 
 PLAN_COMMAND = python("-m", "benchmarks.plan_memory", "--device=cuda")
 SERVE_COMMAND = python("benchmarks/serve_load.py", "--model=gpt2-random", "--compile=False,True", "--clients=1,16,64",
-                       "--max_batch=64", "--requests=2", "--seconds=8", "--max_tokens=128")
+                       "--max_batch=64", "--requests=2", "--seconds=8", "--max_tokens=128",
+                       "--rounds=1", "--min_seconds=0")  # (one round: the part's budget, not a ratio's range)
 
 
 def part_plan(check: Check, args) -> dict:
