@@ -16,6 +16,7 @@ import torch
 
 from gptkit import lora, objectives
 from gptkit.checkpoint import load_checkpoint
+from gptkit.checkpoint.layout import holds_checkpoint
 from gptkit.checkpoint.models import no_run_yet
 from gptkit.cli import UserError
 from gptkit.config import lora_settings
@@ -105,9 +106,9 @@ def dataset_vocabulary(cfg) -> tuple[int, str, str] | None:
 def base_config(init_from: str, dropout: float) -> GPTConfig:
     """The shape of the model a fine-tuning run starts from, as checkpoint.load_base_model would load it, read
     without its weights: a GPT-2 name (known shapes), a Hugging Face folder (its config.json) or a checkpoint
-    of this project (memory-mapped: only its config is read)."""
+    of this project or nanoGPT's (memory-mapped: only its config is read)."""
     path = Path(init_from)
-    ours = path.is_file() or (path.is_dir() and any((path / n).is_file() for n in ("best.pt", "last.pt")))
+    ours = holds_checkpoint(path)  # (as load_base_model decides: a file, a sharded folder, a run's or nanoGPT's out_dir)
     if init_from in GPT2_SHAPES:
         n_layer, n_head, n_embd = GPT2_SHAPES[init_from]
         return GPTConfig(block_size=1024, vocab_size=GPT2_VOCAB, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
