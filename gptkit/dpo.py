@@ -50,10 +50,11 @@ The reference: the model the tuning starts from, its log-probabilities computed 
   unless a run stops before one epoch (it then also scored the pairs the run never reached). A resumed run
   reads the table back instead of computing it again from weights that have since changed.
 
-The log-probabilities are taken from the model's logits (`model(x)` without targets: every position's, so the
-same call works through DDP and FSDP wrappers) in float32 (`sequence_logps`). Memory: the logits (2B, T, V)
-and their float32 log-softmax, kept for the backward, are the step's largest tensors with a big vocabulary
-(GPT-2, 8 pairs of 1024 tokens: 3.3 GB each in float32).
+The log-probabilities are computed from the model's hidden states and its head a slice of rows at a time
+(`chunked_sequence_logps`, run inside the model's forward through its head_loss hook, so the same call works
+through DDP, FSDP and torch.compile wrappers), in float32, with the same values and gradients as the log-softmax
+of the whole logits (`sequence_logps`, the direct computation). The whole (2B, T, V) logits never exist: a DPO
+step holds a few slices of them, as the next-token loss does (BENCHMARKS.md, "DPO's memory").
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ import torch.nn.functional as F
 from gptkit import lora
 from gptkit.cli import UserError
 from gptkit.preference import PairBatch, Pairs, ValPairs
+from model import loss_chunk_rows
 
 LOSSES = ("sigmoid", "ipo")
 # What the log's DPO numbers are, said once when a run starts (train.py's "objective: DPO ..." line).
@@ -162,9 +164,111 @@ def pair_metrics(losses: torch.Tensor, chosen_rewards: torch.Tensor, rejected_re
             "chosen_logp": policy_chosen.detach().mean(), "rejected_logp": policy_rejected.detach().mean()}
 
 
+def chunked_sequence_logps(model: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, *,
+                           chunk_elements: int | None = None) -> torch.Tensor:
+    """sequence_logps of the logits `model.head` would make of hidden (N, T, C), without holding them: (N,)
+    float32, computed a slice of token rows at a time (model.loss_chunk_rows: chunk_elements logits, by default
+    the device type's). The model's head_loss hook: policy_logps(model, batch) calls it inside the forward."""
+    w = model.lm_head.weight
+    device_type = hidden.device.type
+    dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
+    rows = loss_chunk_rows(w.size(0), device_type, chunk_elements)
+    N, T = targets.shape
+    return _ChunkedSequenceLogps.apply(hidden.flatten(0, 1), w, targets.flatten(), N, T, rows,
+                                       float(model.config.logit_softcap), dtype, model.config.vocab_size)
+
+
+class _ChunkedSequenceLogps(torch.autograd.Function):
+    """Each sequence's summed log-probability of its targets, over slices of `rows` token rows, recomputing each
+    slice's logits in the backward.
+
+    Forward, per slice: logits s = x_c @ W^T (in `dtype`, then fp32; soft-capped z = cap tanh(s / cap) when the
+    model caps), logp = z[target] - logsumexp(z) over the real vocabulary, added to its sequence's sum; the
+    slice is then dropped. Nothing (T, V)-sized is kept: the backward's input, d(loss)/d(sum) per sequence,
+    depends on the sums themselves (DPO's sigmoid of the margin), so the gradients cannot be formed during the
+    forward as model.py's _ChunkedLinearCrossEntropy does for a mean. Backward, per slice: the logits once more,
+    dz = (onehot(target) - softmax(z)) x the sequence's d(loss)/d(sum) (x (1 - tanh^2) with the cap), then
+    grad_x_c = dz @ W and grad_W += dz^T @ x_c. Cost: one head matmul more than keeping the logits (four instead
+    of three); memory: a couple of slices of logits. The softmax and sums are float32 (float64 for a float64
+    model: the tests' exact reference), the matmuls in `dtype` (autocast's when it is on), as the next-token loss.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, targets, n_seq: int, seq_len: int, rows: int, softcap: float, dtype: torch.dtype,
+                n_real: int):
+        with torch.autocast(x.device.type, enabled=False):
+            mm = _Head(x, weight, dtype)
+            valid = targets != -1
+            safe = targets.clamp(min=0)[:, None]
+            token = torch.empty(x.size(0), device=x.device, dtype=mm.acc)
+            for lo in range(0, x.size(0), rows):
+                part = slice(lo, lo + rows)
+                z = _slice_logits(mm, part, softcap, n_real)[0]
+                token[part] = (z.gather(1, safe[part]) - torch.logsumexp(z, dim=-1, keepdim=True)).squeeze(1)
+            out = (token * valid).view(n_seq, seq_len).sum(-1)
+        ctx.save_for_backward(x, weight, targets)
+        ctx.settings = (seq_len, rows, softcap, dtype, n_real)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight, targets = ctx.saved_tensors
+        seq_len, rows, softcap, dtype, n_real = ctx.settings
+        need_x, need_w = ctx.needs_input_grad[:2]
+        with torch.autocast(x.device.type, enabled=False):
+            mm = _Head(x, weight, dtype)
+            # each token's factor: its sequence's d(loss)/d(sum), 0 where it has no target
+            scale = grad_out.to(mm.acc).repeat_interleave(seq_len) * (targets != -1)
+            safe = targets.clamp(min=0)[:, None]
+            grad_w = torch.zeros(weight.shape, device=weight.device, dtype=mm.acc) if need_w else None
+            grad_x = []
+            for lo in range(0, x.size(0), rows):
+                part = slice(lo, lo + rows)
+                z, cap = _slice_logits(mm, part, softcap, n_real)
+                g = z.sub_(torch.logsumexp(z, dim=-1, keepdim=True)).exp_().neg_()  # -softmax, in place
+                g.scatter_add_(1, safe[part], torch.ones_like(safe[part], dtype=g.dtype))  # + onehot(target)
+                g.mul_(scale[part, None])
+                if cap is not None:
+                    g.mul_(1 - cap * cap)
+                g = g.to(dtype)
+                if need_w:
+                    grad_w += (g.t() @ mm.x[part]).to(mm.acc)
+                if need_x:
+                    grad_x.append(g @ mm.w)
+        dx = torch.cat(grad_x).to(x.dtype) if need_x else None
+        dw = grad_w.to(weight.dtype) if need_w else None
+        return dx, dw, *(None,) * 7
+
+
+class _Head:
+    """The head's weight and the hidden states in the matmuls' dtype, and the dtype of the softmax and sums."""
+
+    def __init__(self, x: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype):
+        self.x, self.w = x.to(dtype), weight.to(dtype)
+        self.acc = torch.float64 if dtype == torch.float64 else torch.float32
+
+    def logits(self, part: slice) -> torch.Tensor:
+        return (self.x[part] @ self.w.t()).to(self.acc)
+
+
+def _slice_logits(mm: _Head, part: slice, softcap: float, n_real: int
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A slice's float32 (float64) logits over the padded vocabulary, soft-capped when softcap > 0 (and the tanh, for the
+    cap's derivative), the padding columns at -inf (probability 0, so gradient 0)."""
+    z = mm.logits(part)
+    cap = None
+    if softcap:
+        cap = torch.tanh(z / softcap)
+        z = cap * softcap
+    if n_real < z.size(1):
+        z[:, n_real:] = float("-inf")
+    return z, cap
+
+
 def policy_logps(model: nn.Module, batch: PairBatch) -> torch.Tensor:
-    """(2B,) float32: the log-probability of each sequence's reply under the model, the chosen ones first."""
-    return sequence_logps(model(batch.x)[0], batch.y)
+    """(2B,) float32: the log-probability of each sequence's reply under the model, the chosen ones first
+    (chunked_sequence_logps, inside the model's forward: `model` may be a DDP, FSDP or compiled wrapper)."""
+    return model(batch.x, batch.y, head_loss=chunked_sequence_logps)[1]
 
 
 # ----------------------------------------------------------------------------------------------------------
