@@ -157,9 +157,10 @@ class TrainConfig(ModelSettings):
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.objective == "dpo":
             dpo_settings(self)  # names a bad dpo_beta, dpo_loss, dpo_label_smoothing or dpo_nll_weight
-            if self.batch_size is None:
-                raise ConfigError("batch_size=auto sizes next-token micro-batches; with objective=dpo set "
-                                  "--batch_size to the pairs per micro-batch (each pair is two sequences)")
+            if self.batch_size is None and self.tokens_per_step % (2 * self.block_size):
+                raise ConfigError(f"tokens_per_step ({self.tokens_per_step}) must be a multiple of 2 x block_size "
+                                  f"({2 * self.block_size}) with objective=dpo and batch_size=auto: a step is made "
+                                  f"of whole pairs, each two sequences")
             if self.init_from == "scratch":
                 raise ConfigError("objective=dpo tunes a trained chat model against itself: set --init_from to "
                                   "its checkpoint (e.g. out-chat/, from configs/finetune_chat.py)")
