@@ -8,15 +8,26 @@ reference log-probabilities; and scoring pairs with any model (eval.py --task pr
 
 The objective (Rafailov et al., 2023, "Direct Preference Optimization"). For a pair (a prompt, a chosen and a
 rejected reply), pi_c and pi_r are the log-probabilities of the two replies given the prompt under the model
-being tuned, summed over the reply tokens, and ref_c, ref_r the same under the reference model. With
-h = (pi_c - ref_c) - (pi_r - ref_r):
+being tuned, summed over the reply tokens, and ref_c, ref_r the same under the reference model; n_c and n_r
+the replies' token counts. With h = (pi_c - ref_c) - (pi_r - ref_r), the losses by TRL's names (`dpo_loss`):
 
     "sigmoid" (DPO):  loss = -log sigmoid(beta h)
                       with label_smoothing e (conservative DPO: e is the share of pairs assumed mislabelled)
                       loss = -(1 - e) log sigmoid(beta h) - e log sigmoid(-beta h)
-    "ipo"     (Azar et al., 2023):  loss = (h - 1 / (2 beta))^2, on the summed log-probabilities as in the paper
-                      (TRL's IPO averages them over the reply's tokens instead)
+    "hinge" (SLiC, Zhao et al., 2023):  loss = max(0, 1 - beta h)
+    "robust" (Chowdhury et al., 2024, "Provably robust DPO"): unbiased under a share e of flipped labels,
+                      loss = ((1 - e) (-log sigmoid(beta h)) - e (-log sigmoid(-beta h))) / (1 - 2e)
+    "ipo" (Azar et al., 2023):  loss = (h - 1 / (2 beta))^2, on the summed log-probabilities as in the paper
+    "ipo_per_token":  the same on each reply's log-probabilities averaged over its tokens (pi_c / n_c, ...):
+                      TRL's loss_type="ipo", whose beta means this one's (with the sums a beta gives a margin
+                      n times larger in nats for replies of n tokens)
+    "simpo" (Meng et al., 2024):  loss = -log sigmoid(beta (pi_c / n_c - pi_r / n_r) - gamma), reference-free,
+                      gamma (simpo_gamma, TRL's too) the margin asked for; label smoothing as sigmoid's
+    "orpo" (Hong et al., 2024):  loss = NLL + beta (-log sigmoid(lo_c - lo_r)), reference-free, where the log
+                      odds lo = a - log(1 - exp(a)) of a reply's mean per-token log-probability a = pi / n, and
+                      NLL the chosen replies' negative log-likelihood per token (weight 1: TRL's beta is beta)
 
+The reference-free losses (simpo, orpo) compute no reference at all (`DPOSettings.reference_free`).
 The loss of a micro-batch is the mean over its pairs, plus, with nll_weight w > 0, w times the chosen replies'
 negative log-likelihood per token (an anchor: RPO, Pang et al., 2024; TRL's rpo_alpha; Llama 3's recipe).
 DPO's loss sees only differences between a pair's two replies: what they share (a common start, the <|end|>
@@ -30,8 +41,8 @@ chat replies 100% by the rule (BENCHMARKS.md, "Preference tuning"). The anchor k
 likely.
 
 What a step logs (`pair_metrics`, means over the pairs): DPO's loss; the implicit rewards chosen =
-beta (pi_c - ref_c) and rejected = beta (pi_r - ref_r), and the reward margin, chosen - rejected, all three in
-beta x nats (eval.py's margin is in nats: with the same reference it is reward_margin / beta); the accuracy,
+beta (pi_c - ref_c) and rejected = beta (pi_r - ref_r) (reference-free losses: beta pi_c / n_c and
+beta pi_r / n_r, their implicit rewards), and the reward margin, chosen - rejected, all three in beta x nats (eval.py's margin is in nats: with the same reference it is reward_margin / beta); the accuracy,
 the share of the decided pairs (margin != 0) with margin > 0, and the ties, the share of pairs with margin
 exactly 0 (all of them at step 0, when the model is its reference: the accuracy is then NaN, "n/a" in the
 log, rather than a 0 that would read as every pair wrong); pi_c and pi_r, to see that the chosen replies'
@@ -76,7 +87,10 @@ from gptkit.cli import UserError
 from gptkit.preference import PairBatch, Pairs, ValPairs
 from model import loss_chunk_rows
 
-LOSSES = ("sigmoid", "ipo")
+LOSSES = ("sigmoid", "hinge", "robust", "ipo", "ipo_per_token", "simpo", "orpo")
+REFERENCE_FREE = ("simpo", "orpo")  # losses of the model alone: no reference is computed
+SMOOTHED = ("sigmoid", "robust", "simpo")  # the losses label_smoothing applies to
+LENGTH_NORMALISED = ("ipo_per_token", "simpo", "orpo")  # on log-probabilities averaged over each reply's tokens
 # What the log's DPO numbers are, said once when a run starts (train.py's "objective: DPO ..." line).
 DPO_LOG_UNITS = ("dpo: the log's rewards and reward_margin are in beta x nats (eval.py's margin_nats is in nats), accuracy is "
                  "over the pairs not tied (n/a while all tie, as at step 0), ties their share")
@@ -89,9 +103,10 @@ class DPOError(UserError):
 @dataclass(frozen=True)
 class DPOSettings:
     beta: float = 0.1  # how far the tuned model may move from the reference: larger keeps it closer
-    label_smoothing: float = 0.0  # conservative DPO: the share of pairs assumed mislabelled, in [0, 0.5)
-    loss: str = "sigmoid"  # "sigmoid" (DPO) or "ipo"
+    label_smoothing: float = 0.0  # the share of pairs assumed mislabelled, in [0, 0.5) (SMOOTHED losses)
+    loss: str = "sigmoid"  # one of LOSSES (the module's docstring)
     nll_weight: float = 0.0  # > 0: add this times the chosen replies' NLL per token (keeps them likely)
+    simpo_gamma: float = 0.5  # simpo: the margin, in beta x nats per token, the chosen reply should win by
 
     def __post_init__(self):
         if not (isinstance(self.beta, (int, float)) and math.isfinite(self.beta) and self.beta > 0):
@@ -106,6 +121,19 @@ class DPOSettings:
             raise DPOError(f"dpo_nll_weight must be a number >= 0 (0: plain DPO), got {self.nll_weight!r}")
         if self.loss == "ipo" and self.label_smoothing:
             raise DPOError("dpo_label_smoothing is for the sigmoid loss; IPO has none (set it to 0)")
+        if self.label_smoothing and self.loss not in SMOOTHED:
+            raise DPOError(f"dpo_label_smoothing is for the {', '.join(SMOOTHED)} losses; {self.loss} has none "
+                           f"(set it to 0)")
+        if self.loss == "orpo" and self.nll_weight:
+            raise DPOError("the orpo loss has its own NLL term (weight 1, the odds ratio's weight is dpo_beta): "
+                           "set dpo_nll_weight to 0")
+        if not (isinstance(self.simpo_gamma, (int, float)) and math.isfinite(self.simpo_gamma)):
+            raise DPOError(f"dpo_simpo_gamma must be a number, got {self.simpo_gamma!r}")
+
+    @property
+    def reference_free(self) -> bool:
+        """Whether the loss is of the model alone (simpo, orpo): no reference is computed."""
+        return self.loss in REFERENCE_FREE
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -119,18 +147,43 @@ def sequence_logps(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return -token.view(targets.shape).sum(-1)
 
 
-def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
-             ref_rejected: torch.Tensor, settings: DPOSettings) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per pair (B,): the loss, and the chosen and the rejected reward (detached: they are for logging)."""
-    chosen = policy_chosen - ref_chosen
-    rejected = policy_rejected - ref_rejected
-    h = chosen - rejected
-    beta = settings.beta
-    if settings.loss == "ipo":
-        losses = (h - 1 / (2 * beta)) ** 2
+def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor | None,
+             ref_rejected: torch.Tensor | None, settings: DPOSettings, chosen_tokens: torch.Tensor | None = None,
+             rejected_tokens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per pair (B,): the loss (settings.loss, the module's docstring; orpo's without its NLL term, which
+    dpo_microbatch adds), and the chosen and the rejected reward (detached: they are for logging). The
+    references are None for a reference-free loss; chosen_tokens and rejected_tokens (B,), each reply's token
+    count, are needed by the LENGTH_NORMALISED ones."""
+    beta, e, name = settings.beta, settings.label_smoothing, settings.loss
+    if name in LENGTH_NORMALISED:
+        if chosen_tokens is None or rejected_tokens is None:
+            raise ValueError(f"the {name} loss needs each reply's token count")
+        n_c, n_r = chosen_tokens.clamp(min=1), rejected_tokens.clamp(min=1)
+    if settings.reference_free:
+        chosen, rejected = policy_chosen / n_c, policy_rejected / n_r  # mean per-token log-probabilities
     else:
-        e = settings.label_smoothing
-        losses = -F.logsigmoid(beta * h) * (1 - e) - F.logsigmoid(-beta * h) * e
+        chosen, rejected = policy_chosen - ref_chosen, policy_rejected - ref_rejected
+    if name == "ipo_per_token":
+        h = chosen / n_c - rejected / n_r
+    else:
+        h = chosen - rejected
+    if name == "ipo" or name == "ipo_per_token":
+        losses = (h - 1 / (2 * beta)) ** 2
+    elif name == "hinge":
+        losses = torch.relu(1 - beta * h)
+    elif name == "robust":
+        losses = ((1 - e) * -F.logsigmoid(beta * h) + e * F.logsigmoid(-beta * h)) / (1 - 2 * e)
+    elif name == "orpo":
+        # log odds of p = exp(a): a - log(1 - exp(a)), log(1 - exp(a)) = log(-expm1(a)) exact near a = 0; a
+        # reply whose every token has probability 1 in float32 (a = 0) counts as a = -1e-6 (no gradient)
+        def log_odds(a):
+            a = a.clamp(max=-1e-6)
+            return a - torch.log(-torch.expm1(a))
+
+        losses = beta * -F.logsigmoid(log_odds(chosen) - log_odds(rejected))
+    else:  # sigmoid, simpo
+        z = beta * h - (settings.simpo_gamma if name == "simpo" else 0.0)
+        losses = -F.logsigmoid(z) * (1 - e) - F.logsigmoid(-z) * e
     return losses, beta * chosen.detach(), beta * rejected.detach()
 
 
@@ -382,15 +435,19 @@ class PrecomputedReference:
 
 def dpo_microbatch(model: nn.Module, batch: PairBatch, reference: Any,
                    settings: DPOSettings) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The loss of one micro-batch of pairs, a 0-d tensor to backpropagate (DPO's mean over its pairs, plus the
-    NLL anchor when settings.nll_weight > 0), and its metrics (pair_metrics, and "nll": the chosen replies'
-    negative log-likelihood per token). Called under the step's autocast; `reference` has logps(model, batch)."""
-    ref = reference.logps(model, batch)  # first: nothing of it stays alive during the policy's forward
-    policy = policy_logps(model, batch)
+    """The loss of one micro-batch of pairs, a 0-d tensor to backpropagate (the loss's mean over its pairs,
+    plus the NLL anchor when settings.nll_weight > 0, or orpo's NLL term), and its metrics (pair_metrics, and
+    "nll": the chosen replies' negative log-likelihood per token). Called under the step's autocast;
+    `reference` has logps(model, batch), and is not called for a reference-free loss (it may be None)."""
     B = len(batch)
-    losses, chosen, rejected = dpo_loss(policy[:B], policy[B:], ref[:B], ref[B:], settings)
-    nll = -policy[:B].sum() / (batch.y[:B] != -1).sum().clamp(min=1)
-    loss = losses.mean() + settings.nll_weight * nll if settings.nll_weight else losses.mean()
+    ref = None if settings.reference_free else reference.logps(model, batch)  # first: nothing of it stays alive
+    policy = policy_logps(model, batch)  # during the policy's forward
+    tokens = (batch.y != -1).sum(-1)
+    r_c, r_r = (None, None) if ref is None else (ref[:B], ref[B:])
+    losses, chosen, rejected = dpo_loss(policy[:B], policy[B:], r_c, r_r, settings, tokens[:B], tokens[B:])
+    nll = -policy[:B].sum() / tokens[:B].sum().clamp(min=1)
+    nll_weight = 1.0 if settings.loss == "orpo" else settings.nll_weight
+    loss = losses.mean() + nll_weight * nll if nll_weight else losses.mean()
     return loss, {**pair_metrics(losses, chosen, rejected, policy[:B], policy[B:]), "nll": nll.detach()}
 
 

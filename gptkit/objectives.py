@@ -137,12 +137,15 @@ def trial_batch(cfg: TrainConfig, raw_model: torch.nn.Module, batch_size: int, d
     x = torch.randint(vocab, (2 * batch_size, T), device=device)
     y = x.clone()
     y[:, : T // 2] = -1  # the prompt: no target
-    if cfg.lora_rank:
+    settings = dpo_settings(cfg)
+    if settings.reference_free:
+        reference, ref = None, None
+    elif cfg.lora_rank:
         reference, ref = AdapterOffReference(raw_model), None
     else:
         reference, ref = PrecomputedReference({}, "", T), torch.zeros(2 * batch_size, device=device)
     batch = PairBatch(x, y, torch.arange(batch_size), "train", ref)
-    return DPOObjective(dpo_settings(cfg), reference), batch
+    return DPOObjective(settings, reference), batch
 
 
 def make_objective(cfg: TrainConfig, raw_model: torch.nn.Module, loader, data_dir: Path, ckpt: dict | None,
@@ -154,7 +157,10 @@ def make_objective(cfg: TrainConfig, raw_model: torch.nn.Module, loader, data_di
     if not is_dpo(cfg):
         return next_token_loss, None, ""
     settings = dpo_settings(cfg)
-    if cfg.lora_rank:
+    if settings.reference_free:
+        reference = None
+        against = "no reference (the loss is of the model alone)"
+    elif cfg.lora_rank:
         reference = AdapterOffReference(raw_model)  # (check_start leaves no run that trains more than adapters)
         against = "the model with its LoRA adapters off (the starting model; no second copy)"
     elif ckpt is not None:
@@ -171,7 +177,9 @@ def make_objective(cfg: TrainConfig, raw_model: torch.nn.Module, loader, data_di
         loader.reference_logps = reference.lookup  # read with each training batch, into batch.ref
     anchor = f", + {settings.nll_weight:g} x the chosen replies' NLL per token" if settings.nll_weight else ""
     smoothing = f", label smoothing {settings.label_smoothing:g}" if settings.label_smoothing else ""
-    line = (f"objective: DPO ({settings.loss} loss, beta {settings.beta:g}{smoothing}{anchor}) on pairs of "
+    gamma = f", gamma {settings.simpo_gamma:g}" if settings.loss == "simpo" else ""
+    anchor = ", + the chosen replies' NLL per token" if settings.loss == "orpo" else anchor
+    line = (f"objective: DPO ({settings.loss} loss, beta {settings.beta:g}{smoothing}{gamma}{anchor}) on pairs of "
             f"{cfg.dataset}, against {against}\n{DPO_LOG_UNITS}")
     return DPOObjective(settings, reference), reference, line
 

@@ -19,6 +19,7 @@ from gptkit.checkpoint import load_checkpoint
 from gptkit.checkpoint.models import no_run_yet
 from gptkit.cli import UserError
 from gptkit.config import lora_settings
+from gptkit.dpo import REFERENCE_FREE
 from gptkit.hf_gpt2 import VOCAB_MULTIPLE, config_from_hf, read_json
 from gptkit.lora import LoRASettings
 from gptkit.metrics import peak_flops_for
@@ -311,6 +312,8 @@ def dpo_notes(cfg, pairs: int) -> list[str]:
     reference = ("the reference, the model with its adapters off: one more forward per micro-batch (about a third "
                  "more)" if cfg.lora_rank else "the reference's log-probabilities: one forward over every pair "
                  "before the first step")
+    if cfg.dpo_loss in REFERENCE_FREE:
+        reference = f"nothing for a reference ({cfg.dpo_loss} has none)"
     text = (f"DPO: the micro-batch of {pairs} pairs is planned as {2 * pairs} sequences of {cfg.block_size:,} "
             f"tokens (the longest pair's length, once the pairs are prepared): batch and largest count sequences. "
             f"Its loss, each sequence's log-probability of its reply, is counted as computed: by slices of rows "

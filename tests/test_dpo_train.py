@@ -24,7 +24,7 @@ import chat
 import eval as eval_script
 import train
 from benchmarks import dpo_rule
-from gptkit import batch_size, objectives, optim, plan, runtime
+from gptkit import batch_size, lora, objectives, optim, plan, runtime
 from gptkit.checkpoint import load_checkpoint
 from gptkit.checkpoint.run_model import attach_lora, build_model
 from gptkit.config import TrainConfig
@@ -392,6 +392,29 @@ def test_batch_size_autos_trial_step_is_the_dpo_step(task, lora_rank, monkeypatc
     assert calls == [(reference, (6, BLOCK), 6 * (BLOCK - BLOCK // 2))]
     for name, value in model.state_dict().items():
         assert torch.equal(value, before[name]), name
+
+
+
+@pytest.mark.parametrize("loss, lora_rank", [("simpo", 0), ("orpo", 4)])
+def test_reference_free_losses_train_without_a_reference(task, tmp_path, capsys, monkeypatch, loss, lora_rank):
+    """simpo and orpo through train.py: no reference is scored (full fine-tune) or run (LoRA: the adapters are
+    never turned off), the checkpoint holds none, and the run trains; orpo's loss is its odds-ratio term plus
+    the NLL, with weight 1."""
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a reference-free loss computed a reference")
+
+    monkeypatch.setattr(objectives, "precompute", forbidden)
+    monkeypatch.setattr(lora, "adapters_off", forbidden)
+    out = tmp_path / "out"
+    train.main(dpo_args(task, out, dpo_loss=loss, dpo_beta=2.0 if loss == "simpo" else 0.2, dpo_nll_weight=0,
+                        lora_rank=lora_rank, lora_dropout=0.0, max_iters=2, eval_interval=2))
+    said = capsys.readouterr().out
+    assert f"{loss} loss" in said and "against no reference" in said
+    assert load_checkpoint(out / "last.pt").get("dpo_reference") is None
+    steps = [m for m in metrics(out) if "loss" in m]
+    assert len(steps) == 2 and all(math.isfinite(m["loss"]) for m in steps)
+    if loss == "orpo":
+        assert all(m["loss"] == pytest.approx(m["dpo_loss"] + m["nll"], rel=1e-5) for m in steps)
 
 
 # ----------------------------------------------------------------------------- it works
