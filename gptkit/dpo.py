@@ -47,7 +47,9 @@ the share of the decided pairs (margin != 0) with margin > 0, and the ties, the 
 exactly 0 (all of them at step 0, when the model is its reference: the accuracy is then NaN, "n/a" in the
 log, rather than a 0 that would read as every pair wrong); pi_c and pi_r, to see that the chosen replies'
 log-probability does not collapse while the margin grows; and the chosen replies' NLL per token.
-`pair_outcomes` counts the wins and ties for the log and for eval.py alike.
+`pair_outcomes` counts the wins and ties for the log and for eval.py alike. The same numbers also go to
+metrics.jsonl under TRL's names (TRL_NAMES: rewards/chosen, rewards/rejected, rewards/margins, logps/chosen,
+logps/rejected), and TRL's rewards/accuracies, the share of all pairs won (ties as losses).
 
 The reference: the model the tuning starts from, its log-probabilities computed without dropout (eval mode).
 - With LoRA: the same model with its adapters off (`AdapterOffReference`, lora.adapters_off): no second copy
@@ -212,9 +214,18 @@ def pair_metrics(losses: torch.Tensor, chosen_rewards: torch.Tensor, rejected_re
     margin = chosen_rewards - rejected_rewards
     wins, ties = pair_outcomes(margin)
     B = len(margin)
-    return {"dpo_loss": losses.detach().mean(), "reward_margin": margin.mean(), "chosen_reward": chosen_rewards.mean(),
+    ours = {"dpo_loss": losses.detach().mean(), "reward_margin": margin.mean(), "chosen_reward": chosen_rewards.mean(),
             "rejected_reward": rejected_rewards.mean(), "accuracy": accuracy_of(wins, ties, B), "ties": ties / B,
             "chosen_logp": policy_chosen.detach().mean(), "rejected_logp": policy_rejected.detach().mean()}
+    trl = {name: ours[same] for name, same in TRL_NAMES.items()}
+    return {**ours, **trl, "rewards/accuracies": wins / B}
+
+
+# TRL's names for the metrics a step logs, beside ours (metrics.jsonl and W&B only: gptkit/metrics.py keeps
+# names with a slash off the console line, which shows ours). rewards/accuracies is TRL's own measure: the
+# share of all pairs won, ties counted as lost (0.0 at step 0), where our accuracy leaves the tied pairs out.
+TRL_NAMES = {"rewards/chosen": "chosen_reward", "rewards/rejected": "rejected_reward",
+             "rewards/margins": "reward_margin", "logps/chosen": "chosen_logp", "logps/rejected": "rejected_logp"}
 
 
 def chunked_sequence_logps(model: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, *,
@@ -460,7 +471,7 @@ class DPOObjective:
     reference: Any  # AdapterOffReference or PrecomputedReference
     # the metrics each call returns (pair_metrics' and the NLL), the same whatever the batch
     metric_names = ("dpo_loss", "reward_margin", "chosen_reward", "rejected_reward", "accuracy", "ties",
-                    "chosen_logp", "rejected_logp", "nll")
+                    "chosen_logp", "rejected_logp", "nll", *TRL_NAMES, "rewards/accuracies")
     # metrics that are means over a part of the pairs, and that part's share of them: the evaluation weighs
     # each batch's accuracy by its decided pairs (gptkit/evaluation.py), so the mean is wins / decided pairs
     metric_over = {"accuracy": lambda metrics: 1 - metrics["ties"]}

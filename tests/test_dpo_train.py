@@ -203,6 +203,15 @@ def test_the_log_evaluation_and_best_checkpoint(task, tmp_path, capsys):
     assert all(m["val_ties"] < 1 and 0 <= m["val_accuracy"] <= 1 for m in evals[1:])
     best = min((m for m in evals if m["step"] > 0), key=lambda m: m["val_loss"])
     assert load_checkpoint(out / "best.pt")["step"] == best["step"]
+    # TRL's names beside ours, in metrics.jsonl only (the console line shows ours); rewards/accuracies is TRL's
+    # share of all pairs won, ties as losses: 0 at step 0, not n/a
+    for m in steps + [{k.removeprefix("val_"): v for k, v in m.items()} for m in evals]:
+        assert (m["rewards/chosen"], m["rewards/rejected"], m["rewards/margins"], m["logps/chosen"],
+                m["logps/rejected"]) == (m["chosen_reward"], m["rejected_reward"], m["reward_margin"],
+                                         m["chosen_logp"], m["rejected_logp"])
+        won = (m["accuracy"] or 0) * (1 - m["ties"])
+        assert m["rewards/accuracies"] == pytest.approx(won, abs=1e-6)
+    assert evals[0]["val_rewards/accuracies"] == 0 and "rewards/" not in said
 
 
 @pytest.mark.parametrize("dtype, tolerance", [("bfloat16", 1e-2), ("float16", 1e-2), ("float32", 1e-6)])
