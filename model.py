@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 
 import torch
@@ -440,6 +441,7 @@ class GPT(nn.Module):
         pos: torch.Tensor | None = None,
         *,
         return_logits: bool = False,
+        head_loss: Callable[[GPT, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """idx (B, T) token ids -> (logits, loss).
 
@@ -452,8 +454,14 @@ class GPT(nn.Module):
 
         `pos` (T,) is only for incremental decoding with a KV cache (see `setup_kv_cache`): the absolute
         positions of the tokens in idx.
+
+        head_loss(model, hidden (B, T, C), targets) replaces the mean cross-entropy with another function of
+        the hidden states and the head (gptkit/dpo.py's per-sequence log-probabilities): run inside the forward,
+        so that DDP, FSDP and torch.compile wrappers see the head used as in any forward.
         """
         x = self.hidden_states(idx, pos)  # (B, T, C)
+        if head_loss is not None:
+            return None, head_loss(self, x, targets)
         if targets is None:
             return self.head(x), None
         if not return_logits:

@@ -27,7 +27,7 @@ out_dir = "out-dpo"
 
 objective = "dpo"
 dpo_beta = 0.1
-dpo_loss = "sigmoid"
+dpo_loss = "sigmoid"  # or hinge, robust, ipo, ipo_per_token (TRL's ipo), simpo, orpo: python train.py --help
 dpo_label_smoothing = 0.0
 dpo_nll_weight = 0.5
 

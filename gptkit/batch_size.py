@@ -8,6 +8,10 @@ batch_size=auto keeps tokens_per_step: the micro-batch is one that divides the s
 step (plan.valid_batches), and gradient_accumulation_steps makes up the rest. On CUDA real training steps are
 tried, from the plan's estimate up or down (plan.search_batch); on the CPU and MPS, and under FSDP (whose steps
 need the sharded model), the plan's figure for the free memory is used.
+
+Under DPO (objective = "dpo") batch_size counts pairs, each two sequences: the plan sizes the micro-batch in
+sequences, an even number (whole pairs), and the trial step is DPO's (gptkit/objectives.py's trial_batch:
+both sequences of each pair, the reference's forward of a LoRA run, the per-sequence log-probabilities).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import gc
 import torch
 import torch.distributed as dist
 
-from gptkit import parallel, plan
+from gptkit import objectives, parallel, plan
 from gptkit.cli import UserError
 from gptkit.config import TrainConfig
 from gptkit.cudagraph import graph_batch_reserve
@@ -46,13 +50,16 @@ def choose_batch_size(cfg: TrainConfig, model: GPT, ckpt: dict | None, d: Dist, 
     if cfg.batch_size is not None:
         return cfg
     sequences = cfg.tokens_per_step // cfg.block_size
-    candidates = plan.valid_batches(sequences, d.world_size)
-    if not candidates or sequences % d.world_size:
-        raise BatchSizeError(f"tokens_per_step ({cfg.tokens_per_step:,}) is {sequences} sequences of "
-                             f"{cfg.block_size}, which {d.world_size} processes cannot share equally; use a multiple "
-                             f"of {cfg.block_size * d.world_size}")
-    saved = (ckpt or {}).get("config", {}).get("batch_size")
     setup = setup_of(cfg, rt, d, sharded=sharing == "fsdp")
+    per = setup.sequences_per_item  # DPO: 2, and batch_size counts pairs
+    candidates = plan.valid_batches(sequences, d.world_size, per)  # (in sequences)
+    if not candidates or sequences % (d.world_size * per):
+        raise BatchSizeError(f"tokens_per_step ({cfg.tokens_per_step:,}) is {sequences} sequences of "
+                             f"{cfg.block_size}, which {d.world_size} processes cannot share equally"
+                             f"{' in whole pairs' if per > 1 else ''}; use a multiple of "
+                             f"{cfg.block_size * d.world_size * per}")
+    saved = (ckpt or {}).get("config", {}).get("batch_size")
+    saved = saved * per if isinstance(saved, int) else saved
     if saved in candidates:
         batch, how = saved, "the batch this run chose when it started"
     elif rt.device_type == "cuda" and sharing == "fsdp":
@@ -62,7 +69,7 @@ def choose_batch_size(cfg: TrainConfig, model: GPT, ckpt: dict | None, d: Dist, 
         # replayed as one CUDA graph, the step's memory stays in the graph's pool: a margin is held back
         reserve = graph_batch_reserve(gpu_free_bytes(rt)) if cfg.cuda_graphs else 0
         estimate = plan.largest_batch(model, dataclasses.replace(setup, accum=2), gpu_free_bytes(rt) - reserve)
-        batch = plan.search_batch(candidates, estimate, lambda b: fits_on_gpu(model, cfg, rt, b, reserve))
+        batch = plan.search_batch(candidates, estimate, lambda b: fits_on_gpu(model, cfg, rt, b // per, reserve))
         how = (f"the largest that ran a training step here{' with the CUDA graph margin held back' if reserve else ''}"
                f"; the plan estimated {estimate}")
     else:
@@ -80,27 +87,29 @@ def choose_batch_size(cfg: TrainConfig, model: GPT, ckpt: dict | None, d: Dist, 
                              f"{rt.device}; use --activation_checkpointing=True, --lora_rank, or a smaller block_size "
                              f"or model (python train.py ... --plan shows the memory)")
     accum = sequences // batch
+    said = f"{batch // per} pairs = {batch} sequences" if per > 1 else f"{batch}"
     if d.master:
-        print(f"batch_size=auto: {batch} ({how}); gradient_accumulation_steps={accum} keeps "
+        print(f"batch_size=auto: {said} ({how}); gradient_accumulation_steps={accum} keeps "
               f"{cfg.tokens_per_step:,} tokens per step")
-    return dataclasses.replace(cfg, batch_size=batch, gradient_accumulation_steps=accum)
+    return dataclasses.replace(cfg, batch_size=batch // per, gradient_accumulation_steps=accum)
 
 
 def gpu_free_bytes(rt: Runtime) -> int:
     return torch.cuda.mem_get_info(rt.device)[0]
 
 
-def trial_step(model: GPT, optimizer, rt: Runtime, batch: int, block_size: int) -> None:
-    """A training step on random tokens (forward, backward, optimizer step), for batch_size=auto."""
-    x = torch.randint(model.config.vocab_size, (batch, block_size), device=rt.device)
+def trial_step(model: GPT, optimizer, rt: Runtime, cfg: TrainConfig, batch: int) -> None:
+    """A training step of the run's objective (forward, backward, optimizer step) on a micro-batch of `batch`
+    random items (sequences, or DPO's pairs: objectives.trial_batch), for batch_size=auto."""
+    objective, batch = objectives.trial_batch(cfg, model, batch, rt.device)
     with rt.autocast():
-        loss = model(x, x)[1]
+        loss = objective(model, batch)[0]
     loss.backward()
     optimizer.step()
 
 
 def fits_on_gpu(model: GPT, cfg: TrainConfig, rt: Runtime, batch: int, reserve: int = 0) -> bool:
-    """Whether a real training step at `batch` sequences fits, with `reserve` bytes held aside: its optimizer
+    """Whether a real training step at micro-batch `batch` (sequences, or DPO's pairs) fits, with `reserve` bytes held aside: its optimizer
     steps at learning rate 0, so the weights stay as they were; everything it allocated is released before the
     next try."""
     optimizer = make_optimizer(model, cfg, rt.device_type)
@@ -109,7 +118,7 @@ def fits_on_gpu(model: GPT, cfg: TrainConfig, rt: Runtime, batch: int, reserve: 
     held = None
     try:
         held = torch.empty(reserve, dtype=torch.uint8, device=rt.device) if reserve else None
-        trial_step(model, optimizer, rt, batch, cfg.block_size)
+        trial_step(model, optimizer, rt, cfg, batch)
         fits = True
     except torch.OutOfMemoryError:  # (its traceback, which holds the step's tensors, is gone after this block)
         fits = False
@@ -130,10 +139,11 @@ def oom_message(run) -> str:
     total = torch.cuda.get_device_properties(rt.device).total_memory
     setup = setup_of(cfg, rt, d, compile=resolve_compile(cfg.compile, rt.device)[0],
                      sharded=parallel.is_sharded(run.model))
-    sequences = cfg.batch_size * cfg.gradient_accumulation_steps
+    per = setup.sequences_per_item  # DPO's batch_size counts pairs
+    sequences = cfg.batch_size * cfg.gradient_accumulation_steps * per
     batch, fits = plan.largest_valid_batch(run.raw_model, setup, plan.process_capacity(rt.device), sequences)
-    advice = (f"use --batch_size={batch} --gradient_accumulation_steps={sequences // batch} (the same tokens per "
-              f"step)" if batch else "use --activation_checkpointing=True, --lora_rank or a smaller model")
+    advice = (f"use --batch_size={batch // per} --gradient_accumulation_steps={sequences // batch} (the same "
+              f"tokens per step)" if batch else "use --activation_checkpointing=True, --lora_rank or a smaller model")
     return (f"out of GPU memory at micro-batch {cfg.batch_size} x {cfg.block_size}; the plan puts the largest that "
-            f"fits this GPU ({plan.format_bytes(total)}) at {fits}: {advice}, or --batch_size=auto "
+            f"fits this GPU ({plan.format_bytes(total)}) at {fits}{' sequences' if per > 1 else ''}: {advice}, or --batch_size=auto "
             f"--tokens_per_step={sequences * cfg.block_size}")

@@ -115,9 +115,20 @@ class TrainConfig(ModelSettings):
                                            "(preference pairs, prepare/preference.py, tuned against the model the "
                                            "run starts from; batch_size counts pairs)", ("next_token", "dpo"))
     dpo_beta: float = setting(0.1, "dpo: how far the model may move from its reference (larger keeps it closer)")
-    dpo_loss: str = setting("sigmoid", "dpo: sigmoid (DPO's loss) or ipo (IPO's squared loss)", ("sigmoid", "ipo"))
+    dpo_loss: str = setting(
+        "sigmoid", "dpo: the loss, by TRL's names. sigmoid: DPO's, the usual start. hinge: SLiC's max(0, 1 - beta "
+        "h), which stops pushing a pair once its margin passes 1/beta. robust: DPO unbiased for a share "
+        "dpo_label_smoothing of flipped labels (noisy preferences). ipo: IPO's squared loss on the summed "
+        "log-probabilities (the paper's), when DPO overfits pairs it already orders. ipo_per_token: IPO on "
+        "log-probabilities averaged over each reply's tokens, TRL's ipo: a beta copied from TRL's ipo goes with "
+        "this one. simpo: SimPO, reference-free and length-normalised with the margin dpo_simpo_gamma: no "
+        "reference to compute, and replies' lengths do not count. orpo: ORPO's odds-ratio term (weight "
+        "dpo_beta) plus the chosen replies' NLL, reference-free: a preference tune and an SFT in one",
+        ("sigmoid", "hinge", "robust", "ipo", "ipo_per_token", "simpo", "orpo"))
     dpo_label_smoothing: float = setting(0.0, "dpo: the share of pairs assumed mislabelled, in [0, 0.5) "
-                                              "(conservative DPO; sigmoid loss only)")
+                                              "(sigmoid: conservative DPO; robust; simpo)")
+    dpo_simpo_gamma: float = setting(0.5, "dpo, simpo loss: the margin (in beta x nats per token) the chosen "
+                                          "reply should win by; TRL's simpo_gamma")
     dpo_nll_weight: float = setting(0.0, "dpo: add this times the chosen replies' negative log-likelihood per "
                                          "token (an anchor that keeps them likely); 0 = plain DPO")
     # system
@@ -157,9 +168,10 @@ class TrainConfig(ModelSettings):
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.objective == "dpo":
             dpo_settings(self)  # names a bad dpo_beta, dpo_loss, dpo_label_smoothing or dpo_nll_weight
-            if self.batch_size is None:
-                raise ConfigError("batch_size=auto sizes next-token micro-batches; with objective=dpo set "
-                                  "--batch_size to the pairs per micro-batch (each pair is two sequences)")
+            if self.batch_size is None and self.tokens_per_step % (2 * self.block_size):
+                raise ConfigError(f"tokens_per_step ({self.tokens_per_step}) must be a multiple of 2 x block_size "
+                                  f"({2 * self.block_size}) with objective=dpo and batch_size=auto: a step is made "
+                                  f"of whole pairs, each two sequences")
             if self.init_from == "scratch":
                 raise ConfigError("objective=dpo tunes a trained chat model against itself: set --init_from to "
                                   "its checkpoint (e.g. out-chat/, from configs/finetune_chat.py)")
@@ -240,7 +252,7 @@ def dpo_settings(cfg: TrainConfig) -> DPOSettings:
     """The run's DPO settings (whatever its objective: they are only used with objective=dpo)."""
     try:
         return DPOSettings(beta=cfg.dpo_beta, label_smoothing=cfg.dpo_label_smoothing, loss=cfg.dpo_loss,
-                           nll_weight=cfg.dpo_nll_weight)
+                           nll_weight=cfg.dpo_nll_weight, simpo_gamma=cfg.dpo_simpo_gamma)
     except DPOError as e:
         raise ConfigError(str(e)) from None
 

@@ -8,15 +8,26 @@ reference log-probabilities; and scoring pairs with any model (eval.py --task pr
 
 The objective (Rafailov et al., 2023, "Direct Preference Optimization"). For a pair (a prompt, a chosen and a
 rejected reply), pi_c and pi_r are the log-probabilities of the two replies given the prompt under the model
-being tuned, summed over the reply tokens, and ref_c, ref_r the same under the reference model. With
-h = (pi_c - ref_c) - (pi_r - ref_r):
+being tuned, summed over the reply tokens, and ref_c, ref_r the same under the reference model; n_c and n_r
+the replies' token counts. With h = (pi_c - ref_c) - (pi_r - ref_r), the losses by TRL's names (`dpo_loss`):
 
     "sigmoid" (DPO):  loss = -log sigmoid(beta h)
                       with label_smoothing e (conservative DPO: e is the share of pairs assumed mislabelled)
                       loss = -(1 - e) log sigmoid(beta h) - e log sigmoid(-beta h)
-    "ipo"     (Azar et al., 2023):  loss = (h - 1 / (2 beta))^2, on the summed log-probabilities as in the paper
-                      (TRL's IPO averages them over the reply's tokens instead)
+    "hinge" (SLiC, Zhao et al., 2023):  loss = max(0, 1 - beta h)
+    "robust" (Chowdhury et al., 2024, "Provably robust DPO"): unbiased under a share e of flipped labels,
+                      loss = ((1 - e) (-log sigmoid(beta h)) - e (-log sigmoid(-beta h))) / (1 - 2e)
+    "ipo" (Azar et al., 2023):  loss = (h - 1 / (2 beta))^2, on the summed log-probabilities as in the paper
+    "ipo_per_token":  the same on each reply's log-probabilities averaged over its tokens (pi_c / n_c, ...):
+                      TRL's loss_type="ipo", whose beta means this one's (with the sums a beta gives a margin
+                      n times larger in nats for replies of n tokens)
+    "simpo" (Meng et al., 2024):  loss = -log sigmoid(beta (pi_c / n_c - pi_r / n_r) - gamma), reference-free,
+                      gamma (simpo_gamma, TRL's too) the margin asked for; label smoothing as sigmoid's
+    "orpo" (Hong et al., 2024):  loss = NLL + beta (-log sigmoid(lo_c - lo_r)), reference-free, where the log
+                      odds lo = a - log(1 - exp(a)) of a reply's mean per-token log-probability a = pi / n, and
+                      NLL the chosen replies' negative log-likelihood per token (weight 1: TRL's beta is beta)
 
+The reference-free losses (simpo, orpo) compute no reference at all (`DPOSettings.reference_free`).
 The loss of a micro-batch is the mean over its pairs, plus, with nll_weight w > 0, w times the chosen replies'
 negative log-likelihood per token (an anchor: RPO, Pang et al., 2024; TRL's rpo_alpha; Llama 3's recipe).
 DPO's loss sees only differences between a pair's two replies: what they share (a common start, the <|end|>
@@ -30,13 +41,15 @@ chat replies 100% by the rule (BENCHMARKS.md, "Preference tuning"). The anchor k
 likely.
 
 What a step logs (`pair_metrics`, means over the pairs): DPO's loss; the implicit rewards chosen =
-beta (pi_c - ref_c) and rejected = beta (pi_r - ref_r), and the reward margin, chosen - rejected, all three in
-beta x nats (eval.py's margin is in nats: with the same reference it is reward_margin / beta); the accuracy,
+beta (pi_c - ref_c) and rejected = beta (pi_r - ref_r) (reference-free losses: beta pi_c / n_c and
+beta pi_r / n_r, their implicit rewards), and the reward margin, chosen - rejected, all three in beta x nats (eval.py's margin is in nats: with the same reference it is reward_margin / beta); the accuracy,
 the share of the decided pairs (margin != 0) with margin > 0, and the ties, the share of pairs with margin
 exactly 0 (all of them at step 0, when the model is its reference: the accuracy is then NaN, "n/a" in the
 log, rather than a 0 that would read as every pair wrong); pi_c and pi_r, to see that the chosen replies'
 log-probability does not collapse while the margin grows; and the chosen replies' NLL per token.
-`pair_outcomes` counts the wins and ties for the log and for eval.py alike.
+`pair_outcomes` counts the wins and ties for the log and for eval.py alike. The same numbers also go to
+metrics.jsonl under TRL's names (TRL_NAMES: rewards/chosen, rewards/rejected, rewards/margins, logps/chosen,
+logps/rejected), and TRL's rewards/accuracies, the share of all pairs won (ties as losses).
 
 The reference: the model the tuning starts from, its log-probabilities computed without dropout (eval mode).
 - With LoRA: the same model with its adapters off (`AdapterOffReference`, lora.adapters_off): no second copy
@@ -50,10 +63,11 @@ The reference: the model the tuning starts from, its log-probabilities computed 
   unless a run stops before one epoch (it then also scored the pairs the run never reached). A resumed run
   reads the table back instead of computing it again from weights that have since changed.
 
-The log-probabilities are taken from the model's logits (`model(x)` without targets: every position's, so the
-same call works through DDP and FSDP wrappers) in float32 (`sequence_logps`). Memory: the logits (2B, T, V)
-and their float32 log-softmax, kept for the backward, are the step's largest tensors with a big vocabulary
-(GPT-2, 8 pairs of 1024 tokens: 3.3 GB each in float32).
+The log-probabilities are computed from the model's hidden states and its head a slice of rows at a time
+(`chunked_sequence_logps`, run inside the model's forward through its head_loss hook, so the same call works
+through DDP, FSDP and torch.compile wrappers), in float32, with the same values and gradients as the log-softmax
+of the whole logits (`sequence_logps`, the direct computation). The whole (2B, T, V) logits never exist: a DPO
+step holds a few slices of them, as the next-token loss does (BENCHMARKS.md, "DPO's memory").
 """
 
 from __future__ import annotations
@@ -73,8 +87,12 @@ import torch.nn.functional as F
 from gptkit import lora
 from gptkit.cli import UserError
 from gptkit.preference import PairBatch, Pairs, ValPairs
+from model import loss_chunk_rows
 
-LOSSES = ("sigmoid", "ipo")
+LOSSES = ("sigmoid", "hinge", "robust", "ipo", "ipo_per_token", "simpo", "orpo")
+REFERENCE_FREE = ("simpo", "orpo")  # losses of the model alone: no reference is computed
+SMOOTHED = ("sigmoid", "robust", "simpo")  # the losses label_smoothing applies to
+LENGTH_NORMALISED = ("ipo_per_token", "simpo", "orpo")  # on log-probabilities averaged over each reply's tokens
 # What the log's DPO numbers are, said once when a run starts (train.py's "objective: DPO ..." line).
 DPO_LOG_UNITS = ("dpo: the log's rewards and reward_margin are in beta x nats (eval.py's margin_nats is in nats), accuracy is "
                  "over the pairs not tied (n/a while all tie, as at step 0), ties their share")
@@ -87,9 +105,10 @@ class DPOError(UserError):
 @dataclass(frozen=True)
 class DPOSettings:
     beta: float = 0.1  # how far the tuned model may move from the reference: larger keeps it closer
-    label_smoothing: float = 0.0  # conservative DPO: the share of pairs assumed mislabelled, in [0, 0.5)
-    loss: str = "sigmoid"  # "sigmoid" (DPO) or "ipo"
+    label_smoothing: float = 0.0  # the share of pairs assumed mislabelled, in [0, 0.5) (SMOOTHED losses)
+    loss: str = "sigmoid"  # one of LOSSES (the module's docstring)
     nll_weight: float = 0.0  # > 0: add this times the chosen replies' NLL per token (keeps them likely)
+    simpo_gamma: float = 0.5  # simpo: the margin, in beta x nats per token, the chosen reply should win by
 
     def __post_init__(self):
         if not (isinstance(self.beta, (int, float)) and math.isfinite(self.beta) and self.beta > 0):
@@ -104,6 +123,19 @@ class DPOSettings:
             raise DPOError(f"dpo_nll_weight must be a number >= 0 (0: plain DPO), got {self.nll_weight!r}")
         if self.loss == "ipo" and self.label_smoothing:
             raise DPOError("dpo_label_smoothing is for the sigmoid loss; IPO has none (set it to 0)")
+        if self.label_smoothing and self.loss not in SMOOTHED:
+            raise DPOError(f"dpo_label_smoothing is for the {', '.join(SMOOTHED)} losses; {self.loss} has none "
+                           f"(set it to 0)")
+        if self.loss == "orpo" and self.nll_weight:
+            raise DPOError("the orpo loss has its own NLL term (weight 1, the odds ratio's weight is dpo_beta): "
+                           "set dpo_nll_weight to 0")
+        if not (isinstance(self.simpo_gamma, (int, float)) and math.isfinite(self.simpo_gamma)):
+            raise DPOError(f"dpo_simpo_gamma must be a number, got {self.simpo_gamma!r}")
+
+    @property
+    def reference_free(self) -> bool:
+        """Whether the loss is of the model alone (simpo, orpo): no reference is computed."""
+        return self.loss in REFERENCE_FREE
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -117,18 +149,43 @@ def sequence_logps(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return -token.view(targets.shape).sum(-1)
 
 
-def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
-             ref_rejected: torch.Tensor, settings: DPOSettings) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per pair (B,): the loss, and the chosen and the rejected reward (detached: they are for logging)."""
-    chosen = policy_chosen - ref_chosen
-    rejected = policy_rejected - ref_rejected
-    h = chosen - rejected
-    beta = settings.beta
-    if settings.loss == "ipo":
-        losses = (h - 1 / (2 * beta)) ** 2
+def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor | None,
+             ref_rejected: torch.Tensor | None, settings: DPOSettings, chosen_tokens: torch.Tensor | None = None,
+             rejected_tokens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per pair (B,): the loss (settings.loss, the module's docstring; orpo's without its NLL term, which
+    dpo_microbatch adds), and the chosen and the rejected reward (detached: they are for logging). The
+    references are None for a reference-free loss; chosen_tokens and rejected_tokens (B,), each reply's token
+    count, are needed by the LENGTH_NORMALISED ones."""
+    beta, e, name = settings.beta, settings.label_smoothing, settings.loss
+    if name in LENGTH_NORMALISED:
+        if chosen_tokens is None or rejected_tokens is None:
+            raise ValueError(f"the {name} loss needs each reply's token count")
+        n_c, n_r = chosen_tokens.clamp(min=1), rejected_tokens.clamp(min=1)
+    if settings.reference_free:
+        chosen, rejected = policy_chosen / n_c, policy_rejected / n_r  # mean per-token log-probabilities
     else:
-        e = settings.label_smoothing
-        losses = -F.logsigmoid(beta * h) * (1 - e) - F.logsigmoid(-beta * h) * e
+        chosen, rejected = policy_chosen - ref_chosen, policy_rejected - ref_rejected
+    if name == "ipo_per_token":
+        h = chosen / n_c - rejected / n_r
+    else:
+        h = chosen - rejected
+    if name == "ipo" or name == "ipo_per_token":
+        losses = (h - 1 / (2 * beta)) ** 2
+    elif name == "hinge":
+        losses = torch.relu(1 - beta * h)
+    elif name == "robust":
+        losses = ((1 - e) * -F.logsigmoid(beta * h) + e * F.logsigmoid(-beta * h)) / (1 - 2 * e)
+    elif name == "orpo":
+        # log odds of p = exp(a): a - log(1 - exp(a)), log(1 - exp(a)) = log(-expm1(a)) exact near a = 0; a
+        # reply whose every token has probability 1 in float32 (a = 0) counts as a = -1e-6 (no gradient)
+        def log_odds(a):
+            a = a.clamp(max=-1e-6)
+            return a - torch.log(-torch.expm1(a))
+
+        losses = beta * -F.logsigmoid(log_odds(chosen) - log_odds(rejected))
+    else:  # sigmoid, simpo
+        z = beta * h - (settings.simpo_gamma if name == "simpo" else 0.0)
+        losses = -F.logsigmoid(z) * (1 - e) - F.logsigmoid(-z) * e
     return losses, beta * chosen.detach(), beta * rejected.detach()
 
 
@@ -157,14 +214,125 @@ def pair_metrics(losses: torch.Tensor, chosen_rewards: torch.Tensor, rejected_re
     margin = chosen_rewards - rejected_rewards
     wins, ties = pair_outcomes(margin)
     B = len(margin)
-    return {"dpo_loss": losses.detach().mean(), "reward_margin": margin.mean(), "chosen_reward": chosen_rewards.mean(),
+    ours = {"dpo_loss": losses.detach().mean(), "reward_margin": margin.mean(), "chosen_reward": chosen_rewards.mean(),
             "rejected_reward": rejected_rewards.mean(), "accuracy": accuracy_of(wins, ties, B), "ties": ties / B,
             "chosen_logp": policy_chosen.detach().mean(), "rejected_logp": policy_rejected.detach().mean()}
+    trl = {name: ours[same] for name, same in TRL_NAMES.items()}
+    return {**ours, **trl, "rewards/accuracies": wins / B}
+
+
+# TRL's names for the metrics a step logs, beside ours (metrics.jsonl and W&B only: gptkit/metrics.py keeps
+# names with a slash off the console line, which shows ours). rewards/accuracies is TRL's own measure: the
+# share of all pairs won, ties counted as lost (0.0 at step 0), where our accuracy leaves the tied pairs out.
+TRL_NAMES = {"rewards/chosen": "chosen_reward", "rewards/rejected": "rejected_reward",
+             "rewards/margins": "reward_margin", "logps/chosen": "chosen_logp", "logps/rejected": "rejected_logp"}
+
+
+def chunked_sequence_logps(model: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, *,
+                           chunk_elements: int | None = None) -> torch.Tensor:
+    """sequence_logps of the logits `model.head` would make of hidden (N, T, C), without holding them: (N,)
+    float32, computed a slice of token rows at a time (model.loss_chunk_rows: chunk_elements logits, by default
+    the device type's). The model's head_loss hook: policy_logps(model, batch) calls it inside the forward."""
+    w = model.lm_head.weight
+    device_type = hidden.device.type
+    dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
+    rows = loss_chunk_rows(w.size(0), device_type, chunk_elements)
+    N, T = targets.shape
+    return _ChunkedSequenceLogps.apply(hidden.flatten(0, 1), w, targets.flatten(), N, T, rows,
+                                       float(model.config.logit_softcap), dtype, model.config.vocab_size)
+
+
+class _ChunkedSequenceLogps(torch.autograd.Function):
+    """Each sequence's summed log-probability of its targets, over slices of `rows` token rows, recomputing each
+    slice's logits in the backward.
+
+    Forward, per slice: logits s = x_c @ W^T (in `dtype`, then fp32; soft-capped z = cap tanh(s / cap) when the
+    model caps), logp = z[target] - logsumexp(z) over the real vocabulary, added to its sequence's sum; the
+    slice is then dropped. Nothing (T, V)-sized is kept: the backward's input, d(loss)/d(sum) per sequence,
+    depends on the sums themselves (DPO's sigmoid of the margin), so the gradients cannot be formed during the
+    forward as model.py's _ChunkedLinearCrossEntropy does for a mean. Backward, per slice: the logits once more,
+    dz = (onehot(target) - softmax(z)) x the sequence's d(loss)/d(sum) (x (1 - tanh^2) with the cap), then
+    grad_x_c = dz @ W and grad_W += dz^T @ x_c. Cost: one head matmul more than keeping the logits (four instead
+    of three); memory: a couple of slices of logits. The softmax and sums are float32 (float64 for a float64
+    model: the tests' exact reference), the matmuls in `dtype` (autocast's when it is on), as the next-token loss.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, targets, n_seq: int, seq_len: int, rows: int, softcap: float, dtype: torch.dtype,
+                n_real: int):
+        with torch.autocast(x.device.type, enabled=False):
+            mm = _Head(x, weight, dtype)
+            valid = targets != -1
+            safe = targets.clamp(min=0)[:, None]
+            token = torch.empty(x.size(0), device=x.device, dtype=mm.acc)
+            for lo in range(0, x.size(0), rows):
+                part = slice(lo, lo + rows)
+                z = _slice_logits(mm, part, softcap, n_real)[0]
+                token[part] = (z.gather(1, safe[part]) - torch.logsumexp(z, dim=-1, keepdim=True)).squeeze(1)
+            out = (token * valid).view(n_seq, seq_len).sum(-1)
+        ctx.save_for_backward(x, weight, targets)
+        ctx.settings = (seq_len, rows, softcap, dtype, n_real)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight, targets = ctx.saved_tensors
+        seq_len, rows, softcap, dtype, n_real = ctx.settings
+        need_x, need_w = ctx.needs_input_grad[:2]
+        with torch.autocast(x.device.type, enabled=False):
+            mm = _Head(x, weight, dtype)
+            # each token's factor: its sequence's d(loss)/d(sum), 0 where it has no target
+            scale = grad_out.to(mm.acc).repeat_interleave(seq_len) * (targets != -1)
+            safe = targets.clamp(min=0)[:, None]
+            grad_w = torch.zeros(weight.shape, device=weight.device, dtype=mm.acc) if need_w else None
+            grad_x = []
+            for lo in range(0, x.size(0), rows):
+                part = slice(lo, lo + rows)
+                z, cap = _slice_logits(mm, part, softcap, n_real)
+                g = z.sub_(torch.logsumexp(z, dim=-1, keepdim=True)).exp_().neg_()  # -softmax, in place
+                g.scatter_add_(1, safe[part], torch.ones_like(safe[part], dtype=g.dtype))  # + onehot(target)
+                g.mul_(scale[part, None])
+                if cap is not None:
+                    g.mul_(1 - cap * cap)
+                g = g.to(dtype)
+                if need_w:
+                    grad_w += (g.t() @ mm.x[part]).to(mm.acc)
+                if need_x:
+                    grad_x.append(g @ mm.w)
+        dx = torch.cat(grad_x).to(x.dtype) if need_x else None
+        dw = grad_w.to(weight.dtype) if need_w else None
+        return dx, dw, *(None,) * 7
+
+
+class _Head:
+    """The head's weight and the hidden states in the matmuls' dtype, and the dtype of the softmax and sums."""
+
+    def __init__(self, x: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype):
+        self.x, self.w = x.to(dtype), weight.to(dtype)
+        self.acc = torch.float64 if dtype == torch.float64 else torch.float32
+
+    def logits(self, part: slice) -> torch.Tensor:
+        return (self.x[part] @ self.w.t()).to(self.acc)
+
+
+def _slice_logits(mm: _Head, part: slice, softcap: float, n_real: int
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A slice's float32 (float64) logits over the padded vocabulary, soft-capped when softcap > 0 (and the tanh, for the
+    cap's derivative), the padding columns at -inf (probability 0, so gradient 0)."""
+    z = mm.logits(part)
+    cap = None
+    if softcap:
+        cap = torch.tanh(z / softcap)
+        z = cap * softcap
+    if n_real < z.size(1):
+        z[:, n_real:] = float("-inf")
+    return z, cap
 
 
 def policy_logps(model: nn.Module, batch: PairBatch) -> torch.Tensor:
-    """(2B,) float32: the log-probability of each sequence's reply under the model, the chosen ones first."""
-    return sequence_logps(model(batch.x)[0], batch.y)
+    """(2B,) float32: the log-probability of each sequence's reply under the model, the chosen ones first
+    (chunked_sequence_logps, inside the model's forward: `model` may be a DDP, FSDP or compiled wrapper)."""
+    return model(batch.x, batch.y, head_loss=chunked_sequence_logps)[1]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -278,15 +446,19 @@ class PrecomputedReference:
 
 def dpo_microbatch(model: nn.Module, batch: PairBatch, reference: Any,
                    settings: DPOSettings) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The loss of one micro-batch of pairs, a 0-d tensor to backpropagate (DPO's mean over its pairs, plus the
-    NLL anchor when settings.nll_weight > 0), and its metrics (pair_metrics, and "nll": the chosen replies'
-    negative log-likelihood per token). Called under the step's autocast; `reference` has logps(model, batch)."""
-    ref = reference.logps(model, batch)  # first: nothing of it stays alive during the policy's forward
-    policy = policy_logps(model, batch)
+    """The loss of one micro-batch of pairs, a 0-d tensor to backpropagate (the loss's mean over its pairs,
+    plus the NLL anchor when settings.nll_weight > 0, or orpo's NLL term), and its metrics (pair_metrics, and
+    "nll": the chosen replies' negative log-likelihood per token). Called under the step's autocast;
+    `reference` has logps(model, batch), and is not called for a reference-free loss (it may be None)."""
     B = len(batch)
-    losses, chosen, rejected = dpo_loss(policy[:B], policy[B:], ref[:B], ref[B:], settings)
-    nll = -policy[:B].sum() / (batch.y[:B] != -1).sum().clamp(min=1)
-    loss = losses.mean() + settings.nll_weight * nll if settings.nll_weight else losses.mean()
+    ref = None if settings.reference_free else reference.logps(model, batch)  # first: nothing of it stays alive
+    policy = policy_logps(model, batch)  # during the policy's forward
+    tokens = (batch.y != -1).sum(-1)
+    r_c, r_r = (None, None) if ref is None else (ref[:B], ref[B:])
+    losses, chosen, rejected = dpo_loss(policy[:B], policy[B:], r_c, r_r, settings, tokens[:B], tokens[B:])
+    nll = -policy[:B].sum() / tokens[:B].sum().clamp(min=1)
+    nll_weight = 1.0 if settings.loss == "orpo" else settings.nll_weight
+    loss = losses.mean() + nll_weight * nll if nll_weight else losses.mean()
     return loss, {**pair_metrics(losses, chosen, rejected, policy[:B], policy[B:]), "nll": nll.detach()}
 
 
@@ -299,7 +471,7 @@ class DPOObjective:
     reference: Any  # AdapterOffReference or PrecomputedReference
     # the metrics each call returns (pair_metrics' and the NLL), the same whatever the batch
     metric_names = ("dpo_loss", "reward_margin", "chosen_reward", "rejected_reward", "accuracy", "ties",
-                    "chosen_logp", "rejected_logp", "nll")
+                    "chosen_logp", "rejected_logp", "nll", *TRL_NAMES, "rewards/accuracies")
     # metrics that are means over a part of the pairs, and that part's share of them: the evaluation weighs
     # each batch's accuracy by its decided pairs (gptkit/evaluation.py), so the mean is wins / decided pairs
     metric_over = {"accuracy": lambda metrics: 1 - metrics["ties"]}

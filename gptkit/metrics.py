@@ -8,7 +8,9 @@
 metrics.jsonl has one JSON object per line: training lines (step, loss, lr, grad_norm, the objective's own
 metrics if it has any, ms_per_step, tokens_per_s, mfu, peak_mem_mb, epoch) and evaluation lines (step, val_loss, best_val_loss, the
 objective's own metrics over the val set prefixed val_, and with hellaswag_interval set, hellaswag_acc and
-hellaswag_acc_norm). A metric with no value that time (DPO's accuracy while every pair ties) is null there and
+hellaswag_acc_norm). A metric whose name has a slash is another tool's name for one (DPO's TRL names,
+rewards/chosen...): a valid JSON key, in metrics.jsonl and W&B, left off the printed line, which shows ours.
+A metric with no value that time (DPO's accuracy while every pair ties) is null there and
 "n/a" in the log. `python plot.py OUT_DIR` draws them. Every line
 also has elapsed_s: wall-clock seconds since `started` (train.py: the process start, so imports, CUDA's start
 and compilation count), evaluations included: the time to a loss as a user's clock reads it.
@@ -171,7 +173,7 @@ class Metrics:
         self.step, self.last_line = step, time.perf_counter()
         self.record({"step": step, "val_loss": val_loss, "best_val_loss": best_val_loss, **self.tag, **extra})
         if self.master:
-            more = "".join(f" | {key} {shown(value, '.4f')}" for key, value in extra.items())
+            more = "".join(f" | {key} {shown(value, '.4f')}" for key, value in extra.items() if "/" not in key)
             print(f"step {step}: val {self.label} {val_loss:.4f}" + (" (best so far)" if improved else "") + more,
                   flush=True)
 
@@ -194,7 +196,7 @@ class Metrics:
             median = statistics.median(self.recent_step_times)
             speed = (f"{rates['ms_per_step']:.1f} ms/step | {rates['tokens_per_s']:,.0f} tok/s | MFU {mfu} | "
                      f"ETA {format_duration(median * (self.max_iters - step))}")
-        own = "".join(f" | {name} {shown(value, '.4g')}" for name, value in extra.items())
+        own = "".join(f" | {name} {shown(value, '.4g')}" for name, value in extra.items() if "/" not in name)
         print(f"step {step}/{self.max_iters} | {self.label} {loss:.4f} | lr {lr:.2e} | grad {grad_norm:.3f}{own} | "
               f"{speed} | mem {entry['peak_mem_mb']:,.0f} MB", flush=True)
         note = self._slowdown_note()

@@ -39,7 +39,14 @@ from gptkit.cli import UserError
 from gptkit.config import TrainConfig, dpo_settings
 from gptkit.dpo import DPO_LOG_UNITS, AdapterOffReference, DPOObjective, PrecomputedReference
 from gptkit.loader import BatchLoader, ValBatches
-from gptkit.preference import PairLoader, Pairs, ValPairs, check_preference_dataset, is_preference_dataset
+from gptkit.preference import (
+    PairBatch,
+    PairLoader,
+    Pairs,
+    ValPairs,
+    check_preference_dataset,
+    is_preference_dataset,
+)
 from gptkit.runtime import Dist, Runtime
 from gptkit.step import Objective, next_token_loss
 
@@ -84,16 +91,26 @@ def check_start(cfg: TrainConfig, added_tokens: int) -> None:
 def fit_block_size(cfg: TrainConfig, data_dir: Path, say: bool = True) -> TrainConfig:
     """A new DPO run trains on sequences as long as its longest pair's (both splits'), when that is less than
     block_size: no padding to a context the pairs never reach. The model keeps its context (run_model's
-    build_model crops none under DPO). A resumed run keeps its own. `say`: print a note when it changes."""
+    build_model crops none under DPO). A resumed run keeps its own. `say`: print a note when it changes. With
+    batch_size=auto, tokens_per_step shrinks with it: the pairs per step stay what it asked."""
     if not is_dpo(cfg) or cfg.init_from == "resume":
         return cfg
     longest = max(Pairs(data_dir, split).longest for split in ("train", "val"))
     if longest - 1 >= cfg.block_size or longest < 2:
         return cfg  # (longer: the loader's error says how to prepare them)
+    tokens = cfg.tokens_per_step
+    if cfg.batch_size is None:  # batch_size=auto keeps the pairs per step, tokens_per_step / (2 x block_size)
+        pairs = tokens // (2 * cfg.block_size)
+        if not pairs:
+            raise ObjectiveError(f"tokens_per_step ({tokens}) is less than one pair of two sequences of block_size "
+                                 f"{cfg.block_size}; set it to pairs per step x 2 x block_size")
+        tokens = pairs * 2 * (longest - 1)
     if say:
         print(f"note: the longest sequence of the pairs of dataset {cfg.dataset!r} has {longest} tokens: this DPO "
-              f"run's batches are block_size={longest - 1} long (the model keeps its context)", flush=True)
-    return dataclasses.replace(cfg, block_size=longest - 1)
+              f"run's batches are block_size={longest - 1} long (the model keeps its context)"
+              + (f"; tokens_per_step={tokens} keeps its {tokens // (2 * (longest - 1))} pairs per step"
+                 if tokens != cfg.tokens_per_step else ""), flush=True)
+    return dataclasses.replace(cfg, block_size=longest - 1, tokens_per_step=tokens)
 
 
 def make_batches(cfg: TrainConfig, data_dir: Path, d: Dist, rt: Runtime):
@@ -107,6 +124,30 @@ def make_batches(cfg: TrainConfig, data_dir: Path, d: Dist, rt: Runtime):
             ValBatches(data_dir, "val", n_batches=cfg.eval_iters, **common))
 
 
+def trial_batch(cfg: TrainConfig, raw_model: torch.nn.Module, batch_size: int, device: torch.device
+                ) -> tuple[Objective, Any]:
+    """(the run's micro-batch loss, a micro-batch of batch_size random items for it): what batch_size=auto's
+    trial step runs on a GPU (gptkit/batch_size.py), the step the run will take on made-up tokens. DPO: pairs
+    of two block_size sequences whose second half is the reply, against the reference the run will have (a
+    LoRA run's: the adapters off, one more forward; a full fine-tune's: log-probabilities read with the batch)."""
+    vocab, T = raw_model.config.vocab_size, cfg.block_size
+    if not is_dpo(cfg):
+        x = torch.randint(vocab, (batch_size, T), device=device)
+        return next_token_loss, (x, x)
+    x = torch.randint(vocab, (2 * batch_size, T), device=device)
+    y = x.clone()
+    y[:, : T // 2] = -1  # the prompt: no target
+    settings = dpo_settings(cfg)
+    if settings.reference_free:
+        reference, ref = None, None
+    elif cfg.lora_rank:
+        reference, ref = AdapterOffReference(raw_model), None
+    else:
+        reference, ref = PrecomputedReference({}, "", T), torch.zeros(2 * batch_size, device=device)
+    batch = PairBatch(x, y, torch.arange(batch_size), "train", ref)
+    return DPOObjective(settings, reference), batch
+
+
 def make_objective(cfg: TrainConfig, raw_model: torch.nn.Module, loader, data_dir: Path, ckpt: dict | None,
                    d: Dist, rt: Runtime) -> tuple[Objective, Any, str]:
     """(the micro-batch loss the step calls, DPO's reference or None, a line saying what the run optimizes).
@@ -116,7 +157,10 @@ def make_objective(cfg: TrainConfig, raw_model: torch.nn.Module, loader, data_di
     if not is_dpo(cfg):
         return next_token_loss, None, ""
     settings = dpo_settings(cfg)
-    if cfg.lora_rank:
+    if settings.reference_free:
+        reference = None
+        against = "no reference (the loss is of the model alone)"
+    elif cfg.lora_rank:
         reference = AdapterOffReference(raw_model)  # (check_start leaves no run that trains more than adapters)
         against = "the model with its LoRA adapters off (the starting model; no second copy)"
     elif ckpt is not None:
@@ -133,7 +177,9 @@ def make_objective(cfg: TrainConfig, raw_model: torch.nn.Module, loader, data_di
         loader.reference_logps = reference.lookup  # read with each training batch, into batch.ref
     anchor = f", + {settings.nll_weight:g} x the chosen replies' NLL per token" if settings.nll_weight else ""
     smoothing = f", label smoothing {settings.label_smoothing:g}" if settings.label_smoothing else ""
-    line = (f"objective: DPO ({settings.loss} loss, beta {settings.beta:g}{smoothing}{anchor}) on pairs of "
+    gamma = f", gamma {settings.simpo_gamma:g}" if settings.loss == "simpo" else ""
+    anchor = ", + the chosen replies' NLL per token" if settings.loss == "orpo" else anchor
+    line = (f"objective: DPO ({settings.loss} loss, beta {settings.beta:g}{smoothing}{gamma}{anchor}) on pairs of "
             f"{cfg.dataset}, against {against}\n{DPO_LOG_UNITS}")
     return DPOObjective(settings, reference), reference, line
 

@@ -106,10 +106,20 @@ class Setup:
     # whole on each process, in fp32, and reduce-scatter them once per step (FSDP2's
     # set_requires_gradient_sync(False): less communication, DDP's gradient memory)
     reduce_every_micro_batch: bool = True
+    # next_token: the sliced cross-entropy (model.linear_cross_entropy); dpo: each sequence's summed
+    # log-probability of its reply (gptkit/dpo.py's chunked_sequence_logps), and micro-batches of whole pairs
+    objective: str = "next_token"
 
     def __post_init__(self):
         if self.parallel not in PARALLEL:
             raise ValueError(f"Setup.parallel must be one of {', '.join(PARALLEL)}, not {self.parallel!r}")
+        if self.objective not in ("next_token", "dpo"):
+            raise ValueError(f"Setup.objective must be next_token or dpo, not {self.objective!r}")
+
+    @property
+    def sequences_per_item(self) -> int:
+        """Sequences a micro-batch takes at a time: 1, or DPO's 2 (a pair's chosen and rejected sequences)."""
+        return 2 if self.objective == "dpo" else 1
 
     @classmethod
     def of_run(cls, cfg: TrainConfig, device_type: str, dtype: torch.dtype, world_size: int = 1, *,
@@ -117,7 +127,8 @@ class Setup:
         """The Setup of a training run's config (its block_size, optimizer and activation checkpointing) on
         `world_size` processes of `device_type`, computing in `dtype`; the rest as the caller decides."""
         return cls(device_type, dtype, cfg.block_size, cfg.optimizer, accum=accum, world_size=world_size,
-                   compile=compile, checkpointing=cfg.activation_checkpointing, parallel=parallel)
+                   compile=compile, checkpointing=cfg.activation_checkpointing, parallel=parallel,
+                   objective=getattr(cfg, "objective", "next_token"))
 
     @property
     def autocast(self) -> bool:
@@ -380,6 +391,8 @@ def _loss(model, setup: Setup, n: int) -> tuple[int, int, int]:
     backward scales grad_x into a new fp32 tensor. Plain (the char models): F.linear, then F.cross_entropy,
     which keeps its log-softmax (n, V) in fp32 (and, soft-capped, the tanh); its backward makes the
     gradients of the log-softmax, of its input and of the logits."""
+    if setup.objective == "dpo":
+        return _sequence_logps(model, setup, n)
     c = model.config
     C, V, Vp = c.n_embd, c.vocab_size, c.padded_vocab_size
     e = 2 if setup.autocast else FP32
@@ -407,6 +420,28 @@ def _loss(model, setup: Setup, n: int) -> tuple[int, int, int]:
     if e != FP32:
         forward += n * C * e + head_copy  # the bf16 copies of x and of the head's weight
     return kept, forward, n * C * FP32 * (2 if e != FP32 else 1)
+
+
+def _sequence_logps(model, setup: Setup, n: int) -> tuple[int, int, int]:
+    """Bytes of DPO's per-sequence log-probabilities on n tokens (gptkit/dpo.py's _ChunkedSequenceLogps), as
+    `_loss` counts the next-token loss: it keeps its input, the final norm's output (n, C) in fp32, and the
+    targets; its forward and its backward each compute the slices' logits (the slices as `_loss` counts them),
+    under autocast from bf16 copies of x and of the head's weight. The backward adds grad_x's pieces and their
+    torch.cat (n, C) twice in the compute dtype and the sequences' factors per token, and sums the head's
+    gradient in an fp32 (Vp, C) buffer of its own: counted here when the head's gradient already exists
+    (accumulation, DDP), where it is otherwise the new gradient itself (memory's new_head_grad)."""
+    c = model.config
+    C, Vp = c.n_embd, c.padded_vocab_size
+    e = 2 if setup.autocast else FP32
+    cap = c.logit_softcap > 0
+    copies = (n * C * e + (Vp * C * e if not setup.fsdp_mixed_precision else 0)) if e != FP32 else 0
+    slices = int({(False, False): 3, (False, True): 5, (True, False): 3, (True, True): 4.5}[(e != FP32, cap)]
+                 * min(n, loss_rows(model, setup)) * Vp * FP32)
+    kept = n * C * FP32 + n * 8
+    forward = copies + slices + n * FP32  # + each token's log-probability
+    head_grad = Vp * C * FP32 if model.lm_head.weight.requires_grad and (setup.accum > 1 or setup.world_size > 1) else 0
+    backward = copies + slices + n * FP32 + 2 * n * C * e + head_grad
+    return kept, forward, backward
 
 
 def _optimizer_working(model, setup: Setup) -> int:
@@ -640,11 +675,12 @@ def choose_parallel(model, setup: Setup, capacity: float, batch_size: int | None
                     f"{format_bytes(ddp)}, {over} {format_bytes(fsdp)}; use {', '.join(helps[:-1])} or {helps[-1]}")
 
 
-def valid_batches(sequences_per_step: int, world_size: int) -> list[int]:
-    """The micro-batch sizes that keep a step's sequences exactly: those dividing the sequences each process
-    takes per step (the accumulation then is a whole number)."""
-    per_process = sequences_per_step // world_size
-    return [b for b in range(1, per_process + 1) if per_process % b == 0]
+def valid_batches(sequences_per_step: int, world_size: int, per_item: int = 1) -> list[int]:
+    """The micro-batch sizes (sequences) that keep a step's sequences exactly: those dividing the sequences each
+    process takes per step (the accumulation then is a whole number), in whole items of per_item sequences
+    (DPO's pairs: 2)."""
+    per_process = sequences_per_step // per_item // world_size
+    return [b * per_item for b in range(1, per_process + 1) if per_process % b == 0]
 
 
 def largest_valid_batch(model, setup: Setup, capacity: float, sequences_per_step: int,
@@ -652,9 +688,11 @@ def largest_valid_batch(model, setup: Setup, capacity: float, sequences_per_step
     """batch_size=auto by the plan: (batch, fits). `fits` is the largest micro-batch whose peak fits `capacity`
     in a step with gradient accumulation (largest_batch up to `limit`; the micro-batches before a step's last
     keep their gradients), `batch` the largest of valid_batches (those that keep the step's sequences) up to
-    it, 0 when not even one sequence fits."""
+    it, 0 when not even one sequence fits. Under DPO (setup.objective) both count sequences, the batch whole
+    pairs (an even number)."""
     fits = largest_batch(model, replace(setup, accum=2), capacity, limit)
-    return max([b for b in valid_batches(sequences_per_step, setup.world_size) if b <= fits], default=0), fits
+    valid = valid_batches(sequences_per_step, setup.world_size, setup.sequences_per_item)
+    return max([b for b in valid if b <= fits], default=0), fits
 
 
 def search_batch(candidates: list[int], start: int, fits) -> int | None:

@@ -20,6 +20,7 @@ from gptkit.checkpoint.layout import holds_checkpoint
 from gptkit.checkpoint.models import no_run_yet
 from gptkit.cli import UserError
 from gptkit.config import lora_settings
+from gptkit.dpo import REFERENCE_FREE
 from gptkit.hf_gpt2 import VOCAB_MULTIPLE, config_from_hf, read_json
 from gptkit.lora import LoRASettings
 from gptkit.metrics import peak_flops_for
@@ -259,13 +260,14 @@ def make_plan(cfg, ckpt: dict | None = None, world_size: int = 1) -> dict:
     if world_size < 1 or (cfg.batch_size is not None and cfg.gradient_accumulation_steps % world_size):
         raise PlanError(f"gradient_accumulation_steps ({cfg.gradient_accumulation_steps}) must be divisible by the "
                         f"number of processes ({world_size})")
-    pairs = cfg.batch_size if objectives.is_dpo(cfg) else 0
-    if pairs:  # a micro-batch of B pairs is 2B sequences of the longest pair's length (when prepared: else
-        # block_size), each scored by the same forward and backward
+    dpo = objectives.is_dpo(cfg)
+    if dpo:  # a micro-batch of B pairs is 2B sequences of the longest pair's length (when prepared: else
+        # block_size), each scored by the same forward and backward (batch_size=auto: an even number of them)
         data = dataset_dir(cfg.dataset, cfg.data_root)
         if ckpt is None and (data / "meta.json").is_file() and is_preference_dataset(read_meta(data)):
             cfg = objectives.fit_block_size(cfg, data, say=False)
-        cfg = replace(cfg, batch_size=2 * pairs)
+        if cfg.batch_size is not None:
+            cfg = replace(cfg, batch_size=2 * cfg.batch_size)
     vocab = dataset_vocabulary(cfg) if ckpt is None else None
     columns, where = [], ""
     for kind in _kinds(cfg):
@@ -298,26 +300,26 @@ def make_plan(cfg, ckpt: dict | None = None, world_size: int = 1) -> dict:
                                 "memory": column.memory.as_dict(), "train_flops": train, "eval_flops": evaluation,
                                 "fsdp_memory": column.fsdp.as_dict() if column.fsdp else None,
                                 "parallel": parallel, "devices": rows})
-    if pairs:
-        plan["notes"] = dpo_notes(cfg, pairs, model.config.vocab_size)
+    if dpo:
+        plan["notes"] = dpo_notes(cfg, columns[0].batch_size // 2)
     return plan
 
 
-def dpo_notes(cfg, pairs: int, vocab_size: int) -> list[str]:
-    """What the table leaves out of a DPO run (objective = "dpo", gptkit/dpo.py): its log-probabilities come
-    from every position's logits, whose float32 log-softmax the backward keeps, not from the sliced loss the
-    table counts; and its reference: a LoRA run's costs one more forward per micro-batch, a full fine-tune's
-    one forward over every pair before the first step."""
-    kept = 2 * pairs * cfg.block_size * vocab_size * 4
+def dpo_notes(cfg, pairs: int) -> list[str]:
+    """What the table says of a DPO run (objective = "dpo", gptkit/dpo.py) and leaves out of its FLOPs: its
+    micro-batch in sequences, its loss (the per-sequence log-probabilities, by slices as the next-token loss),
+    and its reference: a LoRA run's costs one more forward per micro-batch (without gradients: its memory is
+    less than the training forward's), a full fine-tune's one forward over every pair before the first step."""
     reference = ("the reference, the model with its adapters off: one more forward per micro-batch (about a third "
                  "more)" if cfg.lora_rank else "the reference's log-probabilities: one forward over every pair "
                  "before the first step")
+    if cfg.dpo_loss in REFERENCE_FREE:
+        reference = f"nothing for a reference ({cfg.dpo_loss} has none)"
     text = (f"DPO: the micro-batch of {pairs} pairs is planned as {2 * pairs} sequences of {cfg.block_size:,} "
             f"tokens (the longest pair's length, once the pairs are prepared): batch and largest count sequences. "
-            f"Not in the peak: "
-            f"every position's float32 log-softmax, {format_bytes(kept)} per micro-batch, kept for the backward "
-            f"(twice that for a moment), where the table counts the next-token loss's slices. Not in the FLOPs: "
-            f"{reference}.")
+            f"Its loss, each sequence's log-probability of its reply, is counted as computed: by slices of rows "
+            f"of logits, in the forward and again in the backward. Not in the FLOPs: {reference}, nor the "
+            f"backward's second computation of the logits.")
     return textwrap.wrap(text, 110, initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False)
 
 

@@ -24,7 +24,7 @@ import chat
 import eval as eval_script
 import train
 from benchmarks import dpo_rule
-from gptkit import objectives, optim, runtime
+from gptkit import batch_size, lora, objectives, optim, plan, runtime
 from gptkit.checkpoint import load_checkpoint
 from gptkit.checkpoint.run_model import attach_lora, build_model
 from gptkit.config import TrainConfig
@@ -35,6 +35,7 @@ from gptkit.prepare.pipeline import ValRule
 from gptkit.runtime import Dist, setup_runtime
 from gptkit.shards import read_meta
 from gptkit.step import TrainStep
+from model import GPT, GPTConfig
 from prepare import chat as prepare_chat
 from prepare import preference
 from tests.test_dpo import direct_logps, direct_loss
@@ -202,6 +203,15 @@ def test_the_log_evaluation_and_best_checkpoint(task, tmp_path, capsys):
     assert all(m["val_ties"] < 1 and 0 <= m["val_accuracy"] <= 1 for m in evals[1:])
     best = min((m for m in evals if m["step"] > 0), key=lambda m: m["val_loss"])
     assert load_checkpoint(out / "best.pt")["step"] == best["step"]
+    # TRL's names beside ours, in metrics.jsonl only (the console line shows ours); rewards/accuracies is TRL's
+    # share of all pairs won, ties as losses: 0 at step 0, not n/a
+    for m in steps + [{k.removeprefix("val_"): v for k, v in m.items()} for m in evals]:
+        assert (m["rewards/chosen"], m["rewards/rejected"], m["rewards/margins"], m["logps/chosen"],
+                m["logps/rejected"]) == (m["chosen_reward"], m["rejected_reward"], m["reward_margin"],
+                                         m["chosen_logp"], m["rejected_logp"])
+        won = (m["accuracy"] or 0) * (1 - m["ties"])
+        assert m["rewards/accuracies"] == pytest.approx(won, abs=1e-6)
+    assert evals[0]["val_rewards/accuracies"] == 0 and "rewards/" not in said
 
 
 @pytest.mark.parametrize("dtype, tolerance", [("bfloat16", 1e-2), ("float16", 1e-2), ("float32", 1e-6)])
@@ -299,7 +309,7 @@ def test_two_processes_train_as_one(task, tmp_path, over, parallel):
 @pytest.mark.parametrize("dataset, over, words", [
     ("sft", dict(), "holds conversations (prepare/chat.py), not preference pairs"),
     ("pairs", dict(objective="next_token"), "holds preference pairs (prepare/preference.py)"),
-    ("pairs", dict(batch_size="auto", tokens_per_step=320), "with objective=dpo set --batch_size"),
+    ("pairs", dict(batch_size="auto", block_size=BLOCK, tokens_per_step=3 * BLOCK), "a multiple of 2 x block_size"),
     ("pairs", dict(init_from="scratch"), "set --init_from to its checkpoint"),
     ("pairs", dict(dpo_beta=-1), "dpo_beta must be a positive number"),
     ("pairs", dict(dpo_loss="ipo", dpo_label_smoothing=0.1), "IPO has none"),
@@ -321,7 +331,7 @@ def test_a_base_without_the_chat_tokens_is_refused():
 
 def test_plan_counts_two_sequences_a_pair_and_says_what_it_leaves_out(task, capsys):
     """--plan on configs/dpo_chat.py: a micro-batch of pairs planned as twice its sequences, of the pairs'
-    length, and a note on what the table does not count (the log-softmax DPO keeps, the reference)."""
+    length, and a note on what it counts (the per-sequence log-probabilities by slices) and leaves out."""
     report = train.main(["configs/dpo_chat.py", f"--init_from={task.sft}", f"--dataset={task.pairs}", "--plan",
                          "--device=cpu"])
     said = capsys.readouterr().out
@@ -330,7 +340,90 @@ def test_plan_counts_two_sequences_a_pair_and_says_what_it_leaves_out(task, caps
     assert T == longest - 1 and report["columns"][0]["batch_size"] == 8 and report["tokens_per_step"] == 32 * T
     notes = " ".join(line.strip() for line in report["notes"])
     assert f"DPO: the micro-batch of 4 pairs is planned as 8 sequences of {T} tokens" in notes
-    assert "every position's float32 log-softmax" in notes and all(line in said for line in report["notes"])
+    assert "counted as computed: by slices" in notes and all(line in said for line in report["notes"])
+
+
+
+def test_plan_counts_the_sliced_log_probabilities_not_the_logits():
+    """The plan's DPO loss (plan.Setup objective="dpo") keeps its input and targets, (n, C) fp32 and n int64:
+    nothing (n, V)-sized, where the whole log-softmax would be; and its peak is the next-token loss's within
+    a few slices of logits and grad_x (GPT-2's vocabulary, 16 x 256 tokens: 8 slices of rows on the CPU)."""
+    with torch.device("meta"):
+        model = GPT(GPTConfig(block_size=256, vocab_size=50304, n_layer=2, n_head=2, n_embd=64))
+    n_seq, T, C, V = 16, 256, 64, 50304
+    dpo = plan.memory(model, plan.Setup("cpu", torch.float32, T, objective="dpo"), n_seq)
+    sft = plan.memory(model, plan.Setup("cpu", torch.float32, T), n_seq)
+    n = n_seq * T
+    assert dpo.loss == n * C * 4 + n * 8
+    rows = plan.loss_rows(model, plan.Setup("cpu", torch.float32, T))
+    assert n >= 8 * rows
+    assert abs(dpo.peak - sft.peak) <= 3 * rows * V * 4 + 2 * n * C * 4 < n * V * 4
+
+
+def test_batch_size_auto_chooses_pairs_and_trains(task, tmp_path, capsys):
+    """batch_size=auto under DPO: tokens_per_step counts 6 pairs of two block_size sequences; the run fits its
+    block_size to the longest pair, keeps the 6 pairs per step, picks a micro-batch of whole pairs by the plan
+    (the CPU's path: all of them fit) and trains."""
+    out = tmp_path / "out"
+    train.main(dpo_args(task, out, batch_size="auto", gradient_accumulation_steps=1, block_size=BLOCK,
+                        tokens_per_step=6 * 2 * BLOCK, max_iters=2, eval_interval=2))
+    said = capsys.readouterr().out
+    T = max(Pairs(task.pairs, split).longest for split in ("train", "val")) - 1
+    assert f"tokens_per_step={6 * 2 * T} keeps its 6 pairs per step" in said
+    assert "batch_size=auto: 6 pairs = 12 sequences" in said and "gradient_accumulation_steps=1" in said
+    saved = load_checkpoint(out / "last.pt")["config"]
+    assert saved["batch_size"] == 6 and saved["tokens_per_step"] == 6 * 2 * T
+    assert sorted(train_losses(out)) == [1, 2] and all(math.isfinite(v) for v in train_losses(out).values())
+
+
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_batch_size_autos_trial_step_is_the_dpo_step(task, lora_rank, monkeypatch):
+    """On a GPU batch_size=auto tries real steps (fits_on_gpu): under DPO the step is DPO's, on pairs of two
+    sequences, against the run's kind of reference (LoRA's: the adapters off); at learning rate 0 the weights
+    stay. Run here on the CPU, where it always fits."""
+    cfg = TrainConfig(objective="dpo", init_from=str(task.sft), dataset=str(task.pairs), block_size=BLOCK,
+                      batch_size=None, tokens_per_step=4 * 2 * BLOCK, lora_rank=lora_rank, dropout=0.0,
+                      lora_dropout=0.0)
+    rt = setup_runtime("cpu", "float32")
+    model, added = build_model(cfg, read_meta(task.pairs), None)
+    attach_lora(cfg, model, None, added)
+    before = copy.deepcopy(model.state_dict())
+    calls = []
+    real = DPOObjective.__call__
+
+    def spy(self, m, batch):
+        calls.append((type(self.reference).__name__, tuple(batch.x.shape), int((batch.y != -1).sum())))
+        return real(self, m, batch)
+
+    monkeypatch.setattr(DPOObjective, "__call__", spy)
+    assert batch_size.fits_on_gpu(model, cfg, rt, 3)
+    reference = "AdapterOffReference" if lora_rank else "PrecomputedReference"
+    assert calls == [(reference, (6, BLOCK), 6 * (BLOCK - BLOCK // 2))]
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name
+
+
+
+@pytest.mark.parametrize("loss, lora_rank", [("simpo", 0), ("orpo", 4)])
+def test_reference_free_losses_train_without_a_reference(task, tmp_path, capsys, monkeypatch, loss, lora_rank):
+    """simpo and orpo through train.py: no reference is scored (full fine-tune) or run (LoRA: the adapters are
+    never turned off), the checkpoint holds none, and the run trains; orpo's loss is its odds-ratio term plus
+    the NLL, with weight 1."""
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a reference-free loss computed a reference")
+
+    monkeypatch.setattr(objectives, "precompute", forbidden)
+    monkeypatch.setattr(lora, "adapters_off", forbidden)
+    out = tmp_path / "out"
+    train.main(dpo_args(task, out, dpo_loss=loss, dpo_beta=2.0 if loss == "simpo" else 0.2, dpo_nll_weight=0,
+                        lora_rank=lora_rank, lora_dropout=0.0, max_iters=2, eval_interval=2))
+    said = capsys.readouterr().out
+    assert f"{loss} loss" in said and "against no reference" in said
+    assert load_checkpoint(out / "last.pt").get("dpo_reference") is None
+    steps = [m for m in metrics(out) if "loss" in m]
+    assert len(steps) == 2 and all(math.isfinite(m["loss"]) for m in steps)
+    if loss == "orpo":
+        assert all(m["loss"] == pytest.approx(m["dpo_loss"] + m["nll"], rel=1e-5) for m in steps)
 
 
 # ----------------------------------------------------------------------------- it works

@@ -341,7 +341,7 @@ def test_auto_on_cuda_tries_real_steps_and_survives_out_of_memory(monkeypatch, c
     """A stand-in for the GPU: its training step raises torch.OutOfMemoryError above 6 sequences."""
     tried = []
 
-    def trial_step(model, optimizer, rt, batch, block_size):
+    def trial_step(model, optimizer, rt, cfg, batch):
         tried.append(batch)
         if batch > 6:
             raise torch.OutOfMemoryError("CUDA out of memory (stand-in)")
