@@ -386,13 +386,17 @@ class CapturedWindow:
     the graph, K times a step's (on the CPU, 16 steps took ~15x one step's compile), while the recording of K
     calls of one compiled step costs a step's compile and K steps' launches, once."""
 
-    def __init__(self, fn: Callable[[], torch.Tensor]):
+    def __init__(self, fn: Callable[[], torch.Tensor], watch: Callable[[], tuple] | None = None):
         self.fn = fn
+        # The addresses of what the graph reads that its owner may replace (a KV cache made anew for another
+        # batch size, weights moved): when they change, the graph would read freed memory, so it is recorded again.
+        self.watch = watch or (lambda: ())
         self.graph: torch.cuda.CUDAGraph | None = None
+        self.recorded_on: tuple = ()
         self.out: torch.Tensor | None = None  # the recorded output: rewritten by every replay
 
     def __call__(self) -> torch.Tensor:
-        if self.graph is None:
+        if self.graph is None or self.watch() != self.recorded_on:
             return self._record()
         self.graph.replay()
         return self.out.clone()
@@ -408,8 +412,16 @@ class CapturedWindow:
         # thread_local: a server's other threads may use CUDA meanwhile (they must not be recorded, nor fail it)
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             self.out = self.fn()
-        self.graph = graph
+        self.graph, self.recorded_on = graph, self.watch()
         return first
+
+
+def model_addresses(model: GPT) -> tuple:
+    """Where a decode step reads the model's weights and KV cache from (a CapturedWindow's `watch`): a cache
+    made anew (setup_kv_cache for another batch size) or weights moved give other addresses."""
+    caches = [b.attn.kv_cache for b in model.transformer.h]
+    return (model.transformer.wte.weight.data_ptr(),
+            *(t.data_ptr() for c in caches if c is not None for t in (c.k, c.v)))
 
 
 # ----------------------------------------------------------------------------- K tokens per call: the window
@@ -497,7 +509,8 @@ class DecodeWindow:
             def window() -> torch.Tensor:
                 return decode_window(model, state, options, steps, step=step)
 
-            self.compiled = CapturedWindow(window) if self.device.type == "cuda" else window
+            self.compiled = (CapturedWindow(window, watch=lambda: model_addresses(model))
+                             if self.device.type == "cuda" else window)
 
     def draw_noise(self, generator: torch.Generator | None) -> None:
         noise = self.state.noise

@@ -186,6 +186,11 @@ def test_cuda_graph_window_gives_the_eager_tokens():
                 assert isinstance(window.compiled, CapturedWindow) and window.compiled.graph is not None
                 with torch._dynamo.config.patch(error_on_recompile=True):
                     assert torch.equal(gen(window=8, step_fn=step), reference)
+                # Another batch size makes the KV cache anew: the recorded window must not read the freed one.
+                one = generate(model, prompt[:1], 80, options, generator=torch.Generator(device=device).manual_seed(1))
+                assert torch.equal(generate(model, prompt[:1], 80, options, window=8, step_fn=step,
+                                            generator=torch.Generator(device=device).manual_seed(1)), one)
+                assert torch.equal(gen(window=8, step_fn=step), reference)  # (the cache made anew once more)
     finally:
         torch._dynamo.reset()
 

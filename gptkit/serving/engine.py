@@ -76,6 +76,7 @@ from gptkit.generate import (
     candidates,
     decode_one_token,
     inverse_cdf_draw,
+    model_addresses,
     window_step_compiler,
 )
 from gptkit.runtime import resolve_compile
@@ -713,7 +714,8 @@ class Engine:
             def window() -> torch.Tensor:
                 return decode_rows_window(model, inputs, options, steps, n, length, grow=False, step=step)
 
-            self._windows[key] = CapturedWindow(window) if self.device.type == "cuda" else window
+            self._windows[key] = (CapturedWindow(window, watch=lambda: model_addresses(model))
+                                  if self.device.type == "cuda" else window)
         # Each bucket and options a graph of the same step: more than Dynamo's default limit of 8, maybe.
         limit = contextlib.nullcontext() if not first else torch._dynamo.config.patch(
             recompile_limit=max(8, 2 * len(self._windows) * len(self.buckets[0]) * len(self.buckets[1])))
