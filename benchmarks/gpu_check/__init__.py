@@ -1,9 +1,11 @@
 """The one command for whoever has a GPU: the GPU figures BENCHMARKS.md lacks, measured in one go.
 
-    PYTHONPATH=. python benchmarks/gpu_check.py --dry_run   # the plan: each part, its seconds, its need, what it runs
-    PYTHONPATH=. python benchmarks/gpu_check.py             # one H100 / H200 (JSON and log into $OUT, or benchmarks/)
-    PYTHONPATH=. python benchmarks/gpu_check.py --smoke --out /tmp/smoke.json   # a rehearsal on the CPU
-    PYTHONPATH=. python benchmarks/gpu_check.py --parts=nanogpt_train,steps --total_s=400   # parts not in the default
+    python -m benchmarks.gpu_check --dry_run   # the plan: each part, its seconds, its need, what it runs
+    python -m benchmarks.gpu_check             # one H100 / H200 (JSON and log into $OUT, or benchmarks/)
+    python -m benchmarks.gpu_check --smoke --out /tmp/smoke.json   # a rehearsal on the CPU
+    python -m benchmarks.gpu_check --parts=nanogpt_train,steps --total_s=400   # parts not in the default
+
+(from the checkout's root, which `python -m` puts on the path).
 
 On a machine that gets the working tree only (this project's GPU machines: the checkout's files and a shared/
 folder inside it travel; ../shared, .git and the network do not, and the image may lack one of the project's
@@ -18,7 +20,7 @@ then run this one command there (one call of at most 10 minutes: the default run
 minutes; $OUT, where it is set, gets the JSON and the log):
 
     python3 -m pip install -q --no-index --no-deps --target /tmp/site shared/wheels/*.whl; \
-        PYTHONPATH=/tmp/site:. python3 benchmarks/gpu_check.py
+        PYTHONPATH=/tmp/site:. python3 -m benchmarks.gpu_check
 
 (The check runs even where the install failed: it then says which package is missing and skips the parts that
 need it. The commit comes from git where .git is there, else from $GPU_CHECK_COMMIT or shared/COMMIT: the
@@ -27,12 +29,12 @@ missing (tiny Shakespeare's text, nanoGPT's code, a package), before any part wo
 whose package is missing is skipped, saying so, rather than failing after its minutes.
 
 It runs from a fresh clone on a machine with only torch, numpy, tiktoken, tqdm, crc32c, pytest and transformers
-(nothing is installed): this file imports only Python's standard library (and gptkit.cli and
+(nothing is installed): this package imports only Python's standard library (and gptkit.cli and
 benchmarks/gpu_readings.py, which do too), and every part runs scripts as subprocesses, each with a time limit,
 so that a crash or a hang loses that run only. The device is read first, on its own budget; then each asked part
 gets its planned seconds, scaled to --total_s (by default what the default parts need: 9.6 minutes), plus what
 earlier parts left unused: a part may run until where its time would end had every part before it used its
-whole budget. What a part needs is added up from its commands with the H200 figures (H200, one table, the slower
+whole budget. What a part needs is added up from its commands with the H200 figures (figures.py's H200, one table, the slower
 of the runs of 2026-11-26 and 2026-11-28, estimates said so: start + compile + steps x ms per step), and every
 default part's budget is at least NEED_MARGIN (1.1) x that; within a part each run may use the part's time less
 what the runs after it need. A bench.py run's last rows may be measured only as time allows (not in its need: a
@@ -105,6 +107,12 @@ plan's rows; and a summary against BENCHMARKS.md's targets. Beside it, the log (
 --smoke runs the same parts on the CPU in about a minute (tiny models, a few steps, configs/shakespeare_cpu.py
 shrunk, val loss 3.6, no nanoGPT bench.py, which needs CUDA, nor the FP8 head): a rehearsal of the machinery,
 none of its figures means anything.
+
+This file is the driver (the arguments, the parts in order within their budgets, the JSON after each, SIGTERM);
+budgets.py holds the plan (budgets, needs, --dry_run's table), figures.py the H200 figures, check.py the clock
+and the running of subprocesses, summary.py the figures against the targets, and each part has its own file
+(device, decode, gpt2_step: train and train_more, nanogpt, shakespeare, steps, cuda_tests, memory_plan,
+serving; bench_runs.py for what the bench.py parts share), with its commands, their needs and its --dry_run lines.
 """
 
 from __future__ import annotations
