@@ -86,6 +86,9 @@ class Check:
                        "missing": args.missing, "torch": None, "git": common.git_version(), "readings": {}, "parts": {},
                        "rows": [], "summary": {}}
         self.part_end = self.deadline
+        # how often a run is looked at (its exit, its watcher, its time): --smoke's runs take a few seconds each,
+        # so their ends are seen sooner there
+        self.poll_s = 0.1 if args.smoke else 0.5
         self.run_offset = 0  # where the running subprocess' output starts in the log
 
     def left(self) -> float:
@@ -105,8 +108,8 @@ class Check:
             env: dict[str, str] | None = None, cwd: Path = common.ROOT, limit_s: float | None = None) -> Run | None:
         """Run `command` in the checkout (or `cwd`; with `env` added to the environment), its output into the
         log, until it exits, the part's time (or `limit_s`, if less) is up (timeout), or `watch` (called every
-        half second; it may read output_so_far()) says it has what it needs (True: stopped) or names the status
-        to stop it with. None when too little time is left to start it."""
+        poll_s, half a second on a GPU; it may read output_so_far()) says it has what it needs (True: stopped)
+        or names the status to stop it with. None when too little time is left to start it."""
         limit = self.left() if limit_s is None else min(self.left(), limit_s)
         if limit < MIN_RUN_S:
             return None
@@ -120,7 +123,7 @@ class Check:
         status = None
         try:
             while status is None:
-                time.sleep(0.5)
+                time.sleep(self.poll_s)
                 if proc.poll() is not None:
                     status = "ok" if proc.returncode == 0 else "failed"
                 elif watch is not None and (verdict := watch()):

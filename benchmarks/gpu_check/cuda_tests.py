@@ -6,6 +6,7 @@ every outcome so far."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import time
 from pathlib import Path
@@ -44,9 +45,17 @@ def marks_cuda(source: str) -> bool:
     return False
 
 
+@functools.cache
+def file_marks_cuda(path: Path, stamp: tuple[int, int]) -> bool:
+    """marks_cuda of a file, parsed once per version of it (`stamp`: its modification time and size): the plan
+    asks for the CUDA test files several times, and parsing every test file takes a second or two."""
+    return marks_cuda(path.read_text())
+
+
 def cuda_test_files() -> list[str]:
     """The test files holding a test marked cuda (it needs a CUDA GPU)."""
-    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py") if marks_cuda(p.read_text()))
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
+                  if file_marks_cuda(p, (p.stat().st_mtime_ns, p.stat().st_size)))
 
 
 OTHER_TESTS = "CUDA tests: the others"  # (the group run where the part's time holds it: OPTIONAL_RUNS)

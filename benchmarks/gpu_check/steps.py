@@ -17,7 +17,7 @@ from benchmarks.gpu_check.shakespeare import shakespeare_command, shakespeare_da
 # holds; the late one is the last that every run reached, at most the second.
 STEP_RUNS = (("one CUDA graph", ["--cuda_graphs=True"]), ("as train.py runs it", []))
 STEP_LOG, STEP_AT = 100, (200, 1000)
-SMOKE_STEP_LOG, SMOKE_STEP_AT = 20, (40, 120)
+SMOKE_STEP_LOG, SMOKE_STEP_AT = 10, (20, 60)
 
 
 def steps_command(smoke: bool, data_root: Path, out_dir: Path, extra: list[str]) -> list[str]:
