@@ -136,7 +136,7 @@ from gptkit import cli  # (standard library only)
 
 
 def do_part(check: Check, name: str, args) -> dict:
-    """One part within its budget (and the time earlier parts left unused); an error of this script's own (a
+    """One part within its budget (and the time earlier parts left unused); an error of the check's own (a
     bug) fails that part only."""
     budget = check.budgets[name]
     check.part_end = max(time.monotonic() + budget, check.planned_end[name])

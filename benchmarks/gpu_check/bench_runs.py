@@ -13,7 +13,7 @@ from benchmarks.gpu_check.check import Check, outcome
 from benchmarks.gpu_check.common import option, python, read_rows, shown
 from benchmarks.gpu_check.figures import h200, on_h200
 
-# bench.py's variant options: a comma list each, one row per combination (run_needs counts the rows; a decode
+# bench.py's variant options: a comma list each, one row per combination (bench_needs counts the rows; a decode
 # row per window).
 BENCH_VARIANTS = ("--models", "--batch_size", "--sdpa", "--compile_mode", "--compile_optimizer", "--compile_scope",
                   "--cuda_graphs", "--loss_chunk", "--fp8_head", "--decode_window")
@@ -25,7 +25,7 @@ def bench_command(options: list[str], extra: list[str], path: Path) -> list[str]
 
 def bench_flags() -> set[str] | None:
     """The options this checkout's bench.py accepts: the fields of its BenchConfig, read from its source (this
-    script imports no torch); None where that cannot be read (then every option is passed as written)."""
+    check imports no torch); None where that cannot be read (then every option is passed as written)."""
     try:
         tree = ast.parse((common.ROOT / "bench.py").read_text())
     except (OSError, SyntaxError):

@@ -174,7 +174,6 @@ class Check:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-
 def stop(proc: subprocess.Popen) -> None:
     """End a run and everything it started (its process group: compile workers, servers): SIGTERM, then
     SIGKILL after GRACE_S."""
@@ -188,7 +187,6 @@ def stop(proc: subprocess.Popen) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
-
 
 
 def outcome(runs: list[Run | None], labels: list[str]) -> tuple[str, str | None]:

@@ -35,7 +35,6 @@ def shared_path(relative: str) -> Path | None:
     return next((p for p in (ROOT / "shared" / relative, ROOT.parent / "shared" / relative) if p.exists()), None)
 
 
-
 def shakespeare_text(given: str | None) -> Path | None:
     """A local copy of tiny Shakespeare: --shakespeare_text, or shared/data/tinyshakespeare.txt in the checkout
     or beside it; None when there is none."""
@@ -44,12 +43,10 @@ def shakespeare_text(given: str | None) -> Path | None:
     return shared_path("data/tinyshakespeare.txt")
 
 
-
 def option(command: list[str] | tuple[str, ...], name: str) -> str | None:
     """The value of --name=VALUE in a command (the last one wins, as in every script here), or None."""
     values = [arg.split("=", 1)[1] for arg in command if arg.startswith(f"--{name}=")]
     return values[-1] if values else None
-
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -60,7 +57,6 @@ def read_rows(path: Path) -> list[dict]:
         return []
 
 
-
 def read_metrics(path: Path) -> list[dict]:
     """The complete lines of a metrics.jsonl that is still being written."""
     try:
@@ -68,7 +64,6 @@ def read_metrics(path: Path) -> list[dict]:
     except OSError:
         return []
     return [json.loads(line) for line in text.splitlines(keepends=True) if line.endswith("\n")]
-
 
 
 def git_version() -> dict:

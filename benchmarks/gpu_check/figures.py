@@ -98,7 +98,6 @@ def h200(name: str) -> float:
     return H200[name].value
 
 
-
 def on_h200(needs: list[tuple[str, float]], smoke: bool) -> list[tuple[str, float]]:
     """A part's runs' needs as given on an H200; each 0 in --smoke (the CPU rehearsal's runs share their part's
     time as they come)."""

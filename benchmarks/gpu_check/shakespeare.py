@@ -158,7 +158,6 @@ def part_shakespeare(check: Check, args) -> dict:
                                         f"{args.val_loss}; best val {best}", **result}
 
 
-
 def run_needs(smoke: bool) -> list[tuple[str, float]]:
     """The data's preparation, then train.py the fastest way to the val loss (the plain run after it is started
     only where the part's time left holds it: not in the need)."""

@@ -75,7 +75,6 @@ def step_windows(results: list[dict], at: tuple[int, int], log: int) -> dict:
             "late_wanted": [at[1] - log + 1, at[1]]}
 
 
-
 def run_needs(smoke: bool) -> list[tuple[str, float]]:
     """The data's preparation (where the shakespeare part has not prepared it), then each run: train.py's start,
     compiles and steps."""
