@@ -1,5 +1,5 @@
 """What the parts' commands take on an H200, in one table (H200): each figure with where it was read, or why it
-is an estimate. Each part adds up the figures for the very commands it runs (its `needs`), and the default budgets
+is an estimate. Each part adds up the figures for the very commands it runs (its `run_needs`), and the default budgets
 hold NEED_MARGIN x what the default parts need (benchmarks/gpu_check/budgets.py)."""
 
 from __future__ import annotations
