@@ -106,20 +106,20 @@ def make_plan(parts: list[str], total_s: float, smoke: bool) -> dict[str, float]
     """Each part's budget in seconds, in the order they run: the device read's own, then the asked parts' shares
     of the rest of --total_s (less 2 x GRACE_S for stopping the last run), in proportion to their planned times.
     A --total_s that would give a part less than its floor is refused here, before anything runs."""
-    device = DEVICE_BUDGET.of(smoke)[0]
+    device_s = DEVICE_BUDGET.of(smoke)[0]
     asked = [name for name in PARTS if name in parts and name != "device"]
     planned = {name: BUDGETS[name].of(smoke)[0] for name in asked}
-    usable = total_s - 2 * GRACE_S - device
+    usable = total_s - 2 * GRACE_S - device_s
     scale = usable / sum(planned.values()) if planned else 1.0
     # the least --total_s at which every asked part gets its floor
-    need = 2 * GRACE_S + device + sum(planned.values()) * max(
+    need = 2 * GRACE_S + device_s + sum(planned.values()) * max(
         [BUDGETS[name].of(smoke)[1] / planned[name] for name in asked], default=0)
     if total_s < need - 0.5:
         short = [name for name in asked if planned[name] * scale < BUDGETS[name].of(smoke)[1]] or ["device"]
         raise cli.UsageError(f"--total_s={total_s:g} is too short for --parts={','.join(asked)}: {', '.join(short)} "
                              f"would get less than the least it needs; use --total_s={math.ceil(need)} or more, or "
                              f"fewer --parts (--dry_run shows the plan)")
-    return {"device": device, **{name: planned[name] * scale for name in asked}}
+    return {"device": device_s, **{name: planned[name] * scale for name in asked}}
 
 
 def plan_commands(name: str, smoke: bool, args) -> list[str]:
