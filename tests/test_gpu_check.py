@@ -554,6 +554,29 @@ def test_the_packages_each_part_needs_are_all_it_imports():
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+
+def test_the_check_itself_imports_only_the_standard_library():
+    """The check's own process (the driver and every part's module) imports neither torch nor any other package:
+    it runs the parts as subprocesses, and reads the device in a child, so that it starts where a package is
+    missing and says so (the parts that need it skipped) instead of failing at its import."""
+    code = textwrap.dedent("""
+        import importlib.abc, pkgutil, sys
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name.split(".")[0] in {"torch", "numpy", "tiktoken", "tqdm", "crc32c", "transformers", "pytest"}:
+                    raise ImportError(f"{name} is blocked")
+        sys.meta_path.insert(0, Block())
+        import benchmarks.gpu_check
+        for module in pkgutil.iter_modules(benchmarks.gpu_check.__path__):
+            __import__(f"benchmarks.gpu_check.{module.name}")
+        print(len([name for name in sys.modules if name.startswith("benchmarks.gpu_check.")]))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=common.ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(common.ROOT)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout) >= 10  # (the parts' modules, each imported)
+
+
 NANOGPT_OUTPUT = """Compiling model...
 0/10 loss: 10.9876
 time per iteration: 26.3456ms, MFU: 40.12%
