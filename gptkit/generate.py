@@ -282,7 +282,7 @@ def decode_step(
 # per token). --compile=auto compiles when the decode has enough tokens to repay the compile time:
 # max_new_tokens >= seconds / saved. (The samples are decoded together, one batch: their number does not
 # multiply the steps, and at small batches a step's cost barely depends on it.)
-# CUDA: an assumption for GPT-2 124M at batch 1, kept until it is re-derived from measured costs (gpu_check.py
+# CUDA: an assumption for GPT-2 124M at batch 1, kept until it is re-derived from measured costs (gpu_check
 # reports them: decode_compile_cost): ~40 s to compile and record the CUDA graph with cold caches; eager
 # ~5 ms/token (launch-bound: ~250 kernels at ~20 us of Python and launch each), compiled ~0.5 ms/token: ~4.5 ms
 # saved, so from ~9,000 tokens. The first measurement (an H200, torch 2.11, before the decode attention's length

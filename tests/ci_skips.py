@@ -1,7 +1,7 @@
 """Two pytest rules the suite runs under (loaded by conftest.py):
 
 - `@pytest.mark.cuda` marks a test that needs a CUDA GPU: it is skipped, saying so, where there is none. It is
-  also how benchmarks/gpu_check.py finds the tests to run on a GPU (`pytest -m cuda`).
+  also how benchmarks/gpu_check finds the tests to run on a GPU (`pytest -m cuda`).
 - Under CI (the CI environment variable set to true, as CI services and .ci/run set it), a skip is a failure
   unless the test is marked `cuda`: a kernel that does not build, a browser that is missing or a package left
   out of the install must not turn tests into skips while pytest exits 0. The failure keeps the skip's reason.

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py: its --smoke rehearsal on the CPU runs every part or says why not, its report has
+"""benchmarks/gpu_check: its --smoke rehearsal on the CPU runs every part or says why not, its report has
 the structure a GPU run's will have, every default part's budget holds what its commands need by the H200's
 figures, and what could make the GPU's minutes come back empty is caught here: a hung run or test stopped at its
 limit without losing the rest, a failed bench.py row, a failed nanoGPT run, a missing file or package."""
@@ -9,17 +9,24 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 from conftest import SHARED_DATA
 
 from benchmarks import gpu_check, gpu_readings
+from benchmarks.gpu_check import bench_runs, common, cuda_tests, device, figures, gpt2_step, memory_plan
+from benchmarks.gpu_check import budgets as plan
+from benchmarks.gpu_check import check as checks
+from benchmarks.gpu_check import nanogpt as nanogpt_part
+from benchmarks.gpu_check import steps as steps_part
+from benchmarks.gpu_check.summary import summarise
 
 # nanoGPT's own code, beside the checkout's shared data (as gpu_check finds it)
 NANOGPT = SHARED_DATA.parent / "anchors" / "nanoGPT"
 
 
-SMOKE_PARTS = (*gpu_check.DEFAULT_PARTS, "nanogpt_train", "steps")
+SMOKE_PARTS = (*plan.DEFAULT_PARTS, "nanogpt_train", "steps")
 
 
 @pytest.fixture(scope="module")
@@ -47,12 +54,12 @@ def test_smoke_runs_every_part_or_says_why_not(smoke):
     assert report["device"]["peak"]["warmup_products"] >= 10
     # both shapes timed, NVML read meanwhile (here, without NVML, said so), and the readings at the start
     peaks = report["device"]["peaks"]
-    assert [p["shape"] for p in peaks] == [name for name, _ in gpu_check.PEAK_SHAPES[True]]
+    assert [p["shape"] for p in peaks] == [name for name, _ in device.PEAK_SHAPES[True]]
     assert all(p["tflops_measured"] > 0 and p["timed_products"] >= 50 and "samples" in p["clocks"] for p in peaks)
     assert report["device"]["peak"]["tflops_measured"] == peaks[0]["tflops_measured"]
     assert report["readings"]["line"] == gpu_readings.line(report["readings"]["start"])
     assert report["summary"]["gpu_readings"]["line"] == report["readings"]["line"]
-    assert set(report["parts"]) == set(gpu_check.PARTS)
+    assert set(report["parts"]) == set(plan.PARTS)
     for name, part in report["parts"].items():
         assert part["status"] in ("ok", "skipped"), (name, part)
         assert part["status"] == "ok" or part["reason"], (name, part)  # every skip says why
@@ -63,9 +70,9 @@ def test_smoke_runs_every_part_or_says_why_not(smoke):
     # graphed step's file first, on its own
     tests = report["parts"]["tests"]
     assert tests["results"] and all(t["outcome"] == "skipped" and "CUDA" in t["message"] for t in tests["results"])
-    assert [run["command"].split()[-1] for run in tests["runs"][:1]] == [gpu_check.GRAPH_TESTS]
-    assert len(tests["runs"]) == len(gpu_check.cuda_test_runs()) >= 2
-    assert all(gpu_check.GRAPH_TESTS not in run["command"] for run in tests["runs"][1:]) and not tests["not_run"]
+    assert [run["command"].split()[-1] for run in tests["runs"][:1]] == [cuda_tests.GRAPH_TESTS]
+    assert len(tests["runs"]) == len(cuda_tests.cuda_test_runs()) >= 2
+    assert all(cuda_tests.GRAPH_TESTS not in run["command"] for run in tests["runs"][1:]) and not tests["not_run"]
     assert tests["counts"]["skipped"] == len(tests["results"]) >= 5
     kinds = {r["kind"] for r in report["rows"]}
     assert kinds == {"train", "decode", "prefill"}
@@ -87,13 +94,13 @@ def test_smoke_runs_every_part_or_says_why_not(smoke):
         assert report["summary"]["shakespeare_s_to_val"]["start"] == shakespeare["start"]
         graphed, plain = report["parts"]["steps"]["steps"]  # (the graphed run first)
         assert "no CUDA graph" in graphed["skipped"]
-        assert plain["early_ms"] == plain["ms_per_step"]["40"] > 0 and plain["late_ms"] == plain["ms_per_step"]["120"]
-        assert plain["late_over_early"] > 0 and report["parts"]["steps"]["windows"]["late"] == [101, 120]
+        assert plain["early_ms"] == plain["ms_per_step"]["20"] > 0 and plain["late_ms"] == plain["ms_per_step"]["60"]
+        assert plain["late_over_early"] > 0 and report["parts"]["steps"]["windows"]["late"] == [51, 60]
         assert report["summary"]["shakespeare_ms_per_step_late"]["value"] == plain["late_ms"]
     assert set(report["summary"]) >= {"train_12x1024_no_bias", "decode_compiled_batch1_tokens_per_s", "prefill_ms"}
     # bench.py's newer flags where this checkout's bench.py has them (else left out, and said so): decode rows a
     # window each with host and GPU microseconds per token, training rows profiled by kind
-    flags = gpu_check.bench_flags()
+    flags = bench_runs.bench_flags()
     ours = [r for r in report["rows"] if r["kind"] == "decode" and r["model"] == "tiny"]
     if "decode_window" in flags and "profile_decode" in flags:
         assert [r["decode_window"] for r in ours] == [1, 4] and all(r["host_us_per_token"] > 0 for r in ours)
@@ -115,11 +122,11 @@ def test_a_hung_run_is_stopped_at_its_limit_and_the_check_goes_on(tmp_path, monk
     """A run past its part's time (or its own limit) is stopped (its whole process group) and reported as a
     timeout, with its last lines; a watched run is stopped once its watcher has what it needs, or with the
     status the watcher names."""
-    monkeypatch.setattr(gpu_check, "MIN_RUN_S", 0)
+    monkeypatch.setattr(checks, "MIN_RUN_S", 0)
     args = gpu_check.parse_args(["--smoke", f"--out={tmp_path / 'c.json'}"])
-    check = gpu_check.Check(args)
+    check = checks.Check(args)
     try:
-        check.part_end = gpu_check.time.monotonic() + 30
+        check.part_end = time.monotonic() + 30
         hang = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"]
         run = check.run("sleeper", hang, limit_s=1.5)
         assert run.status == "timeout" and run.seconds < 10 and "started" in run.output
@@ -130,7 +137,7 @@ def test_a_hung_run_is_stopped_at_its_limit_and_the_check_goes_on(tmp_path, monk
         assert run.status == "stopped" and run.seconds < 10 and "last_lines" not in run.record()
         run = check.run("named", hang, watch=lambda: "timeout" if "started" in check.output_so_far() else None)
         assert run.status == "timeout" and run.seconds < 10
-        assert gpu_check.outcome([run, None], ["a", "b"]) == ("timeout", "stopped at or not reached within the "
+        assert checks.outcome([run, None], ["a", "b"]) == ("timeout", "stopped at or not reached within the "
                                                                          "time budget: a; b")
         assert check.share(own=20, later=5) == pytest.approx(check.left() - 5, abs=0.5)
         assert check.share(own=40, later=5) == 40  # the part has less than this run needs: it gets its need
@@ -168,23 +175,23 @@ def test_a_test_past_its_limit_is_stopped_and_pytest_goes_on_with_the_rest(tmp_p
     test past its limit is marked timeout and pytest starts again on the tests that have no outcome, the failed
     one's message from -rfE's summary. Stopped by the group's own limit instead, the running test is marked so
     and nothing more runs."""
-    monkeypatch.setattr(gpu_check, "MIN_RUN_S", 0)
+    monkeypatch.setattr(checks, "MIN_RUN_S", 0)
     (tmp_path / "conftest.py").write_text("def pytest_configure(config):\n"
                                           "    config.addinivalue_line('markers', 'cuda: needs a CUDA GPU')\n")
     tests = tmp_path / "test_hangs.py"
     tests.write_text(HANGING_TESTS)
     args = gpu_check.parse_args(["--smoke", f"--out={tmp_path / 'c.json'}"])
-    check = gpu_check.Check(args)
+    check = checks.Check(args)
     try:
-        check.part_end = gpu_check.time.monotonic() + 60
-        runs, results = gpu_check.run_tests(check, "hanging", [tests.name], limit_s=50, test_limit_s=2, cwd=tmp_path)
+        check.part_end = time.monotonic() + 60
+        runs, results = cuda_tests.run_tests(check, "hanging", [tests.name], limit_s=50, test_limit_s=2, cwd=tmp_path)
         assert [r.status for r in runs] == ["timeout", "failed"]  # (the second: test_d fails)
         assert "--deselect=test_hangs.py::test_hangs" in runs[1].command
         assert {test.split("::")[1]: r["outcome"] for test, r in results.items()} == {
             "test_a": "passed", "test_hangs": "timeout", "test_c": "passed", "test_d": "failed"}
         assert "no outcome within 2 s" in results["test_hangs.py::test_hangs"]["message"]
         assert "boom" in results["test_hangs.py::test_d"]["message"]
-        runs, results = gpu_check.run_tests(check, "cut", [tests.name], limit_s=2, test_limit_s=100, cwd=tmp_path)
+        runs, results = cuda_tests.run_tests(check, "cut", [tests.name], limit_s=2, test_limit_s=100, cwd=tmp_path)
         assert [r.status for r in runs] == ["timeout"]
         assert {test.split("::")[1]: r["outcome"] for test, r in results.items()} == {
             "test_a": "passed", "test_hangs": "timeout"}
@@ -198,7 +205,7 @@ def test_a_test_past_its_limit_is_stopped_and_pytest_goes_on_with_the_rest(tmp_p
 def test_a_failed_row_fails_its_part_named(tmp_path, monkeypatch):
     """bench.py --keep_going reports a row that failed as a row and exits 0: the part is "failed" all the same,
     naming the row and its reason; the other rows are kept."""
-    monkeypatch.setattr(gpu_check, "MIN_RUN_S", 0)
+    monkeypatch.setattr(checks, "MIN_RUN_S", 0)
     rows = [{"kind": "train", "model": "gpt2nobias", "batch_size": 12, "cuda_graphs": False, "status": "ok",
              "reason": None},
             {"kind": "train", "model": "gpt2nobias", "batch_size": 12, "cuda_graphs": True, "status": "failed",
@@ -207,11 +214,11 @@ def test_a_failed_row_fails_its_part_named(tmp_path, monkeypatch):
     def fake_bench(options, extra, path):
         return [sys.executable, "-c", f"import json; json.dump({{'rows': {rows!r}}}, open({str(path)!r}, 'w'))"]
 
-    monkeypatch.setattr(gpu_check, "bench_command", fake_bench)
-    check = gpu_check.Check(gpu_check.parse_args(["--smoke", f"--out={tmp_path / 'c.json'}"]))
+    monkeypatch.setattr(bench_runs, "bench_command", fake_bench)
+    check = checks.Check(gpu_check.parse_args(["--smoke", f"--out={tmp_path / 'c.json'}"]))
     try:
-        check.part_end = gpu_check.time.monotonic() + 30
-        part = gpu_check.bench_part(check, "train", gpu_check.SMOKE_TRAIN_RUNS, [])
+        check.part_end = time.monotonic() + 30
+        part = bench_runs.bench_part(check, "train", gpt2_step.SMOKE_TRAIN_RUNS, [])
     finally:
         check.close()
     assert part["status"] == "failed" and [r["status"] for r in part["runs"]] == ["ok"]
@@ -233,7 +240,7 @@ def test_when_nanogpt_fails_the_summary_says_so_with_its_last_lines(tmp_path, mo
     """nanoGPT's bench.py failing (its compile, say) is "nanoGPT failed: ..." with its last lines in the
     summary, never "no anchor"; its training (the nanogpt_train part) still runs and gives its figures. Not run
     at all, "no anchor"; its training not run, its recorded figure."""
-    monkeypatch.setattr(gpu_check, "MIN_RUN_S", 0)
+    monkeypatch.setattr(checks, "MIN_RUN_S", 0)
     for name, text in NANOGPT_FAKE.items():
         (tmp_path / "nanoGPT" / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "nanoGPT" / name).write_text(text)
@@ -241,27 +248,27 @@ def test_when_nanogpt_fails_the_summary_says_so_with_its_last_lines(tmp_path, mo
     corpus.write_text("To be, or not to be\n")
     args = gpu_check.parse_args([f"--out={tmp_path / 'c.json'}", f"--nanogpt={tmp_path / 'nanoGPT'}",
                                  f"--shakespeare_text={corpus}"])
-    check = gpu_check.Check(args)
+    check = checks.Check(args)
     try:
-        check.part_end = gpu_check.time.monotonic() + 60
-        part = gpu_check.part_nanogpt(check, args)
-        trained = gpu_check.part_nanogpt_train(check, args)
+        check.part_end = time.monotonic() + 60
+        part = nanogpt_part.part_nanogpt(check, args)
+        trained = nanogpt_part.part_nanogpt_train(check, args)
     finally:
         check.close()
     assert part["status"] == "failed" and part["bench"]["status"] == "failed" and part["bench"]["ms"] is None
     assert trained["status"] == "ok" and trained["train"]["reached"]["val_loss"] == 1.46
     assert trained["train"]["iter_ms_median"] == 8.10
-    summary = gpu_check.summarise({"rows": [], "device": {}, "parts": {"nanogpt": part, "nanogpt_train": trained}},
+    summary = summarise({"rows": [], "device": {}, "parts": {"nanogpt": part, "nanogpt_train": trained}},
                                   smoke=False)
     note = summary["train_12x1024_no_bias"]["note"]
     assert note.startswith("nanoGPT failed: nanoGPT bench.py failed (exit code 1") and "no anchor" not in note
     assert "RuntimeError: inductor: the compile failed" in note
     assert summary["shakespeare_s_to_val"]["nanogpt"]["val_loss"] == 1.46
     skipped = {"status": "skipped", "reason": "no anchor: nanoGPT's code is not at shared/anchors/nanoGPT"}
-    summary = gpu_check.summarise({"rows": [], "device": {}, "parts": {"nanogpt": skipped}}, smoke=False)
+    summary = summarise({"rows": [], "device": {}, "parts": {"nanogpt": skipped}}, smoke=False)
     assert summary["train_12x1024_no_bias"]["note"] == skipped["reason"]
     recorded = summary["shakespeare_s_to_val"]["nanogpt"]
-    assert recorded["wall_s"] == gpu_check.H200["nanogpt_to_val_s"].value == 94.7 and recorded["recorded"]
+    assert recorded["wall_s"] == figures.H200["nanogpt_to_val_s"].value == 94.7 and recorded["recorded"]
 
 
 def test_plan_memory_table_is_read():
@@ -270,7 +277,7 @@ def test_plan_memory_table_is_read():
     line = f"{'gpt2 124M b8':<16}{8:>6}{mib(9876):>12}{mib(9800):>12}{9876 / 9800 - 1:>+10.1%} "
     output = "\n".join([f"{'shape':<16}{'batch':>6}{'plan peak':>12}", line + f"{12.3:>9.1f}", "16: failed",
                         "Traceback (most recent call last):"])
-    rows, failed = gpu_check.plan_rows(output)
+    rows, failed = memory_plan.plan_rows(output)
     assert rows == [{"shape": "gpt2 124M b8", "batch": 8, "plan_mib": 9876, "allocator_mib": 9800, "error": 0.008}]
     assert failed == ["16"]
 
@@ -308,7 +315,7 @@ def test_summary_against_the_targets():
               "readings": {"line": "NVIDIA H200 (pynvml): SM 345/1,980 MHz", "start": {"source": "pynvml"}},
               "parts": {"plan": {"status": "ok", "rows": [{"error": -0.013}]},
                         "nanogpt": {"status": "ok", "bench": {"ms": 26.3}}}}
-    summary = gpu_check.summarise(report, smoke=False)
+    summary = summarise(report, smoke=False)
     first = summary["train_12x1024_no_bias"]
     assert first["variant"]["fp8_head"] is True and abs(first["value"] - 26.3 / 22.0) < 1e-9 and first["met"]
     assert first["profile"] is None and first["profile_default"] == profile  # (only the default row profiled)
@@ -334,7 +341,7 @@ def test_summary_against_the_targets():
     assert cost["value"] == round(16.0 / 0.004)
     # no nanoGPT in the call: no speed-up, "no anchor"; no plan part asked: no plan figure promised
     report["parts"] = {"nanogpt": {"status": "skipped", "reason": "nanoGPT's code is not at shared/anchors"}}
-    summary = gpu_check.summarise(report, smoke=False)
+    summary = summarise(report, smoke=False)
     assert summary["train_12x1024_no_bias"]["value"] is None and "plan_worst_error" not in summary
     assert summary["train_12x1024_no_bias"]["note"].startswith("no anchor: nanoGPT's code is not")
 
@@ -344,20 +351,20 @@ def test_the_steps_part_compares_the_windows_both_runs_reached():
     1,201-1,300 for both, and the summary's late figure is the faster run's there."""
     graphed = {"run": "one CUDA graph", "ms_per_step": {str(s): 3.0 for s in range(100, 1501, 100)}}
     plain = {"run": "as train.py runs it", "ms_per_step": {str(s): 9.0 + s / 1000 for s in range(100, 1301, 100)}}
-    windows = gpu_check.step_windows([graphed, plain], (200, 1500), 100)
+    windows = steps_part.step_windows([graphed, plain], (200, 1500), 100)
     assert windows == {"early": [101, 200], "late": [1201, 1300], "late_wanted": [1401, 1500]}
     assert plain["late_ms"] == pytest.approx(10.3) and plain["late_over_early"] == pytest.approx(10.3 / 9.2)
     assert graphed["late_ms"] == 3.0 and graphed["late_over_early"] == 1.0
     report = {"rows": [], "device": {}, "parts": {"steps": {"status": "timeout", "windows": windows,
                                                            "steps": [graphed, plain]}}}
-    late = gpu_check.summarise(report, smoke=False)["shakespeare_ms_per_step_late"]
+    late = summarise(report, smoke=False)["shakespeare_ms_per_step_late"]
     assert late["value"] == 3.0 and late["window"] == [1201, 1300]
     # the graphed run failed before its first log line: the plain run keeps its own late window
     failed, plain = {"run": "one CUDA graph", "ms_per_step": {}}, {"run": "plain", "ms_per_step": plain["ms_per_step"]}
-    assert gpu_check.step_windows([failed, plain], (200, 1500), 100)["late"] == [1201, 1300]
+    assert steps_part.step_windows([failed, plain], (200, 1500), 100)["late"] == [1201, 1300]
     assert plain["late_step"] == 1300 and failed["late_ms"] is None
     short = {"run": "x", "ms_per_step": {"100": 5.0, "200": 6.0, "300": 6.6}}
-    assert gpu_check.step_windows([short, {"run": "y", "ms_per_step": {"100": 5.0}}], (200, 1500), 100)["late"] is None
+    assert steps_part.step_windows([short, {"run": "y", "ms_per_step": {"100": 5.0}}], (200, 1500), 100)["late"] is None
     assert short["late_step"] == 300 and short["late_over_early"] == pytest.approx(1.1)
 
 
@@ -368,19 +375,19 @@ def test_the_default_plan_gives_every_part_its_floor_and_a_short_total_is_refuse
     for smoke in (False, True):
         args = gpu_check.parse_args([*(["--smoke"] if smoke else []), f"--out={tmp_path / 'c.json'}"])
         budgets = args.budgets
-        assert list(budgets) == ["device", *gpu_check.DEFAULT_PARTS]
-        assert budgets["device"] >= gpu_check.DEVICE_BUDGET.of(smoke)[1]
-        for name in gpu_check.DEFAULT_PARTS:
-            assert budgets[name] >= gpu_check.BUDGETS[name].of(smoke)[1], (smoke, name, budgets)
-        assert sum(budgets.values()) + 2 * gpu_check.GRACE_S <= args.total_s + 1e-9
-        assert args.total_s == gpu_check.DEFAULT_TOTAL_S[smoke]
+        assert list(budgets) == ["device", *plan.DEFAULT_PARTS]
+        assert budgets["device"] >= plan.DEVICE_BUDGET.of(smoke)[1]
+        for name in plan.DEFAULT_PARTS:
+            assert budgets[name] >= plan.BUDGETS[name].of(smoke)[1], (smoke, name, budgets)
+        assert sum(budgets.values()) + 2 * checks.GRACE_S <= args.total_s + 1e-9
+        assert args.total_s == plan.DEFAULT_TOTAL_S[smoke]
     with pytest.raises(SystemExit, match=r"^error: --total_s=300 is too short .*use --total_s=\d+ or more"):
         gpu_check.main([f"--out={tmp_path / 'short.json'}", "--total_s=300"])
     assert not (tmp_path / "short.json").exists() and not (tmp_path / "short.log").exists()
     # more time: every part's share grows, the device's stays its own
     roomy = gpu_check.parse_args(["--total_s=900", "--parts=train,decode", f"--out={tmp_path / 'c.json'}"]).budgets
-    assert list(roomy) == ["device", "decode", "train"] and roomy["device"] == gpu_check.DEVICE_BUDGET.gpu
-    assert roomy["train"] > gpu_check.BUDGETS["train"].gpu and abs(sum(roomy.values()) - 890) < 1e-6
+    assert list(roomy) == ["device", "decode", "train"] and roomy["device"] == plan.DEVICE_BUDGET.gpu
+    assert roomy["train"] > plan.BUDGETS["train"].gpu and abs(sum(roomy.values()) - 890) < 1e-6
 
 
 def dry_run_table(tmp_path, capsys, *extra: str, anchor: bool = True) -> list[str]:
@@ -393,9 +400,9 @@ def dry_run_table(tmp_path, capsys, *extra: str, anchor: bool = True) -> list[st
 def with_every_flag_and_test_file(monkeypatch) -> None:
     """The plan of a checkout whose bench.py has every flag the default run uses and which holds every CUDA test
     file it names (as after the branches that add them are merged)."""
-    monkeypatch.setattr(gpu_check, "bench_flags", lambda: None)
-    files = gpu_check.cuda_test_files()
-    monkeypatch.setattr(gpu_check, "cuda_test_files", lambda: sorted({*files, *gpu_check.NEW_TESTS}))
+    monkeypatch.setattr(bench_runs, "bench_flags", lambda: None)
+    files = cuda_tests.cuda_test_files()
+    monkeypatch.setattr(cuda_tests, "cuda_test_files", lambda: sorted({*files, *cuda_tests.NEW_TESTS}))
 
 
 @pytest.mark.parametrize("complete", [False, True], ids=["this checkout", "every flag and test file"])
@@ -409,31 +416,31 @@ def test_every_default_part_gets_what_its_commands_need_by_the_h200s_figures(tmp
     if complete:
         with_every_flag_and_test_file(monkeypatch)
     table = dry_run_table(tmp_path, capsys)
-    rows = {line.split()[0]: line.split() for line in table if line.split()[:1] and line.split()[0] in gpu_check.PARTS}
-    assert list(rows) == ["device", *gpu_check.DEFAULT_PARTS]
-    assert gpu_check.NEED_MARGIN >= 1.1
+    rows = {line.split()[0]: line.split() for line in table if line.split()[:1] and line.split()[0] in plan.PARTS}
+    assert list(rows) == ["device", *plan.DEFAULT_PARTS]
+    assert plan.NEED_MARGIN >= 1.1
     for name, row in rows.items():
         budget, need = float(row[1]), float(row[5])
-        assert need == round(gpu_check.part_need(name)) and need > 0, (name, row)
-        assert budget >= gpu_check.NEED_MARGIN * gpu_check.part_need(name), (
-            f"{name}: a budget of {budget:g} s, below {gpu_check.NEED_MARGIN:g} x the {need:g} s its commands need "
+        assert need == round(plan.part_need(name)) and need > 0, (name, row)
+        assert budget >= plan.NEED_MARGIN * plan.part_need(name), (
+            f"{name}: a budget of {budget:g} s, below {plan.NEED_MARGIN:g} x the {need:g} s its commands need "
             f"on an H200")
-        assert float(row[7]) == pytest.approx(budget / gpu_check.part_need(name), abs=0.02)
-    assert gpu_check.DEFAULT_TOTAL_S[False] <= 580  # (with pip's install of the wheel, inside a 600-s call)
+        assert float(row[7]) == pytest.approx(budget / plan.part_need(name), abs=0.02)
+    assert plan.DEFAULT_TOTAL_S[False] <= 580  # (with pip's install of the wheel, inside a 600-s call)
     # the runs' needs follow the commands: one per pytest run, bench.py run, train.py run; a bench.py run's rows
     # measured as time allows are not in it
-    groups = 3 if set(gpu_check.NEW_TESTS) & set(gpu_check.cuda_test_files()) else 2  # (the newest files' own)
-    assert len(gpu_check.run_needs("tests")) == len(gpu_check.cuda_test_runs()) == groups and (groups == 3 or not complete)
-    assert [label for label, _ in gpu_check.run_needs("steps")[1:]] == [label for label, _ in gpu_check.STEP_RUNS]
-    assert gpu_check.bench_rows(["--models=a,b", "--batch_size=12", "--cuda_graphs=False,True"]) == 4
-    micro = dict(gpu_check.run_needs("train"))["micro-batches 32, 24, 16 as one CUDA graph"]
-    assert micro == gpu_check.h200("bench_start_s") + gpu_check.h200("bench_row_s")  # (24 and 16 as time allows)
-    assert all(figure.where for figure in gpu_check.H200.values())
-    steps = gpu_check.part_need("steps")
-    monkeypatch.setattr(gpu_check, "STEP_AT", (200, 3000))
-    assert gpu_check.part_need("steps") > steps + 30 > gpu_check.BUDGETS["steps"].gpu
-    monkeypatch.setattr(gpu_check, "NANOGPT_TRAIN", ("train.py", "config/train_shakespeare_char.py", "--max_iters=5000"))
-    assert gpu_check.part_need("nanogpt_train") > gpu_check.BUDGETS["nanogpt_train"].gpu
+    groups = 3 if set(cuda_tests.NEW_TESTS) & set(cuda_tests.cuda_test_files()) else 2  # (the newest files' own)
+    assert len(plan.run_needs("tests")) == len(cuda_tests.cuda_test_runs()) == groups and (groups == 3 or not complete)
+    assert [label for label, _ in plan.run_needs("steps")[1:]] == [label for label, _ in steps_part.STEP_RUNS]
+    assert bench_runs.bench_rows(["--models=a,b", "--batch_size=12", "--cuda_graphs=False,True"]) == 4
+    micro = dict(plan.run_needs("train"))["micro-batches 32, 24, 16 as one CUDA graph"]
+    assert micro == figures.h200("bench_start_s") + figures.h200("bench_row_s")  # (24 and 16 as time allows)
+    assert all(figure.where for figure in figures.H200.values())
+    steps = plan.part_need("steps")
+    monkeypatch.setattr(steps_part, "STEP_AT", (200, 3000))
+    assert plan.part_need("steps") > steps + 30 > plan.BUDGETS["steps"].gpu
+    monkeypatch.setattr(nanogpt_part, "NANOGPT_TRAIN", ("train.py", "config/train_shakespeare_char.py", "--max_iters=5000"))
+    assert plan.part_need("nanogpt_train") > plan.BUDGETS["nanogpt_train"].gpu
 
 
 def test_dry_run_prints_each_part_its_budget_and_what_it_runs(tmp_path, capsys, monkeypatch):
@@ -449,23 +456,23 @@ def test_dry_run_prints_each_part_its_budget_and_what_it_runs(tmp_path, capsys, 
     assert "--batch_size=12 --cuda_graphs=True" in text and "--hf_reference" not in text
     assert "--batch_size=32,24,16 --cuda_graphs=True" in text and "(the last 2 row(s) if time holds them)" in text
     tests = next(line for line in table if line.startswith("tests "))
-    assert "-m cuda" in tests and tests.endswith(gpu_check.GRAPH_TESTS) and "--verbosity=1" in tests
+    assert "-m cuda" in tests and tests.endswith(cuda_tests.GRAPH_TESTS) and "--verbosity=1" in tests
     assert "tests/test_engine.py" in text and "(if the part's time left holds it)" in text
     shakespeare = next(line for line in table if line.startswith("shakespeare "))
     assert "--async_save=True" in shakespeare and "--cuda_graphs=True" in shakespeare
     plain = table[table.index(shakespeare) + 1]
     assert "shakespeare_plain --overwrite=True" in plain and "--cuda_graphs" not in plain and "time left" in plain
-    assert table[-2].split()[:2] == ["total", f"{gpu_check.DEFAULT_TOTAL_S[False]:.0f}"]
+    assert table[-2].split()[:2] == ["total", f"{plan.DEFAULT_TOTAL_S[False]:.0f}"]
     assert table[-1].startswith("not in the default run: nanogpt_train (nanoGPT's time to val 1.47, recorded")
     nanogpt = next(line for line in table if line.startswith("nanogpt "))
-    if NANOGPT.is_dir() or gpu_check.nanogpt_dir(None):  # nanoGPT's own bench.py, run, not quoted
+    if NANOGPT.is_dir() or nanogpt_part.nanogpt_dir(None):  # nanoGPT's own bench.py, run, not quoted
         assert "python bench.py --real_data=False --compile=True" in nanogpt
         assert "train_shakespeare_char" not in text  # (its training: --parts=nanogpt_train)
         assert not table[0].startswith("missing:")
     else:
         assert "no anchor" in nanogpt
     # a bench.py without the newer flags: they are left out, and said so; with them, in the commands
-    monkeypatch.setattr(gpu_check, "bench_flags", lambda: {"models", "batch_size", "cuda_graphs", "loss_chunk",
+    monkeypatch.setattr(bench_runs, "bench_flags", lambda: {"models", "batch_size", "cuda_graphs", "loss_chunk",
                                                             "compile", "decode_window"})
     text = "\n".join(dry_run_table(tmp_path, capsys))
     assert "(left out: --fp8_head, --profile_step, which this checkout's bench.py lacks)" in text
@@ -480,9 +487,9 @@ def test_dry_run_prints_each_part_its_budget_and_what_it_runs(tmp_path, capsys, 
 def test_what_is_missing_is_said_in_one_line_before_anything_runs(tmp_path, capsys, monkeypatch):
     """No shared data, no nanoGPT, a package not installed: --dry_run says so in its first line, and a run says
     it before its first part, whose package is missing, is skipped (saying which) instead of failing later."""
-    monkeypatch.setattr(gpu_check, "shared_path", lambda relative: None)
-    monkeypatch.setattr(gpu_check, "nanogpt_dir", lambda given: None)
-    monkeypatch.setattr(gpu_check, "PART_MODULES", {**gpu_check.PART_MODULES,
+    monkeypatch.setattr(common, "shared_path", lambda relative: None)
+    monkeypatch.setattr(nanogpt_part, "nanogpt_dir", lambda given: None)
+    monkeypatch.setattr(plan, "PART_MODULES", {**plan.PART_MODULES,
                                                     "device": ("torch", "no_such_module_here"),
                                                     "decode": ("torch", "no_such_module_here")})
     table = dry_run_table(tmp_path, capsys, "--parts=decode,nanogpt,shakespeare,nanogpt_train,steps", "--total_s=900",
@@ -508,14 +515,14 @@ def test_the_report_goes_to_out_and_names_the_commit_without_git(tmp_path, monke
     assert args.out.startswith(str(tmp_path / "out" / "gpu_check_")) and args.log == args.out[:-5] + ".log"
     copy = tmp_path / "tree"  # a copy of the working tree: no .git
     (copy / "shared").mkdir(parents=True)
-    monkeypatch.setattr(gpu_check, "ROOT", copy)
-    monkeypatch.delenv(gpu_check.COMMIT_ENV, raising=False)
-    assert gpu_check.git_version() == {"commit": None, "dirty": None, "from": None}
+    monkeypatch.setattr(common, "ROOT", copy)
+    monkeypatch.delenv(common.COMMIT_ENV, raising=False)
+    assert common.git_version() == {"commit": None, "dirty": None, "from": None}
     sha = "0123456789abcdef0123456789abcdef01234567"
     (copy / "shared" / "COMMIT").write_text(f"{sha}\ndirty\n")
-    assert gpu_check.git_version() == {"commit": sha, "dirty": True, "from": str(copy / "shared" / "COMMIT")}
-    monkeypatch.setenv(gpu_check.COMMIT_ENV, "abcdef1")
-    assert gpu_check.git_version() == {"commit": "abcdef1", "dirty": False, "from": "$GPU_CHECK_COMMIT"}
+    assert common.git_version() == {"commit": sha, "dirty": True, "from": str(copy / "shared" / "COMMIT")}
+    monkeypatch.setenv(common.COMMIT_ENV, "abcdef1")
+    assert common.git_version() == {"commit": "abcdef1", "dirty": False, "from": "$GPU_CHECK_COMMIT"}
 
 
 def test_the_packages_each_part_needs_are_all_it_imports():
@@ -523,14 +530,14 @@ def test_the_packages_each_part_needs_are_all_it_imports():
     project's that the parts' scripts import. With every other dependency made unimportable, train.py,
     bench.py, the data's preparation, the memory plan and the CUDA test files still import (crc32c, a
     dependency the GPU image lacked, was found this way)."""
-    text = (gpu_check.ROOT / "pyproject.toml").read_text()
+    text = (common.ROOT / "pyproject.toml").read_text()
     deps = text.split("dependencies = [", 1)[1].split("]", 1)[0]
     names = {line.split('"')[1].split(">")[0].split("=")[0].split("[")[0].replace("-", "_")
              for line in deps.splitlines() if '"' in line}
-    blocked = sorted(names - set(gpu_check.OURS))
+    blocked = sorted(names - set(plan.OURS))
     assert "crc32c" in names and "datasets" in blocked  # (the list read is pyproject's)
     modules = ["train", "bench", "prepare.shakespeare_char", "benchmarks.plan_memory"] + [
-        path.removeprefix("tests/").removesuffix(".py") for _, files in gpu_check.cuda_test_runs() for path in files]
+        path.removeprefix("tests/").removesuffix(".py") for _, files in cuda_tests.cuda_test_runs() for path in files]
     code = textwrap.dedent(f"""
         import importlib, importlib.abc, sys
         class Block(importlib.abc.MetaPathFinder):
@@ -541,10 +548,33 @@ def test_the_packages_each_part_needs_are_all_it_imports():
         for module in {modules!r}:
             importlib.import_module(module)
     """)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(gpu_check.ROOT), str(gpu_check.ROOT / "tests")])}
-    done = subprocess.run([sys.executable, "-c", code], cwd=gpu_check.ROOT, env=env, capture_output=True, text=True,
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(common.ROOT), str(common.ROOT / "tests")])}
+    done = subprocess.run([sys.executable, "-c", code], cwd=common.ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+
+def test_the_check_itself_imports_only_the_standard_library():
+    """The check's own process (the driver and every part's module) imports neither torch nor any other package:
+    it runs the parts as subprocesses, and reads the device in a child, so that it starts where a package is
+    missing and says so (the parts that need it skipped) instead of failing at its import."""
+    code = textwrap.dedent("""
+        import importlib.abc, pkgutil, sys
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name.split(".")[0] in {"torch", "numpy", "tiktoken", "tqdm", "crc32c", "transformers", "pytest"}:
+                    raise ImportError(f"{name} is blocked")
+        sys.meta_path.insert(0, Block())
+        import benchmarks.gpu_check
+        for module in pkgutil.iter_modules(benchmarks.gpu_check.__path__):
+            __import__(f"benchmarks.gpu_check.{module.name}")
+        print(len([name for name in sys.modules if name.startswith("benchmarks.gpu_check.")]))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=common.ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(common.ROOT)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout) >= 10  # (the parts' modules, each imported)
 
 
 NANOGPT_OUTPUT = """Compiling model...
@@ -561,12 +591,12 @@ step 250: train loss 1.9876, val loss 2.0654
 
 def test_nanogpts_output_is_read():
     """bench.py's ms per iteration and MFU, train.py's evaluations and its iter times (after its compile)."""
-    found = gpu_check.nanogpt_results(NANOGPT_OUTPUT)
+    found = nanogpt_part.nanogpt_results(NANOGPT_OUTPUT)
     assert found["bench_ms"] == 26.3456 and found["bench_mfu"] == pytest.approx(0.4012)
     assert found["evaluations"] == [{"step": 0, "train_loss": 4.2874, "val_loss": 4.2823},
                                     {"step": 250, "train_loss": 1.9876, "val_loss": 2.0654}]
     assert found["iter_ms_median"] == 8.10  # iters 100-120, not the compile's 19,876 ms at iter 0
-    assert gpu_check.nanogpt_results("crashed")["bench_ms"] is None
+    assert nanogpt_part.nanogpt_results("crashed")["bench_ms"] is None
 
 
 def test_nanogpt_runs_beside_ours_in_smoke(tmp_path, smoke):
@@ -574,7 +604,7 @@ def test_nanogpt_runs_beside_ours_in_smoke(tmp_path, smoke):
     prepare.py, reads its evaluations and iter times from what it printed, and stops it at the threshold.
     Without a copy of nanoGPT the part and the summary say "no anchor"."""
     text = SHARED_DATA / "tinyshakespeare.txt"
-    found = NANOGPT.is_dir() or gpu_check.nanogpt_dir(None) is not None
+    found = NANOGPT.is_dir() or nanogpt_part.nanogpt_dir(None) is not None
     if NANOGPT.is_dir() and text.is_file():
         report = smoke[1]  # the smoke run above ran nanoGPT beside ours
     else:
@@ -620,13 +650,13 @@ def test_a_part_that_ends_early_passes_its_time_to_the_next(tmp_path, monkeypatc
         return run
 
     for name in ("device", "decode", "train", "tests"):
-        monkeypatch.setitem(gpu_check.PARTS, name, part(name))
+        monkeypatch.setitem(plan.PARTS, name, part(name))
     report = gpu_check.main(["--smoke", "--parts=decode,train,tests", f"--out={tmp_path / 'c.json'}"])
     budgets = report["budgets_s"]
     assert left["device"] == pytest.approx(budgets["device"], abs=2)
     assert left["decode"] == pytest.approx(budgets["device"] + budgets["decode"], abs=2)
     assert left["train"] == pytest.approx(budgets["device"] + budgets["decode"] + budgets["train"], abs=2)
-    total = gpu_check.DEFAULT_TOTAL_S[True] - 2 * gpu_check.GRACE_S
+    total = plan.DEFAULT_TOTAL_S[True] - 2 * checks.GRACE_S
     assert left["tests"] == pytest.approx(total, abs=2) and sum(budgets.values()) == pytest.approx(total, abs=2)
     assert [report["parts"][name]["budget_s"] for name in ("decode", "train")] == [budgets["decode"],
                                                                                    budgets["train"]]
@@ -642,20 +672,20 @@ def test_a_check_cut_short_keeps_on_disk_what_it_measured(tmp_path, monkeypatch)
     first run's rows) and as each part ends, with the summary of what is there: a check cut short in a later
     part (the call's limit: here an interrupt, as SIGTERM is made) leaves every row measured before it in the JSON
     under --out, and says where it was cut."""
-    monkeypatch.setattr(gpu_check, "MIN_RUN_S", 0)
+    monkeypatch.setattr(checks, "MIN_RUN_S", 0)
     out, snapshot = tmp_path / "out" / "check.json", tmp_path / "mid_part.json"
 
     def fake_bench(options, extra, path):
-        row = train_row(int(gpu_check.option(extra, "batch_size")))
+        row = train_row(int(common.option(extra, "batch_size")))
         code = f"import json, shutil; json.dump({{'rows': [{row!r}]}}, open({str(path)!r}, 'w'))"
         if path.stem.endswith("_1"):  # (the second run: what is on disk while the part still runs)
             code = f"import shutil; shutil.copyfile({str(out)!r}, {str(snapshot)!r}); {code}"
         return [sys.executable, "-c", code]
 
-    monkeypatch.setattr(gpu_check, "bench_command", fake_bench)
-    monkeypatch.setattr(gpu_check, "SMOKE_TRAIN_RUNS", (("first", ["--batch_size=2"], 0), ("second", ["--batch_size=4"],
+    monkeypatch.setattr(bench_runs, "bench_command", fake_bench)
+    monkeypatch.setattr(gpt2_step, "SMOKE_TRAIN_RUNS", (("first", ["--batch_size=2"], 0), ("second", ["--batch_size=4"],
                                                                                            0)))
-    monkeypatch.setitem(gpu_check.PARTS, "device", quick_device)
+    monkeypatch.setitem(plan.PARTS, "device", quick_device)
     on_disk = {}
 
     def cut(check, args):
@@ -664,7 +694,7 @@ def test_a_check_cut_short_keeps_on_disk_what_it_measured(tmp_path, monkeypatch)
         assert handler is gpu_check.interrupt  # (while the check runs)
         handler(signal.SIGTERM, None)  # (the call's limit, mid-part)
 
-    monkeypatch.setitem(gpu_check.PARTS, "shakespeare", cut)
+    monkeypatch.setitem(plan.PARTS, "shakespeare", cut)
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit, match="interrupted"):
         gpu_check.main(["--smoke", "--parts=train,shakespeare", f"--out={out}"])
@@ -683,24 +713,24 @@ def test_a_run_stopped_after_its_wanted_rows_keeps_its_part_ok(tmp_path, monkeyp
     """A bench.py run whose last rows are measured only as time allows (micro-batches 24 and 16 after 32): stopped
     at the part's end after its first row, it is "stopped" and the part ok, saying how many rows it measured;
     stopped before that row, a timeout."""
-    monkeypatch.setattr(gpu_check, "MIN_RUN_S", 0)
+    monkeypatch.setattr(checks, "MIN_RUN_S", 0)
     written = {"rows": [train_row(32)]}
 
     def fake_bench(options, extra, path):
-        rows = written if "32" in gpu_check.option(extra, "batch_size") else {"rows": []}
+        rows = written if "32" in common.option(extra, "batch_size") else {"rows": []}
         return [sys.executable, "-c", f"import json, time; json.dump({rows!r}, open({str(path)!r}, 'w')); "
                                       f"time.sleep(60)"]
 
-    monkeypatch.setattr(gpu_check, "bench_command", fake_bench)
-    check = gpu_check.Check(gpu_check.parse_args(["--smoke", f"--out={tmp_path / 'c.json'}"]))
+    monkeypatch.setattr(bench_runs, "bench_command", fake_bench)
+    check = checks.Check(gpu_check.parse_args(["--smoke", f"--out={tmp_path / 'c.json'}"]))
     try:
         runs = [("micro-batches", ["--batch_size=32,24,16"], 2)]
-        check.part_end = gpu_check.time.monotonic() + 2
-        part = gpu_check.bench_part(check, "train", runs, [])
+        check.part_end = time.monotonic() + 2
+        part = bench_runs.bench_part(check, "train", runs, [])
         assert part["status"] == "ok" and [r["status"] for r in part["runs"]] == ["stopped"]
         assert part["cut_short"] == ["micro-batches: 1 of 3 rows (the last 2 as time allowed)"]
-        check.part_end = gpu_check.time.monotonic() + 2
-        part = gpu_check.bench_part(check, "train", [("micro-batches", ["--batch_size=24,16"], 1)], [])
+        check.part_end = time.monotonic() + 2
+        part = bench_runs.bench_part(check, "train", [("micro-batches", ["--batch_size=24,16"], 1)], [])
         assert part["status"] == "timeout" and not part["cut_short"]
     finally:
         check.close()
