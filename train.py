@@ -22,7 +22,6 @@ gptkit/checkpoint/run_model.py's, batch_size=auto gptkit/batch_size.py's and the
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import shlex
@@ -30,11 +29,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from gptkit import cli, fp8, hellaswag, lora, objectives, parallel, plan, startup
+from gptkit import cli, fp8, hellaswag, lora, parallel, plan, startup
 from gptkit.batch_size import choose_batch_size, oom_message
 from gptkit.checkpoint import (
     build_checkpoint,
@@ -51,13 +51,12 @@ from gptkit.config import TrainConfig
 from gptkit.cudagraph import GraphedStep
 from gptkit.evaluation import evaluate, hellaswag_scores, load_hellaswag
 from gptkit.files import OutDirBusyError, OutDirLock
-from gptkit.loader import BatchLoader, ValBatches
 from gptkit.metrics import Metrics, peak_flops, start_wandb
+from gptkit.objectives import Objective, make_objective
 from gptkit.optim import describe, load_optimizer_state, make_optimizer
 from gptkit.options import ConfigError, config_to_dict, print_config
 from gptkit.plan_check import check_run_fits, fit_base_context
 from gptkit.plan_report import format_plan, make_plan
-from gptkit.preference import PairLoader, ValPairs
 from gptkit.prepare.local import DownloadError
 from gptkit.prepare.tiny_shakespeare import DATASETS as SHAKESPEARE_DATASETS
 from gptkit.prepare.tiny_shakespeare import prepare_shakespeare
@@ -74,12 +73,10 @@ from gptkit.runtime import (
 from gptkit.shards import DataError, dataset_dir, prepare_command, read_meta, require_dataset
 from gptkit.step import (
     NonFiniteError,
-    Objective,
     StepInterrupted,
     StepRequests,
     StopFlag,
     TrainStep,
-    next_token_loss,
 )
 from gptkit.threads import Threads, resolve_threads
 from gptkit.tokenizer import with_tokenizer_files
@@ -129,8 +126,9 @@ def prepare_hint(cfg: TrainConfig) -> str:
     """How to prepare this run's dataset: pairs for DPO, conversations (or text) for a fine-tune, in its base's
     tokenizer; text for a run from scratch."""
     base = None if cfg.init_from in ("scratch", "resume") else cfg.init_from
-    if objectives.is_dpo(cfg):
-        return prepare_command(cfg.dataset, cfg.data_root, "preference", base)
+    kind = make_objective(cfg).prepare_kind()
+    if kind is not None:
+        return prepare_command(cfg.dataset, cfg.data_root, kind, base)
     if base is None:
         return prepare_command(cfg.dataset, cfg.data_root)
     return (f"{prepare_command(cfg.dataset, cfg.data_root, 'chat', base)} (conversations; for plain text: "
@@ -152,24 +150,6 @@ def check_accumulation(cfg: TrainConfig, world_size: int) -> None:
     raise ConfigError(f"gradient_accumulation_steps ({accum}) counts the micro-batches of all {world_size} "
                       f"processes together, so it must be a multiple of {world_size}: use "
                       f"--gradient_accumulation_steps={fit}{keep}")
-
-
-def fit_block_size(cfg: TrainConfig, meta: dict, d: Dist) -> TrainConfig:
-    """A fine-tune on a dataset too small for its block_size (a split shorter than one window of block_size + 1
-    tokens: a few conversations) trains on the longest windows both splits hold, and says so. A run from
-    scratch keeps its block_size, the shape of its model (the loader's error says what to change), and so
-    does batch_size=auto, whose tokens_per_step is whole sequences of block_size."""
-    if cfg.init_from in ("scratch", "resume") or cfg.batch_size is None:
-        return cfg
-    held = min(int(meta["splits"][s]["tokens"]) for s in ("train", "val"))
-    if held > cfg.block_size or held < 2:
-        return cfg
-    if d.master:
-        split = min(("train", "val"), key=lambda s: int(meta["splits"][s]["tokens"]))
-        print(f"note: the {split} split of dataset {cfg.dataset!r} has {held} tokens, fewer than block_size+1 = "
-              f"{cfg.block_size + 1}: this fine-tune uses block_size={held - 1}, the longest window it holds (a full "
-              f"fine-tune's model keeps that context); more data allows a longer one", flush=True)
-    return dataclasses.replace(cfg, block_size=held - 1)
 
 
 @contextlib.contextmanager
@@ -225,11 +205,10 @@ class Run:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
-    loader: BatchLoader | PairLoader
-    val: ValBatches | ValPairs
+    loader: Any  # the objective's training loader (gptkit/loader.py's BatchLoader, or PairLoader for DPO)
+    val: Any  # its validation batches
     accum: int  # micro-batches per process per step
-    objective: Objective = next_token_loss  # the micro-batch loss (gptkit/objectives.py: next-token or DPO)
-    reference: object = None  # DPO's reference (gptkit/dpo.py), saved in the checkpoints when precomputed
+    objective: Objective  # what the run trains toward (gptkit/objectives/): its loss, metrics and state
     lora: dict | None = None  # a LoRA run's settings and base (checkpoint.build_checkpoint's lora_info)
     graphed: GraphedStep | None = None  # with cuda_graphs: the whole step, replayed as one CUDA graph
     hellaswag: list[hellaswag.Encoded] | None = None  # HellaSwag's items, when hellaswag_interval is set
@@ -240,7 +219,8 @@ class Run:
 
     @property
     def tokens_per_step(self) -> int:
-        return objectives.sequences_per_batch(self.cfg) * self.cfg.block_size * self.accum * self.d.world_size
+        per = self.objective.sequences_per_item
+        return per * self.cfg.batch_size * self.cfg.block_size * self.accum * self.d.world_size
 
 
 def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Runtime,
@@ -252,8 +232,9 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
     run's files at the first save, and puts nothing back on a failure: the caller's to do)."""
     threads = threads or TORCH_OWN
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-    model, added_tokens = build_model(cfg, meta, ckpt)
-    objectives.check_start(cfg, added_tokens)
+    objective = make_objective(cfg)
+    model, added_tokens = build_model(cfg, meta, ckpt, keep_context=objective.keeps_base_context)
+    objective.check_start(cfg, added_tokens)
     if ckpt is None and cfg.init_from != "scratch":
         cfg = with_base_shape(cfg, model, argv, say=d.master)
     check_vocab(data_dir, meta, model)
@@ -265,7 +246,7 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
     startup.mark("model", rt.device)
     use_compile, why = resolve_compile(cfg.compile, rt.device)
     # Under torchrun DDP or FSDP (gptkit/parallel.py), decided before the batch size (FSDP holds less per process)
-    sharing, parallel_line = parallel.decide(model, cfg, d, rt, use_compile)
+    sharing, parallel_line = parallel.decide(model, cfg, d, rt, use_compile, objective)
     cfg = choose_batch_size(cfg, model, ckpt, d, rt, sharing)
     if cfg.fp8_head:  # a one-line error where the GPU or the sizes cannot (gptkit/fp8.py)
         fp8.use_fp8_head(model, rt.device, tokens=cfg.batch_size * cfg.block_size)
@@ -274,19 +255,20 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
     graphs, graphs_line = resolve_cuda_graphs(cfg.cuda_graphs, rt, world_size=d.world_size,
                                               optimizer=cfg.optimizer, compiled=use_compile)
     # the training sequences are block_size long (a LoRA run's model may have more positions: its base's)
-    loader, val = objectives.make_batches(cfg, data_dir, d, rt)
-    # the micro-batch loss; DPO's reference, precomputed here with the starting weights (or read back on resume)
-    loss_of, reference, objective_line = objectives.make_objective(cfg, model, loader, data_dir, ckpt, d, rt)
+    # DPO's reference, precomputed here with the starting weights (or read back on resume), then the batches
+    state = None if ckpt is None or not objective.state_key else ckpt.get(objective.state_key)
+    objective_line = objective.start(cfg, model, data_dir, state, d, rt)
+    loader, val = objective.batches(cfg, data_dir, d, rt)
     run = Run(
         cfg=cfg, argv=argv, d=d, rt=rt, meta=meta, raw_model=model, model=wrapped,
         optimizer=make_optimizer(model, cfg, rt.device_type, graphable=graphs),
         scaler=torch.amp.GradScaler(rt.device_type, enabled=rt.needs_grad_scaler),
-        loader=loader, val=val, accum=cfg.gradient_accumulation_steps // d.world_size, objective=loss_of,
-        reference=reference, threads=threads, lora=lora_info, saver=CheckpointSaver(background=cfg.async_save),
+        loader=loader, val=val, accum=cfg.gradient_accumulation_steps // d.world_size, objective=objective,
+        threads=threads, lora=lora_info, saver=CheckpointSaver(background=cfg.async_save),
     )
     if graphs:  # (the capture waits for a checkpoint still being written: no other thread on the device then)
         run.graphed = GraphedStep(wrapped, run.optimizer, rt.device, accum=run.accum, grad_clip=cfg.grad_clip,
-                                  autocast=lambda: rt.autocast(cache=False), objective=loss_of,
+                                  autocast=lambda: rt.autocast(cache=False), objective=objective,
                                   before_capture=run.saver.wait)
     torch.manual_seed(cfg.seed + d.rank)  # dropout masks: a different stream per rank
     step, best_val = restore_state(run, ckpt) if ckpt is not None else (0, float("inf"))
@@ -306,7 +288,7 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
         if parallel_line:
             print(parallel_line)
         print(describe(run.optimizer))
-        for line in (objective_line, objectives.dropout_note(cfg)):
+        for line in (objective_line, *objective.notes(cfg)):
             if line:
                 print(line)
     return run, step, best_val
@@ -357,7 +339,7 @@ def save(run: Run, name: str, step: int, best_val: float, requests: StepRequests
                                  loader=run.loader, meta=run.meta, config=config_to_dict(run.cfg), argv=run.argv,
                                  step=step, best_val_loss=best_val, rng=rngs, versions=library_versions(),
                                  lora_info=run.lora, sharded=sharded,
-                                 dpo_reference=objectives.reference_state(run.reference))
+                                 states={run.objective.state_key: run.objective.state_dict()} if run.objective.state_key else None)
     path = Path(run.cfg.out_dir) / (Path(name).stem if sharded else name)
     first = run.files if d.master and run.files is not None and not run.files.settled else None
     done = None
@@ -402,7 +384,7 @@ def make_metrics(run: Run, start_step: int = 0) -> Metrics:
         params = run.raw_model.num_params(non_embedding=False)
         print(f"model: {params / 1e6:.2f}M parameters{trainable} | {d.world_size} process(es) on "
               f"{rt.device} | {rt.dtype_name} | {run.tokens_per_step:,} tokens per step "
-              f"({objectives.describe_batch(cfg)} x "
+              f"({run.objective.describe_batch(cfg)} x "
               f"{cfg.block_size} x {run.accum} accumulation x {d.world_size} processes)")
         if rt.device_type == "cpu":
             total = fpt * run.tokens_per_step * max(0, cfg.max_iters - start_step)
@@ -419,9 +401,7 @@ def make_metrics(run: Run, start_step: int = 0) -> Metrics:
         if rt.device_type == "cpu" and rt.dtype == torch.float16:
             print("note: float16 on the CPU is emulated, many times slower than float32; drop --dtype (auto is "
                   "float32 on the CPU) or use --dtype=float32", flush=True)
-    chat = run.meta.get("chat") or {}
-    answers_only = (bool(run.meta["splits"]["train"].get("masks")) and chat.get("train_on") != "all"
-                    and not objectives.is_dpo(cfg))
+    answers_only = run.objective.answers_only(run.meta)
     if answers_only and d.master:
         print("loss: over the answer tokens only (a chat dataset: the assistant's replies and their <|end|> are the "
               "targets; the rest is context)")
@@ -560,9 +540,10 @@ def train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Run
     CPU threads, applied by the caller."""
     data_dir, meta = load_dataset(cfg, d)
     startup.mark("data")
-    objectives.check_dataset(cfg, meta, repr(cfg.dataset))  # pairs for DPO, token windows for the next token
+    objective = make_objective(cfg)
+    objective.check_dataset(meta, repr(cfg.dataset))  # pairs for DPO, token windows for the next token
     cfg = fit_base_context(cfg, argv, say=d.master)  # a config file's block_size past a fine-tune's base's context
-    cfg = objectives.fit_block_size(cfg, data_dir, d.master) if objectives.is_dpo(cfg) else fit_block_size(cfg, meta, d)
+    cfg = objective.fit_block_size(cfg, data_dir, meta, say=d.master)
     hellaswag_items = load_hellaswag(cfg, meta, d)  # now: no network is an error at the start, not at step 5000
     # the plan's peak for one step against this machine's memory, before anything is built or allocated
     check_run_fits(cfg, ckpt, meta, rt.device, rt.dtype, d.world_size,
@@ -581,7 +562,7 @@ def train(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: Run
             files.remove_if_empty()
         raise SystemExit(stop.exit_code)
     if d.master and not cfg.eval_only:
-        chat = bool(meta.get("chat")) or objectives.is_dpo(cfg)  # (a chat model: chat.py is the next step)
+        chat = bool(meta.get("chat")) or objective.chat  # (a chat model: chat.py is the next step)
         print(where_checkpoints_are(cfg.out_dir, summary, aside, chat=chat))
     return summary
 
@@ -648,6 +629,7 @@ def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
     startup.begin()
     cfg, ckpt = resolve_config(argv)
+    make_objective(cfg).check_config(cfg)  # the objective's own settings, before anything is read or written
     startup.mark("config")
     if cfg.plan:
         return plan_run(cfg, ckpt, argv)

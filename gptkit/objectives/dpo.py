@@ -1,44 +1,42 @@
-"""What a training run trains for: the next-token loss on token windows (the default), or DPO on preference
-pairs (`objective = "dpo"`, gptkit/dpo.py). For the run's objective this module gives train.py the check of its
-dataset, its batches, the function the step calls on each micro-batch and, for DPO, the reference it is tuned
-against, so that train.py's loop, step, evaluation and checkpoints are the same for both.
-
-    check_dataset(cfg, meta, label)                      # a dataset of the other kind: a one-line error
-    cfg = fit_block_size(cfg, data_dir)                  # DPO: sequences as long as the longest pair's
-    loader, val = make_batches(cfg, data_dir, d, rt)     # BatchLoader + ValBatches, or PairLoader + ValPairs
-    objective, reference, line = make_objective(cfg, raw_model, loader, data_dir, ckpt, d, rt)
-    loss, metrics = objective(model, batch)              # what gptkit/step.py calls (and the evaluation)
+"""DPO on preference pairs (`objective = "dpo"`): the run's batches, data check, reference and state; the loss
+math, the references themselves and pair scoring are gptkit/objectives/preference_losses.py's.
 
 DPO's batches are whole pairs: batch_size counts pairs per micro-batch, each pair two sequences of block_size
 (the chosen reply's and the rejected one's), read in epochs over the pairs (gptkit/preference.py) whatever
 data_mode says. The evaluation scores the val split's first eval_iters x batch_size pairs, each once.
 
 DPO's reference is the model the run starts from:
-- a LoRA run's is the model itself with its adapters off (`dpo.AdapterOffReference`): no second copy, one
-  forward more per micro-batch, without gradients. The run loads its starting chat model as the base and puts
-  fresh adapters on it, so the adapters are all it trains and "adapters off" is exactly the start.
+- a LoRA run's is the model itself with its adapters off (`AdapterOffReference`): no second copy, one forward
+  more per micro-batch, without gradients. The run loads its starting chat model as the base and puts fresh
+  adapters on it, so the adapters are all it trains and "adapters off" is exactly the start.
 - a full fine-tune's are the starting model's log-probabilities of every pair of both splits, computed once
-  before the first step (`dpo.PrecomputedReference`: 8 bytes a pair, against a copy of the weights for the
-  whole run), saved in every checkpoint and read back on resume (the weights have moved on since). The
-  training loader reads each batch's rows of the table with the batch, so a step (a CUDA graph too) finds them
-  on the device.
+  before the first step (`PrecomputedReference`: 8 bytes a pair, against a copy of the weights for the whole
+  run), saved in every checkpoint (this objective's state, under "dpo_reference") and read back on resume (the
+  weights have moved on since). The training loader is handed the table's lookup when it is made, and reads
+  each batch's rows with the batch, so a step (a CUDA graph too) finds them on the device.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
+import textwrap
 from pathlib import Path
-from typing import Any
 
 import torch
 from tqdm import tqdm
 
 from gptkit import parallel
-from gptkit.cli import UserError
-from gptkit.config import TrainConfig, dpo_settings
-from gptkit.dpo import DPO_LOG_UNITS, AdapterOffReference, DPOObjective, PrecomputedReference
-from gptkit.loader import BatchLoader, ValBatches
+from gptkit.objectives.base import Objective, ObjectiveError
+from gptkit.objectives.preference_losses import (
+    DPO_LOG_UNITS,
+    AdapterOffReference,
+    DPOError,
+    DPOObjective,
+    DPOSettings,
+    PrecomputedReference,
+)
+from gptkit.options import ConfigError
 from gptkit.preference import (
     PairBatch,
     PairLoader,
@@ -48,144 +46,189 @@ from gptkit.preference import (
     is_preference_dataset,
 )
 from gptkit.runtime import Dist, Runtime
-from gptkit.step import Objective, next_token_loss
+from gptkit.shards import read_meta
 
 
-class ObjectiveError(UserError):
-    """A run whose objective does not fit its data or its model; the message says why and what to do."""
+def dpo_settings(cfg) -> DPOSettings:
+    """The run's DPO settings, from its dpo_* keys (a ConfigError naming a bad one)."""
+    try:
+        return DPOSettings(beta=cfg.dpo_beta, label_smoothing=cfg.dpo_label_smoothing, loss=cfg.dpo_loss,
+                           nll_weight=cfg.dpo_nll_weight, simpo_gamma=cfg.dpo_simpo_gamma)
+    except DPOError as e:
+        raise ConfigError(str(e)) from None
 
 
-def is_dpo(cfg: TrainConfig) -> bool:
-    return cfg.objective == "dpo"
+class DPO(Objective):
+    name = "dpo"
+    metric_names = DPOObjective.metric_names
+    metric_over = DPOObjective.metric_over
+    sequences_per_item = 2
+    plan_loss = "sequence_logps"
+    # a chat model keeps its context for conversations; its small steps barely move the positions beyond
+    keeps_base_context = True
+    chat = True
+    state_key = "dpo_reference"
 
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.reference = None  # set by start(): AdapterOffReference, PrecomputedReference, or None
+        self.loss: DPOObjective | None = None
 
-def sequences_per_batch(cfg: TrainConfig) -> int:
-    """The sequences of one micro-batch: batch_size, or under DPO twice its pairs."""
-    return 2 * cfg.batch_size if is_dpo(cfg) else cfg.batch_size
+    def check_config(self, cfg) -> None:
+        dpo_settings(cfg)  # names a bad dpo_beta, dpo_loss, dpo_label_smoothing or dpo_nll_weight
+        if cfg.batch_size is None and cfg.tokens_per_step % (2 * cfg.block_size):
+            raise ConfigError(f"tokens_per_step ({cfg.tokens_per_step}) must be a multiple of 2 x block_size "
+                              f"({2 * cfg.block_size}) with objective=dpo and batch_size=auto: a step is made "
+                              f"of whole pairs, each two sequences")
+        if cfg.init_from == "scratch":
+            raise ConfigError("objective=dpo tunes a trained chat model against itself: set --init_from to "
+                              "its checkpoint (e.g. out-chat/, from configs/finetune_chat.py)")
 
+    def prepare_kind(self) -> str | None:
+        return "preference"
 
-def describe_batch(cfg: TrainConfig) -> str:
-    """The micro-batch in words, for the run's first lines: "12", or under DPO "8 pairs = 16 sequences"."""
-    return f"{cfg.batch_size} pairs = {2 * cfg.batch_size} sequences" if is_dpo(cfg) else f"{cfg.batch_size}"
-
-
-def check_dataset(cfg: TrainConfig, meta: dict, label: str) -> None:
-    """Preference pairs for DPO and token windows for the next-token loss: the other kind is a one-line error."""
-    if is_dpo(cfg):
+    def check_dataset(self, meta: dict, label: str) -> None:
         check_preference_dataset(meta, label)
-    elif is_preference_dataset(meta):
-        raise ObjectiveError(f"dataset {label} holds preference pairs (prepare/preference.py), which the next-token "
-                             f"loss does not train on; add --objective=dpo (configs/dpo_chat.py), or prepare "
-                             f"conversations with prepare/chat.py")
 
+    def fit_block_size(self, cfg, data_dir: Path, meta: dict | None = None, say: bool = True):
+        """A new DPO run trains on sequences as long as its longest pair's (both splits'), when that is less than
+        block_size: no padding to a context the pairs never reach. The model keeps its context
+        (keeps_base_context). A resumed run keeps its own. With batch_size=auto, tokens_per_step shrinks with
+        it: the pairs per step stay what it asked."""
+        if cfg.init_from == "resume":
+            return cfg
+        longest = max(Pairs(data_dir, split).longest for split in ("train", "val"))
+        if longest - 1 >= cfg.block_size or longest < 2:
+            return cfg  # (longer: the loader's error says how to prepare them)
+        tokens = cfg.tokens_per_step
+        if cfg.batch_size is None:  # batch_size=auto keeps the pairs per step, tokens_per_step / (2 x block_size)
+            pairs = tokens // (2 * cfg.block_size)
+            if not pairs:
+                raise ObjectiveError(f"tokens_per_step ({tokens}) is less than one pair of two sequences of "
+                                     f"block_size {cfg.block_size}; set it to pairs per step x 2 x block_size")
+            tokens = pairs * 2 * (longest - 1)
+        if say:
+            print(f"note: the longest sequence of the pairs of dataset {cfg.dataset!r} has {longest} tokens: this "
+                  f"DPO run's batches are block_size={longest - 1} long (the model keeps its context)"
+                  + (f"; tokens_per_step={tokens} keeps its {tokens // (2 * (longest - 1))} pairs per step"
+                     if tokens != cfg.tokens_per_step else ""), flush=True)
+        return dataclasses.replace(cfg, block_size=longest - 1, tokens_per_step=tokens)
 
-def check_start(cfg: TrainConfig, added_tokens: int) -> None:
-    """DPO tunes a chat model: a base that lacks the dataset's special tokens (the chat markers) has never seen
-    the template its pairs are written in."""
-    if is_dpo(cfg) and added_tokens:
-        raise ObjectiveError(f"{cfg.init_from} lacks {added_tokens} of the dataset's special tokens (the chat "
-                             f"template's markers): objective=dpo tunes a chat model; fine-tune it on "
-                             f"conversations first (configs/finetune_chat.py), then tune that checkpoint with DPO")
-
-
-def fit_block_size(cfg: TrainConfig, data_dir: Path, say: bool = True) -> TrainConfig:
-    """A new DPO run trains on sequences as long as its longest pair's (both splits'), when that is less than
-    block_size: no padding to a context the pairs never reach. The model keeps its context (run_model's
-    build_model crops none under DPO). A resumed run keeps its own. `say`: print a note when it changes. With
-    batch_size=auto, tokens_per_step shrinks with it: the pairs per step stay what it asked."""
-    if not is_dpo(cfg) or cfg.init_from == "resume":
+    def plan_block_size(self, cfg, data_dir: Path, ckpt: dict | None):
+        """--plan: a new run's sequences are its pairs' length once they are prepared (else block_size)."""
+        if ckpt is None and (data_dir / "meta.json").is_file() and is_preference_dataset(read_meta(data_dir)):
+            return self.fit_block_size(cfg, data_dir, say=False)
         return cfg
-    longest = max(Pairs(data_dir, split).longest for split in ("train", "val"))
-    if longest - 1 >= cfg.block_size or longest < 2:
-        return cfg  # (longer: the loader's error says how to prepare them)
-    tokens = cfg.tokens_per_step
-    if cfg.batch_size is None:  # batch_size=auto keeps the pairs per step, tokens_per_step / (2 x block_size)
-        pairs = tokens // (2 * cfg.block_size)
-        if not pairs:
-            raise ObjectiveError(f"tokens_per_step ({tokens}) is less than one pair of two sequences of block_size "
-                                 f"{cfg.block_size}; set it to pairs per step x 2 x block_size")
-        tokens = pairs * 2 * (longest - 1)
-    if say:
-        print(f"note: the longest sequence of the pairs of dataset {cfg.dataset!r} has {longest} tokens: this DPO "
-              f"run's batches are block_size={longest - 1} long (the model keeps its context)"
-              + (f"; tokens_per_step={tokens} keeps its {tokens // (2 * (longest - 1))} pairs per step"
-                 if tokens != cfg.tokens_per_step else ""), flush=True)
-    return dataclasses.replace(cfg, block_size=longest - 1, tokens_per_step=tokens)
 
+    def check_start(self, cfg, added_tokens: int) -> None:
+        """DPO tunes a chat model: a base that lacks the dataset's special tokens (the chat markers) has never
+        seen the template its pairs are written in."""
+        if added_tokens:
+            raise ObjectiveError(f"{cfg.init_from} lacks {added_tokens} of the dataset's special tokens (the chat "
+                                 f"template's markers): objective=dpo tunes a chat model; fine-tune it on "
+                                 f"conversations first (configs/finetune_chat.py), then tune that checkpoint with "
+                                 f"DPO")
 
-def make_batches(cfg: TrainConfig, data_dir: Path, d: Dist, rt: Runtime):
-    """The run's training loader and validation batches on this process' device."""
-    common = dict(batch_size=cfg.batch_size, block_size=cfg.block_size, rank=d.rank, world_size=d.world_size,
-                  device=rt.device)
-    if is_dpo(cfg):
-        return (PairLoader(data_dir, "train", seed=cfg.seed, **common),
+    def start(self, cfg, raw_model: torch.nn.Module, data_dir: Path, state: dict | None, d: Dist,
+              rt: Runtime) -> str:
+        """The reference: a LoRA run's adapters off; a full fine-tune's log-probabilities, computed here (every
+        process its share of the pairs, `raw_model` holding the starting weights: under FSDP sharded, the
+        module that runs) or, on resume, read back from `state`."""
+        settings = dpo_settings(cfg)
+        resumed = cfg.init_from == "resume"
+        if settings.reference_free:
+            reference, against = None, "no reference (the loss is of the model alone)"
+        elif cfg.lora_rank:
+            reference = AdapterOffReference(raw_model)  # (check_start leaves no run that trains more than adapters)
+            against = "the model with its LoRA adapters off (the starting model; no second copy)"
+        elif resumed:
+            if state is None:
+                raise ObjectiveError(f"{cfg.out_dir}/last.pt holds no reference log-probabilities (it is not a DPO "
+                                     f"run's checkpoint); resume it with its own objective, or start a DPO run from "
+                                     f"it with --init_from={cfg.out_dir} --out_dir=NEW_DIR")
+            reference = PrecomputedReference.from_state_dict(state, data_dir, cfg.block_size)
+            against = "the starting model's log-probabilities, precomputed (read back from the checkpoint)"
+        else:
+            reference = precompute(cfg, raw_model, data_dir, d, rt)
+            against = "the starting model's log-probabilities, precomputed (8 bytes a pair, saved in the checkpoints)"
+        self.reference, self.loss = reference, DPOObjective(settings, reference)
+        anchor = f", + {settings.nll_weight:g} x the chosen replies' NLL per token" if settings.nll_weight else ""
+        smoothing = f", label smoothing {settings.label_smoothing:g}" if settings.label_smoothing else ""
+        gamma = f", gamma {settings.simpo_gamma:g}" if settings.loss == "simpo" else ""
+        anchor = ", + the chosen replies' NLL per token" if settings.loss == "orpo" else anchor
+        return (f"objective: DPO ({settings.loss} loss, beta {settings.beta:g}{smoothing}{gamma}{anchor}) on pairs "
+                f"of {cfg.dataset}, against {against}\n{DPO_LOG_UNITS}")
+
+    def batches(self, cfg, data_dir: Path, d: Dist, rt: Runtime):
+        """Pairs; a precomputed reference's table is read with each training batch (after start())."""
+        common = dict(batch_size=cfg.batch_size, block_size=cfg.block_size, rank=d.rank, world_size=d.world_size,
+                      device=rt.device)
+        lookup = self.reference.lookup if isinstance(self.reference, PrecomputedReference) else None
+        return (PairLoader(data_dir, "train", seed=cfg.seed, reference_logps=lookup, **common),
                 ValPairs(data_dir, "val", limit=cfg.eval_iters * cfg.batch_size, **common))
-    return (BatchLoader(data_dir, "train", seed=cfg.seed, mode=cfg.data_mode, **common),
-            ValBatches(data_dir, "val", n_batches=cfg.eval_iters, **common))
+
+    def notes(self, cfg) -> list[str]:
+        """DPO compares the tuned model's log-probabilities with the reference's, computed without dropout: with
+        dropout on, they differ from the first step on for that reason alone."""
+        rates = [f"{name}={getattr(cfg, name):g}" for name in ("dropout", "lora_dropout")
+                 if getattr(cfg, name) and (name == "dropout" or cfg.lora_rank)]
+        if not rates:
+            return []
+        return [f"note: {', '.join(rates)} with objective=dpo: the reference is scored without dropout, the tuned "
+                f"model with it, so their log-probabilities differ from the first step on for that alone; "
+                f"configs/dpo_chat.py sets both to 0"]
+
+    def __call__(self, model: torch.nn.Module, batch: PairBatch):
+        if self.loss is None:
+            raise RuntimeError("DPO.start() readies the reference before the first micro-batch")
+        return self.loss(model, batch)
+
+    def batch_items(self, batch: PairBatch) -> int:
+        return len(batch)  # a pair each
+
+    def trial_batch(self, cfg, raw_model: torch.nn.Module, batch_size: int, device: torch.device):
+        """Pairs of two block_size sequences whose second half is the reply, against the reference the run will
+        have (a LoRA run's: the adapters off, one more forward; a full fine-tune's: log-probabilities read with
+        the batch)."""
+        vocab, T = raw_model.config.vocab_size, cfg.block_size
+        x = torch.randint(vocab, (2 * batch_size, T), device=device)
+        y = x.clone()
+        y[:, : T // 2] = -1  # the prompt: no target
+        settings = dpo_settings(cfg)
+        if settings.reference_free:
+            reference, ref = None, None
+        elif cfg.lora_rank:
+            reference, ref = AdapterOffReference(raw_model), None
+        else:
+            reference, ref = PrecomputedReference({}, "", T), torch.zeros(2 * batch_size, device=device)
+        return DPOObjective(settings, reference), PairBatch(x, y, torch.arange(batch_size), "train", ref)
+
+    def describe_batch(self, cfg) -> str:
+        return f"{cfg.batch_size} pairs = {2 * cfg.batch_size} sequences"
+
+    def plan_notes(self, cfg, items: int) -> list[str]:
+        """What the table says of a DPO run and leaves out of its FLOPs: its micro-batch in sequences, its loss
+        (the per-sequence log-probabilities, by slices as the next-token loss), and its reference: a LoRA run's
+        costs one more forward per micro-batch (without gradients: its memory is less than the training
+        forward's), a full fine-tune's one forward over every pair before the first step."""
+        reference = ("the reference, the model with its adapters off: one more forward per micro-batch (about a "
+                     "third more)" if cfg.lora_rank else "the reference's log-probabilities: one forward over every "
+                     "pair before the first step")
+        if dpo_settings(cfg).reference_free:
+            reference = f"nothing for a reference ({cfg.dpo_loss} has none)"
+        text = (f"DPO: the micro-batch of {items} pairs is planned as {2 * items} sequences of {cfg.block_size:,} "
+                f"tokens (the longest pair's length, once the pairs are prepared): batch and largest count "
+                f"sequences. Its loss, each sequence's log-probability of its reply, is counted as computed: by "
+                f"slices of rows of logits, in the forward and again in the backward. Not in the FLOPs: "
+                f"{reference}, nor the backward's second computation of the logits.")
+        return textwrap.wrap(text, 110, initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False)
+
+    def state_dict(self) -> dict | None:
+        """A precomputed reference's tables (None for any other reference)."""
+        return self.reference.state_dict() if isinstance(self.reference, PrecomputedReference) else None
 
 
-def trial_batch(cfg: TrainConfig, raw_model: torch.nn.Module, batch_size: int, device: torch.device
-                ) -> tuple[Objective, Any]:
-    """(the run's micro-batch loss, a micro-batch of batch_size random items for it): what batch_size=auto's
-    trial step runs on a GPU (gptkit/batch_size.py), the step the run will take on made-up tokens. DPO: pairs
-    of two block_size sequences whose second half is the reply, against the reference the run will have (a
-    LoRA run's: the adapters off, one more forward; a full fine-tune's: log-probabilities read with the batch)."""
-    vocab, T = raw_model.config.vocab_size, cfg.block_size
-    if not is_dpo(cfg):
-        x = torch.randint(vocab, (batch_size, T), device=device)
-        return next_token_loss, (x, x)
-    x = torch.randint(vocab, (2 * batch_size, T), device=device)
-    y = x.clone()
-    y[:, : T // 2] = -1  # the prompt: no target
-    settings = dpo_settings(cfg)
-    if settings.reference_free:
-        reference, ref = None, None
-    elif cfg.lora_rank:
-        reference, ref = AdapterOffReference(raw_model), None
-    else:
-        reference, ref = PrecomputedReference({}, "", T), torch.zeros(2 * batch_size, device=device)
-    batch = PairBatch(x, y, torch.arange(batch_size), "train", ref)
-    return DPOObjective(settings, reference), batch
-
-
-def make_objective(cfg: TrainConfig, raw_model: torch.nn.Module, loader, data_dir: Path, ckpt: dict | None,
-                   d: Dist, rt: Runtime) -> tuple[Objective, Any, str]:
-    """(the micro-batch loss the step calls, DPO's reference or None, a line saying what the run optimizes).
-    `raw_model`: the model on its device, unwrapped (under FSDP sharded: it is the module that runs), holding
-    the starting weights of a new run. A precomputed reference is computed here (every process its share of
-    the pairs) or, on resume, read from the checkpoint; the training loader then reads it with each batch."""
-    if not is_dpo(cfg):
-        return next_token_loss, None, ""
-    settings = dpo_settings(cfg)
-    if settings.reference_free:
-        reference = None
-        against = "no reference (the loss is of the model alone)"
-    elif cfg.lora_rank:
-        reference = AdapterOffReference(raw_model)  # (check_start leaves no run that trains more than adapters)
-        against = "the model with its LoRA adapters off (the starting model; no second copy)"
-    elif ckpt is not None:
-        if "dpo_reference" not in ckpt:
-            raise ObjectiveError(f"{cfg.out_dir}/last.pt holds no reference log-probabilities (it is not a DPO "
-                                 f"run's checkpoint); resume it with its own objective, or start a DPO run from it "
-                                 f"with --init_from={cfg.out_dir} --out_dir=NEW_DIR")
-        reference = PrecomputedReference.from_state_dict(ckpt["dpo_reference"], data_dir, cfg.block_size)
-        against = "the starting model's log-probabilities, precomputed (read back from the checkpoint)"
-    else:
-        reference = precompute(cfg, raw_model, data_dir, d, rt)
-        against = "the starting model's log-probabilities, precomputed (8 bytes a pair, saved in the checkpoints)"
-    if isinstance(reference, PrecomputedReference):
-        loader.reference_logps = reference.lookup  # read with each training batch, into batch.ref
-    anchor = f", + {settings.nll_weight:g} x the chosen replies' NLL per token" if settings.nll_weight else ""
-    smoothing = f", label smoothing {settings.label_smoothing:g}" if settings.label_smoothing else ""
-    gamma = f", gamma {settings.simpo_gamma:g}" if settings.loss == "simpo" else ""
-    anchor = ", + the chosen replies' NLL per token" if settings.loss == "orpo" else anchor
-    line = (f"objective: DPO ({settings.loss} loss, beta {settings.beta:g}{smoothing}{gamma}{anchor}) on pairs of "
-            f"{cfg.dataset}, against {against}\n{DPO_LOG_UNITS}")
-    return DPOObjective(settings, reference), reference, line
-
-
-def precompute(cfg: TrainConfig, raw_model: torch.nn.Module, data_dir: Path, d: Dist,
-               rt: Runtime) -> PrecomputedReference:
+def precompute(cfg, raw_model: torch.nn.Module, data_dir: Path, d: Dist, rt: Runtime) -> PrecomputedReference:
     """The starting model's log-probabilities of every pair of the splits the run reads (val alone for an
     eval_only run), under the run's autocast, every process scoring its share, with a progress bar on a
     terminal."""
@@ -201,26 +244,3 @@ def precompute(cfg: TrainConfig, raw_model: torch.nn.Module, data_dir: Path, d: 
         return PrecomputedReference.compute(raw_model, data_dir, block_size=cfg.block_size, batch_size=cfg.batch_size,
                                             splits=splits, autocast=rt.autocast, rank=d.rank,
                                             world_size=d.world_size, progress=bar.update)
-
-
-def reference_state(reference) -> dict | None:
-    """What a checkpoint keeps of the reference: a precomputed one's tables (None for any other)."""
-    return reference.state_dict() if isinstance(reference, PrecomputedReference) else None
-
-
-def metric_names(objective: Objective) -> tuple[str, ...]:
-    """The names of the metrics the objective returns beside its loss (the same on every process, whatever its
-    batches: what an evaluation sums across processes)."""
-    return getattr(objective, "metric_names", ())
-
-
-def dropout_note(cfg: TrainConfig) -> str | None:
-    """DPO compares the tuned model's log-probabilities with the reference's, computed without dropout: with
-    dropout on, they differ from the first step on for that reason alone."""
-    rates = [f"{name}={getattr(cfg, name):g}" for name in ("dropout", "lora_dropout")
-             if getattr(cfg, name) and (name == "dropout" or cfg.lora_rank)]
-    if not is_dpo(cfg) or not rates:
-        return None
-    return (f"note: {', '.join(rates)} with objective=dpo: the reference is scored without dropout, the tuned "
-            f"model with it, so their log-probabilities differ from the first step on for that alone; "
-            f"configs/dpo_chat.py sets both to 0")
