@@ -9,10 +9,9 @@ import random
 
 import pytest
 import torch
-from conftest import torch_threads
+from conftest import torch_threads, train_script
 
 import eval as eval_script
-import train
 from benchmarks import dpo_rule
 from gptkit import lora
 from gptkit.checkpoint import load_model
@@ -33,6 +32,8 @@ from gptkit.shards import read_meta
 from model import GPT, GPTConfig
 from prepare import chat as prepare_chat
 from prepare import preference
+
+train = train_script()
 
 BLOCK = 40
 

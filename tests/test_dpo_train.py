@@ -18,11 +18,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import torch_threads
+from conftest import torch_threads, train_script
 
 import chat
 import eval as eval_script
-import train
 from benchmarks import dpo_rule
 from gptkit import batch_size, lora, optim, plan, runtime
 from gptkit.checkpoint import load_checkpoint
@@ -42,6 +41,8 @@ from prepare import chat as prepare_chat
 from prepare import preference
 from tests.test_dpo import direct_logps, direct_loss
 from tests.test_train import assert_same_weights, metrics, train_losses, weights
+
+train = train_script()
 
 REPO = Path(__file__).resolve().parents[1]
 BLOCK = 40  # the chat model's context: every conversation and pair of the task fits
