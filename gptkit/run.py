@@ -287,7 +287,8 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
     # FSDP shards in place: the optimizer comes after
     wrapped = parallel.wrap(model, sharing, rt, use_compile, cfg.compile_scope)
     graphs, graphs_line = resolve_cuda_graphs(cfg.cuda_graphs, rt, world_size=d.world_size,
-                                              optimizer=cfg.optimizer, compiled=use_compile)
+                                              optimizer=cfg.optimizer, compiled=use_compile,
+                                              ungraphable=None if objective.graphable else objective.name)
     # the training sequences are block_size long (a LoRA run's model may have more positions: its base's)
     # DPO's reference, precomputed here with the starting weights (or read back on resume), then the batches
     state = None if ckpt is None or not objective.state_key else ckpt.get(objective.state_key)
