@@ -115,7 +115,9 @@ def test_help_lists_every_field(capsys):
 
 
 def test_a_files_lines_see_the_command_line(char_dataset, tmp_path):
-    import train
+    from conftest import train_script
+
+    train = train_script()
 
     f = tmp_path / "c.py"
     f.write_text("max_iters = 100\nlr_decay_iters = max_iters\nwarmup_iters = max_iters // 10\n")

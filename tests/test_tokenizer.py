@@ -421,7 +421,9 @@ def test_train_sample_export_with_a_trained_tokenizer(trained, tmp_path, capsys)
     transformers = pytest.importorskip("transformers")
     import export
     import sample
-    import train
+    from tests.conftest import train_script
+
+    train = train_script()
 
     folder = tmp_path / "tokenizers" / "tiny-e2e"
     shutil.copytree(trained.to_meta()["path"], folder)
