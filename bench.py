@@ -103,10 +103,11 @@ from benchmarks.rounds import cell, interleave, ratio_cell, ratios, verdict
 from gptkit import cli, fp8
 from gptkit.config import TrainConfig
 from gptkit.cudagraph import GraphedStep
+from gptkit.errors import ConfigError
 from gptkit.generate import SamplingOptions, compile_decode_step, generate_blocks, prefill
 from gptkit.metrics import peak_flops
 from gptkit.optim import make_optimizer
-from gptkit.options import ConfigError, load_config, setting
+from gptkit.options import load_config, setting
 from gptkit.plan import flops_per_token
 from gptkit.runtime import (
     DeviceError,

@@ -57,7 +57,8 @@ from tqdm import tqdm
 from gptkit import cli, dpo, hellaswag
 from gptkit.checkpoint import load_model, load_model_and_settings
 from gptkit.config import InferenceSettings
-from gptkit.options import Alias, ConfigError, load_config, setting
+from gptkit.errors import ConfigError, UserError
+from gptkit.options import Alias, load_config, setting
 from gptkit.preference import Pairs
 from gptkit.runtime import Dist, Runtime, distributed, resolve_compile
 from gptkit.shards import TokenDataset, require_dataset
@@ -68,7 +69,7 @@ from model import GPT, bucketed_forward
 LOGITS_BUDGET = 1 << 26  # floats of logits at a time when scoring windows (256 MB in fp32)
 
 
-class EvalError(cli.UserError):
+class EvalError(UserError):
     """A model and a task that do not go together."""
 
 

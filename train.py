@@ -46,15 +46,15 @@ from gptkit.checkpoint.background import CheckpointSaver
 from gptkit.checkpoint.resume import check_out_dir, resolve_config, set_aside_damaged_best
 from gptkit.checkpoint.run_files import RunFiles
 from gptkit.checkpoint.run_model import attach_lora, build_model, check_vocab, with_base_shape
-from gptkit.cli import UserError
 from gptkit.config import TrainConfig
 from gptkit.cudagraph import GraphedStep
+from gptkit.errors import ConfigError, DataError, UserError
 from gptkit.evaluation import evaluate, hellaswag_scores, load_hellaswag
 from gptkit.files import OutDirBusyError, OutDirLock
 from gptkit.loader import BatchLoader, ValBatches
 from gptkit.metrics import Metrics, peak_flops, start_wandb
 from gptkit.optim import describe, load_optimizer_state, make_optimizer
-from gptkit.options import ConfigError, config_to_dict, print_config
+from gptkit.options import config_to_dict, print_config
 from gptkit.plan_check import check_run_fits, fit_base_context
 from gptkit.plan_report import format_plan, make_plan
 from gptkit.preference import PairLoader, ValPairs
@@ -71,7 +71,7 @@ from gptkit.runtime import (
     resolve_compile,
     resolve_cuda_graphs,
 )
-from gptkit.shards import DataError, dataset_dir, prepare_command, read_meta, require_dataset
+from gptkit.shards import dataset_dir, prepare_command, read_meta, require_dataset
 from gptkit.step import (
     NonFiniteError,
     Objective,

@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from gptkit import cli  # noqa: E402
+from gptkit.errors import UserError  # noqa: E402
 from gptkit.prepare import local  # noqa: E402
 from gptkit.prepare.tiny_shakespeare import URL  # noqa: E402
 
@@ -130,7 +131,7 @@ def run_prepare(corpus: Path, out: Path, num_proc: int, executor: str) -> dict:
     summary = proc.stdout.read().strip().splitlines()
     if proc.returncode != 0:
         last = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no message)"]
-        raise cli.UserError(f"the prepare run failed (exit {proc.returncode}): {last[0]}")
+        raise UserError(f"the prepare run failed (exit {proc.returncode}): {last[0]}")
     meta = json.loads((out / "meta.json").read_text())
     tokens = sum(s["tokens"] for s in meta["splits"].values())
     return {"seconds": seconds, "cpu": cpu, "tokens": tokens, "peak_rss": peak,

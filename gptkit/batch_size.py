@@ -23,9 +23,9 @@ import torch
 import torch.distributed as dist
 
 from gptkit import objectives, parallel, plan
-from gptkit.cli import UserError
 from gptkit.config import TrainConfig
 from gptkit.cudagraph import graph_batch_reserve
+from gptkit.errors import UserError
 from gptkit.optim import make_optimizer
 from gptkit.runtime import Dist, Runtime, resolve_compile
 from model import GPT

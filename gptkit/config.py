@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gptkit.dpo import DPOError, DPOSettings
+from gptkit.dpo import DPOSettings
+from gptkit.errors import ConfigError, DPOError, LoRAError
 from gptkit.generate import SamplingOptions
 from gptkit.inference import QUANTIZE
-from gptkit.lora import LoRAError, LoRASettings
+from gptkit.lora import LoRASettings
 from gptkit.options import (
-    ConfigError,
     setting,
     settings_of,
 )

@@ -72,6 +72,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gptkit import cli
+from gptkit.errors import UserError
 from model import ACTIVATIONS, Block, CacheSlice
 
 FORMATS = ("float32", "float16", "int8", "q4_0")
@@ -104,7 +105,7 @@ _active: str | None = None  # the variant in use
 _status = "not loaded yet"
 
 
-class KernelBuildError(cli.UserError):
+class KernelBuildError(UserError):
     """The kernels cannot be built here (no compiler, no ninja, a failed compile); the message says why."""
 
 

@@ -85,7 +85,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gptkit import lora
-from gptkit.cli import UserError
+from gptkit.errors import DPOError
 from gptkit.preference import PairBatch, Pairs, ValPairs
 from model import loss_chunk_rows
 
@@ -96,10 +96,6 @@ LENGTH_NORMALISED = ("ipo_per_token", "simpo", "orpo")  # on log-probabilities a
 # What the log's DPO numbers are, said once when a run starts (train.py's "objective: DPO ..." line).
 DPO_LOG_UNITS = ("dpo: the log's rewards and reward_margin are in beta x nats (eval.py's margin_nats is in nats), accuracy is "
                  "over the pairs not tied (n/a while all tie, as at step 0), ties their share")
-
-
-class DPOError(UserError):
-    """Bad DPO settings, or a reference that cannot be what the settings ask."""
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from gptkit import hellaswag, objectives, parallel
-from gptkit.cli import UserError
+from gptkit.errors import UserError
 from gptkit.loader import ValBatches
 from gptkit.metrics import LineProgress
 from gptkit.preference import PairBatch, ValPairs

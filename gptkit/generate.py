@@ -73,7 +73,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from gptkit.cli import UserError
+from gptkit.errors import UserError
 from gptkit.runtime import ram, resolve_compile
 from model import GPT, no_tf32
 

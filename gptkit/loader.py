@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from gptkit.shards import DataError, TokenDataset
+from gptkit.errors import DataError
+from gptkit.shards import TokenDataset
 
 MODES = ("random", "epoch")
 _MASK64 = (1 << 64) - 1

@@ -28,17 +28,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gptkit.cli import UserError
+from gptkit.errors import LoRAError
 
 # The Linear layers inside a block that LoRA can adapt, by their path in the block.
 TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 # All four: adapting every projection (not only the attention's) gives the best quality per trainable
 # parameter in the LoRA/QLoRA papers' ablations, and still trains ~1% of GPT-2's weights at rank 8.
 DEFAULT_TARGETS = ",".join(TARGETS)
-
-
-class LoRAError(UserError):
-    """Bad LoRA settings, or adapters that do not fit their base."""
 
 
 @dataclass(frozen=True)

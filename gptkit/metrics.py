@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from gptkit.cli import UserError
+from gptkit.errors import UserError
 from gptkit.threads import choose_threads
 
 # Peak dense tensor-core FLOP/s from the vendors' datasheets (their sparsity figures halved): (name,

@@ -35,9 +35,9 @@ import torch
 from tqdm import tqdm
 
 from gptkit import parallel
-from gptkit.cli import UserError
 from gptkit.config import TrainConfig, dpo_settings
 from gptkit.dpo import DPO_LOG_UNITS, AdapterOffReference, DPOObjective, PrecomputedReference
+from gptkit.errors import UserError
 from gptkit.loader import BatchLoader, ValBatches
 from gptkit.preference import (
     PairBatch,

@@ -34,7 +34,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gptkit import plan
-from gptkit.cli import UserError
+from gptkit.errors import UserError
 from gptkit.runtime import Dist, Runtime
 
 CHOICES = ("auto", "ddp", "fsdp")

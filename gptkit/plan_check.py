@@ -19,8 +19,8 @@ import dataclasses
 import torch
 
 from gptkit import lora, objectives, plan
-from gptkit.cli import UserError
 from gptkit.config import TrainConfig, lora_settings
+from gptkit.errors import UserError
 from gptkit.lora import LoRASettings
 from gptkit.options import command_line_values
 from gptkit.plan_report import base_config

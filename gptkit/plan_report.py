@@ -18,9 +18,9 @@ from gptkit import lora, objectives
 from gptkit.checkpoint import load_checkpoint
 from gptkit.checkpoint.layout import holds_checkpoint
 from gptkit.checkpoint.models import no_run_yet
-from gptkit.cli import UserError
 from gptkit.config import lora_settings
 from gptkit.dpo import REFERENCE_FREE
+from gptkit.errors import UserError
 from gptkit.hf_gpt2 import VOCAB_MULTIPLE, config_from_hf, read_json
 from gptkit.lora import LoRASettings
 from gptkit.metrics import peak_flops_for

@@ -38,8 +38,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from gptkit.errors import DataError
 from gptkit.loader import EpochOrder
-from gptkit.shards import DataError, TokenDataset, open_shard, read_meta, require_dataset
+from gptkit.shards import TokenDataset, open_shard, read_meta, require_dataset
 
 KIND = "preference"  # the meta.json entry that makes a dataset a preference dataset
 UNPAIRED = "unpaired"  # its "format" for prompt, completion, label rows (no "format", or "pairs": pairs)

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from gptkit.cli import UsageError, UserError
+from gptkit.errors import UsageError, UserError
 
 
 class DeviceError(UserError):

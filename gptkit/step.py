@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from gptkit import parallel
-from gptkit.cli import UserError
+from gptkit.errors import UserError
 from gptkit.optim import can_mask, set_lr, step_unless
 from gptkit.runtime import Dist, Runtime
 

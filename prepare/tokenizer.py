@@ -25,9 +25,9 @@ from pathlib import Path
 from tqdm import tqdm
 
 from gptkit import bpe, cli
-from gptkit.options import ConfigError, setting
+from gptkit.errors import ConfigError, DataError
+from gptkit.options import setting
 from gptkit.prepare import script
-from gptkit.shards import DataError
 from gptkit.tokenizer import CHAT_SPECIALS
 
 PIECE_CHARS = 1 << 20  # a long file is given to the trainer in pieces of about this many characters

@@ -18,13 +18,13 @@ from gptkit import dpo, lora
 from gptkit.checkpoint import load_model
 from gptkit.dpo import (
     AdapterOffReference,
-    DPOError,
     DPOObjective,
     DPOSettings,
     PrecomputedReference,
     policy_logps,
     sequence_logps,
 )
+from gptkit.errors import DPOError
 from gptkit.evaluation import evaluate
 from gptkit.preference import PairLoader, ValPairs
 from gptkit.runtime import Dist, Runtime

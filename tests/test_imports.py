@@ -203,3 +203,29 @@ def test_every_script_fails_the_one_way():
         if bare:
             problems.append(f"{path.relative_to(REPO)}:{bare[0]}: a bare argparse.ArgumentParser (cli.ArgumentParser)")
     assert problems == []
+
+
+def error_names() -> set[str]:
+    """The error types gptkit/errors.py defines."""
+    tree = ast.parse((REPO / "gptkit" / "errors.py").read_text(encoding="utf-8"))
+    return {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+
+
+def test_errors_stand_at_the_bottom_and_are_imported_from_there():
+    """gptkit/errors.py imports nothing of the project, so any module can import an error type without pulling in
+    the module that raises it; and every module imports those types from gptkit.errors, not through another
+    module that happens to import them (gptkit.cli, gptkit.shards, ...), so no module stands above one it only
+    needs for an exception."""
+    known = modules(REPO)
+    assert imports(REPO / "gptkit" / "errors.py", "gptkit.errors", known) == []
+    errors = error_names()
+    assert {"UserError", "UsageError", "ConfigError", "DataError"} <= errors
+    through_others = []
+    for path in [*modules(REPO).values(), *sorted((REPO / "tests").glob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module != "gptkit.errors":
+                names = sorted(alias.name for alias in node.names if alias.name in errors)
+                if names and node.module.split(".")[0] in ("gptkit", "model"):
+                    through_others.append(f"{path.relative_to(REPO)}:{node.lineno} imports {', '.join(names)} "
+                                          f"from {node.module}")
+    assert through_others == []

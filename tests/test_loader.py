@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from gptkit import shards
+from gptkit.errors import DataError
 from gptkit.loader import BatchLoader, ValBatches
-from gptkit.shards import DataError
 
 N_TOKENS = 5000
 

@@ -7,7 +7,8 @@ import torch
 from conftest import tiny_args
 
 from gptkit import lora
-from gptkit.lora import LoRAError, LoRASettings
+from gptkit.errors import LoRAError
+from gptkit.lora import LoRASettings
 from model import GPT
 
 

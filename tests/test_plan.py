@@ -20,8 +20,9 @@ from gptkit.checkpoint import load_base_model
 from gptkit.checkpoint.resume import resolve_config
 from gptkit.checkpoint.run_model import attach_lora, build_model
 from gptkit.config import TrainConfig
+from gptkit.errors import ConfigError
 from gptkit.optim import make_optimizer
-from gptkit.options import ConfigError, build_config, load_config
+from gptkit.options import build_config, load_config
 from gptkit.runtime import Dist, Runtime
 from gptkit.step import forward_backward
 from model import GPT, GPTConfig

@@ -10,11 +10,12 @@ import torch
 
 from benchmarks import dpo_rule
 from gptkit.chat import prompt_ids, render
+from gptkit.errors import DataError
 from gptkit.loader import BatchLoader
 from gptkit.preference import PairLoader, Pairs, ValPairs
 from gptkit.prepare.pipeline import ValRule
 from gptkit.prepare.preferences import BAD, BadPair, Pair, parse_pair, render_pair
-from gptkit.shards import DataError, read_meta
+from gptkit.shards import read_meta
 from gptkit.tokenizer import CHAT_SPECIALS, Tokenizer
 from prepare import chat as prepare_chat
 from prepare import preference

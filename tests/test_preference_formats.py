@@ -16,7 +16,7 @@ from conftest import needs_gpt2_bpe
 from benchmarks import dpo_rule
 from gptkit import objectives
 from gptkit.chat import prompt_ids, render
-from gptkit.cli import UserError
+from gptkit.errors import UserError
 from gptkit.loader import BatchLoader
 from gptkit.preference import Pairs, unpaired_labels
 from gptkit.prepare import preferences

@@ -12,10 +12,11 @@ import pytest
 from conftest import needs_gpt2_bpe
 
 from gptkit import shards
+from gptkit.errors import DataError
 from gptkit.prepare import cuts, hub, local
 from gptkit.prepare.pipeline import ValRule
 from gptkit.prepare.tiny_shakespeare import prepare_shakespeare
-from gptkit.shards import DataError, TokenDataset
+from gptkit.shards import TokenDataset
 from gptkit.tokenizer import Tokenizer
 from prepare import openwebtext, shakespeare, shakespeare_char, text
 

@@ -14,8 +14,9 @@ import pytest
 from conftest import needs_gpt2_bpe
 
 from gptkit import shards
+from gptkit.errors import DataError
 from gptkit.prepare import cuts, hub, local, pipeline, pool
-from gptkit.shards import DataError, TokenDataset
+from gptkit.shards import TokenDataset
 from gptkit.tokenizer import Tokenizer
 from prepare import text
 

@@ -8,7 +8,8 @@ import pytest
 from conftest import needs_gpt2_bpe
 
 from gptkit import shards
-from gptkit.shards import DataError, TokenDataset
+from gptkit.errors import DataError
+from gptkit.shards import TokenDataset
 from gptkit.tokenizer import Tokenizer
 
 

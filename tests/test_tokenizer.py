@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from gptkit import bpe
+from gptkit.errors import DataError
 from gptkit.hf_tokenizer import bpe_merges, hf_tokenizer_files
-from gptkit.shards import DataError, read_meta
+from gptkit.shards import read_meta
 from gptkit.tokenizer import CHAT_SPECIALS, Tokenizer, resolve_tokenizer, with_tokenizer_files
 from tests.conftest import GPT2_BPE_PROBLEM, REPO, needs_gpt2_bpe, write_dataset
 

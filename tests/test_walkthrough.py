@@ -18,8 +18,9 @@ import train
 from gptkit import metrics, network
 from gptkit.checkpoint import save_checkpoint
 from gptkit.config import TrainConfig
+from gptkit.errors import ConfigError
 from gptkit.optim import get_lr
-from gptkit.options import ConfigError, build_config
+from gptkit.options import build_config
 from gptkit.tokenizer import CHAT_SPECIALS, Tokenizer
 from model import GPT, GPTConfig
 
@@ -265,8 +266,8 @@ def test_a_hub_dataset_offline_fails_at_once_in_one_line(hub_unreachable, monkey
     from datasets.packaged_modules.cache import cache
     from huggingface_hub import constants
 
+    from gptkit.errors import DataError
     from gptkit.prepare import hub
-    from gptkit.shards import DataError
 
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     settings = lambda: (os.environ.get("HF_HUB_OFFLINE"), constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE)

@@ -21,9 +21,10 @@ from typing import Any
 import numpy as np
 
 from gptkit.chat import ChatError, check_messages, render
+from gptkit.errors import DataError
 from gptkit.prepare.pipeline import ValRule
 from gptkit.prepare.writer import DEFAULT_SHARD_TOKENS, DatasetWriter, check_prepared, make_fingerprint
-from gptkit.shards import DataError, dtype_for_vocab
+from gptkit.shards import dtype_for_vocab
 from gptkit.tokenizer import CHAT_SPECIALS, Tokenizer, resolve_tokenizer
 
 TRAIN_ON = ("assistant", "all")  # which tokens carry loss: the replies only (the point), or every token

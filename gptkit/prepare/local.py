@@ -31,12 +31,12 @@ from tqdm import tqdm
 
 from gptkit import shards
 from gptkit.cli import one_line
+from gptkit.errors import DataError
 from gptkit.files import atomic_write
 from gptkit.prepare import cuts
 from gptkit.prepare.pipeline import Job, Result, ValRule, already_prepared, run, worker_tokenizer
 from gptkit.prepare.pool import ordered_map
 from gptkit.prepare.writer import DEFAULT_SHARD_TOKENS, MIN_TOKENS, check_positive, make_fingerprint
-from gptkit.shards import DataError
 from gptkit.tokenizer import resolve_tokenizer
 
 BLOCK_BYTES = 1 << 20  # input per task: large enough that a task's overhead is noise, small enough to stream

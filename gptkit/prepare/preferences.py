@@ -50,9 +50,10 @@ from typing import Any
 import numpy as np
 
 from gptkit.chat import ChatError, check_messages, prompt_ids, render
+from gptkit.errors import DataError
 from gptkit.prepare.pipeline import ValRule
 from gptkit.prepare.writer import DEFAULT_SHARD_TOKENS, MIN_TOKENS, DatasetWriter, check_prepared
-from gptkit.shards import DataError, dtype_for_vocab
+from gptkit.shards import dtype_for_vocab
 from gptkit.tokenizer import Tokenizer
 
 PAIRS, UNPAIRED = "pairs", "unpaired"  # the two kinds of preference dataset (meta.json's "format")

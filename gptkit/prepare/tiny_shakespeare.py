@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from gptkit import cli
+from gptkit.errors import DataError
 from gptkit.options import redefault, setting
 from gptkit.prepare import local, script
-from gptkit.shards import DataError
 from gptkit.tokenizer import resolve_tokenizer
 
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"

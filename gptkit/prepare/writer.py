@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 
 from gptkit import shards
+from gptkit.errors import DataError
 from gptkit.files import OutDirLock, write_text_atomic
-from gptkit.shards import DataError
 from gptkit.tokenizer import Tokenizer
 
 MIN_TOKENS = 4096
