@@ -113,11 +113,11 @@ from gptkit.runtime import (
     DeviceError,
     Dist,
     Runtime,
-    refuse_uncapturable,
     resolve_compile,
     resolve_cuda_graphs,
     setup_runtime,
 )
+from gptkit.settings import refuse_uncapturable
 from gptkit.shards import read_meta, require_dataset
 from gptkit.step import TrainStep
 from gptkit.step_profile import format_profile, profile_steps

@@ -32,7 +32,7 @@ the evaluations then run: batch_size=auto keeps a margin for that (graph_batch_r
 CUDA the step always runs eagerly, and before_capture runs at the step where the capture would happen: the same
 arithmetic and the same order, which is how the tests check it on a CPU.
 
-Settings that cannot be captured are refused before the first step (runtime.refuse_uncapturable), not at the
+Settings that cannot be captured are refused before the first step (settings.refuse_uncapturable), not at the
 capture.
 """
 

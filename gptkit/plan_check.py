@@ -21,10 +21,10 @@ import torch
 from gptkit import lora, objectives, plan
 from gptkit.config import TrainConfig, lora_settings
 from gptkit.errors import UserError
-from gptkit.lora import LoRASettings
 from gptkit.options import command_line_values
 from gptkit.plan_report import base_config
 from gptkit.runtime import ram
+from gptkit.settings import LoRASettings
 from model import GPT, GPTConfig
 
 

@@ -8,7 +8,7 @@ from conftest import tiny_args
 
 from gptkit import lora
 from gptkit.errors import LoRAError
-from gptkit.lora import LoRASettings
+from gptkit.settings import TARGETS, LoRASettings
 from model import GPT
 
 
@@ -239,7 +239,7 @@ def test_lora_keeps_a_longer_base_whole(char_dataset, tmp_path):
 
 def block_linear(name: str) -> bool:
     """A weight or bias of one of the blocks' Linear layers (not an adapter)."""
-    return name.startswith("transformer.h.") and name.endswith(tuple(f"{t}.{w}" for t in lora.TARGETS
+    return name.startswith("transformer.h.") and name.endswith(tuple(f"{t}.{w}" for t in TARGETS
                                                                      for w in ("weight", "bias")))
 
 
