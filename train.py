@@ -265,7 +265,7 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
     startup.mark("model", rt.device)
     use_compile, why = resolve_compile(cfg.compile, rt.device)
     # Under torchrun DDP or FSDP (gptkit/parallel.py), decided before the batch size (FSDP holds less per process)
-    sharing, parallel_line = parallel.decide(model, cfg, d, rt, use_compile)
+    sharing, parallel_line = plan.decide_parallel(model, cfg, d, rt, use_compile)
     cfg = choose_batch_size(cfg, model, ckpt, d, rt, sharing)
     if cfg.fp8_head:  # a one-line error where the GPU or the sizes cannot (gptkit/fp8.py)
         fp8.use_fp8_head(model, rt.device, tokens=cfg.batch_size * cfg.block_size)

@@ -46,7 +46,7 @@ def choose_batch_size(cfg: TrainConfig, model: GPT, ckpt: dict | None, d: Dist, 
                       sharing: str = "single") -> TrainConfig:
     """batch_size=auto (this module's docstring): the config with batch_size and gradient_accumulation_steps
     set, said in one line. A resumed run keeps the batch it chose; under DDP or FSDP every rank takes the
-    smallest. sharing: parallel.decide's choice."""
+    smallest. sharing: plan.decide_parallel's choice."""
     if cfg.batch_size is not None:
         return cfg
     sequences = cfg.tokens_per_step // cfg.block_size

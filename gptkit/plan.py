@@ -8,6 +8,7 @@ from its config without weights and the table, is gptkit/plan_report.py.)
     largest_batch(model, setup, capacity_bytes)           # the largest micro-batch whose peak fits
     largest_valid_batch(model, setup, capacity, sequences)   # batch_size=auto's choice: it also keeps the tokens
     choose_parallel(model, setup, capacity_bytes)         # ("ddp" or "fsdp", why): what --parallel=auto runs
+    decide_parallel(model, cfg, d, rt, use_compile)       # a run's: single, ddp or fsdp, and the line saying why
 
 The model given is usually on the meta device (shapes, dtypes and requires_grad, no storage): the counts
 (weights, gradients, optimizer states) are then exact, and the activations are the tensors autograd saves
@@ -23,9 +24,10 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from gptkit.errors import ConfigError
 from gptkit.lora import LoRALinear
 from gptkit.optim import block_matrices
-from gptkit.runtime import ram
+from gptkit.runtime import Dist, Runtime, ram
 from model import loss_chunk_rows
 
 if TYPE_CHECKING:  # annotations only
@@ -673,6 +675,33 @@ def choose_parallel(model, setup: Setup, capacity: float, batch_size: int | None
              "--lora_rank", "a smaller block_size or model"]
     return "fsdp", (f"neither fits {format_bytes(capacity)} per device {at}: a whole replica needs "
                     f"{format_bytes(ddp)}, {over} {format_bytes(fsdp)}; use {', '.join(helps[:-1])} or {helps[-1]}")
+
+
+
+PARALLEL = ("auto", "ddp", "fsdp")  # --parallel's choices
+
+
+def parallel_for(requested: str, model, setup: Setup, capacity: float, batch_size: int | None) -> tuple[str, str]:
+    """("ddp" or "fsdp", why) for a job of setup.world_size > 1 processes: the one asked for, or with "auto"
+    the plan's choice for a device of `capacity` bytes (choose_parallel: DDP when a whole replica fits)."""
+    if requested not in PARALLEL:
+        raise ConfigError(f"parallel {requested!r} unknown; use {', '.join(PARALLEL)}")
+    if requested != "auto":
+        return requested, f"--parallel={requested}"
+    return choose_parallel(model, setup, capacity, batch_size)
+
+
+def decide_parallel(model: torch.nn.Module, cfg: TrainConfig, d: Dist, rt: Runtime,
+                    use_compile: bool) -> tuple[str, str | None]:
+    """How this run's processes share the model: ("single", None) on one process, else ("ddp" or "fsdp", the
+    one line that says which and why). cfg: the run's TrainConfig (batch_size None: auto, planned at 1).
+    gptkit/parallel.py's wrap then wraps the model for the choice."""
+    if not d.enabled:
+        return "single", None
+    setup = Setup.of_run(cfg, rt.device_type, rt.dtype, d.world_size, compile=use_compile,
+                         accum=max(1, cfg.gradient_accumulation_steps // d.world_size))
+    choice, why = parallel_for(cfg.parallel, model, setup, process_capacity(rt.device, d.world_size), cfg.batch_size)
+    return choice, f"parallel: {choice.upper()} over {d.world_size} processes ({why})"
 
 
 def valid_batches(sequences_per_step: int, world_size: int, per_item: int = 1) -> list[int]:
