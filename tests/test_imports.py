@@ -2,7 +2,11 @@
 those inside functions included, and none may close a circle or import a script (train.py, sample.py, ...,
 prepare/*.py, benchmarks/*.py). The one exception is model.py's nanoGPT-style API: GPT.from_pretrained and
 GPT.generate import gptkit.hf_gpt2 and gptkit.generate inside the call. Also: the parser's names are imported
-from gptkit.options, where they are defined, not through gptkit.config."""
+from gptkit.options, where they are defined, not through gptkit.config; the error types from gptkit.errors.
+
+The levels: a module stands one level above the highest module it imports (level 0 imports nothing of ours),
+so the number of levels is the longest chain of imports. config.py stands below every feature it configures
+(it reaches none of them). `python tests/test_imports.py` prints each module's level."""
 
 import ast
 from pathlib import Path
@@ -133,6 +137,60 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return groups
 
 
+def levels(graph: dict[str, set[str]]) -> dict[str, int]:
+    """Each module's level: 0 when it imports nothing of the project, else one above the highest module it
+    imports. (The graph has no circle: test_no_import_circle_and_no_module_imports_a_script.)"""
+    level: dict[str, int] = {}
+
+    def of(name: str) -> int:
+        if name not in level:
+            level[name] = max((of(target) + 1 for target in graph[name]), default=0)
+        return level[name]
+
+    for name in graph:
+        of(name)
+    return level
+
+
+def reached(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module importing `start` runs, directly or through others (start itself aside)."""
+    seen, todo = set(), [start]
+    while todo:
+        for target in graph[todo.pop()]:
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen - {start}
+
+
+def level_map(root: Path = REPO) -> str:
+    """The modules by level, one line a level (the design map's "which level each module stands on")."""
+    graph, _ = import_graph(root)
+    by_level: dict[int, list[str]] = {}
+    for name, level in levels(graph).items():
+        by_level.setdefault(level, []).append(name)
+    return "\n".join(f"{level:2d}  {'  '.join(sorted(by_level[level]))}" for level in sorted(by_level))
+
+
+# The longest chain of imports was 15 levels when the error types and the features' settings lived in the
+# modules that raise and use them (config.py on level 6, parallel.py importing plan.py); fewer is the rule now.
+MAX_LEVELS = 14
+# What config.py configures: it declares their settings (gptkit/settings.py holds the objects) and imports none.
+CONFIGURED = ("gptkit.dpo", "gptkit.objectives", "gptkit.lora", "gptkit.generate", "gptkit.inference",
+              "gptkit.runtime", "gptkit.threads", "gptkit.cpu_decode")
+
+
+def test_the_import_chains_are_short_and_config_stands_below_the_features():
+    graph, _ = import_graph(REPO)
+    level = levels(graph)
+    assert max(level.values()) + 1 <= MAX_LEVELS, level_map()
+    configured = {name for name in graph if name.startswith(CONFIGURED)}
+    assert {"gptkit.dpo", "gptkit.lora", "gptkit.generate", "gptkit.runtime"} & configured  # (the names exist)
+    for low in ("gptkit.config", "gptkit.settings", "gptkit.options", "gptkit.errors"):
+        assert sorted(reached(graph, low) & configured) == [], f"{low} imports what it configures"
+        assert all(level[low] < level[name] for name in configured if low in reached(graph, name))
+
+
 def test_no_import_circle_and_no_module_imports_a_script():
     graph, of_scripts = import_graph(REPO)
     assert circles(graph) == []
@@ -162,6 +220,9 @@ def test_the_check_sees_imports_inside_functions_and_circles(tmp_path):
     assert circles(graph) == [["lib.a", "lib.b"]]
     assert graph["run"] == {"lib", "lib.d"}  # importing lib.d runs lib/__init__.py first
     assert of_scripts == ["lib/c.py:2 imports the script run"]
+    graph["lib.b"].clear()  # the circle opened: lib.b imports nothing then; lib.c (importing run) stands on top
+    assert levels(graph) == {"lib.b": 0, "lib.a": 1, "lib.d": 1, "lib": 2, "run": 3, "lib.c": 4}
+    assert reached(graph, "run") == {"lib", "lib.a", "lib.b", "lib.d"}
 
 
 def options_names() -> set[str]:
@@ -229,3 +290,7 @@ def test_errors_stand_at_the_bottom_and_are_imported_from_there():
                     through_others.append(f"{path.relative_to(REPO)}:{node.lineno} imports {', '.join(names)} "
                                           f"from {node.module}")
     assert through_others == []
+
+
+if __name__ == "__main__":
+    print(level_map())
