@@ -57,11 +57,11 @@ from tqdm import tqdm
 from gptkit import cli, dpo, hellaswag
 from gptkit.checkpoint import load_model, load_model_and_settings
 from gptkit.config import InferenceSettings
+from gptkit.data.pairs import Pairs
+from gptkit.data.shards import TokenDataset, require_dataset
 from gptkit.errors import ConfigError, UserError
 from gptkit.options import Alias, load_config, setting
-from gptkit.preference import Pairs
 from gptkit.runtime import Dist, Runtime, distributed, resolve_compile
-from gptkit.shards import TokenDataset, require_dataset
 from gptkit.threads import Threads, resolve_threads
 from gptkit.tokenizer import Tokenizer
 from model import GPT, bucketed_forward

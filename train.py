@@ -9,7 +9,7 @@
     torchrun --nnodes=2 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=NODE0:29500 --rdzv-id=gpt2 \
         --max-restarts=3 train.py configs/gpt2_124m.py --resume=auto            # on each node; restarts continue
 
-Following one batch: `gptkit/loader.py` reads a window of tokens from the memory-mapped shards (x, y = the window and
+Following one batch: `gptkit/data/loader.py` reads a window of tokens from the memory-mapped shards (x, y = the window and
 the window shifted by one) -> `gptkit/step.py`: `model.py` turns x into logits and the cross-entropy against y ->
 backward -> after the last micro-batch, clip and `gptkit/optim.py`'s AdamW step -> `gptkit/metrics.py` logs ->
 `gptkit/checkpoint/` saves.
@@ -48,19 +48,20 @@ from gptkit.checkpoint.run_files import RunFiles
 from gptkit.checkpoint.run_model import attach_lora, build_model, check_vocab, with_base_shape
 from gptkit.config import TrainConfig
 from gptkit.cudagraph import GraphedStep
+from gptkit.data.loader import BatchLoader, ValBatches
+from gptkit.data.pairs import PairLoader, ValPairs
+from gptkit.data.prepare.local import DownloadError
+from gptkit.data.prepare.tiny_shakespeare import DATASETS as SHAKESPEARE_DATASETS
+from gptkit.data.prepare.tiny_shakespeare import prepare_shakespeare
+from gptkit.data.shards import dataset_dir, prepare_command, read_meta, require_dataset
 from gptkit.errors import ConfigError, DataError, UserError
 from gptkit.evaluation import evaluate, hellaswag_scores, load_hellaswag
 from gptkit.files import OutDirBusyError, OutDirLock
-from gptkit.loader import BatchLoader, ValBatches
 from gptkit.metrics import Metrics, peak_flops, start_wandb
 from gptkit.optim import describe, load_optimizer_state, make_optimizer
 from gptkit.options import config_to_dict, print_config
 from gptkit.plan_check import check_run_fits, fit_base_context
 from gptkit.plan_report import format_plan, make_plan
-from gptkit.preference import PairLoader, ValPairs
-from gptkit.prepare.local import DownloadError
-from gptkit.prepare.tiny_shakespeare import DATASETS as SHAKESPEARE_DATASETS
-from gptkit.prepare.tiny_shakespeare import prepare_shakespeare
 from gptkit.runtime import (
     Dist,
     Runtime,
@@ -71,7 +72,6 @@ from gptkit.runtime import (
     resolve_compile,
     resolve_cuda_graphs,
 )
-from gptkit.shards import dataset_dir, prepare_command, read_meta, require_dataset
 from gptkit.step import (
     NonFiniteError,
     Objective,

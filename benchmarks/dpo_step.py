@@ -39,8 +39,8 @@ import torch
 
 from gptkit import cli
 from gptkit.checkpoint import save_checkpoint
+from gptkit.data.shards import read_meta
 from gptkit.errors import UsageError
-from gptkit.shards import read_meta
 from model import GPT, GPTConfig
 
 REPO = Path(__file__).resolve().parents[1]

@@ -32,13 +32,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from gptkit import cli  # noqa: E402
+from gptkit.data.prepare import local  # noqa: E402
+from gptkit.data.prepare.tiny_shakespeare import URL  # noqa: E402
 from gptkit.errors import UserError  # noqa: E402
-from gptkit.prepare import local  # noqa: E402
-from gptkit.prepare.tiny_shakespeare import URL  # noqa: E402
 
 # The child: prepare/text.py, with the parallel executor chosen by the benchmark.
-CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); from gptkit.prepare import parallel; "
-         "parallel.EXECUTOR = sys.argv[2]; from prepare import text; text.main(sys.argv[3:])")
+CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); from gptkit.data.prepare import pool; "
+         "pool.EXECUTOR = sys.argv[2]; from prepare import text; text.main(sys.argv[3:])")
 
 
 def parse_size(text: str) -> int:

@@ -11,7 +11,7 @@ removes that. The step is gptkit/step.py's (accumulate, clip_gradients, non_fini
 plain step); what a graph needs besides, this module provides:
 - static inputs: each micro-batch is copied into fixed buffers before the replay (`batch`: one per tensor of
   the micro-batch, shaped by the first step's: x and y for the default objective; a preference batch's x, y and
-  its reference log-probabilities, read with the batch, gptkit/preference.py's PairBatch.tensors), and the
+  its reference log-probabilities, read with the batch, gptkit/data/pairs.py's PairBatch.tensors), and the
   objective is called with micro-batches made of those buffers;
 - a learning rate that lives on the device (a tensor the graph reads; optim.set_lr fills it) and fused AdamW
   with capturable=True (optim.make_adamw(..., graphable=True));

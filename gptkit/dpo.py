@@ -84,8 +84,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gptkit import lora
+from gptkit.data.pairs import PairBatch, Pairs, ValPairs
 from gptkit.errors import DPOError
-from gptkit.preference import PairBatch, Pairs, ValPairs
 from gptkit.settings import LENGTH_NORMALISED, DPOSettings
 from model import loss_chunk_rows
 

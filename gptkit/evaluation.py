@@ -15,10 +15,10 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from gptkit import hellaswag, objectives, parallel
+from gptkit.data.loader import ValBatches
+from gptkit.data.pairs import PairBatch, ValPairs
 from gptkit.errors import UserError
-from gptkit.loader import ValBatches
 from gptkit.metrics import LineProgress
-from gptkit.preference import PairBatch, ValPairs
 from gptkit.runtime import Dist, Runtime
 from gptkit.step import Objective, StopFlag, next_token_loss
 from gptkit.tokenizer import Tokenizer

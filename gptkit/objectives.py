@@ -10,7 +10,7 @@ against, so that train.py's loop, step, evaluation and checkpoints are the same 
     loss, metrics = objective(model, batch)              # what gptkit/step.py calls (and the evaluation)
 
 DPO's batches are whole pairs: batch_size counts pairs per micro-batch, each pair two sequences of block_size
-(the chosen reply's and the rejected one's), read in epochs over the pairs (gptkit/preference.py) whatever
+(the chosen reply's and the rejected one's), read in epochs over the pairs (gptkit/data/pairs.py) whatever
 data_mode says. The evaluation scores the val split's first eval_iters x batch_size pairs, each once.
 
 DPO's reference is the model the run starts from:
@@ -36,10 +36,8 @@ from tqdm import tqdm
 
 from gptkit import parallel
 from gptkit.config import TrainConfig, dpo_settings
-from gptkit.dpo import DPO_LOG_UNITS, AdapterOffReference, DPOObjective, PrecomputedReference
-from gptkit.errors import UserError
-from gptkit.loader import BatchLoader, ValBatches
-from gptkit.preference import (
+from gptkit.data.loader import BatchLoader, ValBatches
+from gptkit.data.pairs import (
     PairBatch,
     PairLoader,
     Pairs,
@@ -47,6 +45,8 @@ from gptkit.preference import (
     check_preference_dataset,
     is_preference_dataset,
 )
+from gptkit.dpo import DPO_LOG_UNITS, AdapterOffReference, DPOObjective, PrecomputedReference
+from gptkit.errors import UserError
 from gptkit.runtime import Dist, Runtime
 from gptkit.step import Objective, next_token_loss
 

@@ -19,6 +19,8 @@ from gptkit.checkpoint import load_checkpoint
 from gptkit.checkpoint.layout import holds_checkpoint
 from gptkit.checkpoint.models import no_run_yet
 from gptkit.config import lora_settings
+from gptkit.data.pairs import is_preference_dataset
+from gptkit.data.shards import PREPARE_COMMANDS, dataset_dir, prepare_command, read_meta
 from gptkit.errors import UserError
 from gptkit.hf_gpt2 import VOCAB_MULTIPLE, config_from_hf, read_json
 from gptkit.metrics import peak_flops_for
@@ -41,10 +43,8 @@ from gptkit.plan import (
     memory,
     run_flops,
 )
-from gptkit.preference import is_preference_dataset
 from gptkit.runtime import ram
 from gptkit.settings import REFERENCE_FREE, LoRASettings
-from gptkit.shards import PREPARE_COMMANDS, dataset_dir, prepare_command, read_meta
 from model import GPT, GPTConfig
 
 # ----------------------------------------------------------------------------- the devices of the table

@@ -16,6 +16,8 @@ import train
 from benchmarks import dpo_rule
 from gptkit import dpo, lora
 from gptkit.checkpoint import load_model
+from gptkit.data.pairs import PairLoader, ValPairs
+from gptkit.data.shards import read_meta
 from gptkit.dpo import (
     AdapterOffReference,
     DPOObjective,
@@ -26,9 +28,7 @@ from gptkit.dpo import (
 )
 from gptkit.errors import DPOError
 from gptkit.evaluation import evaluate
-from gptkit.preference import PairLoader, ValPairs
 from gptkit.runtime import Dist, Runtime
-from gptkit.shards import read_meta
 from model import GPT, GPTConfig
 from prepare import chat as prepare_chat
 from prepare import preference

@@ -28,12 +28,12 @@ from gptkit import batch_size, lora, objectives, optim, plan, runtime
 from gptkit.checkpoint import load_checkpoint
 from gptkit.checkpoint.run_model import attach_lora, build_model
 from gptkit.config import TrainConfig
+from gptkit.data.pairs import PairLoader, Pairs
+from gptkit.data.prepare.pipeline import ValRule
+from gptkit.data.shards import read_meta
 from gptkit.dpo import DPOObjective, DPOSettings
 from gptkit.optim import make_optimizer
-from gptkit.preference import PairLoader, Pairs
-from gptkit.prepare.pipeline import ValRule
 from gptkit.runtime import Dist, setup_runtime
-from gptkit.shards import read_meta
 from gptkit.step import TrainStep
 from model import GPT, GPTConfig
 from prepare import chat as prepare_chat

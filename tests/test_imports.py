@@ -191,6 +191,16 @@ def test_the_import_chains_are_short_and_config_stands_below_the_features():
         assert all(level[low] < level[name] for name in configured if low in reached(graph, name))
 
 
+def test_no_two_modules_of_the_package_share_a_name():
+    """Inside gptkit/ each module (or subpackage) has its own name, so that a name in a traceback or an import
+    says which file it is (the scripts' names, train.py or prepare/chat.py, are the users' commands)."""
+    by_name: dict[str, list[str]] = {}
+    for name in modules(REPO):
+        if name.startswith("gptkit."):
+            by_name.setdefault(name.rpartition(".")[2], []).append(name)
+    assert {n: sorted(found) for n, found in by_name.items() if len(found) > 1} == {}
+
+
 def test_no_import_circle_and_no_module_imports_a_script():
     graph, of_scripts = import_graph(REPO)
     assert circles(graph) == []
@@ -275,7 +285,7 @@ def error_names() -> set[str]:
 def test_errors_stand_at_the_bottom_and_are_imported_from_there():
     """gptkit/errors.py imports nothing of the project, so any module can import an error type without pulling in
     the module that raises it; and every module imports those types from gptkit.errors, not through another
-    module that happens to import them (gptkit.cli, gptkit.shards, ...), so no module stands above one it only
+    module that happens to import them (gptkit.cli, gptkit.data.shards, ...), so no module stands above one it only
     needs for an exception."""
     known = modules(REPO)
     assert imports(REPO / "gptkit" / "errors.py", "gptkit.errors", known) == []

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from gptkit import shards
+from gptkit.data import shards
+from gptkit.data.loader import BatchLoader, ValBatches
 from gptkit.errors import DataError
-from gptkit.loader import BatchLoader, ValBatches
 
 N_TOKENS = 5000
 

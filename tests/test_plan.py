@@ -258,7 +258,7 @@ def shapes(model: GPT) -> dict:
 def test_the_plans_model_is_the_model_train_builds(char_dataset, tiny_gpt2_folder, tmp_path):
     """Scratch, a full fine-tune (its context cropped), LoRA (its base kept whole), a resumed LoRA run: the
     meta-device model of the plan has the parameters, shapes and trainable flags of train.py's own."""
-    from gptkit.shards import read_meta
+    from gptkit.data.shards import read_meta
 
     base_run = tmp_path / "base"
     train.main(run_args(char_dataset, base_run))
@@ -364,7 +364,7 @@ def test_auto_on_cpu_picks_from_the_plan_keeps_tokens_per_step_and_resume_keeps_
     out = tmp_path / "out"
     args = run_args(char_dataset, out, batch_size="auto", tokens_per_step=16 * 32, gradient_accumulation_steps=1)
     cfg, _ = resolve_config(args)
-    from gptkit.shards import read_meta
+    from gptkit.data.shards import read_meta
 
     model, _ = build_model(cfg, read_meta(char_dataset), None)
     setup = plan.Setup("cpu", torch.float32, 32, accum=2)

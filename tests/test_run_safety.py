@@ -15,9 +15,9 @@ from conftest import tiny_args, torch_threads
 import train
 from gptkit import plan_check
 from gptkit.config import TrainConfig
+from gptkit.data.shards import read_meta
 from gptkit.errors import ConfigError
 from gptkit.options import parse_args
-from gptkit.shards import read_meta
 from tests.test_train import assert_same_weights, train_losses, weights
 
 

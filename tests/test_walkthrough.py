@@ -266,8 +266,8 @@ def test_a_hub_dataset_offline_fails_at_once_in_one_line(hub_unreachable, monkey
     from datasets.packaged_modules.cache import cache
     from huggingface_hub import constants
 
+    from gptkit.data.prepare import hub
     from gptkit.errors import DataError
-    from gptkit.prepare import hub
 
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     settings = lambda: (os.environ.get("HF_HUB_OFFLINE"), constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE)

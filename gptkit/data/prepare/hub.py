@@ -23,13 +23,13 @@ from typing import Any
 from tqdm import tqdm
 
 from gptkit.cli import one_line
+from gptkit.data.prepare import pipeline
+from gptkit.data.prepare.local import distinct_chars
+from gptkit.data.prepare.pipeline import Result, ValRule
+from gptkit.data.prepare.pool import ordered_map
+from gptkit.data.prepare.writer import DEFAULT_SHARD_TOKENS, check_positive, make_fingerprint
 from gptkit.errors import DataError
 from gptkit.network import hub_unreachable
-from gptkit.prepare import pipeline
-from gptkit.prepare.local import distinct_chars
-from gptkit.prepare.pipeline import Result, ValRule
-from gptkit.prepare.pool import ordered_map
-from gptkit.prepare.writer import DEFAULT_SHARD_TOKENS, check_positive, make_fingerprint
 from gptkit.tokenizer import Tokenizer, resolve_tokenizer
 
 ROWS_PER_TASK = 256  # ~1 MB of web text

@@ -1,4 +1,4 @@
-"""Writing a prepared dataset folder: the shards of both splits and, last, meta.json (format: ``gptkit/shards.py``).
+"""Writing a prepared dataset folder: the shards of both splits and, last, meta.json (format: ``gptkit/data/shards.py``).
 
 Every prepare script ends here, and the rules they share live here:
 
@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from gptkit import shards
+from gptkit.data import shards
 from gptkit.errors import DataError
 from gptkit.files import OutDirLock, write_text_atomic
 from gptkit.tokenizer import Tokenizer

@@ -1,5 +1,5 @@
 """Conversations (JSONL, one per line: {"messages": [{"role", "content"}, ...]}) -> a chat dataset: token shards
-and, beside them, a loss mask (gptkit/shards.py) saying which tokens are trained: the assistant's replies and
+and, beside them, a loss mask (gptkit/data/shards.py) saying which tokens are trained: the assistant's replies and
 their <|end|>, rendered by gptkit/chat.py, the template chat.py and serve.py use too.
 
     meta = prepare_conversations(out_dir, "chats.jsonl", tokenizer, block_size=1024, val_fraction=0.05)
@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 
 from gptkit.chat import ChatError, check_messages, render
+from gptkit.data.prepare.pipeline import ValRule
+from gptkit.data.prepare.writer import DEFAULT_SHARD_TOKENS, DatasetWriter, check_prepared, make_fingerprint
+from gptkit.data.shards import dtype_for_vocab
 from gptkit.errors import DataError
-from gptkit.prepare.pipeline import ValRule
-from gptkit.prepare.writer import DEFAULT_SHARD_TOKENS, DatasetWriter, check_prepared, make_fingerprint
-from gptkit.shards import dtype_for_vocab
 from gptkit.tokenizer import CHAT_SPECIALS, Tokenizer, resolve_tokenizer
 
 TRAIN_ON = ("assistant", "all")  # which tokens carry loss: the replies only (the point), or every token

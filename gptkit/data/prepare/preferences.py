@@ -18,7 +18,7 @@ with it. An unpaired row holds
 `prompt`, `completion` (as a reply is given) and `label` (true or false). Each reply must be one assistant
 message.
 
-Each sequence starts with <|endoftext|> (how gptkit/preference.py finds them), a pair's chosen one first: the
+Each sequence starts with <|endoftext|> (how gptkit/data/pairs.py finds them), a pair's chosen one first: the
 prompt's tokens, then the reply's. The loss mask is 1 on the reply (its content and the <|end|> that closes it)
 and 0 on the prompt, its markers included. A row whose longer sequence exceeds block_size + 1 tokens has its
 prompt cut from the start, just after <|endoftext|> (the prompt's end, where the question is, stays; a pair's
@@ -34,7 +34,7 @@ any other, and a byte-order mark before the first line is skipped.
 
 Bad rows are never kept, and never silently dropped: each is counted by reason and named by its line (row of
 a Hub dataset), in the printed report and in meta.json's "preference" entry, which also marks the folder as a
-preference dataset (gptkit/preference.py reads it). A file that mixes pairs and unpaired rows is refused,
+preference dataset (gptkit/data/pairs.py reads it). A file that mixes pairs and unpaired rows is refused,
 naming the first row of the other kind.
 """
 
@@ -50,10 +50,10 @@ from typing import Any
 import numpy as np
 
 from gptkit.chat import ChatError, check_messages, prompt_ids, render
+from gptkit.data.prepare.pipeline import ValRule
+from gptkit.data.prepare.writer import DEFAULT_SHARD_TOKENS, MIN_TOKENS, DatasetWriter, check_prepared
+from gptkit.data.shards import dtype_for_vocab
 from gptkit.errors import DataError
-from gptkit.prepare.pipeline import ValRule
-from gptkit.prepare.writer import DEFAULT_SHARD_TOKENS, MIN_TOKENS, DatasetWriter, check_prepared
-from gptkit.shards import dtype_for_vocab
 from gptkit.tokenizer import Tokenizer
 
 PAIRS, UNPAIRED = "pairs", "unpaired"  # the two kinds of preference dataset (meta.json's "format")
