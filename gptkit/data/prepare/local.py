@@ -32,9 +32,15 @@ from tqdm import tqdm
 from gptkit.cli import one_line
 from gptkit.data import shards
 from gptkit.data.prepare import cuts
-from gptkit.data.prepare.pipeline import Job, Result, ValRule, already_prepared, run, worker_tokenizer
+from gptkit.data.prepare.pipeline import Job, Result, ValRule, run, worker_tokenizer
 from gptkit.data.prepare.pool import ordered_map
-from gptkit.data.prepare.writer import DEFAULT_SHARD_TOKENS, MIN_TOKENS, check_positive, make_fingerprint
+from gptkit.data.prepare.writer import (
+    DEFAULT_SHARD_TOKENS,
+    MIN_TOKENS,
+    already_prepared,
+    check_positive,
+    make_fingerprint,
+)
 from gptkit.errors import DataError
 from gptkit.files import atomic_write
 from gptkit.tokenizer import resolve_tokenizer
@@ -357,7 +363,7 @@ def prepare_local(
     block_bytes = BLOCK_BYTES
     fp = make_fingerprint(input=inp.fingerprint, tokenizer=tok.to_meta() if tok else "char",
                           val_fraction=val_fraction, shard_tokens=shard_tokens, block_bytes=block_bytes)
-    meta = already_prepared(out_dir, fp, overwrite)
+    meta = already_prepared(out_dir, fp, overwrite, inp.path)
     if meta is not None:
         return meta
     workers = num_proc if inp.total_bytes > PARALLEL_MIN_BLOCKS * block_bytes else 1

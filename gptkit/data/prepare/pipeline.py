@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from gptkit.data import shards
 from gptkit.data.prepare.pool import ordered_map
-from gptkit.data.prepare.writer import DEFAULT_SHARD_TOKENS, DatasetWriter, check_positive, check_prepared
+from gptkit.data.prepare.writer import DEFAULT_SHARD_TOKENS, DatasetWriter, check_positive
 from gptkit.tokenizer import Tokenizer
 
 CHECKPOINT_SECONDS = 60.0  # also checkpoint this often when shards complete slowly (a slow stream)
@@ -58,16 +58,6 @@ class Job:
     unit: str = "B"
     what: str = "the input"
     started: float | None = None  # time.perf_counter() when the command started (default: when run() does)
-
-
-def already_prepared(out_dir: Path, fingerprint: str, overwrite: bool) -> dict[str, Any] | None:
-    """check_prepared, saying so when there is nothing to do."""
-    meta = check_prepared(out_dir, fingerprint, overwrite)
-    if meta is not None:
-        total = sum(e["tokens"] for e in meta["splits"].values())
-        print(f"{out_dir} is already prepared from this input with this tokenizer ({total:,} tokens); nothing to do "
-              "(--overwrite prepares it again)")
-    return meta
 
 
 def run(job: Job) -> dict[str, Any]:

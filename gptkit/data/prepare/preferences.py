@@ -51,7 +51,7 @@ import numpy as np
 
 from gptkit.chat import ChatError, check_messages, prompt_ids, render
 from gptkit.data.prepare.pipeline import ValRule
-from gptkit.data.prepare.writer import DEFAULT_SHARD_TOKENS, MIN_TOKENS, DatasetWriter, check_prepared
+from gptkit.data.prepare.writer import DEFAULT_SHARD_TOKENS, MIN_TOKENS, DatasetWriter, already_prepared
 from gptkit.data.shards import dtype_for_vocab
 from gptkit.errors import DataError
 from gptkit.tokenizer import Tokenizer
@@ -474,10 +474,8 @@ def prepare_pairs(out_dir: Path, rows: Callable[[], Iterable[tuple[str, Any]]], 
         raise DataError(f"--block_size must be at least 2, got {block_size}")
     if min_prompt_tokens < 1:
         raise DataError(f"--min_prompt_tokens must be at least 1, got {min_prompt_tokens}")
-    done = check_prepared(out_dir, fingerprint, overwrite)
+    done = already_prepared(out_dir, fingerprint, overwrite, source)
     if done is not None:
-        print(f"{out_dir} is already prepared from {source} with this tokenizer and these options; nothing to do "
-              f"(--overwrite prepares it again)")
         return done
     started = time.perf_counter()
     rule = ValRule.for_documents(val_fraction, n_rows)

@@ -83,6 +83,18 @@ def check_prepared(out_dir: Path, fingerprint: str, overwrite: bool = False) -> 
     )
 
 
+def already_prepared(out_dir: Path, fingerprint: str, overwrite: bool, source: str | Path = "this input"
+                     ) -> dict[str, Any] | None:
+    """Every prepare pipeline's first question: check_prepared, saying so when there is nothing to do (the
+    folder's meta.json, returned as the pipeline's own result), None when the pipeline is to run."""
+    meta = check_prepared(out_dir, fingerprint, overwrite)
+    if meta is not None:
+        total = sum(e["tokens"] for e in meta["splits"].values())
+        print(f"{out_dir} is already prepared from {source} with this tokenizer and these options ({total:,} "
+              "tokens); nothing to do (--overwrite prepares it again)")
+    return meta
+
+
 class DatasetWriter:
     """Writes the shards of both splits into the staging folder, resumably, then moves them into place.
 
