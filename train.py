@@ -60,8 +60,8 @@ from gptkit.files import OutDirBusyError, OutDirLock
 from gptkit.metrics import Metrics, peak_flops, start_wandb
 from gptkit.optim import describe, load_optimizer_state, make_optimizer
 from gptkit.options import config_to_dict, print_config
-from gptkit.plan_check import check_run_fits, fit_base_context
-from gptkit.plan_report import format_plan, make_plan
+from gptkit.plan.check import check_run_fits, fit_base_context
+from gptkit.plan.report import format_plan, make_plan
 from gptkit.runtime import (
     Dist,
     Runtime,
@@ -632,7 +632,7 @@ def where_checkpoints_are(out_dir: str, summary: dict, aside: Path | None = None
 
 
 def plan_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str]) -> dict:
-    """--plan: print the run's memory, FLOPs, time and cost per device (gptkit/plan_report.py) and return them;
+    """--plan: print the run's memory, FLOPs, time and cost per device (gptkit/plan/report.py) and return them;
     nothing is trained, written or loaded but configs (and a resumed checkpoint's config)."""
     world_size = cfg.plan_gpus or int(os.environ.get("WORLD_SIZE", 1))
     cfg = fit_base_context(cfg, argv, say=False)  # as the run would

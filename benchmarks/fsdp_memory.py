@@ -7,7 +7,7 @@ For each number of processes N, a job of N processes (torchrun, or this process 
 shape, wraps it as train.py does (gptkit/parallel.py: FSDP for N > 1), takes one training step on random tokens
 (forward, backward, AdamW's step: its states then exist) and counts, on every process, the bytes of the tensors
 it holds: its shards of the parameters, of the gradients and of the optimizer states (parallel.local_bytes).
-Beside them: the plan's figures for the same setup (gptkit/plan.py's memory: weights, gradients, optimizer)
+Beside them: the plan's figures for the same setup (gptkit/plan/__init__.py's memory: weights, gradients, optimizer)
 and the largest FSDP unit's parameters gathered whole (what a process holds on top, while that unit runs).
 The bound tests/test_fsdp.py checks: every process holds at most 1/N of one process' bytes plus that unit.
 """

@@ -491,7 +491,7 @@ TOKEN_BYTES = 8  # a token id in the decoding buffers: int64, torch's index type
 # Buffers up to this size are not worth asking the system about: anything that holds a model holds them.
 UNCHECKED_BYTES = 64 * 2**20
 # The share of the free memory a decode's tokens may take: the rest is the model's, its KV cache's and the
-# process' (and on a CPU the freed memory that glibc keeps resident; gptkit/plan.py sizes CPU runs the same way).
+# process' (and on a CPU the freed memory that glibc keeps resident; gptkit/plan/__init__.py sizes CPU runs the same way).
 MEMORY_SHARE = 0.5
 
 

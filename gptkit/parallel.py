@@ -18,8 +18,8 @@ fsdp: FSDP2 (torch.distributed.fsdp.fully_shard) on each transformer block, then
     volume per step (with gradient accumulation, that again for every micro-batch: see no_sync). On CUDA
     with bf16 the mixed-precision policy gathers bf16 weights for the compute and reduces the gradients in
     fp32; elsewhere everything stays in the parameters' dtype (fp32), autocast casting as without FSDP.
-auto: DDP when a whole replica fits each device, FSDP when not (gptkit/plan.py's choose_parallel; the plan decides,
-    gptkit/plan.py's decide_parallel, and this module wraps what it chose).
+auto: DDP when a whole replica fits each device, FSDP when not (gptkit/plan/__init__.py's choose_parallel; the plan decides,
+    gptkit/plan/__init__.py's decide_parallel, and this module wraps what it chose).
 
 On one process nothing is wrapped (torch.compile aside). This module is the only place that knows which wrapper
 a run chose: train.py asks for the wrapped model and uses the helpers above, whatever it is.

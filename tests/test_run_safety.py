@@ -13,11 +13,11 @@ import torch
 from conftest import tiny_args, torch_threads
 
 import train
-from gptkit import plan_check
 from gptkit.config import TrainConfig
 from gptkit.data.shards import read_meta
 from gptkit.errors import ConfigError
 from gptkit.options import parse_args
+from gptkit.plan import check as plan_check
 from tests.test_train import assert_same_weights, train_losses, weights
 
 

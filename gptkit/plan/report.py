@@ -1,5 +1,5 @@
 """The `train.py CONFIG --plan` report: the run's model built from its config without weights (on the meta device:
-no download, no checkpoint's tensors read), and its FLOPs, memory, time and cost per device as gptkit/plan.py
+no download, no checkpoint's tensors read), and its FLOPs, memory, time and cost per device as gptkit/plan/__init__.py
 works them out, as plain values (make_plan) and as the table train.py prints (format_plan).
 
     report = make_plan(cfg, ckpt, world_size)    # a dict: the model's counts, one column per device kind

@@ -1,6 +1,6 @@
 """Know before you run: a training run's FLOPs and memory worked out from its shape alone, the largest micro-batch
 that fits a device, and what --parallel=auto chooses. (The `train.py --plan` report built on it, the run's model
-from its config without weights and the table, is gptkit/plan_report.py.)
+from its config without weights and the table, is gptkit/plan/report.py.)
 
     fpt = flops_per_token(model, seq_len)                 # what the logs' MFU divides by, too
     setup = Setup.of_run(cfg, "cuda", torch.bfloat16)     # how one process runs the step
@@ -678,14 +678,14 @@ def choose_parallel(model, setup: Setup, capacity: float, batch_size: int | None
 
 
 
-PARALLEL = ("auto", "ddp", "fsdp")  # --parallel's choices
+CHOICES = ("auto", *PARALLEL)  # --parallel's: PARALLEL, or auto (choose_parallel picks)
 
 
 def parallel_for(requested: str, model, setup: Setup, capacity: float, batch_size: int | None) -> tuple[str, str]:
     """("ddp" or "fsdp", why) for a job of setup.world_size > 1 processes: the one asked for, or with "auto"
     the plan's choice for a device of `capacity` bytes (choose_parallel: DDP when a whole replica fits)."""
-    if requested not in PARALLEL:
-        raise ConfigError(f"parallel {requested!r} unknown; use {', '.join(PARALLEL)}")
+    if requested not in CHOICES:
+        raise ConfigError(f"parallel {requested!r} unknown; use {', '.join(CHOICES)}")
     if requested != "auto":
         return requested, f"--parallel={requested}"
     return choose_parallel(model, setup, capacity, batch_size)
