@@ -16,7 +16,7 @@ backward -> after the last micro-batch, clip and `gptkit/optim.py`'s AdamW step 
 
 This file: this run's setup (`setup_run`), then `train_loop`, the whole loop on one screen, its saves and its
 stop. What the run continues from is gptkit/checkpoint/resume.py's, the model it trains
-gptkit/checkpoint/run_model.py's, batch_size=auto gptkit/batch_size.py's and the step gptkit/step.py's.
+gptkit/checkpoint/run_model.py's, batch_size=auto gptkit/plan/batch_size.py's and the step gptkit/step.py's.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ import torch
 import torch.distributed as dist
 
 from gptkit import cli, fp8, hellaswag, lora, objectives, parallel, plan, startup
-from gptkit.batch_size import choose_batch_size, oom_message
 from gptkit.checkpoint import (
     build_checkpoint,
     load_sharded_optimizer,
@@ -60,6 +59,7 @@ from gptkit.files import OutDirBusyError, OutDirLock
 from gptkit.metrics import Metrics, peak_flops, start_wandb
 from gptkit.optim import describe, load_optimizer_state, make_optimizer
 from gptkit.options import config_to_dict, print_config
+from gptkit.plan.batch_size import choose_batch_size, oom_message
 from gptkit.plan.check import check_run_fits, fit_base_context
 from gptkit.plan.report import format_plan, make_plan
 from gptkit.runtime import (

@@ -46,7 +46,7 @@ from gptkit.optim import step_unless
 from gptkit.step import Objective, accumulate, clip_gradients, next_token_loss, non_finite, trained_parameters
 
 # batch_size=auto with cuda_graphs: the share of the free memory held back from the trial step
-# (gptkit/batch_size.py's fits_on_gpu). A margin, not a trial with graphs: a trial capture per candidate batch
+# (gptkit/plan/batch_size.py's fits_on_gpu). A margin, not a trial with graphs: a trial capture per candidate batch
 # would cost three warm-up steps and a capture each, and a capture that runs out of memory leaves the device in
 # a state a clean retry cannot count on. What the margin covers: the graph's pool keeps the step's memory for
 # good, so an evaluation's forward (in the regular pool) comes on top of it instead of reusing it, and the two

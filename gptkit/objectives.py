@@ -127,7 +127,7 @@ def make_batches(cfg: TrainConfig, data_dir: Path, d: Dist, rt: Runtime):
 def trial_batch(cfg: TrainConfig, raw_model: torch.nn.Module, batch_size: int, device: torch.device
                 ) -> tuple[Objective, Any]:
     """(the run's micro-batch loss, a micro-batch of batch_size random items for it): what batch_size=auto's
-    trial step runs on a GPU (gptkit/batch_size.py), the step the run will take on made-up tokens. DPO: pairs
+    trial step runs on a GPU (gptkit/plan/batch_size.py), the step the run will take on made-up tokens. DPO: pairs
     of two block_size sequences whose second half is the reply, against the reference the run will have (a
     LoRA run's: the adapters off, one more forward; a full fine-tune's: log-probabilities read with the batch)."""
     vocab, T = raw_model.config.vocab_size, cfg.block_size

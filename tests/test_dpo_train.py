@@ -24,7 +24,7 @@ import chat
 import eval as eval_script
 import train
 from benchmarks import dpo_rule
-from gptkit import batch_size, lora, objectives, optim, plan, runtime
+from gptkit import lora, objectives, optim, plan, runtime
 from gptkit.checkpoint import load_checkpoint
 from gptkit.checkpoint.run_model import attach_lora, build_model
 from gptkit.config import TrainConfig
@@ -33,6 +33,7 @@ from gptkit.data.prepare.pipeline import ValRule
 from gptkit.data.shards import read_meta
 from gptkit.dpo import DPOObjective, DPOSettings
 from gptkit.optim import make_optimizer
+from gptkit.plan import batch_size
 from gptkit.runtime import Dist, setup_runtime
 from gptkit.step import TrainStep
 from model import GPT, GPTConfig

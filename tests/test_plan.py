@@ -15,7 +15,7 @@ from torch.utils._pytree import tree_flatten
 
 import model as model_module
 import train
-from gptkit import batch_size, lora, plan
+from gptkit import lora, plan
 from gptkit.checkpoint import load_base_model
 from gptkit.checkpoint.resume import resolve_config
 from gptkit.checkpoint.run_model import attach_lora, build_model
@@ -23,6 +23,7 @@ from gptkit.config import TrainConfig
 from gptkit.errors import ConfigError
 from gptkit.optim import make_optimizer
 from gptkit.options import build_config, load_config
+from gptkit.plan import batch_size
 from gptkit.plan import report as plan_report
 from gptkit.runtime import Dist, Runtime
 from gptkit.step import forward_backward

@@ -78,7 +78,7 @@ def test_a_refused_run_leaves_nothing_new(char_dataset, tmp_path, monkeypatch, e
     if existing:
         train.main(short(char_dataset, out, max_iters=2, lr_decay_iters=2))
     before = snapshot(out) if existing else None
-    from gptkit import batch_size
+    from gptkit.plan import batch_size
 
     def refuse(*args, **kwargs):
         raise batch_size.BatchSizeError("no batch fits")

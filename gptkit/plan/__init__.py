@@ -1,6 +1,7 @@
 """Know before you run: a training run's FLOPs and memory worked out from its shape alone, the largest micro-batch
-that fits a device, and what --parallel=auto chooses. (The `train.py --plan` report built on it, the run's model
-from its config without weights and the table, is gptkit/plan/report.py.)
+that fits a device, and what --parallel=auto chooses. Built on it, in this package: report.py (`train.py --plan`:
+the run's model from its config without weights, and the table), check.py (a run refused before it builds
+anything when its step cannot fit) and batch_size.py (batch_size=auto's trial, the out-of-memory advice).
 
     fpt = flops_per_token(model, seq_len)                 # what the logs' MFU divides by, too
     setup = Setup.of_run(cfg, "cuda", torch.bfloat16)     # how one process runs the step
