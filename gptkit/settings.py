@@ -114,10 +114,10 @@ DEFAULT_TARGETS = ",".join(TARGETS)
 
 @dataclass(frozen=True)
 class LoRASettings:
-    rank: int
-    alpha: float = 16.0
-    dropout: float = 0.0
-    targets: str = DEFAULT_TARGETS
+    rank: int  # the updates' rank r: A is (r, in), B (out, r)
+    alpha: float = 16.0  # the updates are scaled by alpha / rank
+    dropout: float = 0.0  # dropout on the adapters' input
+    targets: str = DEFAULT_TARGETS  # the block's Linear layers adapted, comma-separated names from TARGETS
 
     def __post_init__(self):
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
