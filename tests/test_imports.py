@@ -9,6 +9,7 @@ so the number of levels is the longest chain of imports. config.py stands below 
 (it reaches none of them). `python tests/test_imports.py` prints each module's level."""
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 # model.py's delegates: (function, the module it imports inside it), the one allowed upward import.
 MODEL_DELEGATES = {("from_pretrained", "gptkit.hf_gpt2"), ("generate", "gptkit.generate")}
+
+
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """A file's syntax tree, read once per test run (several tests walk every file). Not modified by callers."""
+    return ast.parse(path.read_text(encoding="utf-8"), str(path))
 
 
 def modules(root: Path) -> dict[str, Path]:
@@ -49,7 +56,7 @@ def imports(path: Path, name: str, known: dict[str, Path]) -> list[tuple[str, st
     """(imported project module, the function it is imported in or None, line) for every import of `path`,
     at the top or inside a function or method. `from a import b` imports a.b when that is a module, else a;
     importing a package's module also runs the package (unless the importer is inside it)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    tree = parsed(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = []
 
@@ -250,7 +257,7 @@ def options_names() -> set[str]:
 def test_the_parsers_names_come_from_gptkit_options(path):
     parser = options_names()
     rel = str(path.relative_to(REPO))
-    through_config = [alias.name for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+    through_config = [alias.name for node in ast.walk(parsed(path))
                       if isinstance(node, ast.ImportFrom) and node.module == "gptkit.config"
                       for alias in node.names if alias.name in parser]
     assert through_config == [], f"{rel}: import {', '.join(through_config)} from gptkit.options"
@@ -264,7 +271,7 @@ def test_every_script_fails_the_one_way():
     problems = []
     for name in sorted(scripts(known, REPO)):
         path = known[name]
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = parsed(path)
         mains = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "main"]
         wrapped = any(ast.unparse(d).startswith("cli.entry_point") for f in mains for d in f.decorator_list)
         bare = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call)
@@ -293,7 +300,7 @@ def test_errors_stand_at_the_bottom_and_are_imported_from_there():
     assert {"UserError", "UsageError", "ConfigError", "DataError"} <= errors
     through_others = []
     for path in [*modules(REPO).values(), *sorted((REPO / "tests").glob("*.py"))]:
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.ImportFrom) and node.module and node.module != "gptkit.errors":
                 names = sorted(alias.name for alias in node.names if alias.name in errors)
                 if names and node.module.split(".")[0] in ("gptkit", "model"):
