@@ -103,21 +103,22 @@ from benchmarks.rounds import cell, interleave, ratio_cell, ratios, verdict
 from gptkit import cli, fp8
 from gptkit.config import TrainConfig
 from gptkit.cudagraph import GraphedStep
+from gptkit.data.shards import read_meta, require_dataset
+from gptkit.errors import ConfigError
 from gptkit.generate import SamplingOptions, compile_decode_step, generate_blocks, prefill
 from gptkit.metrics import peak_flops
 from gptkit.optim import make_optimizer
-from gptkit.options import ConfigError, load_config, setting
+from gptkit.options import load_config, setting
 from gptkit.plan import flops_per_token
 from gptkit.runtime import (
     DeviceError,
     Dist,
     Runtime,
-    refuse_uncapturable,
     resolve_compile,
     resolve_cuda_graphs,
     setup_runtime,
 )
-from gptkit.shards import read_meta, require_dataset
+from gptkit.settings import refuse_uncapturable
 from gptkit.step import TrainStep
 from gptkit.step_profile import format_profile, profile_steps
 from model import GPT, LOSS_CHUNK_ELEMENTS, GPTConfig, loss_chunk_rows
@@ -339,7 +340,7 @@ class RandomBatches:
 def train_batches(args, cfg: GPTConfig, batch: int, rt: Runtime):
     """What the training step reads its micro-batches from: train.py's loader on --data, else RandomBatches."""
     if args.data:
-        from gptkit.loader import BatchLoader
+        from gptkit.data.loader import BatchLoader
 
         return BatchLoader(args.data, "train", batch_size=batch, block_size=cfg.block_size, device=rt.device)
     return RandomBatches(cfg, batch, rt)

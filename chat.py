@@ -31,13 +31,13 @@ from typing import TextIO
 from gptkit import checkpoint, cli
 from gptkit.chat import ChatError, ChatTokens, fit_history, prompt_ids
 from gptkit.config import SamplingSettings
+from gptkit.errors import ConfigError, DataError
 from gptkit.generate import DECODE_WINDOW, TextStream
 from gptkit.inference import setup_inference
-from gptkit.options import ConfigError, load_config, redefault, setting
+from gptkit.options import load_config, redefault, setting
 from gptkit.runtime import resolve_compile
 from gptkit.serving.engine import Engine, Finished, Request
 from gptkit.serving.prefix_cache import token_bytes
-from gptkit.shards import DataError
 
 CONTEXTS_KEPT = 4  # the prefix cache's bound, in contexts of the model's keys and values
 

@@ -57,11 +57,12 @@ from tqdm import tqdm
 from gptkit import cli, hellaswag
 from gptkit.checkpoint import load_model, load_model_and_settings
 from gptkit.config import InferenceSettings
+from gptkit.data.pairs import Pairs
+from gptkit.data.shards import TokenDataset, require_dataset
+from gptkit.errors import ConfigError, UserError
 from gptkit.objectives.preference_losses import evaluate_preference
-from gptkit.options import Alias, ConfigError, load_config, setting
-from gptkit.preference import Pairs
+from gptkit.options import Alias, load_config, setting
 from gptkit.runtime import Dist, Runtime, distributed, resolve_compile
-from gptkit.shards import TokenDataset, require_dataset
 from gptkit.threads import Threads, resolve_threads
 from gptkit.tokenizer import Tokenizer
 from model import GPT, bucketed_forward
@@ -69,7 +70,7 @@ from model import GPT, bucketed_forward
 LOGITS_BUDGET = 1 << 26  # floats of logits at a time when scoring windows (256 MB in fp32)
 
 
-class EvalError(cli.UserError):
+class EvalError(UserError):
     """A model and a task that do not go together."""
 
 

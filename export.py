@@ -23,13 +23,14 @@ from pathlib import Path
 
 from gptkit import chat, cli
 from gptkit.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint, save_checkpoint
+from gptkit.errors import ConfigError, UserError
 from gptkit.gguf import GGUF_DTYPES, export_gguf
 from gptkit.hf_export import export_hf
-from gptkit.options import Alias, ConfigError, load_config, setting
+from gptkit.options import Alias, load_config, setting
 from gptkit.tokenizer import Tokenizer
 
 
-class ExportError(cli.UserError):
+class ExportError(UserError):
     """The export folder could not be written."""
 
 

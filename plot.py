@@ -21,13 +21,14 @@ from pathlib import Path
 import numpy as np
 
 from gptkit import cli
+from gptkit.errors import ConfigError, UserError
 from gptkit.files import atomic_write
-from gptkit.options import ConfigError, load_config, setting
+from gptkit.options import load_config, setting
 
 REFERENCES = {"chance": 0.25, "GPT-2 124M": 0.2955}  # HellaSwag acc_norm, completion scoring (gptkit/hellaswag.py)
 
 
-class PlotError(cli.UserError):
+class PlotError(UserError):
     """A run folder or option plot.py cannot use."""
 
 

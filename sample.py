@@ -29,6 +29,7 @@ import torch
 
 from gptkit import checkpoint, cli
 from gptkit.config import SamplingSettings
+from gptkit.errors import ConfigError, DataError
 from gptkit.generate import (
     DECODE_WINDOW,
     TOKEN_BYTES,
@@ -40,8 +41,7 @@ from gptkit.generate import (
     generate_blocks,
 )
 from gptkit.inference import setup_inference
-from gptkit.options import Alias, ConfigError, load_config, setting
-from gptkit.shards import DataError
+from gptkit.options import Alias, load_config, setting
 from gptkit.tokenizer import Tokenizer
 from model import GPT
 

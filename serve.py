@@ -47,13 +47,14 @@ import torch
 from gptkit import checkpoint, cli
 from gptkit.chat import ChatError, ChatTokens
 from gptkit.config import DecodeSettings
+from gptkit.errors import ConfigError, UserError
 from gptkit.inference import setup_inference
-from gptkit.options import ConfigError, load_config, setting
+from gptkit.options import load_config, setting
 from gptkit.serving.access import is_unspecified
 from gptkit.serving.engine import Engine
 
 
-class ServeError(cli.UserError):
+class ServeError(UserError):
     """The server cannot start: packages missing, the address taken."""
 
 

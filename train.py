@@ -9,7 +9,7 @@
     torchrun --nnodes=2 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=NODE0:29500 --rdzv-id=gpt2 \
         --max-restarts=3 train.py configs/gpt2_124m.py --resume=auto            # on each node; restarts continue
 
-Following one batch: `gptkit/loader.py` reads a window of tokens from the memory-mapped shards (x, y = the window and
+Following one batch: `gptkit/data/loader.py` reads a window of tokens from the memory-mapped shards (x, y = the window and
 the window shifted by one) -> `gptkit/step.py`: `model.py` turns x into logits and the cross-entropy against y ->
 backward -> after the last micro-batch, clip and `gptkit/optim.py`'s AdamW step -> `gptkit/metrics.py` logs ->
 `gptkit/checkpoint/` saves.
@@ -28,15 +28,15 @@ from pathlib import Path
 import torch
 
 from gptkit import cli, startup
-from gptkit.batch_size import oom_message
 from gptkit.checkpoint.resume import check_out_dir, resolve_config, set_aside_damaged_best
 from gptkit.checkpoint.run_files import RunFiles
 from gptkit.config import TrainConfig
 from gptkit.evaluation import evaluate, hellaswag_scores, load_hellaswag
 from gptkit.metrics import Metrics
 from gptkit.objectives import make_objective
-from gptkit.plan_check import check_run_fits, fit_base_context
-from gptkit.plan_report import format_plan, make_plan
+from gptkit.plan.batch_size import oom_message
+from gptkit.plan.check import check_run_fits, fit_base_context
+from gptkit.plan.report import format_plan, make_plan
 from gptkit.run import (
     Run,
     TrainError,
@@ -215,7 +215,7 @@ def train_in(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: 
 
 
 def plan_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str]) -> dict:
-    """--plan: print the run's memory, FLOPs, time and cost per device (gptkit/plan_report.py) and return them;
+    """--plan: print the run's memory, FLOPs, time and cost per device (gptkit/plan/report.py) and return them;
     nothing is trained, written or loaded but configs (and a resumed checkpoint's config)."""
     world_size = cfg.plan_gpus or int(os.environ.get("WORLD_SIZE", 1))
     cfg = fit_base_context(cfg, argv, say=False)  # as the run would

@@ -71,6 +71,7 @@ import torch  # noqa: E402
 
 from benchmarks.rounds import DEFAULT_ROUNDS, MIN_SECONDS, cell, ratio_cell, rotation, sustained, verdict  # noqa: E402
 from gptkit import cli, cpu_decode  # noqa: E402
+from gptkit.errors import UserError  # noqa: E402
 from gptkit.generate import SamplingOptions, decode_one_token, generate_stream, prefill  # noqa: E402
 from gptkit.options import read_config_file  # noqa: E402
 from gptkit.threads import choose_threads  # noqa: E402
@@ -92,7 +93,7 @@ WEIGHT_BYTES = {"fp32": 4.0, "float32": 4.0, "float16": 2.0, "int8": 36 / 32, "q
 HEAD_BYTES = {"q4_0": WEIGHT_BYTES["int8"], "llama q4_0": WEIGHT_BYTES["q8_0"]}
 
 
-class BenchError(cli.UserError):
+class BenchError(UserError):
     """A bad option."""
 
 

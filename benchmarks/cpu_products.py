@@ -30,6 +30,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from gptkit import cli, cpu_decode  # noqa: E402
+from gptkit.errors import UserError
 from gptkit.threads import choose_threads  # noqa: E402
 
 SHAPES = ((2304, 768, "attn.c_attn"), (768, 768, "attn.c_proj"), (3072, 768, "mlp.c_fc"), (768, 3072, "mlp.c_proj"),
@@ -61,16 +62,16 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     formats = args.formats.split(",")
     if not set(formats) <= {"float32", "int8", "q4_0"}:
-        raise cli.UserError(f"--formats {args.formats!r}: float32, int8, q4_0, or several of them")
+        raise UserError(f"--formats {args.formats!r}: float32, int8, q4_0, or several of them")
     try:
         rows = [int(r) for r in args.rows.split(",")]
     except ValueError:
-        raise cli.UserError(f"--rows {args.rows!r}: comma-separated integers, e.g. 1,4,16") from None
+        raise UserError(f"--rows {args.rows!r}: comma-separated integers, e.g. 1,4,16") from None
     if min(rows) < 1 or args.repeats < 1 or args.threads < 0:
-        raise cli.UserError("--rows and --repeats must be positive, --threads at least 0")
+        raise UserError("--rows and --repeats must be positive, --threads at least 0")
     kernels = cpu_decode.kernels()
     if kernels is None:
-        raise cli.UserError("the CPU kernels cannot run here (see python -m gptkit.cpu_decode --build)")
+        raise UserError("the CPU kernels cannot run here (see python -m gptkit.cpu_decode --build)")
     torch.set_num_threads(args.threads or choose_threads()[0])
     print(f"cpu_products: {cpu_decode.kernels_status()}, {torch.get_num_threads()} threads; ms per product "
           f"(median of {args.repeats})")

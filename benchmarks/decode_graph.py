@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the scripts and gptkit
 
 from gptkit import cli  # noqa: E402
+from gptkit.errors import UserError
 
 OPTIONS = {  # step name -> SamplingOptions keywords (None: the engine's step, 4 rows x 256 slots: logits only)
     "greedy": dict(temperature=0),
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     names = [n.strip() for n in args.steps.split(",")]
     unknown = [n for n in names if n not in OPTIONS]
     if unknown:
-        raise cli.UserError(f"--steps: unknown {', '.join(unknown)}; choose from {', '.join(OPTIONS)}")
+        raise UserError(f"--steps: unknown {', '.join(unknown)}; choose from {', '.join(OPTIONS)}")
     print("| step | aten ops: fixed + per block | GPT-2 (12 blocks) |" + (" kernels: fixed + per block | GPT-2 |"
                                                                        if args.kernels else ""))
     print("|---|--:|--:|" + ("--:|--:|" if args.kernels else ""))

@@ -44,6 +44,7 @@ from pathlib import Path
 from gptkit import cli
 from gptkit.chat import ChatTokens, prompt_ids
 from gptkit.checkpoint import load_model
+from gptkit.errors import UsageError
 from gptkit.serving.engine import Engine, Finished, Request
 
 REPO = Path(__file__).resolve().parents[1]
@@ -214,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--chat_prompts", type=int, default=100, help="--train: prompts with unseen words")
     args = parser.parse_args(argv)
     if args.sft < 1 or args.pairs < 2:
-        raise cli.UsageError("--sft must be at least 1 and --pairs at least 2")
+        raise UsageError("--sft must be at least 1 and --pairs at least 2")
     out = Path(args.out).resolve()
     sft, pairs = write(out, args.sft, args.pairs, args.seed)
     print(f"wrote {sft} ({args.sft:,} conversations) and {pairs} ({args.pairs:,} pairs)")

@@ -39,7 +39,8 @@ import torch
 
 from gptkit import cli
 from gptkit.checkpoint import save_checkpoint
-from gptkit.shards import read_meta
+from gptkit.data.shards import read_meta
+from gptkit.errors import UsageError
 from model import GPT, GPTConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
                                                        "change), e.g. HEAD~1")
     args = parser.parse_args(argv)
     if args.steps < 2 or args.seq < 32 or args.batch_size < 1 or args.pairs < 20:
-        raise cli.UsageError("--steps must be at least 2, --seq at least 32, --batch_size at least 1 and --pairs "
+        raise UsageError("--steps must be at least 2, --seq at least 32, --batch_size at least 1 and --pairs "
                              "at least 20")
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ For each number of processes N, a job of N processes (torchrun, or this process 
 shape, wraps it as train.py does (gptkit/parallel.py: FSDP for N > 1), takes one training step on random tokens
 (forward, backward, AdamW's step: its states then exist) and counts, on every process, the bytes of the tensors
 it holds: its shards of the parameters, of the gradients and of the optimizer states (parallel.local_bytes).
-Beside them: the plan's figures for the same setup (gptkit/plan.py's memory: weights, gradients, optimizer)
+Beside them: the plan's figures for the same setup (gptkit/plan/__init__.py's memory: weights, gradients, optimizer)
 and the largest FSDP unit's parameters gathered whole (what a process holds on top, while that unit runs).
 The bound tests/test_fsdp.py checks: every process holds at most 1/N of one process' bytes plus that unit.
 """
@@ -24,9 +24,11 @@ from pathlib import Path
 
 import torch
 
-from gptkit import cli
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a file (and as torchrun's workers): this checkout's gptkit, not an installed one
+
+from gptkit import cli  # noqa: E402
+
 # name -> GPTConfig options: "tiny" for the tests, "small" for BENCHMARKS.md (a baby GPT with GPT-2's vocabulary)
 SHAPES = {
     "tiny": dict(vocab_size=67, n_layer=2, n_head=2, n_embd=32, block_size=32, dropout=0.0),
@@ -55,7 +57,7 @@ def measure(shape: str) -> dict:
         setup = plan.Setup("cpu", torch.float32, options["block_size"], world_size=d.world_size,
                            parallel="fsdp" if d.enabled else "ddp")
         planned = plan.memory(model, setup, BATCH)
-        wrapped = parallel.wrap(model, parallel.decide(model, cfg, d, rt, False)[0], rt, use_compile=False)
+        wrapped = parallel.wrap(model, plan.decide_parallel(model, cfg, d, rt, False)[0], rt, use_compile=False)
         optimizer = make_optimizer(model, cfg, "cpu")
         x = torch.randint(options["vocab_size"], (BATCH, options["block_size"]))
         wrapped(x, x)[1].backward()

@@ -1,4 +1,4 @@
-"""The plan's peak memory (gptkit/plan.py, what `train.py --plan` prints) against the measured one.
+"""The plan's peak memory (gptkit/plan/__init__.py, what `train.py --plan` prints) against the measured one.
 
     python -m benchmarks.plan_memory                     # CPU: the five shapes of issue 24 (a few minutes)
     python -m benchmarks.plan_memory --shapes=char,lora  # some of them

@@ -32,12 +32,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from gptkit import cli  # noqa: E402
-from gptkit.prepare import local  # noqa: E402
-from gptkit.prepare.tiny_shakespeare import URL  # noqa: E402
+from gptkit.data.prepare import local  # noqa: E402
+from gptkit.data.prepare.tiny_shakespeare import URL  # noqa: E402
+from gptkit.errors import UserError  # noqa: E402
 
 # The child: prepare/text.py, with the parallel executor chosen by the benchmark.
-CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); from gptkit.prepare import parallel; "
-         "parallel.EXECUTOR = sys.argv[2]; from prepare import text; text.main(sys.argv[3:])")
+CHILD = ("import sys; sys.path.insert(0, sys.argv[1]); from gptkit.data.prepare import pool; "
+         "pool.EXECUTOR = sys.argv[2]; from prepare import text; text.main(sys.argv[3:])")
 
 
 def parse_size(text: str) -> int:
@@ -130,7 +131,7 @@ def run_prepare(corpus: Path, out: Path, num_proc: int, executor: str) -> dict:
     summary = proc.stdout.read().strip().splitlines()
     if proc.returncode != 0:
         last = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no message)"]
-        raise cli.UserError(f"the prepare run failed (exit {proc.returncode}): {last[0]}")
+        raise UserError(f"the prepare run failed (exit {proc.returncode}): {last[0]}")
     meta = json.loads((out / "meta.json").read_text())
     tokens = sum(s["tokens"] for s in meta["splits"].values())
     return {"seconds": seconds, "cpu": cpu, "tokens": tokens, "peak_rss": peak,

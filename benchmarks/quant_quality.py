@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))  # run as a file: gptkit from this checkout
 
 from gptkit import cli, cpu_decode  # noqa: E402
 from gptkit.checkpoint import load_model  # noqa: E402
-from gptkit.shards import TokenDataset, require_dataset  # noqa: E402
+from gptkit.data.shards import TokenDataset, require_dataset  # noqa: E402
 
 
 @torch.no_grad()

@@ -45,6 +45,7 @@ sys.path.insert(0, str(REPO))  # run as a file from anywhere: the scripts and gp
 
 from benchmarks.rounds import DEFAULT_ROUNDS, MIN_SECONDS, QUICK_SECONDS, Spread, verdict  # noqa: E402
 from gptkit import cli  # noqa: E402
+from gptkit.errors import UserError  # noqa: E402
 
 PARTS = ("decode", "serve", "train", "loss")
 QUIET_2CORE = "a quiet 2-core VM (AMD EPYC)"
@@ -54,7 +55,7 @@ NANOGPT = REPO.parent / "shared" / "anchors" / "nanoGPT"
 TEXT = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
 
 
-class ReproduceError(cli.UserError):
+class ReproduceError(UserError):
     """A bad option."""
 
 

@@ -13,7 +13,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from gptkit import cli
+from gptkit.errors import UserError
 from gptkit.options import read_config_file
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,7 +23,7 @@ RETRIES = 2
 SHAKESPEARE_CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # its 65 characters
 
 
-class LoadError(cli.UserError):
+class LoadError(UserError):
     """A bad option, a URL not on this machine, a server that does not start."""
 
 

@@ -58,6 +58,7 @@ sys.path.insert(0, str(REPO))  # run as a file: gptkit from this checkout
 
 from benchmarks.rounds import DEFAULT_ROUNDS, cell, ratio_cell, rotation, verdict  # noqa: E402
 from gptkit import cli  # noqa: E402
+from gptkit.errors import UserError  # noqa: E402
 from gptkit.threads import choose_threads, plural  # noqa: E402
 
 SETTINGS = ("torch", "auto", "1", "passive")
@@ -69,7 +70,7 @@ SPIN = "while True: pass"
 NANOGPT_TIME = re.compile(r"^iter (\d+): loss [-\d.naif]+, time ([\d.]+)ms", re.MULTILINE)
 
 
-class BenchError(cli.UserError):
+class BenchError(UserError):
     """A setting the benchmark does not know, or a run that failed (its log's last lines say why)."""
 
 

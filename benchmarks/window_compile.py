@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a file: gptkit from this checkout
 
 from gptkit import cli  # noqa: E402
+from gptkit.errors import UsageError  # noqa: E402
 
 MODELS = {"small": dict(block_size=128, vocab_size=256, n_layer=2, n_head=2, n_embd=64),
           "gpt2": dict(block_size=1024, vocab_size=50257, n_layer=12, n_head=12, n_embd=768)}
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         windows = [int(k) for k in args.windows.split(",")]
     except ValueError:
-        raise cli.UsageError(f"--windows must be a comma list of integers, got {args.windows!r}") from None
+        raise UsageError(f"--windows must be a comma list of integers, got {args.windows!r}") from None
     print(f"| K | first generation, s ({args.model}, {args.device}) |\n|---:|---:|")
     for k in windows:
         with tempfile.TemporaryDirectory() as cache:

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gptkit.cli import one_line
+from gptkit.errors import DataError
 from gptkit.hf_tokenizer import byte_bpe_tokenizer_json
-from gptkit.shards import DataError
 
 # GPT-4's pre-tokenisation split, exactly tiktoken's cl100k_base pat_str (a test checks it against tiktoken).
 SPLIT_PATTERN = (

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gptkit.cli import UserError
+from gptkit.errors import UserError
 
 ROLES = ("system", "user", "assistant")
 BEGIN, END = "<|endoftext|>", "<|end|>"

@@ -22,22 +22,10 @@ import sys
 import time
 from collections.abc import Callable
 
+from gptkit.errors import UsageError, UserError
+
 EXIT_ERROR = 1  # every script, every kind of user error (bad option, missing file, no network, ...)
 QUIET_WAIT_S = 30.0  # _leave_quietly
-
-
-class UserError(Exception):
-    """A problem the user can fix: the message is one line saying what is wrong and how to fix it.
-    `every_rank`: every process of a torchrun job meets it alike (a bad setting), so one process per machine
-    says it (entry_point)."""
-
-    every_rank = False
-
-
-class UsageError(UserError):
-    """A bad command line."""
-
-    every_rank = True
 
 
 def one_line(text: object) -> str:

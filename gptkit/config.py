@@ -9,22 +9,23 @@ command line wins over the files, and a file's lines see its values.
 The model's settings are GPTConfig's (model.py declares each once, with its help): TrainConfig inherits them.
 What sample.py, chat.py, serve.py and eval.py share (checkpoint, device, dtype, threads, quantize, sampling) is
 declared once here too, in InferenceSettings and the classes that extend it; each script's config extends one.
+The features' own settings objects (DPOSettings, LoRASettings, SamplingOptions) and the names their checks
+need are gptkit/settings.py's: this module imports no feature module it configures (tests/test_imports.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gptkit.generate import SamplingOptions
-from gptkit.inference import QUANTIZE
-from gptkit.lora import LoRAError, LoRASettings
-from gptkit.options import (
-    ConfigError,
-    setting,
-    settings_of,
+from gptkit.errors import ConfigError, LoRAError
+from gptkit.options import setting, settings_of
+from gptkit.settings import (
+    QUANTIZE,
+    THREADS_HELP,
+    LoRASettings,
+    SamplingOptions,
+    refuse_uncapturable,
 )
-from gptkit.runtime import refuse_uncapturable
-from gptkit.threads import THREADS_HELP
 from model import GPTConfig
 
 # ----------------------------------------------------------------------------- the training run

@@ -72,9 +72,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gptkit import cli
+from gptkit.errors import UserError
+from gptkit.settings import FORMATS
 from model import ACTIVATIONS, Block, CacheSlice
 
-FORMATS = ("float32", "float16", "int8", "q4_0")
 # q4_0's widths: its block matrices in four bits; the head, and the token embedding the head is tied to, in
 # llama.cpp's q8_0 (8 bits, an fp16 scale per 32: gguf's q8_0 to the bit), the embedding's lookups reading
 # the same rounded values, so that a GGUF q4_0 file (token_embd in q8_0, as export.py writes it) is this
@@ -104,7 +105,7 @@ _active: str | None = None  # the variant in use
 _status = "not loaded yet"
 
 
-class KernelBuildError(cli.UserError):
+class KernelBuildError(UserError):
     """The kernels cannot be built here (no compiler, no ninja, a failed compile); the message says why."""
 
 

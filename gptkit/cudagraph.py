@@ -11,7 +11,7 @@ removes that. The step is gptkit/step.py's (accumulate, clip_gradients, non_fini
 plain step); what a graph needs besides, this module provides:
 - static inputs: each micro-batch is copied into fixed buffers before the replay (`batch`: one per tensor of
   the micro-batch, shaped by the first step's: x and y for the default objective; a preference batch's x, y and
-  its reference log-probabilities, read with the batch, gptkit/preference.py's PairBatch.tensors), and the
+  its reference log-probabilities, read with the batch, gptkit/data/pairs.py's PairBatch.tensors), and the
   objective is called with micro-batches made of those buffers;
 - a learning rate that lives on the device (a tensor the graph reads; optim.set_lr fills it) and fused AdamW
   with capturable=True (optim.make_adamw(..., graphable=True));
@@ -32,7 +32,7 @@ the evaluations then run: batch_size=auto keeps a margin for that (graph_batch_r
 CUDA the step always runs eagerly, and before_capture runs at the step where the capture would happen: the same
 arithmetic and the same order, which is how the tests check it on a CPU.
 
-Settings that cannot be captured are refused before the first step (runtime.refuse_uncapturable), not at the
+Settings that cannot be captured are refused before the first step (settings.refuse_uncapturable), not at the
 capture.
 """
 
@@ -46,7 +46,7 @@ from gptkit.optim import step_unless
 from gptkit.step import Objective, accumulate, clip_gradients, next_token_loss, non_finite, trained_parameters
 
 # batch_size=auto with cuda_graphs: the share of the free memory held back from the trial step
-# (gptkit/batch_size.py's fits_on_gpu). A margin, not a trial with graphs: a trial capture per candidate batch
+# (gptkit/plan/batch_size.py's fits_on_gpu). A margin, not a trial with graphs: a trial capture per candidate batch
 # would cost three warm-up steps and a capture each, and a capture that runs out of memory leaves the device in
 # a state a clean retry cannot count on. What the margin covers: the graph's pool keeps the step's memory for
 # good, so an evaluation's forward (in the regular pool) comes on top of it instead of reusing it, and the two

@@ -15,10 +15,10 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from gptkit import hellaswag, parallel
-from gptkit.cli import UserError
-from gptkit.loader import ValBatches
+from gptkit.data.loader import ValBatches
+from gptkit.data.pairs import ValPairs
+from gptkit.errors import UserError
 from gptkit.metrics import LineProgress
-from gptkit.preference import ValPairs
 from gptkit.runtime import Dist, Runtime
 from gptkit.step import Objective, StopFlag, next_token_loss
 from gptkit.tokenizer import Tokenizer

@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from gptkit.cli import UserError
+from gptkit.errors import UserError
 
 try:  # POSIX
     import fcntl

@@ -68,58 +68,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from gptkit.cli import UserError
+from gptkit.errors import UserError
 from gptkit.runtime import ram, resolve_compile
+from gptkit.settings import SamplingOptions, is_int
 from model import GPT, no_tf32
 
 # ----------------------------------------------------------------------------- options
-
-
-@dataclass(frozen=True, kw_only=True)
-class SamplingOptions:
-    """How generate picks each next token; checked once, here, when made (a ValueError names the field)."""
-
-    temperature: float = 1.0  # divides the logits: < 1 more conservative, > 1 wilder; 0 = greedy (argmax)
-    top_k: int | None = None  # draw only from the k most likely tokens; None = no limit
-    top_p: float | None = None  # draw only from the likeliest tokens whose probabilities sum to p; None/1 off
-    stop_token: int | None = None  # a sequence that draws it is finished (and padded with it); None = never
-    # Tokens the window moves forward by when it is full. 1 (nanoGPT's, exact): every token sees exactly the last
-    # block_size tokens, at the price of a forward over the whole window per token past block_size. More is
-    # faster and approximate: the tokens after a move see fewer (see the module docstring).
-    window_shift: int = 1
-
-    def __post_init__(self):
-        t, k, p, stop, shift = self.temperature, self.top_k, self.top_p, self.stop_token, self.window_shift
-        if not (_is_number(t) and t >= 0):  # nan fails >= too
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {t!r}")
-        if k is not None and not (_is_int(k) and k >= 1):
-            raise ValueError(f"top_k must be an integer >= 1 (None = no limit), got {k!r}")
-        if p is not None and not (_is_number(p) and 0.0 < p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1] (1 = off), got {p!r}")
-        if stop is not None and not (_is_int(stop) and stop >= 0):
-            raise ValueError(f"stop_token must be a token id >= 0 (None = no stop token), got {stop!r}")
-        if not (_is_int(shift) and shift >= 1):
-            raise ValueError(f"window_shift must be an integer >= 1 (1 = exact, nanoGPT's), got {shift!r}")
-
-    def shift_for(self, block_size: int) -> int:
-        """The window shift for a model of this block_size: window_shift, checked against it."""
-        if self.window_shift > block_size:
-            raise ValueError(f"window_shift must be in 1..{block_size} (the model's block_size), got "
-                             f"{self.window_shift}")
-        return self.window_shift
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)
 
 
 # ----------------------------------------------------------------------------- sampling: logits -> a token
@@ -533,7 +491,7 @@ TOKEN_BYTES = 8  # a token id in the decoding buffers: int64, torch's index type
 # Buffers up to this size are not worth asking the system about: anything that holds a model holds them.
 UNCHECKED_BYTES = 64 * 2**20
 # The share of the free memory a decode's tokens may take: the rest is the model's, its KV cache's and the
-# process' (and on a CPU the freed memory that glibc keeps resident; gptkit/plan.py sizes CPU runs the same way).
+# process' (and on a CPU the freed memory that glibc keeps resident; gptkit/plan/__init__.py sizes CPU runs the same way).
 MEMORY_SHARE = 0.5
 
 
@@ -612,7 +570,7 @@ def generate_blocks(
     than K tokens at a time. At the end up to K - 1 tokens past max_new_tokens are computed and never yielded,
     and a window in which every sequence has drawn the stop token yields up to that step only."""
     opts = options if options is not None else SamplingOptions()
-    if not (_is_int(window) and window >= 1):
+    if not (is_int(window) and window >= 1):
         raise ValueError(f"window must be an integer >= 1 (1 = a token per step), got {window!r}")
     model.eval()
     B, T0 = idx.shape

@@ -35,10 +35,10 @@ import numpy as np
 import torch
 
 from gptkit import bpe
-from gptkit.cli import UserError, one_line
+from gptkit.cli import one_line
+from gptkit.errors import DataError, UserError
 from gptkit.files import atomic_write
 from gptkit.hf_tokenizer import BPEMergeError, bpe_merges, bytes_to_unicode
-from gptkit.shards import DataError
 from gptkit.tokenizer import Tokenizer
 from model import ARCH_PRESETS, GPT, GPTConfig
 

@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gptkit.cli import UserError, one_line
+from gptkit.cli import one_line
+from gptkit.errors import DataError, UserError
 from gptkit.gguf import ARCH, CONFIG_KEY, TOKENIZER_KEY, _import_gguf
-from gptkit.shards import DataError
 from gptkit.tokenizer import Tokenizer
 from model import GPT, GPTConfig
 

@@ -38,7 +38,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from gptkit.cli import UserError, one_line
+from gptkit.cli import one_line
+from gptkit.errors import UserError
 from gptkit.files import atomic_write
 from gptkit.runtime import Dist, Runtime
 from gptkit.tokenizer import Tokenizer

@@ -23,9 +23,9 @@ import torch
 
 from gptkit import chat
 from gptkit.checksum import safetensors_metadata
+from gptkit.errors import DataError
 from gptkit.hf_gpt2 import HFGPT2Error, hf_config, ours_to_hf
 from gptkit.hf_tokenizer import GPTKIT_FILE, hf_tokenizer_files
-from gptkit.shards import DataError
 from gptkit.tokenizer import Tokenizer
 from model import GPT, GPTConfig
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from gptkit import checksum
-from gptkit.cli import UserError
+from gptkit.errors import UserError
 from gptkit.network import hub_unreachable
 from model import ARCH_PRESETS, GPT, GPTConfig
 

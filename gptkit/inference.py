@@ -19,14 +19,8 @@ import torch
 
 from gptkit import cpu_decode
 from gptkit.runtime import DeviceError, Runtime, setup_runtime
+from gptkit.settings import QUANTIZE
 from gptkit.threads import resolve_threads
-
-# The decoding scripts' --quantize: "none" runs the model as loaded; float32, float16, int8 and q4_0 are
-# gptkit/cpu_decode.py's weight formats for the Linear layers (CPU only); "auto" (the default) is float32 on
-# the CPU when the weights are float32 (the same weights and logits, read by faster kernels; q4_0 for a q4_0
-# GGUF file of export.py's: the file's own blocks) and none elsewhere.
-# (The setting itself, with its help, is gptkit/config.py's DecodeSettings.quantize.)
-QUANTIZE = ("auto", "none", *cpu_decode.FORMATS)
 
 
 @dataclass

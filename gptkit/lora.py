@@ -22,51 +22,13 @@ import contextlib
 import hashlib
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gptkit.cli import UserError
-
-# The Linear layers inside a block that LoRA can adapt, by their path in the block.
-TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
-# All four: adapting every projection (not only the attention's) gives the best quality per trainable
-# parameter in the LoRA/QLoRA papers' ablations, and still trains ~1% of GPT-2's weights at rank 8.
-DEFAULT_TARGETS = ",".join(TARGETS)
-
-
-class LoRAError(UserError):
-    """Bad LoRA settings, or adapters that do not fit their base."""
-
-
-@dataclass(frozen=True)
-class LoRASettings:
-    rank: int
-    alpha: float = 16.0
-    dropout: float = 0.0
-    targets: str = DEFAULT_TARGETS
-
-    def __post_init__(self):
-        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
-            raise LoRAError(f"lora_rank must be a positive integer (0 turns LoRA off), got {self.rank!r}")
-        if not self.alpha > 0:
-            raise LoRAError(f"lora_alpha must be positive, got {self.alpha!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise LoRAError(f"lora_dropout must be in [0, 1), got {self.dropout!r}")
-        self.target_list()  # checks the names
-
-    def target_list(self) -> list[str]:
-        names = [t.strip() for t in self.targets.split(",") if t.strip()]
-        unknown = [t for t in names if t not in TARGETS]
-        if unknown or not names:
-            raise LoRAError(f"lora_targets: unknown layer(s) {', '.join(unknown) or '(none given)'}; "
-                            f"choose from {', '.join(TARGETS)} (comma-separated)")
-        return names
-
-    def to_dict(self) -> dict:
-        return {"rank": self.rank, "alpha": self.alpha, "dropout": self.dropout, "targets": self.targets}
+from gptkit.errors import LoRAError
+from gptkit.settings import LoRASettings
 
 
 class LoRALinear(nn.Linear):

@@ -14,7 +14,7 @@ A metric with no value that time (DPO's accuracy while every pair ties) is null 
 "n/a" in the log. `python plot.py OUT_DIR` draws them. Every line
 also has elapsed_s: wall-clock seconds since `started` (train.py: the process start, so imports, CUDA's start
 and compilation count), evaluations included: the time to a loss as a user's clock reads it.
-MFU is the model's FLOPs per token (gptkit/plan.py's flops_per_token, the formula `train.py --plan` uses) times
+MFU is the model's FLOPs per token (gptkit/plan/__init__.py's flops_per_token, the formula `train.py --plan` uses) times
 tokens/s, over the GPU's peak from PEAK_FLOPS below.
 """
 
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from gptkit.cli import UserError
+from gptkit.errors import UserError
 from gptkit.threads import choose_threads
 
 # Peak dense tensor-core FLOP/s from the vendors' datasheets (their sparsity figures halved): (name,

@@ -24,7 +24,7 @@ import pickle
 import re
 from pathlib import Path
 
-from gptkit.cli import UserError
+from gptkit.errors import UserError
 from model import GPTConfig
 
 CKPT_NAME = "ckpt.pt"  # the one checkpoint file nanoGPT's train.py writes into its out_dir

@@ -36,13 +36,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields, make_dataclas
 from pathlib import Path
 from typing import Any
 
-from gptkit.cli import UserError
-
-
-class ConfigError(UserError):
-    """A bad config file, key or value; the message says which and how to fix it."""
-
-    every_rank = True  # the same files and command line in every process of a torchrun job
+from gptkit.errors import ConfigError
 
 
 @dataclass(frozen=True)

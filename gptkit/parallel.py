@@ -1,6 +1,6 @@
 """How the model is wrapped for the processes of a torchrun job: DDP or FSDP2, and --parallel=auto's choice.
 
-    choice, line = parallel.decide(raw_model, cfg, d, rt, use_compile)  # single, ddp or fsdp; why
+    choice, line = plan.decide_parallel(raw_model, cfg, d, rt, use_compile)  # single, ddp or fsdp; why (the plan's)
     model = parallel.wrap(raw_model, choice, rt, use_compile)           # the module that runs the steps
     with parallel.no_sync(model): ...              # forward + backward of a micro-batch not a step's last
     grad_norm = parallel.clip_grad_norm_(params, max_norm)    # a plain tensor, from sharded gradients too
@@ -18,7 +18,8 @@ fsdp: FSDP2 (torch.distributed.fsdp.fully_shard) on each transformer block, then
     volume per step (with gradient accumulation, that again for every micro-batch: see no_sync). On CUDA
     with bf16 the mixed-precision policy gathers bf16 weights for the compute and reduces the gradients in
     fp32; elsewhere everything stays in the parameters' dtype (fp32), autocast casting as without FSDP.
-auto: DDP when a whole replica fits each device, FSDP when not (gptkit/plan.py's choose_parallel).
+auto: DDP when a whole replica fits each device, FSDP when not (gptkit/plan/__init__.py's choose_parallel; the plan decides,
+    gptkit/plan/__init__.py's decide_parallel, and this module wraps what it chose).
 
 On one process nothing is wrapped (torch.compile aside). This module is the only place that knows which wrapper
 a run chose: train.py asks for the wrapped model and uses the helpers above, whatever it is.
@@ -33,11 +34,9 @@ from collections.abc import Iterator
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from gptkit import plan
-from gptkit.cli import UserError
-from gptkit.runtime import Dist, Runtime
+from gptkit.errors import UserError
+from gptkit.runtime import Runtime
 
-CHOICES = ("auto", "ddp", "fsdp")
 # torch.distributed.fsdp and .tensor take about a second to import: only a run under FSDP imports them. Until one
 # has, no module is an FSDP unit and no tensor a DTensor (the checks below look them up in sys.modules).
 FSDP, DTENSOR = "torch.distributed.fsdp", "torch.distributed.tensor"
@@ -47,35 +46,11 @@ class ParallelError(UserError):
     """A --parallel setting this run cannot use; the message says what to use instead."""
 
 
-def choose(requested: str, model: torch.nn.Module, setup: plan.Setup, capacity: float,
-           batch_size: int | None) -> tuple[str, str]:
-    """("ddp" or "fsdp", why) for a job of setup.world_size > 1 processes: the one asked for, or with "auto"
-    the plan's choice for a device of `capacity` bytes (plan.choose_parallel: DDP when a whole replica fits)."""
-    if requested not in CHOICES:
-        raise ParallelError(f"parallel {requested!r} unknown; use {', '.join(CHOICES)}")
-    if requested != "auto":
-        return requested, f"--parallel={requested}"
-    return plan.choose_parallel(model, setup, capacity, batch_size)
-
-
-def decide(model: torch.nn.Module, cfg, d: Dist, rt: Runtime, use_compile: bool,
-           objective=None) -> tuple[str, str | None]:
-    """How this run's processes share the model: ("single", None) on one process, else ("ddp" or "fsdp", the
-    one line that says which and why). cfg: the run's TrainConfig (batch_size None: auto, planned at 1);
-    objective: the run's (what its step holds: plan.Setup.of_run), None: the next-token loss."""
-    if not d.enabled:
-        return "single", None
-    setup = plan.Setup.of_run(cfg, rt.device_type, rt.dtype, d.world_size, compile=use_compile,
-                              accum=max(1, cfg.gradient_accumulation_steps // d.world_size), objective=objective)
-    choice, why = choose(cfg.parallel, model, setup, plan.process_capacity(rt.device, d.world_size), cfg.batch_size)
-    return choice, f"parallel: {choice.upper()} over {d.world_size} processes ({why})"
-
-
 def wrap(model: torch.nn.Module, choice: str, rt: Runtime, use_compile: bool,
          compile_scope: str = "model") -> torch.nn.Module:
-    """The module that runs the training steps, for decide's `choice`. `model` is the plain GPT on its device;
-    under FSDP it is sharded in place (its parameters become DTensors holding this process' shard): build the
-    optimizer after this call. compile_scope "blocks" compiles each block on its own, in place (FSDP always
+    """The module that runs the training steps, for plan.decide_parallel's `choice`. `model` is the plain GPT
+    on its device; under FSDP it is sharded in place (its parameters become DTensors holding this process'
+    shard): build the optimizer after this call. compile_scope "blocks" compiles each block on its own, in place (FSDP always
     does): identical blocks share one compiled graph, so compile time does not grow with the depth."""
     if choice == "fsdp":
         return shard(model, rt, use_compile)

@@ -12,7 +12,7 @@ part is saved because it registers here, under its own key, not through a keywor
 
 What the run continues from is gptkit/checkpoint/resume.py's, the model it trains
 gptkit/checkpoint/run_model.py's, what it trains toward gptkit/objectives/', batch_size=auto
-gptkit/batch_size.py's and the step gptkit/step.py's.
+gptkit/plan/batch_size.py's and the step gptkit/step.py's.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import torch
 import torch.distributed as dist
 
 from gptkit import fp8, hellaswag, lora, parallel, plan, startup
-from gptkit.batch_size import choose_batch_size
 from gptkit.checkpoint import (
     build_checkpoint,
     load_sharded_optimizer,
@@ -40,17 +39,19 @@ from gptkit.checkpoint import (
 from gptkit.checkpoint.background import CheckpointSaver
 from gptkit.checkpoint.run_files import RunFiles
 from gptkit.checkpoint.run_model import attach_lora, build_model, check_vocab, with_base_shape
-from gptkit.cli import UserError
 from gptkit.config import TrainConfig
 from gptkit.cudagraph import GraphedStep
+from gptkit.data.prepare.local import DownloadError
+from gptkit.data.prepare.tiny_shakespeare import DATASETS as SHAKESPEARE_DATASETS
+from gptkit.data.prepare.tiny_shakespeare import prepare_shakespeare
+from gptkit.data.shards import dataset_dir, prepare_command, read_meta, require_dataset
+from gptkit.errors import ConfigError, DataError, UserError
 from gptkit.files import OutDirBusyError, OutDirLock
 from gptkit.metrics import Metrics, peak_flops, start_wandb
 from gptkit.objectives import Objective, make_objective
 from gptkit.optim import describe, load_optimizer_state, make_optimizer
-from gptkit.options import ConfigError, config_to_dict, print_config
-from gptkit.prepare.local import DownloadError
-from gptkit.prepare.tiny_shakespeare import DATASETS as SHAKESPEARE_DATASETS
-from gptkit.prepare.tiny_shakespeare import prepare_shakespeare
+from gptkit.options import config_to_dict, print_config
+from gptkit.plan.batch_size import choose_batch_size
 from gptkit.runtime import (
     Dist,
     Runtime,
@@ -60,7 +61,6 @@ from gptkit.runtime import (
     resolve_compile,
     resolve_cuda_graphs,
 )
-from gptkit.shards import DataError, dataset_dir, prepare_command, read_meta, require_dataset
 from gptkit.step import StepRequests
 from gptkit.threads import Threads
 from gptkit.tokenizer import with_tokenizer_files
@@ -189,7 +189,7 @@ class Run:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
-    loader: Any  # the objective's training loader (gptkit/loader.py's BatchLoader, or PairLoader for DPO)
+    loader: Any  # the objective's training loader (gptkit/data/loader.py's BatchLoader, or PairLoader for DPO)
     val: Any  # its validation batches
     accum: int  # micro-batches per process per step
     objective: Objective  # what the run trains toward (gptkit/objectives/): its loss, metrics and state
@@ -280,7 +280,7 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
     startup.mark("model", rt.device)
     use_compile, why = resolve_compile(cfg.compile, rt.device)
     # Under torchrun DDP or FSDP (gptkit/parallel.py), decided before the batch size (FSDP holds less per process)
-    sharing, parallel_line = parallel.decide(model, cfg, d, rt, use_compile, objective)
+    sharing, parallel_line = plan.decide_parallel(model, cfg, d, rt, use_compile, objective)
     cfg = choose_batch_size(cfg, model, ckpt, d, rt, sharing)
     if cfg.fp8_head:  # a one-line error where the GPU or the sizes cannot (gptkit/fp8.py)
         fp8.use_fp8_head(model, rt.device, tokens=cfg.batch_size * cfg.block_size)

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from gptkit.cli import UsageError, UserError
+from gptkit.errors import UserError
 
 
 class DeviceError(UserError):
@@ -152,27 +152,6 @@ def resolve_cuda_graphs(flag: bool | None, rt: Runtime, *, world_size: int, opti
         raise DeviceError(f"--cuda_graphs=True needs {', '.join(needs)}; drop --cuda_graphs")
     how = "compiled, " if compiled else ""
     return True, f"CUDA graphs on: the whole training step runs {how}as one graph, captured after warm-up steps"
-
-
-# torch.compile's modes that record CUDA graphs of their own: not inside a capture of the whole step.
-GRAPHING_COMPILE_MODES = ("reduce-overhead", "max-autotune")
-
-
-def refuse_uncapturable(cuda_graphs: bool | None, *, activation_checkpointing: bool = False,
-                        compile_modes: tuple[str, ...] | list[str] = ()) -> None:
-    """A one-line UsageError, before the first step, for settings the whole-step capture cannot record:
-    activation checkpointing (recomputing a block saves and restores the CUDA random state, which a capture
-    refuses) and torch.compile's modes that record CUDA graphs of their own (no graph inside a capture)."""
-    if not cuda_graphs:
-        return
-    if activation_checkpointing:
-        raise UsageError("--activation_checkpointing=True cannot run with --cuda_graphs=True (recomputing a block "
-                         "reads the CUDA random state, which a graph capture refuses); drop one of the two")
-    graphing = [mode for mode in compile_modes if mode in GRAPHING_COMPILE_MODES]
-    if graphing:
-        raise UsageError(f"--compile_mode={graphing[0]} records CUDA graphs of its own, which cannot sit inside "
-                         f"--cuda_graphs=True's capture of the whole step; use --compile_mode=default or "
-                         f"max-autotune-no-cudagraphs with --cuda_graphs=True, or --cuda_graphs=False")
 
 
 # Where a step can be captured. (Tests add "cpu": there gptkit/cudagraph.py runs the same step eagerly.)

@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from gptkit import parallel
-from gptkit.cli import UserError
+from gptkit.errors import UserError
 from gptkit.optim import can_mask, set_lr, step_unless
 from gptkit.runtime import Dist, Runtime
 
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from gptkit.config import TrainConfig
 
 # A micro-batch as the loader gives it (x, y: token windows and their targets; or the objective's own kind, a
-# gptkit/preference.py PairBatch for DPO), and the objective: its loss, and the scalar metrics to log beside it
+# gptkit/data/pairs.py PairBatch for DPO), and the objective: its loss, and the scalar metrics to log beside it
 # (device tensors).
 Batch = Any
 Objective = Callable[[torch.nn.Module, Batch], tuple[torch.Tensor, dict[str, torch.Tensor]]]

@@ -33,10 +33,6 @@ from pathlib import Path
 
 import torch
 
-# The settings' help (train.py's, eval.py's and the decoding scripts'), one text for all of them.
-THREADS_HELP = ("CPU threads; 0 = auto: OMP_NUM_THREADS if it is set, else the cores other processes leave free "
-                "(on a GPU: torch's own count)")
-
 
 @dataclass(frozen=True)
 class Threads:

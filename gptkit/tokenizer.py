@@ -36,7 +36,7 @@ import numpy as np
 
 from gptkit import bpe
 from gptkit.cli import one_line
-from gptkit.shards import DataError
+from gptkit.errors import DataError
 
 KINDS = ("char", "tiktoken", "bpe")
 

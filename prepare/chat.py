@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gptkit import cli
-from gptkit.options import ConfigError, setting
-from gptkit.prepare import conversations, script
-from gptkit.prepare.local import check_fraction
-from gptkit.prepare.writer import DEFAULT_SHARD_TOKENS
-from gptkit.shards import DataError
+from gptkit.data.prepare import conversations, script
+from gptkit.data.prepare.local import check_fraction
+from gptkit.data.prepare.writer import DEFAULT_SHARD_TOKENS
+from gptkit.errors import ConfigError, DataError
+from gptkit.options import setting
 
 
 @dataclass

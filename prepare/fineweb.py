@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gptkit import cli
+from gptkit.data.prepare import hub, script
 from gptkit.options import setting
-from gptkit.prepare import hub, script
 
 SAMPLES = ("sample-10BT", "sample-100BT", "sample-350BT")
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gptkit import cli
-from gptkit.prepare import hub, script
+from gptkit.data.prepare import hub, script
 
 NAME = "openwebtext"
 HF_PATH = "Skylion007/openwebtext"

@@ -32,13 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gptkit import cli
-from gptkit.options import ConfigError, setting
-from gptkit.prepare import preferences, script
-from gptkit.prepare.conversations import chat_tokenizer
-from gptkit.prepare.hub import load_hf_dataset
-from gptkit.prepare.local import check_fraction
-from gptkit.prepare.writer import DEFAULT_SHARD_TOKENS, make_fingerprint
-from gptkit.shards import DataError
+from gptkit.data.prepare import preferences, script
+from gptkit.data.prepare.conversations import chat_tokenizer
+from gptkit.data.prepare.hub import load_hf_dataset
+from gptkit.data.prepare.local import check_fraction
+from gptkit.data.prepare.writer import DEFAULT_SHARD_TOKENS, make_fingerprint
+from gptkit.errors import ConfigError, DataError
+from gptkit.options import setting
 
 
 @dataclass

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gptkit import cli
-from gptkit.prepare import tiny_shakespeare
-from gptkit.prepare.tiny_shakespeare import ShakespeareConfig
+from gptkit.data.prepare import tiny_shakespeare
+from gptkit.data.prepare.tiny_shakespeare import ShakespeareConfig
 
 NAME = "shakespeare"
 URL = tiny_shakespeare.URL

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gptkit import cli
-from gptkit.prepare import tiny_shakespeare
-from gptkit.prepare.tiny_shakespeare import ShakespeareCharConfig
+from gptkit.data.prepare import tiny_shakespeare
+from gptkit.data.prepare.tiny_shakespeare import ShakespeareCharConfig
 
 NAME = "shakespeare_char"
 URL = tiny_shakespeare.URL

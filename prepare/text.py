@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gptkit import cli
+from gptkit.data.prepare import hub, local, script
+from gptkit.data.prepare.writer import DEFAULT_SHARD_TOKENS, make_fingerprint
+from gptkit.errors import DataError
 from gptkit.options import setting
-from gptkit.prepare import hub, local, script
-from gptkit.prepare.writer import DEFAULT_SHARD_TOKENS, make_fingerprint
-from gptkit.shards import DataError
 from gptkit.tokenizer import resolve_tokenizer
 
 

@@ -25,9 +25,9 @@ from pathlib import Path
 from tqdm import tqdm
 
 from gptkit import bpe, cli
-from gptkit.options import ConfigError, setting
-from gptkit.prepare import script
-from gptkit.shards import DataError
+from gptkit.data.prepare import script
+from gptkit.errors import ConfigError, DataError
+from gptkit.options import setting
 from gptkit.tokenizer import CHAT_SPECIALS
 
 PIECE_CHARS = 1 << 20  # a long file is given to the trainer in pieces of about this many characters
@@ -84,7 +84,7 @@ def input_texts(args: TokenizerConfig) -> tuple[Iterator[str], str, int | None]:
     --hf_dataset."""
     args.check_source()
     if args.hf_dataset:
-        from gptkit.prepare.hub import load_hf_dataset
+        from gptkit.data.prepare.hub import load_hf_dataset
 
         ds = load_hf_dataset(args.hf_dataset, args.hf_config or None, split=args.hf_split)
         if args.text_column not in ds.column_names:

@@ -126,7 +126,7 @@ def write_dataset(path: Path, text: str, tokenizer) -> Path:
     """A prepared dataset folder from `text`: meta.json plus one train shard (first 90%) and one val shard."""
     import numpy as np
 
-    from gptkit.shards import make_meta, shard_name, write_meta, write_shard
+    from gptkit.data.shards import make_meta, shard_name, write_meta, write_shard
 
     ids = np.array(tokenizer.encode(text), dtype=np.int64)
     cut = int(0.9 * len(ids))

@@ -6,7 +6,7 @@ import re
 import pytest
 
 import bench
-from gptkit.shards import write_meta
+from gptkit.data.shards import write_meta
 
 
 def test_bench_tiny(tmp_path, capsys):

@@ -11,8 +11,8 @@ from conftest import make_char_dataset, needs_gpt2_bpe, train_script
 
 from gptkit.chat import render
 from gptkit.checkpoint import load_checkpoint, model_from_checkpoint
-from gptkit.loader import BatchLoader, ValBatches, conversation_starts, read_batch
-from gptkit.shards import TokenDataset, read_meta
+from gptkit.data.loader import BatchLoader, ValBatches, conversation_starts, read_batch
+from gptkit.data.shards import TokenDataset, read_meta
 from gptkit.tokenizer import CHAT_SPECIALS, Tokenizer
 from prepare import chat as prepare_chat
 

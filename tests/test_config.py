@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from gptkit.config import DecodeSettings, InferenceSettings, SamplingSettings, TrainConfig
-from gptkit.options import Alias, ConfigError, config_to_json, load_config, read_config_file, setting
+from gptkit.errors import ConfigError
+from gptkit.options import Alias, config_to_json, load_config, read_config_file, setting
 from model import GPTConfig
 
 REPO = Path(__file__).resolve().parents[1]

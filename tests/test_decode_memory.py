@@ -13,7 +13,7 @@ import chat
 import sample
 from gptkit import generate as gen
 from gptkit.checkpoint import save_checkpoint
-from gptkit.cli import UserError
+from gptkit.errors import UserError
 from gptkit.generate import DecodeTooLong, check_decode_memory, generate, generate_stream
 from gptkit.tokenizer import CHAT_SPECIALS, Tokenizer
 from model import GPT, GPTConfig

@@ -15,20 +15,20 @@ import eval as eval_script
 from benchmarks import dpo_rule
 from gptkit import lora
 from gptkit.checkpoint import load_model
+from gptkit.data.pairs import PairLoader, ValPairs
+from gptkit.data.shards import read_meta
+from gptkit.errors import DPOError
 from gptkit.evaluation import evaluate
 from gptkit.objectives import preference_losses as dpo
 from gptkit.objectives.preference_losses import (
     AdapterOffReference,
-    DPOError,
     DPOObjective,
     DPOSettings,
     PrecomputedReference,
     policy_logps,
     sequence_logps,
 )
-from gptkit.preference import PairLoader, ValPairs
 from gptkit.runtime import Dist, Runtime
-from gptkit.shards import read_meta
 from model import GPT, GPTConfig
 from prepare import chat as prepare_chat
 from prepare import preference

@@ -23,18 +23,20 @@ from conftest import torch_threads, train_script
 import chat
 import eval as eval_script
 from benchmarks import dpo_rule
-from gptkit import batch_size, lora, optim, plan, runtime
+from gptkit import lora, optim, plan, runtime
 from gptkit.checkpoint import load_checkpoint
 from gptkit.checkpoint.run_model import attach_lora, build_model
 from gptkit.config import TrainConfig
+from gptkit.data.pairs import PairLoader, Pairs
+from gptkit.data.prepare.pipeline import ValRule
+from gptkit.data.shards import read_meta
 from gptkit.objectives import ObjectiveError, make_objective
 from gptkit.objectives import dpo as dpo_objective
-from gptkit.objectives.preference_losses import DPOObjective, DPOSettings
+from gptkit.objectives.preference_losses import DPOObjective
 from gptkit.optim import make_optimizer
-from gptkit.preference import PairLoader, Pairs
-from gptkit.prepare.pipeline import ValRule
+from gptkit.plan import batch_size
 from gptkit.runtime import Dist, setup_runtime
-from gptkit.shards import read_meta
+from gptkit.settings import DPOSettings
 from gptkit.step import TrainStep
 from model import GPT, GPTConfig
 from prepare import chat as prepare_chat

@@ -25,8 +25,8 @@ import eval as eval_script
 from benchmarks import dpo_rule
 from gptkit import hellaswag
 from gptkit.checkpoint import save_checkpoint
+from gptkit.data.shards import TokenDataset, make_meta, read_meta, shard_name, write_meta, write_shard
 from gptkit.runtime import setup_runtime
-from gptkit.shards import TokenDataset, make_meta, read_meta, shard_name, write_meta, write_shard
 from gptkit.tokenizer import Tokenizer
 from model import GPT, GPTConfig
 from prepare import chat as prepare_chat

@@ -208,7 +208,7 @@ def test_the_readers_take_a_sharded_checkpoint(char_dataset, tmp_path):
 HELLASWAG = """
 import json, random, sys, torch
 sys.path.insert(0, {repo!r})
-from gptkit import hellaswag, parallel
+from gptkit import hellaswag, parallel, plan
 from gptkit.config import TrainConfig
 from gptkit.runtime import distributed
 from model import GPT, GPTConfig
@@ -221,7 +221,7 @@ with distributed("cpu", "float32") as (d, rt):
     model = GPT(GPTConfig(vocab_size=67, n_layer=2, n_head=2, n_embd=32, block_size=32, dropout=0.0))
     alone = hellaswag.score(model, items, rt, None, batch_items=2)
     cfg = TrainConfig(parallel="fsdp", block_size=32, batch_size=2, gradient_accumulation_steps=d.world_size)
-    wrapped = parallel.wrap(model, parallel.decide(model, cfg, d, rt, False)[0], rt, use_compile=False)
+    wrapped = parallel.wrap(model, plan.decide_parallel(model, cfg, d, rt, False)[0], rt, use_compile=False)
     with parallel.gathered(wrapped):
         sharded = hellaswag.score(model, items, rt, d, batch_items=2)
     x = torch.randint(67, (2, 32))
@@ -260,12 +260,12 @@ def test_auto_chooses_ddp_when_a_replica_fits_and_fsdp_when_not():
     ddp = plan.memory(model, setup, 4).peak
     fsdp = plan.memory(model, plan.Setup("cpu", torch.float32, 32, world_size=4, parallel="fsdp"), 4).peak
     assert fsdp < ddp
-    choice, why = parallel.choose("auto", model, setup, capacity=ddp * 2, batch_size=4)
+    choice, why = plan.parallel_for("auto", model, setup, capacity=ddp * 2, batch_size=4)
     assert choice == "ddp" and "a whole replica fits" in why
-    choice, why = parallel.choose("auto", model, setup, capacity=(ddp + fsdp) / 2, batch_size=4)
+    choice, why = plan.parallel_for("auto", model, setup, capacity=(ddp + fsdp) / 2, batch_size=4)
     assert choice == "fsdp" and "FSDP over 4 devices" in why
-    assert parallel.choose("fsdp", model, setup, capacity=ddp * 2, batch_size=4)[0] == "fsdp"
-    assert parallel.choose("ddp", model, setup, capacity=1, batch_size=4)[0] == "ddp"
+    assert plan.parallel_for("fsdp", model, setup, capacity=ddp * 2, batch_size=4)[0] == "fsdp"
+    assert plan.parallel_for("ddp", model, setup, capacity=1, batch_size=4)[0] == "ddp"
 
 
 def test_fsdp_with_float16_is_a_one_line_error():

@@ -2,9 +2,14 @@
 those inside functions included, and none may close a circle or import a script (train.py, sample.py, ...,
 prepare/*.py, benchmarks/*.py). The one exception is model.py's nanoGPT-style API: GPT.from_pretrained and
 GPT.generate import gptkit.hf_gpt2 and gptkit.generate inside the call. Also: the parser's names are imported
-from gptkit.options, where they are defined, not through gptkit.config."""
+from gptkit.options, where they are defined, not through gptkit.config; the error types from gptkit.errors.
+
+The levels: a module stands one level above the highest module it imports (level 0 imports nothing of ours),
+so the number of levels is the longest chain of imports. config.py stands below every feature it configures
+(it reaches none of them). `python tests/test_imports.py` prints each module's level."""
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -13,6 +18,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 # model.py's delegates: (function, the module it imports inside it), the one allowed upward import.
 MODEL_DELEGATES = {("from_pretrained", "gptkit.hf_gpt2"), ("generate", "gptkit.generate")}
+
+
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """A file's syntax tree, read once per test run (several tests walk every file). Not modified by callers."""
+    return ast.parse(path.read_text(encoding="utf-8"), str(path))
 
 
 def modules(root: Path) -> dict[str, Path]:
@@ -45,7 +56,7 @@ def imports(path: Path, name: str, known: dict[str, Path]) -> list[tuple[str, st
     """(imported project module, the function it is imported in or None, line) for every import of `path`,
     at the top or inside a function or method. `from a import b` imports a.b when that is a module, else a;
     importing a package's module also runs the package (unless the importer is inside it)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    tree = parsed(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = []
 
@@ -133,6 +144,70 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return groups
 
 
+def levels(graph: dict[str, set[str]]) -> dict[str, int]:
+    """Each module's level: 0 when it imports nothing of the project, else one above the highest module it
+    imports. (The graph has no circle: test_no_import_circle_and_no_module_imports_a_script.)"""
+    level: dict[str, int] = {}
+
+    def of(name: str) -> int:
+        if name not in level:
+            level[name] = max((of(target) + 1 for target in graph[name]), default=0)
+        return level[name]
+
+    for name in graph:
+        of(name)
+    return level
+
+
+def reached(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module importing `start` runs, directly or through others (start itself aside)."""
+    seen, todo = set(), [start]
+    while todo:
+        for target in graph[todo.pop()]:
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen - {start}
+
+
+def level_map(root: Path = REPO) -> str:
+    """The modules by level, one line a level (the design map's "which level each module stands on")."""
+    graph, _ = import_graph(root)
+    by_level: dict[int, list[str]] = {}
+    for name, level in levels(graph).items():
+        by_level.setdefault(level, []).append(name)
+    return "\n".join(f"{level:2d}  {'  '.join(sorted(by_level[level]))}" for level in sorted(by_level))
+
+
+# The longest chain of imports was 15 levels when the error types and the features' settings lived in the
+# modules that raise and use them (config.py on level 6, parallel.py importing plan.py); fewer is the rule now.
+MAX_LEVELS = 14
+# What config.py configures: it declares their settings (gptkit/settings.py holds the objects) and imports none.
+CONFIGURED = ("gptkit.dpo", "gptkit.objectives", "gptkit.lora", "gptkit.generate", "gptkit.inference",
+              "gptkit.runtime", "gptkit.threads", "gptkit.cpu_decode")
+
+
+def test_the_import_chains_are_short_and_config_stands_below_the_features():
+    graph, _ = import_graph(REPO)
+    level = levels(graph)
+    assert max(level.values()) + 1 <= MAX_LEVELS, level_map()
+    configured = {name for name in graph if name.startswith(CONFIGURED)}
+    assert {"gptkit.dpo", "gptkit.lora", "gptkit.generate", "gptkit.runtime"} & configured  # (the names exist)
+    for low in ("gptkit.config", "gptkit.settings", "gptkit.options", "gptkit.errors"):
+        assert sorted(reached(graph, low) & configured) == [], f"{low} imports what it configures"
+        assert all(level[low] < level[name] for name in configured if low in reached(graph, name))
+
+
+def test_no_two_modules_of_the_package_share_a_name():
+    """Inside gptkit/ each module (or subpackage) has its own name, so that a name in a traceback or an import
+    says which file it is (the scripts' names, train.py or prepare/chat.py, are the users' commands)."""
+    by_name: dict[str, list[str]] = {}
+    for name in modules(REPO):
+        if name.startswith("gptkit."):
+            by_name.setdefault(name.rpartition(".")[2], []).append(name)
+    assert {n: sorted(found) for n, found in by_name.items() if len(found) > 1} == {}
+
+
 def test_no_import_circle_and_no_module_imports_a_script():
     graph, of_scripts = import_graph(REPO)
     assert circles(graph) == []
@@ -162,6 +237,9 @@ def test_the_check_sees_imports_inside_functions_and_circles(tmp_path):
     assert circles(graph) == [["lib.a", "lib.b"]]
     assert graph["run"] == {"lib", "lib.d"}  # importing lib.d runs lib/__init__.py first
     assert of_scripts == ["lib/c.py:2 imports the script run"]
+    graph["lib.b"].clear()  # the circle opened: lib.b imports nothing then; lib.c (importing run) stands on top
+    assert levels(graph) == {"lib.b": 0, "lib.a": 1, "lib.d": 1, "lib": 2, "run": 3, "lib.c": 4}
+    assert reached(graph, "run") == {"lib", "lib.a", "lib.b", "lib.d"}
 
 
 def options_names() -> set[str]:
@@ -179,7 +257,7 @@ def options_names() -> set[str]:
 def test_the_parsers_names_come_from_gptkit_options(path):
     parser = options_names()
     rel = str(path.relative_to(REPO))
-    through_config = [alias.name for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+    through_config = [alias.name for node in ast.walk(parsed(path))
                       if isinstance(node, ast.ImportFrom) and node.module == "gptkit.config"
                       for alias in node.names if alias.name in parser]
     assert through_config == [], f"{rel}: import {', '.join(through_config)} from gptkit.options"
@@ -193,7 +271,7 @@ def test_every_script_fails_the_one_way():
     problems = []
     for name in sorted(scripts(known, REPO)):
         path = known[name]
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = parsed(path)
         mains = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "main"]
         wrapped = any(ast.unparse(d).startswith("cli.entry_point") for f in mains for d in f.decorator_list)
         bare = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call)
@@ -203,3 +281,33 @@ def test_every_script_fails_the_one_way():
         if bare:
             problems.append(f"{path.relative_to(REPO)}:{bare[0]}: a bare argparse.ArgumentParser (cli.ArgumentParser)")
     assert problems == []
+
+
+def error_names() -> set[str]:
+    """The error types gptkit/errors.py defines."""
+    tree = ast.parse((REPO / "gptkit" / "errors.py").read_text(encoding="utf-8"))
+    return {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+
+
+def test_errors_stand_at_the_bottom_and_are_imported_from_there():
+    """gptkit/errors.py imports nothing of the project, so any module can import an error type without pulling in
+    the module that raises it; and every module imports those types from gptkit.errors, not through another
+    module that happens to import them (gptkit.cli, gptkit.data.shards, ...), so no module stands above one it only
+    needs for an exception."""
+    known = modules(REPO)
+    assert imports(REPO / "gptkit" / "errors.py", "gptkit.errors", known) == []
+    errors = error_names()
+    assert {"UserError", "UsageError", "ConfigError", "DataError"} <= errors
+    through_others = []
+    for path in [*modules(REPO).values(), *sorted((REPO / "tests").glob("*.py"))]:
+        for node in ast.walk(parsed(path)):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module != "gptkit.errors":
+                names = sorted(alias.name for alias in node.names if alias.name in errors)
+                if names and node.module.split(".")[0] in ("gptkit", "model"):
+                    through_others.append(f"{path.relative_to(REPO)}:{node.lineno} imports {', '.join(names)} "
+                                          f"from {node.module}")
+    assert through_others == []
+
+
+if __name__ == "__main__":
+    print(level_map())

@@ -28,8 +28,10 @@ def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     # Built from a copy: setuptools leaves build/ behind in the source folder (and would reuse a stale one).
     source = out / "source"
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info", "data", "out*",
-                                                                "__pycache__", ".*_cache"))
+    anywhere = shutil.ignore_patterns(".git", "build", "*.egg-info", "__pycache__", ".*_cache")
+    at_top = shutil.ignore_patterns("data", "out*", "shared")  # datasets and runs (gptkit/data/ is the package's)
+    shutil.copytree(REPO, source, ignore=lambda folder, names: anywhere(folder, names)
+                    | (at_top(folder, names) if Path(folder) == REPO else set()))
     # --no-build-isolation: the build backend (setuptools) is already here; no network needed.
     done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                            "-w", str(out), str(source)], capture_output=True, text=True, timeout=300)
@@ -43,7 +45,7 @@ def test_wheel_holds_the_package_and_model_only(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert top == {"gptkit", "model.py"}
-    assert "gptkit/prepare/tiny_shakespeare.py" in names  # subpackages are found, not listed by hand
+    assert "gptkit/data/prepare/tiny_shakespeare.py" in names  # subpackages are found, not listed by hand
     assert "gptkit/serving/page.html" in names  # the chat page: package data
     assert {"gptkit/csrc/cpu_decode.cpp", "gptkit/csrc/kernels.h"} <= set(names)  # the CPU kernels' C++
 
@@ -59,7 +61,7 @@ def test_every_module_imports_from_a_plain_install_outside_the_checkout(wheel, t
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert Path(found["gptkit"]).is_relative_to(target) and Path(found["model"]).is_relative_to(target)
-    assert {"gptkit.config", "gptkit.checkpoint", "gptkit.prepare.hub"} <= set(found["modules"])
+    assert {"gptkit.config", "gptkit.checkpoint", "gptkit.data.prepare.hub"} <= set(found["modules"])
     in_checkout = {".".join(f.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
                    for f in (REPO / "gptkit").rglob("*.py")} - {"gptkit"}
     assert set(found["modules"]) == in_checkout  # every module of the checkout's package, imported

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from gptkit import shards
-from gptkit.loader import BatchLoader, ValBatches
-from gptkit.shards import DataError
+from gptkit.data import shards
+from gptkit.data.loader import BatchLoader, ValBatches
+from gptkit.errors import DataError
 
 N_TOKENS = 5000
 

@@ -7,9 +7,10 @@ import torch
 from conftest import tiny_args, train_script
 
 from gptkit import lora
-from gptkit.lora import LoRAError, LoRASettings
+from gptkit.errors import LoRAError
 from gptkit.objectives import make_objective
 from gptkit.run import Run, load_dataset, setup_run
+from gptkit.settings import TARGETS, LoRASettings
 from model import GPT
 
 
@@ -241,7 +242,7 @@ def test_lora_keeps_a_longer_base_whole(char_dataset, tmp_path):
 
 def block_linear(name: str) -> bool:
     """A weight or bias of one of the blocks' Linear layers (not an adapter)."""
-    return name.startswith("transformer.h.") and name.endswith(tuple(f"{t}.{w}" for t in lora.TARGETS
+    return name.startswith("transformer.h.") and name.endswith(tuple(f"{t}.{w}" for t in TARGETS
                                                                      for w in ("weight", "bias")))
 
 

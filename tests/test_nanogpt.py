@@ -28,9 +28,10 @@ import sample
 from gptkit import checkpoint, cpu_decode
 from gptkit import generate as gen
 from gptkit.config import TrainConfig
+from gptkit.errors import ConfigError
 from gptkit.generate import SamplingOptions, decode_one_token, generate, prefill
 from gptkit.hf_gpt2 import load_pretrained
-from gptkit.options import ConfigError, parse_args
+from gptkit.options import parse_args
 from model import GPT, GPTConfig
 
 train = train_script()

@@ -11,12 +11,12 @@ import torch
 from gptkit import runtime
 from gptkit.checkpoint import build_checkpoint, load_checkpoint, save_checkpoint
 from gptkit.config import OBJECTIVE_NAMES, TrainConfig
+from gptkit.data.shards import read_meta
 from gptkit.objectives import OBJECTIVES, ObjectiveError, make_objective
 from gptkit.objectives.next_token import NextToken
 from gptkit.optim import make_optimizer
 from gptkit.run import Run
 from gptkit.runtime import DeviceError, Dist, setup_runtime
-from gptkit.shards import read_meta
 from model import GPT
 
 

@@ -15,13 +15,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import model as model_module
-from gptkit import batch_size, lora, plan, plan_report
+from gptkit import lora, plan
 from gptkit.checkpoint import load_base_model
 from gptkit.checkpoint.resume import resolve_config
 from gptkit.checkpoint.run_model import attach_lora, build_model
 from gptkit.config import TrainConfig
+from gptkit.errors import ConfigError
 from gptkit.optim import make_optimizer
-from gptkit.options import ConfigError, build_config, load_config
+from gptkit.options import build_config, load_config
+from gptkit.plan import batch_size
+from gptkit.plan import report as plan_report
 from gptkit.runtime import Dist, Runtime
 from gptkit.step import forward_backward
 from model import GPT, GPTConfig
@@ -259,7 +262,7 @@ def shapes(model: GPT) -> dict:
 def test_the_plans_model_is_the_model_train_builds(char_dataset, tiny_gpt2_folder, tmp_path):
     """Scratch, a full fine-tune (its context cropped), LoRA (its base kept whole), a resumed LoRA run: the
     meta-device model of the plan has the parameters, shapes and trainable flags of train.py's own."""
-    from gptkit.shards import read_meta
+    from gptkit.data.shards import read_meta
 
     base_run = tmp_path / "base"
     train.main(run_args(char_dataset, base_run))
@@ -365,7 +368,7 @@ def test_auto_on_cpu_picks_from_the_plan_keeps_tokens_per_step_and_resume_keeps_
     out = tmp_path / "out"
     args = run_args(char_dataset, out, batch_size="auto", tokens_per_step=16 * 32, gradient_accumulation_steps=1)
     cfg, _ = resolve_config(args)
-    from gptkit.shards import read_meta
+    from gptkit.data.shards import read_meta
 
     model, _ = build_model(cfg, read_meta(char_dataset), None)
     setup = plan.Setup("cpu", torch.float32, 32, accum=2)

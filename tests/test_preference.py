@@ -1,5 +1,5 @@
 """Preference data: prepare/preference.py's pairs (the layouts, the reply mask, truncation, bad rows counted and
-named) and gptkit/preference.py's batches of whole pairs (as rendered, fixed shapes, epochs, resume, ranks)."""
+named) and gptkit/data/pairs.py's batches of whole pairs (as rendered, fixed shapes, epochs, resume, ranks)."""
 
 import json
 import random
@@ -10,11 +10,12 @@ import torch
 
 from benchmarks import dpo_rule
 from gptkit.chat import prompt_ids, render
-from gptkit.loader import BatchLoader
-from gptkit.preference import PairLoader, Pairs, ValPairs
-from gptkit.prepare.pipeline import ValRule
-from gptkit.prepare.preferences import BAD, BadPair, Pair, parse_pair, render_pair
-from gptkit.shards import DataError, read_meta
+from gptkit.data.loader import BatchLoader
+from gptkit.data.pairs import PairLoader, Pairs, ValPairs
+from gptkit.data.prepare.pipeline import ValRule
+from gptkit.data.prepare.preferences import BAD, BadPair, Pair, parse_pair, render_pair
+from gptkit.data.shards import read_meta
+from gptkit.errors import DataError
 from gptkit.tokenizer import CHAT_SPECIALS, Tokenizer
 from prepare import chat as prepare_chat
 from prepare import preference

@@ -15,14 +15,14 @@ from conftest import needs_gpt2_bpe
 
 from benchmarks import dpo_rule
 from gptkit.chat import prompt_ids, render
-from gptkit.cli import UserError
-from gptkit.loader import BatchLoader
+from gptkit.data.loader import BatchLoader
+from gptkit.data.pairs import Pairs, unpaired_labels
+from gptkit.data.prepare import preferences
+from gptkit.data.prepare.pipeline import ValRule
+from gptkit.data.prepare.preferences import BAD, Pair, Unpaired, fit, parse_pair, parse_unpaired, render_pair
+from gptkit.data.shards import TokenDataset, read_meta
+from gptkit.errors import UserError
 from gptkit.objectives.dpo import DPO
-from gptkit.preference import Pairs, unpaired_labels
-from gptkit.prepare import preferences
-from gptkit.prepare.pipeline import ValRule
-from gptkit.prepare.preferences import BAD, Pair, Unpaired, fit, parse_pair, parse_unpaired, render_pair
-from gptkit.shards import TokenDataset, read_meta
 from gptkit.tokenizer import CHAT_SPECIALS, Tokenizer
 from prepare import preference
 
@@ -311,7 +311,7 @@ def test_a_hub_dataset_of_messages_and_labels_reads_as_its_file_does(tmp_path):
 
 def test_a_hub_dataset_offline_says_what_to_download_where(tmp_path, monkeypatch):
     datasets = pytest.importorskip("datasets")
-    from gptkit.prepare import hub
+    from gptkit.data.prepare import hub
 
     monkeypatch.setattr(hub, "hub_unreachable", lambda: "huggingface.co: no network")
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")

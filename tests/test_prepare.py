@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 from conftest import needs_gpt2_bpe
 
-from gptkit import shards
-from gptkit.prepare import cuts, hub, local
-from gptkit.prepare.pipeline import ValRule
-from gptkit.prepare.tiny_shakespeare import prepare_shakespeare
-from gptkit.shards import DataError, TokenDataset
+from gptkit.data import shards
+from gptkit.data.prepare import cuts, hub, local
+from gptkit.data.prepare.pipeline import ValRule
+from gptkit.data.prepare.tiny_shakespeare import prepare_shakespeare
+from gptkit.data.shards import TokenDataset
+from gptkit.errors import DataError
 from gptkit.tokenizer import Tokenizer
 from prepare import openwebtext, shakespeare, shakespeare_char, text
 
@@ -289,7 +290,7 @@ def test_text_char_folder_and_stale_shards(tmp_path):
 
 @needs_gpt2_bpe
 def test_chunked_gpt2_encoding_equals_whole_text():
-    """Cut at every position the GPT-2 rule allows (gptkit/prepare/cuts.py): the tokens of one encode call."""
+    """Cut at every position the GPT-2 rule allows (gptkit/data/prepare/cuts.py): the tokens of one encode call."""
     tok = Tokenizer.tiktoken("gpt2")
     content = make_text(20000, seed=3) + "\n\n\n   \n" + make_text(200, seed=4) + " \r\n\r\nx\n"
     bounds = [0, *cuts.cuts_in(content, "gpt2"), len(content)]

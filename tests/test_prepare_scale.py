@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 from conftest import needs_gpt2_bpe
 
-from gptkit import shards
-from gptkit.prepare import cuts, hub, local, pipeline, pool
-from gptkit.shards import DataError, TokenDataset
+from gptkit.data import shards
+from gptkit.data.prepare import cuts, hub, local, pipeline, pool
+from gptkit.data.shards import TokenDataset
+from gptkit.errors import DataError
 from gptkit.tokenizer import Tokenizer
 from prepare import text
 
@@ -271,7 +272,7 @@ def test_peak_memory_does_not_grow_with_the_corpus(tmp_path, monkeypatch):
 KILLER = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, sys.argv[1])
-    from gptkit.prepare import local, writer
+    from gptkit.data.prepare import local, writer
     local.BLOCK_BYTES, local.PARALLEL_MIN_BLOCKS = 4096, 1
     kill_after, writes = int(sys.argv[2]), []
     write = writer.DatasetWriter.write

@@ -15,8 +15,8 @@ from conftest import needs_gpt2_bpe, torch_threads, train_script
 import chat
 from gptkit.chat import prompt_ids
 from gptkit.checkpoint import save_checkpoint
+from gptkit.data.prepare.conversations import chat_tokenizer
 from gptkit.options import read_config_file
-from gptkit.prepare.conversations import chat_tokenizer
 from gptkit.tokenizer import CHAT_SPECIALS, Tokenizer
 from model import GPT, GPTConfig
 from prepare import chat as prepare_chat

@@ -12,11 +12,13 @@ import pytest
 import torch
 from conftest import tiny_args, torch_threads, train_script
 
-from gptkit import plan_check, run
+from gptkit import run
 from gptkit.config import TrainConfig
-from gptkit.options import ConfigError, parse_args
+from gptkit.data.shards import read_meta
+from gptkit.errors import ConfigError
+from gptkit.options import parse_args
+from gptkit.plan import check as plan_check
 from gptkit.run import where_checkpoints_are
-from gptkit.shards import read_meta
 from tests.test_train import assert_same_weights, train_losses, weights
 
 train = train_script()
@@ -79,7 +81,7 @@ def test_a_refused_run_leaves_nothing_new(char_dataset, tmp_path, monkeypatch, e
     if existing:
         train.main(short(char_dataset, out, max_iters=2, lr_decay_iters=2))
     before = snapshot(out) if existing else None
-    from gptkit import batch_size
+    from gptkit.plan import batch_size
 
     def refuse(*args, **kwargs):
         raise batch_size.BatchSizeError("no batch fits")

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from conftest import needs_gpt2_bpe
 
-from gptkit import shards
-from gptkit.shards import DataError, TokenDataset
+from gptkit.data import shards
+from gptkit.data.shards import TokenDataset
+from gptkit.errors import DataError
 from gptkit.tokenizer import Tokenizer
 
 

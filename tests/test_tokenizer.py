@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from gptkit import bpe
+from gptkit.data.shards import read_meta
+from gptkit.errors import DataError
 from gptkit.hf_tokenizer import bpe_merges, hf_tokenizer_files
-from gptkit.shards import DataError, read_meta
 from gptkit.tokenizer import CHAT_SPECIALS, Tokenizer, resolve_tokenizer, with_tokenizer_files
 from tests.conftest import GPT2_BPE_PROBLEM, REPO, needs_gpt2_bpe, write_dataset
 
@@ -502,7 +503,7 @@ def test_script_errors_are_one_line(tmp_path, args, fragment):
 
 def test_script_reads_a_hugging_face_dataset_up_to_max_chars(tmp_path, capsys, monkeypatch):
     datasets = pytest.importorskip("datasets")
-    import gptkit.prepare.hub as hub
+    import gptkit.data.prepare.hub as hub
     from prepare import tokenizer as script
 
     rows = {"body": [*corpus(5, 400), "", None]}

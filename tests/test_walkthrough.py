@@ -17,8 +17,9 @@ from conftest import needs_gpt2_bpe, tiny_args, torch_threads, train_script, wri
 from gptkit import metrics, network, run
 from gptkit.checkpoint import save_checkpoint
 from gptkit.config import TrainConfig
+from gptkit.errors import ConfigError
 from gptkit.optim import get_lr
-from gptkit.options import ConfigError, build_config
+from gptkit.options import build_config
 from gptkit.tokenizer import CHAT_SPECIALS, Tokenizer
 from model import GPT, GPTConfig
 
@@ -266,8 +267,8 @@ def test_a_hub_dataset_offline_fails_at_once_in_one_line(hub_unreachable, monkey
     from datasets.packaged_modules.cache import cache
     from huggingface_hub import constants
 
-    from gptkit.prepare import hub
-    from gptkit.shards import DataError
+    from gptkit.data.prepare import hub
+    from gptkit.errors import DataError
 
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     settings = lambda: (os.environ.get("HF_HUB_OFFLINE"), constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from gptkit import checksum
 from gptkit.checkpoint.layout import OLD, CheckpointError, holds_checkpoint, others_of_the_run
-from gptkit.cli import UserError
+from gptkit.errors import UserError
 from gptkit.options import read_config_file
 
 # What a checkpoint file can be named; a file that is not a zip archive and is named otherwise (or holds text)

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from gptkit import nanogpt
-from gptkit.cli import UserError
+from gptkit.errors import UserError
 
 TRAIN_HINT = "train one with: python train.py configs/shakespeare.py"
 RECORD = "record.pt"  # a sharded folder's file with every entry but the model's and the optimizer's tensors

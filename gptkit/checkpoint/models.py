@@ -14,12 +14,12 @@ import torch
 from gptkit import lora
 from gptkit.checkpoint.file import load_checkpoint
 from gptkit.checkpoint.layout import CheckpointError, find_checkpoint, holds_checkpoint
-from gptkit.cli import UserError, one_line
+from gptkit.cli import one_line
+from gptkit.errors import DataError, UserError
 from gptkit.gguf_load import is_gguf, load_gguf
 from gptkit.hf_gpt2 import GPT2_NAMES, load_pretrained
 from gptkit.hf_tokenizer import GPTKIT_FILE
 from gptkit.options import read_config_file
-from gptkit.shards import DataError
 from gptkit.tokenizer import Tokenizer
 from model import GPT, GPTConfig
 

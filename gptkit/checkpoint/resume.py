@@ -18,10 +18,10 @@ from pathlib import Path
 from gptkit.checkpoint.damage import CorruptCheckpointError
 from gptkit.checkpoint.file import RESUME_KEYS, load_checkpoint, verify_checkpoint
 from gptkit.checkpoint.layout import CheckpointError, saved_checkpoint
-from gptkit.cli import UserError
 from gptkit.config import TrainConfig
+from gptkit.data.shards import dataset_dir
+from gptkit.errors import UserError
 from gptkit.options import build_config, command_line_values, parse_args
-from gptkit.shards import dataset_dir
 from model import GPTConfig
 
 # The shape and architecture a resumed run must keep (model.py's GPTConfig says which settings they are).

@@ -15,11 +15,11 @@ from pathlib import Path
 
 from gptkit import lora
 from gptkit.checkpoint.models import GPT2_BPE, load_base_model, lora_model
-from gptkit.cli import UserError
 from gptkit.config import TrainConfig, lora_settings
+from gptkit.data.shards import TokenDataset
+from gptkit.errors import UserError
 from gptkit.hf_gpt2 import GPT2_NAMES
 from gptkit.options import command_line_values, parse_args
-from gptkit.shards import TokenDataset
 from gptkit.tokenizer import Tokenizer
 from model import GPT, GPTConfig
 

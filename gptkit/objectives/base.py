@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from gptkit.cli import UserError
+from gptkit.errors import UserError
 from gptkit.runtime import Dist, Runtime
 
 
@@ -47,7 +47,7 @@ class Objective:
     # whether the whole step may be captured as one CUDA graph (cuda_graphs): not when a step draws new data
     # between its micro-batches (rollouts)
     graphable: ClassVar[bool] = True
-    # what --plan counts for the loss (gptkit/plan.py's Setup.loss): "next_token" (the sliced cross-entropy) or
+    # what --plan counts for the loss (gptkit/plan/__init__.py's Setup.loss): "next_token" (the sliced cross-entropy) or
     # "sequence_logps" (each sequence's summed log-probability of its reply)
     plan_loss: ClassVar[str] = "next_token"
     # whether a full fine-tune keeps its base's positions (the context) when block_size is shorter; LoRA always
@@ -115,7 +115,7 @@ class Objective:
 
     def trial_batch(self, cfg, raw_model: torch.nn.Module, batch_size: int, device: torch.device):
         """(the micro-batch loss, a micro-batch of batch_size made-up items for it): batch_size=auto's trial step
-        (gptkit/batch_size.py) runs the step the run will take on random tokens, before start() (a loss that
+        (gptkit/plan/batch_size.py) runs the step the run will take on random tokens, before start() (a loss that
         needs what start() readies gets a stand-in of the same cost)."""
         raise NotImplementedError
 

@@ -2,7 +2,7 @@
 math, the references themselves and pair scoring are gptkit/objectives/preference_losses.py's.
 
 DPO's batches are whole pairs: batch_size counts pairs per micro-batch, each pair two sequences of block_size
-(the chosen reply's and the rejected one's), read in epochs over the pairs (gptkit/preference.py) whatever
+(the chosen reply's and the rejected one's), read in epochs over the pairs (gptkit/data/pairs.py) whatever
 data_mode says. The evaluation scores the val split's first eval_iters x batch_size pairs, each once.
 
 DPO's reference is the model the run starts from:
@@ -27,17 +27,7 @@ import torch
 from tqdm import tqdm
 
 from gptkit import parallel
-from gptkit.objectives.base import Objective, ObjectiveError
-from gptkit.objectives.preference_losses import (
-    DPO_LOG_UNITS,
-    AdapterOffReference,
-    DPOError,
-    DPOObjective,
-    DPOSettings,
-    PrecomputedReference,
-)
-from gptkit.options import ConfigError
-from gptkit.preference import (
+from gptkit.data.pairs import (
     PairBatch,
     PairLoader,
     Pairs,
@@ -45,8 +35,17 @@ from gptkit.preference import (
     check_preference_dataset,
     is_preference_dataset,
 )
+from gptkit.data.shards import read_meta
+from gptkit.errors import ConfigError, DPOError
+from gptkit.objectives.base import Objective, ObjectiveError
+from gptkit.objectives.preference_losses import (
+    DPO_LOG_UNITS,
+    AdapterOffReference,
+    DPOObjective,
+    PrecomputedReference,
+)
 from gptkit.runtime import Dist, Runtime
-from gptkit.shards import read_meta
+from gptkit.settings import DPOSettings
 
 
 def dpo_settings(cfg) -> DPOSettings:

@@ -1,5 +1,5 @@
 """The default objective: the next-token cross-entropy on windows of the dataset's tokens (pretraining, a
-fine-tune on text or on conversations, LoRA). Its batches are gptkit/loader.py's (x, y) windows, its loss
+fine-tune on text or on conversations, LoRA). Its batches are gptkit/data/loader.py's (x, y) windows, its loss
 gptkit/step.py's next_token_loss."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
-from gptkit.loader import BatchLoader, ValBatches
+from gptkit.data.loader import BatchLoader, ValBatches
+from gptkit.data.pairs import is_preference_dataset
 from gptkit.objectives.base import Objective, ObjectiveError
-from gptkit.preference import is_preference_dataset
 from gptkit.runtime import Dist, Runtime
 from gptkit.step import next_token_loss
 

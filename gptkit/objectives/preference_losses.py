@@ -73,7 +73,6 @@ step holds a few slices of them, as the next-token loss does (BENCHMARKS.md, "DP
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -85,57 +84,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gptkit import lora
-from gptkit.cli import UserError
-from gptkit.preference import PairBatch, Pairs, ValPairs
+from gptkit.data.pairs import PairBatch, Pairs, ValPairs
+from gptkit.errors import DPOError
+from gptkit.settings import LENGTH_NORMALISED, DPOSettings
 from model import loss_chunk_rows
 
-LOSSES = ("sigmoid", "hinge", "robust", "ipo", "ipo_per_token", "simpo", "orpo")
-REFERENCE_FREE = ("simpo", "orpo")  # losses of the model alone: no reference is computed
-SMOOTHED = ("sigmoid", "robust", "simpo")  # the losses label_smoothing applies to
-LENGTH_NORMALISED = ("ipo_per_token", "simpo", "orpo")  # on log-probabilities averaged over each reply's tokens
 # What the log's DPO numbers are, said once when a run starts (train.py's "objective: DPO ..." line).
 DPO_LOG_UNITS = ("dpo: the log's rewards and reward_margin are in beta x nats (eval.py's margin_nats is in nats), accuracy is "
                  "over the pairs not tied (n/a while all tie, as at step 0), ties their share")
-
-
-class DPOError(UserError):
-    """Bad DPO settings, or a reference that cannot be what the settings ask."""
-
-
-@dataclass(frozen=True)
-class DPOSettings:
-    beta: float = 0.1  # how far the tuned model may move from the reference: larger keeps it closer
-    label_smoothing: float = 0.0  # the share of pairs assumed mislabelled, in [0, 0.5) (SMOOTHED losses)
-    loss: str = "sigmoid"  # one of LOSSES (the module's docstring)
-    nll_weight: float = 0.0  # > 0: add this times the chosen replies' NLL per token (keeps them likely)
-    simpo_gamma: float = 0.5  # simpo: the margin, in beta x nats per token, the chosen reply should win by
-
-    def __post_init__(self):
-        if not (isinstance(self.beta, (int, float)) and math.isfinite(self.beta) and self.beta > 0):
-            raise DPOError(f"dpo_beta must be a positive number, got {self.beta!r} (0.1 is usual; larger keeps "
-                           f"the model closer to its reference)")
-        if not 0.0 <= self.label_smoothing < 0.5:
-            raise DPOError(f"dpo_label_smoothing must be in [0, 0.5), got {self.label_smoothing!r}")
-        if self.loss not in LOSSES:
-            raise DPOError(f"dpo_loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
-        w = self.nll_weight
-        if not (isinstance(w, (int, float)) and math.isfinite(w) and w >= 0):
-            raise DPOError(f"dpo_nll_weight must be a number >= 0 (0: plain DPO), got {self.nll_weight!r}")
-        if self.loss == "ipo" and self.label_smoothing:
-            raise DPOError("dpo_label_smoothing is for the sigmoid loss; IPO has none (set it to 0)")
-        if self.label_smoothing and self.loss not in SMOOTHED:
-            raise DPOError(f"dpo_label_smoothing is for the {', '.join(SMOOTHED)} losses; {self.loss} has none "
-                           f"(set it to 0)")
-        if self.loss == "orpo" and self.nll_weight:
-            raise DPOError("the orpo loss has its own NLL term (weight 1, the odds ratio's weight is dpo_beta): "
-                           "set dpo_nll_weight to 0")
-        if not (isinstance(self.simpo_gamma, (int, float)) and math.isfinite(self.simpo_gamma)):
-            raise DPOError(f"dpo_simpo_gamma must be a number, got {self.simpo_gamma!r}")
-
-    @property
-    def reference_free(self) -> bool:
-        """Whether the loss is of the model alone (simpo, orpo): no reference is computed."""
-        return self.loss in REFERENCE_FREE
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gptkit.cli import UserError
+from gptkit.errors import UserError
 from gptkit.runtime import ram
 
 AUTO_SHARE = 4  # --prefix_cache=auto: a quarter of the memory available when the server starts ...

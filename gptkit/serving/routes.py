@@ -67,6 +67,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gptkit.chat import ChatError, ChatTokens, check_messages, prompt_ids
+from gptkit.errors import DataError
 from gptkit.generate import SamplingOptions, TextStream
 from gptkit.serving.access import Access, Policy
 from gptkit.serving.engine import (
@@ -81,7 +82,6 @@ from gptkit.serving.engine import (
     Token,
 )
 from gptkit.serving.schemas import ChatRequest, CompletionRequest, RequestError, TokenizeRequest, parse
-from gptkit.shards import DataError
 
 MAX_BODY_BYTES = 8 * 2**20  # a request's JSON; far above any prompt that fits a context, far below the RAM
 DEFAULT_COMPLETION_TOKENS = 16  # /v1/completions' default max_tokens, as OpenAI's (chat: the context's rest)

@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from gptkit.cli import UserError, one_line
+from gptkit.cli import one_line
+from gptkit.errors import DataError
 from gptkit.files import atomic_write
 
 MAGIC = b"GPTTOKS\0"
@@ -52,10 +53,6 @@ PREPARE_COMMANDS = {
     "fineweb": "python prepare/fineweb.py",
     "fineweb_edu": "python prepare/fineweb.py --edu",
 }
-
-
-class DataError(UserError):
-    """A problem with the user's data or arguments. The message is one line saying what is wrong and how to fix it."""
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ with it. An unpaired row holds
 `prompt`, `completion` (as a reply is given) and `label` (true or false). Each reply must be one assistant
 message.
 
-Each sequence starts with <|endoftext|> (how gptkit/preference.py finds them), a pair's chosen one first: the
+Each sequence starts with <|endoftext|> (how gptkit/data/pairs.py finds them), a pair's chosen one first: the
 prompt's tokens, then the reply's. The loss mask is 1 on the reply (its content and the <|end|> that closes it)
 and 0 on the prompt, its markers included. A row whose longer sequence exceeds block_size + 1 tokens has its
 prompt cut from the start, just after <|endoftext|> (the prompt's end, where the question is, stays; a pair's
@@ -34,7 +34,7 @@ any other, and a byte-order mark before the first line is skipped.
 
 Bad rows are never kept, and never silently dropped: each is counted by reason and named by its line (row of
 a Hub dataset), in the printed report and in meta.json's "preference" entry, which also marks the folder as a
-preference dataset (gptkit/preference.py reads it). A file that mixes pairs and unpaired rows is refused,
+preference dataset (gptkit/data/pairs.py reads it). A file that mixes pairs and unpaired rows is refused,
 naming the first row of the other kind.
 """
 
@@ -50,9 +50,10 @@ from typing import Any
 import numpy as np
 
 from gptkit.chat import ChatError, check_messages, prompt_ids, render
-from gptkit.prepare.pipeline import ValRule
-from gptkit.prepare.writer import DEFAULT_SHARD_TOKENS, MIN_TOKENS, DatasetWriter, check_prepared
-from gptkit.shards import DataError, dtype_for_vocab
+from gptkit.data.prepare.pipeline import ValRule
+from gptkit.data.prepare.writer import DEFAULT_SHARD_TOKENS, MIN_TOKENS, DatasetWriter, already_prepared
+from gptkit.data.shards import dtype_for_vocab
+from gptkit.errors import DataError
 from gptkit.tokenizer import Tokenizer
 
 PAIRS, UNPAIRED = "pairs", "unpaired"  # the two kinds of preference dataset (meta.json's "format")
@@ -473,10 +474,8 @@ def prepare_pairs(out_dir: Path, rows: Callable[[], Iterable[tuple[str, Any]]], 
         raise DataError(f"--block_size must be at least 2, got {block_size}")
     if min_prompt_tokens < 1:
         raise DataError(f"--min_prompt_tokens must be at least 1, got {min_prompt_tokens}")
-    done = check_prepared(out_dir, fingerprint, overwrite)
+    done = already_prepared(out_dir, fingerprint, overwrite, source)
     if done is not None:
-        print(f"{out_dir} is already prepared from {source} with this tokenizer and these options; nothing to do "
-              f"(--overwrite prepares it again)")
         return done
     started = time.perf_counter()
     rule = ValRule.for_documents(val_fraction, n_rows)

@@ -32,7 +32,7 @@ from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
-from gptkit.cli import UserError
+from gptkit.errors import UserError
 
 T = TypeVar("T")
 R = TypeVar("R")

@@ -1,4 +1,4 @@
-"""Writing a prepared dataset folder: the shards of both splits and, last, meta.json (format: ``gptkit/shards.py``).
+"""Writing a prepared dataset folder: the shards of both splits and, last, meta.json (format: ``gptkit/data/shards.py``).
 
 Every prepare script ends here, and the rules they share live here:
 
@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from gptkit import shards
+from gptkit.data import shards
+from gptkit.errors import DataError
 from gptkit.files import OutDirLock, write_text_atomic
-from gptkit.shards import DataError
 from gptkit.tokenizer import Tokenizer
 
 MIN_TOKENS = 4096
@@ -81,6 +81,18 @@ def check_prepared(out_dir: Path, fingerprint: str, overwrite: bool = False) -> 
         f"{out_dir} already holds a dataset prepared from {meta.get('source', 'another input')} with other "
         "input, tokenizer or options; pass --overwrite to replace it, or choose another --out_dir"
     )
+
+
+def already_prepared(out_dir: Path, fingerprint: str, overwrite: bool, source: str | Path = "this input"
+                     ) -> dict[str, Any] | None:
+    """Every prepare pipeline's first question: check_prepared, saying so when there is nothing to do (the
+    folder's meta.json, returned as the pipeline's own result), None when the pipeline is to run."""
+    meta = check_prepared(out_dir, fingerprint, overwrite)
+    if meta is not None:
+        total = sum(e["tokens"] for e in meta["splits"].values())
+        print(f"{out_dir} is already prepared from {source} with this tokenizer and these options ({total:,} "
+              "tokens); nothing to do (--overwrite prepares it again)")
+    return meta
 
 
 class DatasetWriter:

@@ -1,5 +1,5 @@
 """The `train.py CONFIG --plan` report: the run's model built from its config without weights (on the meta device:
-no download, no checkpoint's tensors read), and its FLOPs, memory, time and cost per device as gptkit/plan.py
+no download, no checkpoint's tensors read), and its FLOPs, memory, time and cost per device as gptkit/plan/__init__.py
 works them out, as plain values (make_plan) and as the table train.py prints (format_plan).
 
     report = make_plan(cfg, ckpt, world_size)    # a dict: the model's counts, one column per device kind
@@ -17,10 +17,10 @@ from gptkit import lora
 from gptkit.checkpoint import load_checkpoint
 from gptkit.checkpoint.layout import holds_checkpoint
 from gptkit.checkpoint.models import no_run_yet
-from gptkit.cli import UserError
 from gptkit.config import lora_settings
+from gptkit.data.shards import PREPARE_COMMANDS, dataset_dir, prepare_command, read_meta
+from gptkit.errors import UserError
 from gptkit.hf_gpt2 import VOCAB_MULTIPLE, config_from_hf, read_json
-from gptkit.lora import LoRASettings
 from gptkit.metrics import peak_flops_for
 from gptkit.objectives import make_objective
 from gptkit.plan import (
@@ -43,7 +43,7 @@ from gptkit.plan import (
     run_flops,
 )
 from gptkit.runtime import ram
-from gptkit.shards import PREPARE_COMMANDS, dataset_dir, prepare_command, read_meta
+from gptkit.settings import LoRASettings
 from model import GPT, GPTConfig
 
 # ----------------------------------------------------------------------------- the devices of the table

@@ -7,7 +7,7 @@
   twice (sizes and fingerprint, then the work) instead of being listed, so millions of files cost no memory.
 * Work: tasks of about ``BLOCK_BYTES`` of input each, a byte range of a file or a group of small files, read
   by the workers themselves, so the main process only writes. A document larger than a block is cut inside
-  it only at safe points (``gptkit/prepare/cuts.py``): its tokens equal those of one encode call.
+  it only at safe points (``gptkit/data/prepare/cuts.py``): its tokens equal those of one encode call.
 * Splits: one document (a file): the first (1 - val_fraction) of its characters are train, the rest val,
   as always (so decode(train) + decode(val) is the file); that needs the character count first, from a
   streaming scan. Many documents: each is followed by the end-of-text token and goes whole to the split
@@ -29,14 +29,20 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from gptkit import shards
 from gptkit.cli import one_line
+from gptkit.data import shards
+from gptkit.data.prepare import cuts
+from gptkit.data.prepare.pipeline import Job, Result, ValRule, run, worker_tokenizer
+from gptkit.data.prepare.pool import ordered_map
+from gptkit.data.prepare.writer import (
+    DEFAULT_SHARD_TOKENS,
+    MIN_TOKENS,
+    already_prepared,
+    check_positive,
+    make_fingerprint,
+)
+from gptkit.errors import DataError
 from gptkit.files import atomic_write
-from gptkit.prepare import cuts
-from gptkit.prepare.pipeline import Job, Result, ValRule, already_prepared, run, worker_tokenizer
-from gptkit.prepare.pool import ordered_map
-from gptkit.prepare.writer import DEFAULT_SHARD_TOKENS, MIN_TOKENS, check_positive, make_fingerprint
-from gptkit.shards import DataError
 from gptkit.tokenizer import resolve_tokenizer
 
 BLOCK_BYTES = 1 << 20  # input per task: large enough that a task's overhead is noise, small enough to stream
@@ -357,7 +363,7 @@ def prepare_local(
     block_bytes = BLOCK_BYTES
     fp = make_fingerprint(input=inp.fingerprint, tokenizer=tok.to_meta() if tok else "char",
                           val_fraction=val_fraction, shard_tokens=shard_tokens, block_bytes=block_bytes)
-    meta = already_prepared(out_dir, fp, overwrite)
+    meta = already_prepared(out_dir, fp, overwrite, inp.path)
     if meta is not None:
         return meta
     workers = num_proc if inp.total_bytes > PARALLEL_MIN_BLOCKS * block_bytes else 1

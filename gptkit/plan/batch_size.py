@@ -23,9 +23,9 @@ import torch
 import torch.distributed as dist
 
 from gptkit import parallel, plan
-from gptkit.cli import UserError
 from gptkit.config import TrainConfig
 from gptkit.cudagraph import graph_batch_reserve
+from gptkit.errors import UserError
 from gptkit.objectives import make_objective
 from gptkit.optim import make_optimizer
 from gptkit.runtime import Dist, Runtime, resolve_compile
@@ -47,7 +47,7 @@ def choose_batch_size(cfg: TrainConfig, model: GPT, ckpt: dict | None, d: Dist, 
                       sharing: str = "single") -> TrainConfig:
     """batch_size=auto (this module's docstring): the config with batch_size and gradient_accumulation_steps
     set, said in one line. A resumed run keeps the batch it chose; under DDP or FSDP every rank takes the
-    smallest. sharing: parallel.decide's choice."""
+    smallest. sharing: plan.decide_parallel's choice."""
     if cfg.batch_size is not None:
         return cfg
     sequences = cfg.tokens_per_step // cfg.block_size

@@ -1,5 +1,5 @@
 """Conversations (JSONL, one per line: {"messages": [{"role", "content"}, ...]}) -> a chat dataset: token shards
-and, beside them, a loss mask (gptkit/shards.py) saying which tokens are trained: the assistant's replies and
+and, beside them, a loss mask (gptkit/data/shards.py) saying which tokens are trained: the assistant's replies and
 their <|end|>, rendered by gptkit/chat.py, the template chat.py and serve.py use too.
 
     meta = prepare_conversations(out_dir, "chats.jsonl", tokenizer, block_size=1024, val_fraction=0.05)
@@ -21,9 +21,10 @@ from typing import Any
 import numpy as np
 
 from gptkit.chat import ChatError, check_messages, render
-from gptkit.prepare.pipeline import ValRule
-from gptkit.prepare.writer import DEFAULT_SHARD_TOKENS, DatasetWriter, check_prepared, make_fingerprint
-from gptkit.shards import DataError, dtype_for_vocab
+from gptkit.data.prepare.pipeline import ValRule
+from gptkit.data.prepare.writer import DEFAULT_SHARD_TOKENS, DatasetWriter, already_prepared, make_fingerprint
+from gptkit.data.shards import dtype_for_vocab
+from gptkit.errors import DataError
 from gptkit.tokenizer import CHAT_SPECIALS, Tokenizer, resolve_tokenizer
 
 TRAIN_ON = ("assistant", "all")  # which tokens carry loss: the replies only (the point), or every token
@@ -66,10 +67,8 @@ def prepare_conversations(out_dir: Path, input_path: str | Path, tokenizer: Toke
     fingerprint = make_fingerprint(chat=[str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns],
                                    tokenizer=tokenizer.to_meta(), block_size=block_size, val_fraction=val_fraction,
                                    train_on=train_on, shard_tokens=shard_tokens)
-    done = check_prepared(out_dir, fingerprint, overwrite)
+    done = already_prepared(out_dir, fingerprint, overwrite, path)
     if done is not None:
-        print(f"{out_dir} is already prepared from {path} with this tokenizer; nothing to do (--overwrite "
-              f"prepares it again)")
         return done
     started = time.perf_counter()
     n_lines = sum(1 for _ in read_conversations(path))  # checks every line before anything is written

@@ -19,7 +19,7 @@ its last n-1 (the next token at each position), then padding: x <|endoftext|>, y
 next token is not a reply token (the prompt, the template's markers before the reply): a sum of log-probs
 over the positions where y != -1 is the reply's log-probability given its prompt.
 
-Order (PairLoader), as gptkit/loader.py's "epoch" mode: global sample k = 0, 1, 2, ... is pair
+Order (PairLoader), as gptkit/data/loader.py's "epoch" mode: global sample k = 0, 1, 2, ... is pair
 perm_e[k mod n] of epoch e = k // n, perm_e the permutation drawn from np.random.default_rng([seed, e]); the
 c-th next_batch() of rank r returns samples [(c * world_size + r) * B, ... + B). Nothing depends on hidden
 state: state_dict is the next sample's index (and what must match), so a resume continues with the exact
@@ -38,8 +38,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from gptkit.loader import EpochOrder
-from gptkit.shards import DataError, TokenDataset, open_shard, read_meta, require_dataset
+from gptkit.data.loader import EpochOrder
+from gptkit.data.shards import TokenDataset, open_shard, read_meta, require_dataset
+from gptkit.errors import DataError
 
 KIND = "preference"  # the meta.json entry that makes a dataset a preference dataset
 UNPAIRED = "unpaired"  # its "format" for prompt, completion, label rows (no "format", or "pairs": pairs)

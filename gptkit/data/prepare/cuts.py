@@ -35,7 +35,7 @@ from typing import BinaryIO
 import numpy as np
 
 from gptkit.cli import one_line
-from gptkit.shards import DataError
+from gptkit.errors import DataError
 
 # Each rule: a regex and whether the cut is at the start or the end of its match.
 RULES: dict[str, tuple[re.Pattern[str], str]] = {

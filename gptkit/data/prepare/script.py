@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gptkit.options import ConfigError, load_config, setting
-from gptkit.prepare.writer import DEFAULT_SHARD_TOKENS
+from gptkit.data.prepare.writer import DEFAULT_SHARD_TOKENS
+from gptkit.errors import ConfigError
+from gptkit.options import load_config, setting
 
 TOKENIZER_HELP = ("gpt2 (GPT-2's BPE), char (the text's characters), or the NAME (in DATA_ROOT/tokenizers) or PATH "
                   "of a tokenizer trained with prepare/tokenizer.py")

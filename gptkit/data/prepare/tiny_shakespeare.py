@@ -1,6 +1,6 @@
 """Tiny Shakespeare (1.1M characters of plays), prepared with any tokenizer (characters by default).
 
-    from gptkit.prepare.tiny_shakespeare import DATASETS, prepare_shakespeare
+    from gptkit.data.prepare.tiny_shakespeare import DATASETS, prepare_shakespeare
     meta = prepare_shakespeare("data/shakespeare_char", "char")   # downloads the text once, then reuses it
     meta = prepare_shakespeare(path, DATASETS[path.name])          # train.py: a dataset name's tokenizer
 
@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from gptkit import cli
+from gptkit.data.prepare import local, script
+from gptkit.errors import DataError
 from gptkit.options import redefault, setting
-from gptkit.prepare import local, script
-from gptkit.shards import DataError
 from gptkit.tokenizer import resolve_tokenizer
 
 URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"

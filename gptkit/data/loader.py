@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from gptkit.shards import DataError, TokenDataset
+from gptkit.data.shards import TokenDataset
+from gptkit.errors import DataError
 
 MODES = ("random", "epoch")
 _MASK64 = (1 << 64) - 1
@@ -62,7 +63,7 @@ def random_starts(seed: int, ks: np.ndarray, n_starts: int) -> np.ndarray:
 
 class EpochOrder:
     """Window indices for "epoch" mode (0..n_win-1, each once per epoch), caching the permutations of the
-    epochs currently being read. (gptkit/preference.py orders its pairs with it too.)"""
+    epochs currently being read. (gptkit/data/pairs.py orders its pairs with it too.)"""
 
     def __init__(self, seed: int, n_win: int):
         self.seed, self.n_win = seed, n_win
@@ -119,7 +120,7 @@ def read_batch(dataset: TokenDataset, starts: np.ndarray, block_size: int,
 def _check_common(
     dataset: TokenDataset, batch_size: int, block_size: int, seed: int, rank: int, world_size: int
 ) -> None:
-    if "preference" in dataset.meta:  # prepare/preference.py's pairs: read by gptkit/preference.py instead
+    if "preference" in dataset.meta:  # prepare/preference.py's pairs: read by gptkit/data/pairs.py instead
         raise DataError(f"{dataset.data_dir} holds preference pairs (prepare/preference.py): the language-model "
                         f"loss would learn the rejected replies too; tune on them with the DPO objective, or "
                         f"prepare conversations with prepare/chat.py to fine-tune on")

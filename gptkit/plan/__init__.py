@@ -1,6 +1,7 @@
 """Know before you run: a training run's FLOPs and memory worked out from its shape alone, the largest micro-batch
-that fits a device, and what --parallel=auto chooses. (The `train.py --plan` report built on it, the run's model
-from its config without weights and the table, is gptkit/plan_report.py.)
+that fits a device, and what --parallel=auto chooses. Built on it, in this package: report.py (`train.py --plan`:
+the run's model from its config without weights, and the table), check.py (a run refused before it builds
+anything when its step cannot fit) and batch_size.py (batch_size=auto's trial, the out-of-memory advice).
 
     fpt = flops_per_token(model, seq_len)                 # what the logs' MFU divides by, too
     setup = Setup.of_run(cfg, "cuda", torch.bfloat16)     # how one process runs the step
@@ -8,6 +9,7 @@ from its config without weights and the table, is gptkit/plan_report.py.)
     largest_batch(model, setup, capacity_bytes)           # the largest micro-batch whose peak fits
     largest_valid_batch(model, setup, capacity, sequences)   # batch_size=auto's choice: it also keeps the tokens
     choose_parallel(model, setup, capacity_bytes)         # ("ddp" or "fsdp", why): what --parallel=auto runs
+    decide_parallel(model, cfg, d, rt, use_compile)       # a run's: single, ddp or fsdp, and the line saying why
 
 The model given is usually on the meta device (shapes, dtypes and requires_grad, no storage): the counts
 (weights, gradients, optimizer states) are then exact, and the activations are the tensors autograd saves
@@ -23,9 +25,10 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from gptkit.errors import ConfigError
 from gptkit.lora import LoRALinear
 from gptkit.optim import block_matrices
-from gptkit.runtime import ram
+from gptkit.runtime import Dist, Runtime, ram
 from model import loss_chunk_rows
 
 if TYPE_CHECKING:  # annotations only
@@ -678,6 +681,34 @@ def choose_parallel(model, setup: Setup, capacity: float, batch_size: int | None
              "--lora_rank", "a smaller block_size or model"]
     return "fsdp", (f"neither fits {format_bytes(capacity)} per device {at}: a whole replica needs "
                     f"{format_bytes(ddp)}, {over} {format_bytes(fsdp)}; use {', '.join(helps[:-1])} or {helps[-1]}")
+
+
+
+CHOICES = ("auto", *PARALLEL)  # --parallel's: PARALLEL, or auto (choose_parallel picks)
+
+
+def parallel_for(requested: str, model, setup: Setup, capacity: float, batch_size: int | None) -> tuple[str, str]:
+    """("ddp" or "fsdp", why) for a job of setup.world_size > 1 processes: the one asked for, or with "auto"
+    the plan's choice for a device of `capacity` bytes (choose_parallel: DDP when a whole replica fits)."""
+    if requested not in CHOICES:
+        raise ConfigError(f"parallel {requested!r} unknown; use {', '.join(CHOICES)}")
+    if requested != "auto":
+        return requested, f"--parallel={requested}"
+    return choose_parallel(model, setup, capacity, batch_size)
+
+
+def decide_parallel(model: torch.nn.Module, cfg: TrainConfig, d: Dist, rt: Runtime,
+                    use_compile: bool, objective=None) -> tuple[str, str | None]:
+    """How this run's processes share the model: ("single", None) on one process, else ("ddp" or "fsdp", the
+    one line that says which and why). cfg: the run's TrainConfig (batch_size None: auto, planned at 1);
+    objective: the run's (what its step holds: Setup.of_run), None: the next-token loss. gptkit/parallel.py's
+    wrap then wraps the model for the choice."""
+    if not d.enabled:
+        return "single", None
+    setup = Setup.of_run(cfg, rt.device_type, rt.dtype, d.world_size, compile=use_compile,
+                         accum=max(1, cfg.gradient_accumulation_steps // d.world_size), objective=objective)
+    choice, why = parallel_for(cfg.parallel, model, setup, process_capacity(rt.device, d.world_size), cfg.batch_size)
+    return choice, f"parallel: {choice.upper()} over {d.world_size} processes ({why})"
 
 
 def valid_batches(sequences_per_step: int, world_size: int, per_item: int = 1) -> list[int]:

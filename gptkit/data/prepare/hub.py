@@ -23,13 +23,18 @@ from typing import Any
 from tqdm import tqdm
 
 from gptkit.cli import one_line
+from gptkit.data.prepare import pipeline
+from gptkit.data.prepare.local import distinct_chars
+from gptkit.data.prepare.pipeline import Result, ValRule
+from gptkit.data.prepare.pool import ordered_map
+from gptkit.data.prepare.writer import (
+    DEFAULT_SHARD_TOKENS,
+    already_prepared,
+    check_positive,
+    make_fingerprint,
+)
+from gptkit.errors import DataError
 from gptkit.network import hub_unreachable
-from gptkit.prepare import pipeline
-from gptkit.prepare.local import distinct_chars
-from gptkit.prepare.pipeline import Result, ValRule
-from gptkit.prepare.pool import ordered_map
-from gptkit.prepare.writer import DEFAULT_SHARD_TOKENS, check_positive, make_fingerprint
-from gptkit.shards import DataError
 from gptkit.tokenizer import Tokenizer, resolve_tokenizer
 
 ROWS_PER_TASK = 256  # ~1 MB of web text
@@ -63,7 +68,7 @@ def prepare_hub_corpus(
     fp = make_fingerprint(hub=[hf_path, config, revision, "train", "text"],
                           tokenizer=tok.to_meta() if tok else "char", shard_tokens=shard_tokens,
                           val_tokens=val_tokens, rows_per_task=ROWS_PER_TASK)
-    meta = pipeline.already_prepared(out_dir, fp, overwrite)
+    meta = already_prepared(out_dir, fp, overwrite, source)
     if meta is not None:
         return meta
     ds = load_hf_dataset(hf_path, config, split="train", streaming=streaming, revision=revision)
@@ -138,7 +143,7 @@ def write_hf_corpus(
     fp = fingerprint or make_fingerprint(source=source, column=text_column, tokenizer=tokenizer.to_meta(),
                                          shard_tokens=shard_tokens, val_tokens=val_tokens,
                                          val_fraction=val_fraction, rows_per_task=ROWS_PER_TASK)
-    meta = pipeline.already_prepared(out_dir, fp, overwrite)
+    meta = already_prepared(out_dir, fp, overwrite, source)
     if meta is not None:
         return meta
     workers = num_proc

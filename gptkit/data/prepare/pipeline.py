@@ -4,10 +4,10 @@
 
 A task is a small, picklable description of a bounded piece of input (byte ranges of files, a range of dataset
 rows, or a batch of streamed texts) with a ``cursor``: where the input stands once it is written. ``work``
-runs in the workers (``gptkit/prepare/pool.py``), reads and tokenises its task and returns a ``Result``;
+runs in the workers (``gptkit/data/prepare/pool.py``), reads and tokenises its task and returns a ``Result``;
 results are written in task order, so the shards are the same whatever the number of workers. After a task
 that completed a shard (or a minute after the last one) the writer checkpoints with that task's cursor; a
-resumed run asks ``tasks(cursor)`` for the tasks after it (``gptkit/prepare/writer.py`` has the rules).
+resumed run asks ``tasks(cursor)`` for the tasks after it (``gptkit/data/prepare/writer.py`` has the rules).
 
 Splits: a result's tokens are either already split ("train"/"val": whole documents, chosen by ``ValRule``)
 or one "stream" whose first ``val_tokens`` tokens are val and the rest train (the Hub corpora).
@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from gptkit import shards
-from gptkit.prepare.pool import ordered_map
-from gptkit.prepare.writer import DEFAULT_SHARD_TOKENS, DatasetWriter, check_positive, check_prepared
+from gptkit.data import shards
+from gptkit.data.prepare.pool import ordered_map
+from gptkit.data.prepare.writer import DEFAULT_SHARD_TOKENS, DatasetWriter, check_positive
 from gptkit.tokenizer import Tokenizer
 
 CHECKPOINT_SECONDS = 60.0  # also checkpoint this often when shards complete slowly (a slow stream)
@@ -58,16 +58,6 @@ class Job:
     unit: str = "B"
     what: str = "the input"
     started: float | None = None  # time.perf_counter() when the command started (default: when run() does)
-
-
-def already_prepared(out_dir: Path, fingerprint: str, overwrite: bool) -> dict[str, Any] | None:
-    """check_prepared, saying so when there is nothing to do."""
-    meta = check_prepared(out_dir, fingerprint, overwrite)
-    if meta is not None:
-        total = sum(e["tokens"] for e in meta["splits"].values())
-        print(f"{out_dir} is already prepared from this input with this tokenizer ({total:,} tokens); nothing to do "
-              "(--overwrite prepares it again)")
-    return meta
 
 
 def run(job: Job) -> dict[str, Any]:

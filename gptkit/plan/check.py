@@ -1,5 +1,5 @@
 """Before a run allocates anything: does its step fit this machine at all? The plan's peak for one training
-step (gptkit/plan.py's `memory`: weights, gradients, optimizer state, activations) against the device's whole
+step (gptkit/plan/__init__.py's `memory`: weights, gradients, optimizer state, activations) against the device's whole
 memory, and a one-line refusal naming the largest batch_size, block_size or n_layer that fits, instead of a
 numpy or allocator traceback (or minutes of building a model that cannot train).
 
@@ -19,13 +19,13 @@ import dataclasses
 import torch
 
 from gptkit import lora, plan
-from gptkit.cli import UserError
 from gptkit.config import TrainConfig, lora_settings
-from gptkit.lora import LoRASettings
+from gptkit.errors import UserError
 from gptkit.objectives import make_objective
 from gptkit.options import command_line_values
-from gptkit.plan_report import base_config
+from gptkit.plan.report import base_config
 from gptkit.runtime import ram
+from gptkit.settings import LoRASettings
 from model import GPT, GPTConfig
 
 
