@@ -604,7 +604,7 @@ def train_in(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: 
                 requests = StepRequests(stop, cfg.checkpoint_interval_s, owns_clock=d.master)
                 summary = train_loop(run, step, best_val, metrics, requests)
         except torch.OutOfMemoryError:
-            raise TrainError(oom_message(run)) from None
+            raise TrainError(oom_message(run.cfg, run.rt, run.d, run.raw_model, parallel.is_sharded(run.model))) from None
         finally:
             metrics.close()
     except BaseException:
