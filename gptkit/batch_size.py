@@ -27,7 +27,7 @@ from gptkit import objectives, plan
 from gptkit.cli import UserError
 from gptkit.config import TrainConfig
 from gptkit.runtime import Dist, Runtime, resolve_compile
-from gptkit.step_factory import make_step
+from gptkit.step_factory import OneBatch, make_step
 from model import GPT
 
 # batch_size=auto with cuda_graphs: the share of the free memory held back from the trial step (fits_on_gpu). A
@@ -112,19 +112,6 @@ def gpu_free_bytes(rt: Runtime) -> int:
     return torch.cuda.mem_get_info(rt.device)[0]
 
 
-class Repeated:
-    """A loader as the step reads it, serving one micro-batch every time (the trial's made-up one)."""
-
-    def __init__(self, batch):
-        self.batch = batch
-
-    def next_batch(self):
-        return self.batch
-
-    def prefetch(self) -> None:
-        pass
-
-
 def trial_step(model: GPT, cfg: TrainConfig, rt: Runtime, batch: int) -> None:
     """One training step of the run's objective on a micro-batch of `batch` random items (sequences, or DPO's
     pairs: objectives.trial_batch), for batch_size=auto: the run's own step (make_step: its optimizer, scaler,
@@ -133,7 +120,7 @@ def trial_step(model: GPT, cfg: TrainConfig, rt: Runtime, batch: int) -> None:
     objective, micro = objectives.trial_batch(cfg, model, batch, rt.device)
     still = dataclasses.replace(cfg, learning_rate=0.0, min_lr=0.0, muon_lr=0.0, decay_lr=False)
     try:
-        make_step(model, still, rt, Dist(), accum=1, objective=objective)(0, Repeated(micro))
+        make_step(model, still, rt, Dist(), accum=1, objective=objective)(0, OneBatch(micro))
     finally:
         model.zero_grad(set_to_none=True)
 

@@ -48,3 +48,17 @@ def make_step(model: torch.nn.Module, cfg: TrainConfig, rt: Runtime, d: Dist, *,
                               before_capture=before_capture)
     return TrainStep(model, optimizer, scaler, rt, d, cfg, accum=accum, objective=objective, graphed=graphed,
                      stop=stop, blocks=blocks)
+
+
+class OneBatch:
+    """A loader as the step reads it (next_batch, prefetch) that serves one micro-batch every time: the made-up
+    tokens of batch_size=auto's trial step and of the memory benchmarks."""
+
+    def __init__(self, batch):
+        self.batch = batch
+
+    def next_batch(self):
+        return self.batch
+
+    def prefetch(self) -> None:
+        pass
