@@ -6,6 +6,8 @@ graph instead of every kernel of the forward, the backward, the clipping and the
     train_step = TrainStep(model, optimizer, scaler, rt, d, cfg, accum=4, graphed=graphed)   # gptkit/step.py
     loss, grad_norm, flags = graphed(loader, request)   # what TrainStep calls: device tensors, read a step later
 
+(gptkit/step_factory.py's make_step builds the two, as a run does.)
+
 A small model's step is bound by the host (Python, guards, kernel launches), not by the GPU: replaying a graph
 removes that. The step is gptkit/step.py's step_body, the very function the plain step runs; what a graph needs
 besides, this module provides:

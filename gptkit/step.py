@@ -265,6 +265,11 @@ class StepGuard:
         self.pending = (step, self.host, self.event)
         return verdict
 
+    def optimizer_step(self, optimizer, scaler: torch.amp.GradScaler) -> None:
+        """The optimizer step of a step whose flags were checked and let it through: skipped on the device when
+        deferred and this step's flag is set."""
+        apply_update(optimizer, scaler, self.flags[0] if self.deferred else False)
+
     def skip(self, verdict: Verdict) -> Skip:
         """Whether the step just checked is applied (step_body's `decide`): not after a NaN/inf step (this one's,
         or when deferred the previous one's: the run stops after this call); when deferred, unless this step's
