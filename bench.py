@@ -102,12 +102,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from benchmarks.rounds import cell, interleave, ratio_cell, ratios, verdict
 from gptkit import cli, fp8
 from gptkit.config import TrainConfig
-from gptkit.cudagraph import GraphedStep
 from gptkit.data.shards import read_meta, require_dataset
 from gptkit.errors import ConfigError
 from gptkit.generate import SamplingOptions, compile_decode_step, generate_blocks, prefill
 from gptkit.metrics import peak_flops
-from gptkit.optim import make_optimizer
 from gptkit.options import load_config, setting
 from gptkit.plan import flops_per_token
 from gptkit.runtime import (
@@ -119,7 +117,7 @@ from gptkit.runtime import (
     setup_runtime,
 )
 from gptkit.settings import refuse_uncapturable
-from gptkit.step import TrainStep
+from gptkit.step_factory import make_step
 from gptkit.step_profile import format_profile, profile_steps
 from model import GPT, LOSS_CHUNK_ELEMENTS, GPTConfig, loss_chunk_rows
 
@@ -483,20 +481,14 @@ def bench_train(name: str, rt: Runtime, args, variant: Variant) -> dict:
         return unmeasured_row("train", name, rt, "skipped", problem, **fields)
     if v.fp8_head:
         fp8.use_fp8_head(model, rt.device)
-    optimizer = make_optimizer(model, train_cfg, rt.device_type, graphable=v.cuda_graphs)
     torch._dynamo.reset()  # this row's own static graphs, not dynamic ones from the last row's sizes
-    if v.compile_optimizer:
-        compile_optimizer_step(optimizer)
-    scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.needs_grad_scaler)
     step_model = compiled(model, v, use_compile)
     batches = train_batches(args, cfg, batch, rt)
-    graphed, optimizer_spans = None, None
-    if v.cuda_graphs:  # train.py's step with --cuda_graphs (its optimizer step inside the graph: not timed apart)
-        graphed = GraphedStep(step_model, optimizer, rt.device, accum=args.accum, grad_clip=train_cfg.grad_clip,
-                              autocast=lambda: rt.autocast(cache=False))
-    else:
-        optimizer_spans = time_optimizer_steps(optimizer, rt)
-    train_step = TrainStep(step_model, optimizer, scaler, rt, Dist(), train_cfg, accum=args.accum, graphed=graphed)
+    # train.py's step, built as the run builds it; with --cuda_graphs its optimizer step is inside the graph
+    # (not timed apart)
+    train_step = make_step(step_model, train_cfg, rt, Dist(), accum=args.accum, raw_model=model, graphs=v.cuda_graphs,
+                           adapt_optimizer=compile_optimizer_step if v.compile_optimizer else None)
+    optimizer_spans = None if v.cuda_graphs else time_optimizer_steps(train_step.optimizer, rt)
 
     def step():
         # train.py's step, at step 0's learning rate every time (see --compile_optimizer). Its verdict (on a GPU

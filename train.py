@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from gptkit import cli, startup
+from gptkit import cli, parallel, startup
 from gptkit.checkpoint.resume import check_out_dir, resolve_config, set_aside_damaged_best
 from gptkit.checkpoint.run_files import RunFiles
 from gptkit.config import TrainConfig
@@ -51,7 +51,7 @@ from gptkit.run import (
     where_checkpoints_are,
 )
 from gptkit.runtime import Dist, Runtime, distributed, resolve_compile
-from gptkit.step import NonFiniteError, StepInterrupted, StepRequests, StopFlag, TrainStep
+from gptkit.step import NonFiniteError, StepInterrupted, StepRequests, StopFlag
 from gptkit.threads import Threads, resolve_threads
 
 # ----------------------------------------------------------------------------- the loop
@@ -77,9 +77,9 @@ def stop_run(run: Run, step: int, best_val: float, start_step: int) -> None:
 def train_loop(run: Run, step: int, best_val: float, metrics: Metrics, requests: StepRequests) -> dict:
     cfg, d, stop = run.cfg, run.d, requests.stop
     start_step, val_loss, stopped, save_asked = step, None, False, False
-    train_step = TrainStep(run.model, run.optimizer, run.scaler, run.rt, d, cfg, accum=run.accum,
-                           objective=run.objective, graphed=run.graphed, stop=stop if cuts_steps(run) else None,
-                           blocks=list(run.raw_model.transformer.h))
+    train_step = run.train_step  # (gptkit/step_factory.py's make_step built it with the run)
+    if cuts_steps(run):  # a stop signal cuts a step short
+        train_step.cut_by(stop, list(run.raw_model.transformer.h))
     while True:
         # ---- evaluate and checkpoint
         if step % cfg.eval_interval == 0 or step >= cfg.max_iters or cfg.eval_only:
@@ -202,7 +202,7 @@ def train_in(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt: 
                 requests = StepRequests(stop, cfg.checkpoint_interval_s, owns_clock=d.master)
                 summary = train_loop(run, step, best_val, metrics, requests)
         except torch.OutOfMemoryError:
-            raise TrainError(oom_message(run)) from None
+            raise TrainError(oom_message(run.cfg, run.rt, run.d, run.raw_model, parallel.is_sharded(run.model))) from None
         finally:
             metrics.close()
     except BaseException:

@@ -5,8 +5,10 @@
 
 For each number of processes N, a job of N processes (torchrun, or this process alone for N = 1) builds the
 shape, wraps it as train.py does (gptkit/parallel.py: FSDP for N > 1), takes one training step on random tokens
-(forward, backward, AdamW's step: its states then exist) and counts, on every process, the bytes of the tensors
-it holds: its shards of the parameters, of the gradients and of the optimizer states (parallel.local_bytes).
+(the run's step, gptkit/step_factory.py's make_step: forward, backward, clip, AdamW's step, whose states then
+exist) and counts, on every process, the bytes of the tensors it holds: its shards of the parameters, of the
+gradients (as they are when the optimizer steps: the step frees them after) and of the optimizer states
+(parallel.local_bytes).
 Beside them: the plan's figures for the same setup (gptkit/plan/__init__.py's memory: weights, gradients, optimizer)
 and the largest FSDP unit's parameters gathered whole (what a process holds on top, while that unit runs).
 The bound tests/test_fsdp.py checks: every process holds at most 1/N of one process' bytes plus that unit.
@@ -43,8 +45,8 @@ def measure(shape: str) -> dict:
     sys.path.insert(0, str(ROOT))
     from gptkit import parallel, plan
     from gptkit.config import TrainConfig
-    from gptkit.optim import make_optimizer
     from gptkit.runtime import distributed
+    from gptkit.step_factory import OneBatch, make_step
     from model import GPT, GPTConfig
 
     options = SHAPES[shape]
@@ -58,11 +60,18 @@ def measure(shape: str) -> dict:
                            parallel="fsdp" if d.enabled else "ddp")
         planned = plan.memory(model, setup, BATCH)
         wrapped = parallel.wrap(model, plan.decide_parallel(model, cfg, d, rt, False)[0], rt, use_compile=False)
-        optimizer = make_optimizer(model, cfg, "cpu")
+        train_step = make_step(wrapped, cfg, rt, d, accum=1, raw_model=model)
+        optimizer, grads = train_step.optimizer, []
+        update = optimizer.step
+
+        def step(*args, **kwargs):  # the gradients' bytes as the optimizer steps (freed after the step)
+            grads.append(parallel.local_bytes(model, optimizer)["grads"])
+            return update(*args, **kwargs)
+
+        optimizer.step = step
         x = torch.randint(options["vocab_size"], (BATCH, options["block_size"]))
-        wrapped(x, x)[1].backward()
-        optimizer.step()
-        held = parallel.local_bytes(model, optimizer)
+        train_step(0, OneBatch((x, x)))
+        held = {**parallel.local_bytes(model, optimizer), "grads": grads[0]}
         everyone = [held]
         if d.enabled:
             everyone = [None] * d.world_size

@@ -1,12 +1,12 @@
 """How much one training step grows the process: a 1-layer, 128-wide GPT with GPT-2's vocabulary (padded to
-50,304), B x 1024 tokens, fp32 on the CPU, one forward_backward (gptkit/step.py's) + AdamW step. Nearly all of its
-memory is the head and the loss, so this measures how the loss is computed.
+50,304), B x 1024 tokens, fp32 on the CPU, one training step as a run takes it (gptkit/step_factory.py's make_step:
+forward, backward, clip, AdamW's step). Nearly all of its memory is the head and the loss, so this measures how
+the loss is computed.
 
     python -m benchmarks.loss_memory --batch_size 8            # from the repository root
 
-It uses only the step's forward_backward, so the same command measures an older checkout too: copy this file
-there and run it the same way from that checkout's root (a checkout from before gptkit/step.py has the function
-in train.py: import it from there in that copy).
+To measure an older checkout (from before make_step), copy this file there and build its step as that
+checkout's train.py does (its forward_backward, then the optimizer step).
 Prints the step's loss (equal before and after: the same computation), the process' resident memory before
 the step, its peak, their difference, and the step's wall time.
 """
@@ -21,9 +21,8 @@ import torch
 
 from gptkit import cli
 from gptkit.config import TrainConfig
-from gptkit.optim import make_optimizer
-from gptkit.runtime import setup_runtime
-from gptkit.step import forward_backward
+from gptkit.runtime import Dist, setup_runtime
+from gptkit.step_factory import OneBatch, make_step
 from model import GPT, GPTConfig
 
 
@@ -44,18 +43,16 @@ def main(argv: list[str] | None = None) -> None:
     rt = setup_runtime("cpu", "float32")
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=1024, vocab_size=50257, n_layer=1, n_head=2, n_embd=128, vocab_multiple=64))
-    optimizer = make_optimizer(model, TrainConfig(weight_decay=0.1, learning_rate=6e-4), "cpu")
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    train_step = make_step(model, TrainConfig(weight_decay=0.1, learning_rate=6e-4, grad_clip=1.0), rt, Dist(),
+                           accum=1)
     x = torch.randint(0, 50257, (args.batch_size, 1024))
     y = torch.randint(0, 50257, (args.batch_size, 1024))
+    loader = OneBatch((x, y))
     before = rss_mb()
     times = []
-    for _ in range(args.steps):
+    for step in range(args.steps):
         t0 = time.perf_counter()
-        loss = forward_backward(model, optimizer, scaler, lambda: (x, y), 1, rt, 1.0)[0]
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+        loss = train_step(step, loader).loss
         times.append(time.perf_counter() - t0)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
     print(f"batch {args.batch_size} x 1024: loss {loss.item():.4f} | RSS before {before:,.0f} MB, peak {peak:,.0f} MB, "

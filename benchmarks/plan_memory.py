@@ -5,8 +5,8 @@
     python -m benchmarks.plan_memory --device=cuda       # GPU: GPT-2 124M at micro-batches 8, 16, 32 (bf16)
     python -m benchmarks.plan_memory --device=cuda --compile=True --batches=8,16,32,64
 
-Each shape runs in a fresh subprocess: train.py's own step (gptkit/step.py's forward_backward, then the optimizer step)
-three times on random tokens, the first to create the optimizer states. Measured on the CPU, for the second
+Each shape runs in a fresh subprocess: the run's own step (built as train.py builds it: gptkit/step_factory.py's
+make_step) three times on random tokens, the first to create the optimizer states. Measured on the CPU, for the second
 (steady-state) step:
   allocator: the peak of the live tensors, from torch's profiler (its memory timeline records every
     allocation and free of torch's CPU allocator) plus the weights and optimizer states that exist already:
@@ -77,9 +77,8 @@ def child(args) -> dict:
     """One shape in this (fresh) process; returns the plan's figures and the measured ones, in bytes."""
     from gptkit import lora, plan
     from gptkit.config import TrainConfig
-    from gptkit.optim import make_optimizer
-    from gptkit.runtime import setup_runtime
-    from gptkit.step import forward_backward
+    from gptkit.runtime import Dist, setup_runtime
+    from gptkit.step_factory import OneBatch, make_step
 
     if args.device == "cuda":
         options, batch, optimizer, rank, checkpointing = GPT2_124M, args.batch, "adamw", 0, False
@@ -89,25 +88,21 @@ def child(args) -> dict:
     cpu = rt.device_type == "cpu"
     if cpu:  # load torch's kernels (and their libraries' pages) on a tiny model first, so that they are baseline
         warm = build(dict(vocab_size=65, n_layer=1, n_head=2, n_embd=32, block_size=16), 0, False, "cpu")
-        forward_backward(warm, make_optimizer(warm, TrainConfig(), "cpu"), torch.amp.GradScaler("cpu", enabled=False),
-                         lambda: (torch.zeros(2, 16, dtype=torch.long),) * 2, 1, rt, 1.0)
+        make_step(warm, TrainConfig(), rt, Dist(), accum=1)(0, OneBatch((torch.zeros(2, 16, dtype=torch.long),) * 2))
         del warm
     base_rss = status_kb("VmRSS") * 1024 if cpu else 0
     model = build(options, rank, checkpointing, rt.device)
     if rank and rt.device_type == "cuda" and rt.dtype == torch.bfloat16:
         lora.cast_frozen_base(model, torch.bfloat16)  # as train.py does
-    opt = make_optimizer(model, TrainConfig(optimizer=optimizer), rt.device_type)
-    scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.needs_grad_scaler)
-    step_model = torch.compile(model) if args.compile else model
+    train_step = make_step(torch.compile(model) if args.compile else model, TrainConfig(optimizer=optimizer), rt,
+                           Dist(), accum=1, raw_model=model)
     g = torch.Generator().manual_seed(0)
     T, V = options["block_size"], options["vocab_size"]
-    x, y = (torch.randint(0, V, (batch, T), generator=g).to(rt.device) for _ in range(2))
+    loader = OneBatch(tuple(torch.randint(0, V, (batch, T), generator=g).to(rt.device) for _ in range(2)))
+    steps = iter(range(3))
 
     def step():
-        forward_backward(step_model, opt, scaler, lambda: (x, y), 1, rt, 1.0)
-        scaler.step(opt)
-        scaler.update()
-        opt.zero_grad(set_to_none=True)
+        train_step(next(steps), loader)
 
     t0 = time.perf_counter()
     step()  # creates the optimizer states (and compiles)

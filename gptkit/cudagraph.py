@@ -6,9 +6,11 @@ graph instead of every kernel of the forward, the backward, the clipping and the
     train_step = TrainStep(model, optimizer, scaler, rt, d, cfg, accum=4, graphed=graphed)   # gptkit/step.py
     loss, grad_norm, flags = graphed(loader, request)   # what TrainStep calls: device tensors, read a step later
 
+(gptkit/step_factory.py's make_step builds the two, as a run does.)
+
 A small model's step is bound by the host (Python, guards, kernel launches), not by the GPU: replaying a graph
-removes that. The step is gptkit/step.py's (accumulate, clip_gradients, non_finite: the same arithmetic as the
-plain step); what a graph needs besides, this module provides:
+removes that. The step is gptkit/step.py's step_body, the very function the plain step runs; what a graph needs
+besides, this module provides:
 - static inputs: each micro-batch is copied into fixed buffers before the replay (`batch`: one per tensor of
   the micro-batch, shaped by the first step's: x and y for the default objective; a preference batch's x, y and
   its reference log-probabilities, read with the batch, gptkit/data/pairs.py's PairBatch.tensors), and the
@@ -28,7 +30,7 @@ refuses that). The capture runs under torch._dynamo's error_on_recompile: a comp
 again inside the capture fails naming the guard that changed, not with an error from inside the capture. (The
 capture itself hands the warm-up's cached blocks back first, torch.cuda.graph's empty_cache.) From then on the
 graph's private pool keeps a whole step's gradients and working memory for good, beside the regular pool, where
-the evaluations then run: batch_size=auto keeps a margin for that (graph_batch_reserve). On a device other than
+the evaluations then run: batch_size=auto keeps a margin for that (batch_size.graph_batch_reserve). On a device other than
 CUDA the step always runs eagerly, and before_capture runs at the step where the capture would happen: the same
 arithmetic and the same order, which is how the tests check it on a CPU.
 
@@ -42,22 +44,8 @@ from collections.abc import Callable
 
 import torch
 
-from gptkit.optim import step_unless
-from gptkit.step import Objective, accumulate, clip_gradients, next_token_loss, non_finite, trained_parameters
-
-# batch_size=auto with cuda_graphs: the share of the free memory held back from the trial step
-# (gptkit/plan/batch_size.py's fits_on_gpu). A margin, not a trial with graphs: a trial capture per candidate batch
-# would cost three warm-up steps and a capture each, and a capture that runs out of memory leaves the device in
-# a state a clean retry cannot count on. What the margin covers: the graph's pool keeps the step's memory for
-# good, so an evaluation's forward (in the regular pool) comes on top of it instead of reusing it, and the two
-# pools cannot share blocks (rounding, fragmentation). 10% is an estimate, not a measurement: a GPU run with
-# --cuda_graphs=True and batch_size=auto (its peak memory, metrics.jsonl's peak_mem_mb) is what should set it.
-GRAPH_MEMORY_MARGIN = 0.10
-
-
-def graph_batch_reserve(free_bytes: int) -> int:
-    """Bytes to hold back from a batch_size=auto trial step when the run replays its step as a CUDA graph."""
-    return int(free_bytes * GRAPH_MEMORY_MARGIN)
+from gptkit import step
+from gptkit.step import Objective, OnDevice, Skip, next_token_loss, non_finite, trained_parameters
 
 
 def batch_tensors(batch) -> tuple[torch.Tensor, ...]:
@@ -88,6 +76,7 @@ class GraphedStep:
         self.stop_in = torch.zeros((), device=device)  # the step boundary's request: 1.0 a stop (step.StepRequests)
         self.halted = torch.zeros((), device=device)  # 1.0 once any step was non-finite: every later one is masked
         self.params = trained_parameters(optimizer)
+        self.on_device = OnDevice(device, autocast)
         self.capture = device.type == "cuda"
         self.side = torch.cuda.Stream(device) if self.capture else None  # the warm-up steps' stream, made once
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -132,17 +121,23 @@ class GraphedStep:
         return loss, grad_norm, flags
 
     def body(self) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
-        """The step itself, on the static tensors only (what the graph records): gptkit/step.py's forward and
-        backward over the micro-batches, clip and non-finite check, then the flags and the masked optimizer
-        step. Gradients are None before it runs."""
+        """The step itself, on the static tensors only (what the graph records): gptkit/step.py's step_body, the
+        plain step's own function (forward and backward over the micro-batches, clip), with the flags decided
+        on the device (a NaN/inf now or at any earlier step, and the request) and the optimizer step masked by
+        them. No loss scaler (float16 is refused with graphs) and no read-ahead inside. Gradients are None before
+        it runs."""
         micro_batches = (batch_like(self.template, tensors) for tensors in zip(*self.batch, strict=True))
-        loss, metrics = accumulate(self.model, lambda: next(micro_batches), self.accum, self.autocast, self.device,
-                                   objective=self.objective)
-        grad_norm = clip_gradients(self.params, self.grad_clip)
-        self.halted.copy_(torch.maximum(self.halted, non_finite(loss, grad_norm).float()))
-        flags = torch.stack([self.halted, self.stop_in])
-        step_unless(self.optimizer, self.halted)
-        return loss, grad_norm, metrics, flags
+        flags = []
+
+        def decide(loss: torch.Tensor, grad_norm: torch.Tensor) -> Skip:
+            self.halted.copy_(torch.maximum(self.halted, non_finite(loss, grad_norm).float()))
+            flags.append(torch.stack([self.halted, self.stop_in]))
+            return self.halted  # every step from a bad one on masked, on the device
+
+        loss, grad_norm, metrics = step.step_body(self.model, self.optimizer, None, lambda: next(micro_batches),
+                                                  self.accum, self.on_device, self.grad_clip, decide=decide,
+                                                  objective=self.objective)
+        return loss, grad_norm, metrics, flags[0]
 
     def capture_begins(self) -> None:
         """At the step where the capture begins (on CUDA; elsewhere where it would): before_capture, e.g. a

@@ -308,8 +308,9 @@ def set_lr(optimizer, step: int, cfg: TrainConfig) -> float:
     """Set every group's learning rate for `step`: AdamW's groups get get_lr, Muon's the same schedule relative
     to their own peak, muon_lr. Returns AdamW's (the logged lr)."""
     lr = get_lr(step, cfg)
+    relative = lr / cfg.learning_rate if cfg.learning_rate else 0.0  # (0: batch_size=auto's trial step)
     for group in optimizer.param_groups:
-        value = cfg.muon_lr * (lr / cfg.learning_rate) if group.get("muon") else lr
+        value = cfg.muon_lr * relative if group.get("muon") else lr
         if isinstance(group["lr"], torch.Tensor):  # a graphable AdamW's: filled in place, on the device
             group["lr"].fill_(value)
         else:

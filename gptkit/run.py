@@ -49,7 +49,7 @@ from gptkit.errors import ConfigError, DataError, UserError
 from gptkit.files import OutDirBusyError, OutDirLock
 from gptkit.metrics import Metrics, peak_flops, start_wandb
 from gptkit.objectives import Objective, make_objective
-from gptkit.optim import describe, load_optimizer_state, make_optimizer
+from gptkit.optim import describe, load_optimizer_state
 from gptkit.options import config_to_dict, print_config
 from gptkit.plan.batch_size import choose_batch_size
 from gptkit.runtime import (
@@ -61,7 +61,8 @@ from gptkit.runtime import (
     resolve_compile,
     resolve_cuda_graphs,
 )
-from gptkit.step import StepRequests
+from gptkit.step import StepRequests, TrainStep
+from gptkit.step_factory import make_step
 from gptkit.threads import Threads
 from gptkit.tokenizer import with_tokenizer_files
 from model import GPT
@@ -195,6 +196,7 @@ class Run:
     objective: Objective  # what the run trains toward (gptkit/objectives/): its loss, metrics and state
     lora: dict | None = None  # a LoRA run's settings and base (checkpoint.build_checkpoint's lora_info)
     graphed: GraphedStep | None = None  # with cuda_graphs: the whole step, replayed as one CUDA graph
+    train_step: TrainStep | None = None  # the step (gptkit/step_factory.py's make_step), over the three above
     hellaswag: list[hellaswag.Encoded] | None = None  # HellaSwag's items, when hellaswag_interval is set
     saver: CheckpointSaver = field(default_factory=CheckpointSaver)  # writes in the background with async_save
     threads: Threads = TORCH_OWN  # torch's CPU threads (gptkit/threads.py), chosen at the start
@@ -294,17 +296,16 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, argv: list[str], d: Dist, rt:
     state = None if ckpt is None or not objective.state_key else ckpt.get(objective.state_key)
     objective_line = objective.start(cfg, model, data_dir, state, d, rt)
     loader, val = objective.batches(cfg, data_dir, d, rt)
+    saver = CheckpointSaver(background=cfg.async_save)
+    # the optimizer, scaler, graphed variant and step; a capture waits for a checkpoint still being written
+    train_step = make_step(wrapped, cfg, rt, d, accum=cfg.gradient_accumulation_steps // d.world_size,
+                           raw_model=model, objective=objective, graphs=graphs, before_capture=saver.wait)
     run = Run(
         cfg=cfg, argv=argv, d=d, rt=rt, meta=meta, raw_model=model, model=wrapped,
-        optimizer=make_optimizer(model, cfg, rt.device_type, graphable=graphs),
-        scaler=torch.amp.GradScaler(rt.device_type, enabled=rt.needs_grad_scaler),
-        loader=loader, val=val, accum=cfg.gradient_accumulation_steps // d.world_size, objective=objective,
-        threads=threads, lora=lora_info, saver=CheckpointSaver(background=cfg.async_save),
+        optimizer=train_step.optimizer, scaler=train_step.scaler, graphed=train_step.graphed,
+        train_step=train_step, loader=loader, val=val, accum=train_step.accum, objective=objective,
+        threads=threads, lora=lora_info, saver=saver,
     )
-    if graphs:  # (the capture waits for a checkpoint still being written: no other thread on the device then)
-        run.graphed = GraphedStep(wrapped, run.optimizer, rt.device, accum=run.accum, grad_clip=cfg.grad_clip,
-                                  autocast=lambda: rt.autocast(cache=False), objective=objective,
-                                  before_capture=run.saver.wait)
     torch.manual_seed(cfg.seed + d.rank)  # dropout masks: a different stream per rank
     step, best_val = run.load_state_dict(ckpt) if ckpt is not None else (0, float("inf"))
     startup.mark("setup")  # (the batch size, the wrappers, the loader, the optimizer)

@@ -12,8 +12,8 @@ One step: `accum` micro-batches, each the objective's loss divided by accum and 
 gradients are all-reduced on the last micro-batch only); then the gradients unscaled (float16's GradScaler),
 the global gradient norm clipped to grad_clip (0: an infinite bound, so the norm is still computed, for the log
 and the non-finite check), the flags, the optimizer step and zero_grad. A graphed step (TrainStep's `graphed`,
-a cudagraph.GraphedStep) is the same arithmetic (accumulate, clip_gradients, non_finite), recorded once and
-replayed.
+a cudagraph.GraphedStep) is the same function (step_body), recorded once and replayed. A run's step is built by
+gptkit/step_factory.py's make_step (the optimizer, the scaler, the graphed variant and TrainStep).
 
 The objective: the loss of one micro-batch is one small function (or an object with __call__, holding what it
 needs besides the model, a reference model say), objective(model, batch) -> (loss, metrics). `batch` is what
@@ -145,15 +145,55 @@ class Gradients(NamedTuple):
     metrics: dict[str, torch.Tensor]  # the objective's, averaged over the micro-batches
 
 
-def forward_backward(model, optimizer, scaler, next_batch, accum: int, rt: Runtime, grad_clip: float,
+class OnDevice(NamedTuple):
+    """What a step reads of its Runtime: the device and the autocast context. A CUDA graph's step gives its own
+    (gptkit/cudagraph.py: autocast without its cache of cast weights, which a graph would read after it is freed)."""
+
+    device: torch.device
+    autocast: Callable[[], Any]
+
+
+def forward_backward(model, optimizer, scaler, next_batch, accum: int, rt: Runtime | OnDevice, grad_clip: float,
                      prefetch=None, objective: Objective = next_token_loss, interrupt=None) -> Gradients:
     """The gradient half of a training step: `accum` micro-batches of forward + backward (accumulate), then
-    unscale and clip. Reading the returned tensors would sync the host."""
+    unscale and clip. `scaler` None: no loss scaling (a graphed step's). Reading the returned tensors would sync
+    the host."""
     loss, metrics = accumulate(model, next_batch, accum, rt.autocast, rt.device, objective=objective,
-                               scale=scaler.scale, prefetch=prefetch, interrupt=interrupt)
-    scaler.unscale_(optimizer)
+                               scale=None if scaler is None else scaler.scale, prefetch=prefetch,
+                               interrupt=interrupt)
+    if scaler is not None:
+        scaler.unscale_(optimizer)
     grad_norm = clip_gradients(trained_parameters(optimizer), grad_clip)  # (FSDP: sharded)
     return Gradients(loss, grad_norm, metrics)
+
+
+# What a step's `decide` gives for its update: True, not applied (decided on the host); False, applied; a () float
+# device tensor, applied unless it is nonzero (decided on the device: optim.step_unless, no host sync).
+Skip = bool | torch.Tensor
+
+
+def step_body(model, optimizer, scaler, next_batch, accum: int, rt: Runtime | OnDevice, grad_clip: float, *,
+              decide: Callable[[torch.Tensor, torch.Tensor], Skip], objective: Objective = next_token_loss,
+              prefetch=None, interrupt=None) -> Gradients:
+    """The one training step, as the plain step runs it and a CUDA graph records it (TrainStep and
+    cudagraph.GraphedStep both call this): forward + backward over the micro-batches, unscale and clip
+    (forward_backward), then `decide(loss, grad_norm)` (the flags: StepGuard's for the plain step, the graph's own
+    on the device) and the optimizer step as it says (apply_update). No zero_grad: a graph keeps its gradients'
+    memory, the plain step frees it. Capturable where `decide` is: nothing here reads a device value."""
+    loss, grad_norm, metrics = forward_backward(model, optimizer, scaler, next_batch, accum, rt, grad_clip,
+                                                prefetch=prefetch, objective=objective, interrupt=interrupt)
+    apply_update(optimizer, scaler, decide(loss, grad_norm))
+    return Gradients(loss, grad_norm, metrics)
+
+
+def apply_update(optimizer, scaler, skip: Skip) -> None:
+    """The optimizer step as `skip` says (Skip): masked on the device for a tensor; through the GradScaler (which
+    with float16 skips a step of inf gradients and lowers its scale) when applied on the host's word."""
+    if isinstance(skip, torch.Tensor):
+        step_unless(optimizer, skip)
+    elif not skip:
+        scaler.step(optimizer)
+        scaler.update()
 
 
 # ----------------------------------------------------------------------------- the flags
@@ -226,12 +266,17 @@ class StepGuard:
         return verdict
 
     def optimizer_step(self, optimizer, scaler: torch.amp.GradScaler) -> None:
-        """The optimizer step: skipped on the device when deferred and this step's flag is set."""
-        if self.deferred:
-            step_unless(optimizer, self.flags[0])
-        else:
-            scaler.step(optimizer)
-            scaler.update()
+        """The optimizer step of a step whose flags were checked and let it through: skipped on the device when
+        deferred and this step's flag is set."""
+        apply_update(optimizer, scaler, self.flags[0] if self.deferred else False)
+
+    def skip(self, verdict: Verdict) -> Skip:
+        """Whether the step just checked is applied (step_body's `decide`): not after a NaN/inf step (this one's,
+        or when deferred the previous one's: the run stops after this call); when deferred, unless this step's
+        flag is set, on the device."""
+        if verdict.bad_step is not None:
+            return True
+        return self.flags[0] if self.deferred else False
 
     def settle(self) -> Verdict:
         """The flags of the last checked step, read now (waiting for that step if needed); a Verdict of nothing
@@ -297,12 +342,20 @@ class TrainStep:
                  stop: StopFlag | None = None, blocks: list[torch.nn.Module] | None = None):
         self.model, self.optimizer, self.scaler, self.rt, self.cfg = model, optimizer, scaler, rt, cfg
         self.accum, self.objective, self.graphed = accum, objective, graphed
-        self.guard = StepGuard(optimizer, rt, d)
-        self.stop, self.running = (stop if graphed is None and not d.enabled else None), False
-        if self.stop is not None:
-            for block in blocks or []:  # (hooks that do nothing outside a step: evaluations run their own check)
-                block.register_forward_pre_hook(lambda module, args: self._check())
-                block.register_forward_hook(lambda module, args, out: self._check_backward(out))
+        self.d, self.guard = d, StepGuard(optimizer, rt, d)
+        self.stop, self.running = None, False
+        if stop is not None:
+            self.cut_by(stop, blocks or [])
+
+    def cut_by(self, stop: StopFlag, blocks: list[torch.nn.Module]) -> None:
+        """From now on a stop signal cuts the step short (this class's docstring), where a step can be: one
+        process, not graphed. For a step built before its run's StopFlag (gptkit/step_factory.py's make_step)."""
+        if self.graphed is not None or self.d.enabled:
+            return
+        self.stop = stop
+        for block in blocks:  # (hooks that do nothing outside a step: evaluations run their own check)
+            block.register_forward_pre_hook(lambda module, args: self._check())
+            block.register_forward_hook(lambda module, args, out: self._check_backward(out))
 
     def _check(self, *_) -> None:
         if self.running and self.stop.requested:
@@ -323,18 +376,21 @@ class TrainStep:
             loss, grad_norm, flags = self.graphed(loader, ask())
             verdict = self.guard.check(step, loss, grad_norm, flags=flags)
             return StepResult(lr, loss, grad_norm, self.graphed.metrics, verdict)
+        verdicts = []
+
+        def decide(loss: torch.Tensor, grad_norm: torch.Tensor) -> Skip:
+            # NaN/inf, a stop or a save asked for on any rank (this step's flags, or on a GPU the previous step's)
+            verdicts.append(self.guard.check(step, loss, grad_norm, ask()))
+            return self.guard.skip(verdicts[-1])  # on a GPU skipped on the device if flagged
+
         if self.stop is None:
-            loss, grad_norm, metrics = forward_backward(self.model, self.optimizer, self.scaler, loader.next_batch,
-                                                        self.accum, self.rt, self.cfg.grad_clip,
-                                                        prefetch=loader.prefetch, objective=self.objective)
+            loss, grad_norm, metrics = step_body(self.model, self.optimizer, self.scaler, loader.next_batch,
+                                                 self.accum, self.rt, self.cfg.grad_clip, decide=decide,
+                                                 prefetch=loader.prefetch, objective=self.objective)
         else:
-            loss, grad_norm, metrics = self._interruptible(loader)
-        # NaN/inf, a stop or a save asked for on any rank (this step's flags, or on a GPU the previous step's)
-        verdict = self.guard.check(step, loss, grad_norm, ask())
-        if verdict.bad_step is None:  # (else the run stops after this call, and this step is not applied either)
-            self.guard.optimizer_step(self.optimizer, self.scaler)  # on a GPU skipped on the device if flagged
+            loss, grad_norm, metrics = self._interruptible(loader, decide)
         self.optimizer.zero_grad(set_to_none=True)
-        return StepResult(lr, loss, grad_norm, metrics, verdict)
+        return StepResult(lr, loss, grad_norm, metrics, verdicts[0])
 
     @contextlib.contextmanager
     def cut_short(self):
@@ -350,16 +406,17 @@ class TrainStep:
         finally:
             self.running = False
 
-    def _interruptible(self, loader) -> Gradients:
-        """forward_backward, cut short by a stop signal (StepInterrupted) with the loader and the RNG put back."""
+    def _interruptible(self, loader, decide) -> Gradients:
+        """step_body, cut short by a stop signal (StepInterrupted) before its optimizer step, with the loader and
+        the RNG put back."""
         position = loader.state_dict()
         rng = torch.get_rng_state()
         cuda_rng = torch.cuda.get_rng_state(self.rt.device) if self.rt.device_type == "cuda" else None
         self.running = True
         try:
-            return forward_backward(self.model, self.optimizer, self.scaler, loader.next_batch, self.accum,
-                                    self.rt, self.cfg.grad_clip, prefetch=loader.prefetch,
-                                    objective=self.objective, interrupt=self._check)
+            return step_body(self.model, self.optimizer, self.scaler, loader.next_batch, self.accum, self.rt,
+                             self.cfg.grad_clip, decide=decide, prefetch=loader.prefetch, objective=self.objective,
+                             interrupt=self._check)
         except StepInterrupted:
             self.optimizer.zero_grad(set_to_none=True)
             loader.load_state_dict(position)

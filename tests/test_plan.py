@@ -346,7 +346,7 @@ def test_auto_on_cuda_tries_real_steps_and_survives_out_of_memory(monkeypatch, c
     """A stand-in for the GPU: its training step raises torch.OutOfMemoryError above 6 sequences."""
     tried = []
 
-    def trial_step(model, optimizer, rt, cfg, batch):
+    def trial_step(model, cfg, rt, batch):
         tried.append(batch)
         if batch > 6:
             raise torch.OutOfMemoryError("CUDA out of memory (stand-in)")
@@ -394,7 +394,7 @@ def test_out_of_memory_names_the_plans_largest_micro_batch(monkeypatch):
     rt = Runtime(torch.device("cuda"), torch.bfloat16)
     monkeypatch.setattr(batch_size.torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=2 * plan.GiB))
     monkeypatch.setattr(batch_size, "resolve_compile", lambda flag, device: (True, ""))
-    message = batch_size.oom_message(SimpleNamespace(cfg=cfg, rt=rt, d=Dist(), raw_model=model, model=model))
+    message = batch_size.oom_message(cfg, rt, Dist(), model, sharded=False)
     setup = plan.Setup("cuda", torch.bfloat16, 256, accum=2, compile=True)
     fits = plan.largest_batch(model, setup, plan.Device("", "cuda", 2 * plan.GiB, None, "").capacity)
     batch = max(b for b in plan.valid_batches(128, 1) if b <= fits)

@@ -149,12 +149,12 @@ def test_a_stop_signal_cuts_the_step_short_and_saves_the_last_finished_step(char
     over = dict(gradient_accumulation_steps=2, dropout=0.1, max_iters=6, lr_decay_iters=6, eval_interval=4)
     train.main(short(char_dataset, full, **over))
     calls = []
-    real_init = train.TrainStep.__init__
+    real_cut_by = train.TrainStep.cut_by
 
-    def init(self, *args, **kwargs):
-        real_init(self, *args, **kwargs)
+    def cut_by(self, stop, blocks):  # (where the step is told to cut: its blocks)
+        real_cut_by(self, stop, blocks)
         # (registered after the step's own hooks: the signal comes from inside the block's forward)
-        kwargs["blocks"][1].register_forward_pre_hook(lambda m, a: kill_at(m))
+        blocks[1].register_forward_pre_hook(lambda m, a: kill_at(m))
 
     def kill_at(module):
         if module.training:
@@ -162,7 +162,7 @@ def test_a_stop_signal_cuts_the_step_short_and_saves_the_last_finished_step(char
             if len(calls) == 2 * 2 + 2:  # step 3 (after 2 steps of 2 micro-batches), second micro-batch
                 os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(train.TrainStep, "__init__", init)
+    monkeypatch.setattr(train.TrainStep, "cut_by", cut_by)
     with pytest.raises(SystemExit) as e:
         train.main(short(char_dataset, cut, **over))
     assert e.value.code == 143
@@ -251,12 +251,12 @@ def test_a_stop_signal_cuts_an_evaluation_batch_short(char_dataset, tmp_path, mo
     second block never runs), step 2 is saved (unevaluated: its evaluation comes again on resume) and the run
     exits 143."""
     out = tmp_path / "out"
-    first, second, real_init = [], [], train.TrainStep.__init__
+    first, second, real_cut_by = [], [], train.TrainStep.cut_by
 
-    def init(self, *args, **kwargs):
-        real_init(self, *args, **kwargs)
-        kwargs["blocks"][0].register_forward_pre_hook(lambda m, a: kill_at(m))
-        kwargs["blocks"][1].register_forward_hook(lambda m, a, o: second.append(1) if not m.training else None)
+    def cut_by(self, stop, blocks):  # (where the step is told to cut: its blocks)
+        real_cut_by(self, stop, blocks)
+        blocks[0].register_forward_pre_hook(lambda m, a: kill_at(m))
+        blocks[1].register_forward_hook(lambda m, a, o: second.append(1) if not m.training else None)
 
     def kill_at(module):
         if not module.training:
@@ -264,7 +264,7 @@ def test_a_stop_signal_cuts_an_evaluation_batch_short(char_dataset, tmp_path, mo
             if len(first) == 3:  # (step 0's evaluation had 2 batches)
                 os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(train.TrainStep, "__init__", init)
+    monkeypatch.setattr(train.TrainStep, "cut_by", cut_by)
     with pytest.raises(SystemExit) as e:
         train.main(short(char_dataset, out))
     assert e.value.code == 143 and len(first) == 3 and len(second) == 2  # left in the middle of the batch

@@ -430,11 +430,19 @@ def _loss(model, setup: Setup, n: int) -> tuple[int, int, int]:
     return kept, forward, n * C * FP32 * (2 if e != FP32 else 1)
 
 
+# DPO's log-probabilities at their peak, in units of one fp32 slice of logits (rows x Vp), measured with torch's
+# allocator on the real step (tests/test_step_factory.py), by (autocast, soft-capped): (one slice alone: its
+# logits and logsumexp's temporary, with the cap the tanh and its input; what a second slice adds: the previous
+# slice's logits, still live while the next is computed). Not the next-token loss's figures: a micro-batch of one
+# slice holds one slice less, and under autocast a soft-capped one a slice and a half more.
+DPO_SLICES = {(False, False): (2, 1), (False, True): (4, 1), (True, False): (2, 1), (True, True): (4, 1.5)}
+
+
 def _sequence_logps(model, setup: Setup, n: int) -> tuple[int, int, int]:
     """Bytes of DPO's per-sequence log-probabilities on n tokens (gptkit/objectives/preference_losses.py's _ChunkedSequenceLogps), as
     `_loss` counts the next-token loss: it keeps its input, the final norm's output (n, C) in fp32, and the
-    targets; its forward and its backward each compute the slices' logits (the slices as `_loss` counts them),
-    under autocast from bf16 copies of x and of the head's weight. The backward adds grad_x's pieces and their
+    targets; its forward and its backward each compute the slices' logits (DPO_SLICES), under autocast from bf16
+    copies of x and of the head's weight. The backward adds grad_x's pieces and their
     torch.cat (n, C) twice in the compute dtype and the sequences' factors per token, and sums the head's
     gradient in an fp32 (Vp, C) buffer of its own: counted here when the head's gradient already exists
     (accumulation, DDP), where it is otherwise the new gradient itself (memory's new_head_grad)."""
@@ -443,8 +451,9 @@ def _sequence_logps(model, setup: Setup, n: int) -> tuple[int, int, int]:
     e = 2 if setup.autocast else FP32
     cap = c.logit_softcap > 0
     copies = (n * C * e + (Vp * C * e if not setup.fsdp_mixed_precision else 0)) if e != FP32 else 0
-    slices = int({(False, False): 3, (False, True): 5, (True, False): 3, (True, True): 4.5}[(e != FP32, cap)]
-                 * min(n, loss_rows(model, setup)) * Vp * FP32)
+    rows = loss_rows(model, setup)
+    one, more = DPO_SLICES[(e != FP32, cap)]
+    slices = int((one + (more if n > rows else 0)) * min(n, rows) * Vp * FP32)
     kept = n * C * FP32 + n * 8
     forward = copies + slices + n * FP32  # + each token's log-probability
     head_grad = Vp * C * FP32 if model.lm_head.weight.requires_grad and (setup.accum > 1 or setup.world_size > 1) else 0

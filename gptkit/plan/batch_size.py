@@ -2,7 +2,7 @@
 Both size the run by one plan.Setup built from its config (setup_of) and plan.largest_valid_batch.
 
     cfg = choose_batch_size(cfg, model, ckpt, d, rt, sharing)   # batch_size and gradient_accumulation_steps set
-    raise TrainError(oom_message(run))                          # the largest micro-batch the plan says fits
+    raise TrainError(oom_message(cfg, rt, d, model, sharded))   # the largest micro-batch the plan says fits
 
 batch_size=auto keeps tokens_per_step: the micro-batch is one that divides the sequences each process takes per
 step (plan.valid_batches), and gradient_accumulation_steps makes up the rest. On CUDA real training steps are
@@ -12,6 +12,7 @@ need the sharded model), the plan's figure for the free memory is used.
 Under DPO (objective = "dpo") batch_size counts pairs, each two sequences: the plan sizes the micro-batch in
 sequences, an even number (whole pairs), and the trial step is DPO's (gptkit/objectives/'s trial_batch:
 both sequences of each pair, the reference's forward of a LoRA run, the per-sequence log-probabilities).
+The trial step is the run's own, built as the run builds it (gptkit/step_factory.py's make_step).
 """
 
 from __future__ import annotations
@@ -22,14 +23,27 @@ import gc
 import torch
 import torch.distributed as dist
 
-from gptkit import parallel, plan
+from gptkit import plan
 from gptkit.config import TrainConfig
-from gptkit.cudagraph import graph_batch_reserve
 from gptkit.errors import UserError
 from gptkit.objectives import make_objective
-from gptkit.optim import make_optimizer
 from gptkit.runtime import Dist, Runtime, resolve_compile
+from gptkit.step_factory import OneBatch, make_step
 from model import GPT
+
+# batch_size=auto with cuda_graphs: the share of the free memory held back from the trial step (fits_on_gpu). A
+# margin, not a trial with graphs: a trial capture per candidate batch would cost three warm-up steps and a
+# capture each, and a capture that runs out of memory leaves the device in a state a clean retry cannot count on.
+# What the margin covers: the graph's pool keeps the step's memory for good (gptkit/cudagraph.py), so an
+# evaluation's forward (in the regular pool) comes on top of it instead of reusing it, and the two pools cannot
+# share blocks (rounding, fragmentation). 10% is an estimate, not a measurement: a GPU run with
+# --cuda_graphs=True and batch_size=auto (its peak memory, metrics.jsonl's peak_mem_mb) is what should set it.
+GRAPH_MEMORY_MARGIN = 0.10
+
+
+def graph_batch_reserve(free_bytes: int) -> int:
+    """Bytes to hold back from a batch_size=auto trial step when the run replays its step as a CUDA graph."""
+    return int(free_bytes * GRAPH_MEMORY_MARGIN)
 
 
 class BatchSizeError(UserError):
@@ -99,50 +113,48 @@ def gpu_free_bytes(rt: Runtime) -> int:
     return torch.cuda.mem_get_info(rt.device)[0]
 
 
-def trial_step(model: GPT, optimizer, rt: Runtime, cfg: TrainConfig, batch: int) -> None:
-    """A training step of the run's objective (forward, backward, optimizer step) on a micro-batch of `batch`
-    random items (sequences, or DPO's pairs: the objective's trial_batch), for batch_size=auto."""
-    objective, batch = make_objective(cfg).trial_batch(cfg, model, batch, rt.device)
-    with rt.autocast():
-        loss = objective(model, batch)[0]
-    loss.backward()
-    optimizer.step()
+def trial_step(model: GPT, cfg: TrainConfig, rt: Runtime, batch: int) -> None:
+    """One training step of the run's objective on a micro-batch of `batch` random items (sequences, or DPO's
+    pairs: the objective's trial_batch), for batch_size=auto: the run's own step (make_step: its optimizer, scaler,
+    forward, backward, clip, flags and update), on this process alone, at learning rate 0, so the weights stay as
+    they were. The gradients are freed after it, whether it fits or not."""
+    objective, micro = make_objective(cfg).trial_batch(cfg, model, batch, rt.device)
+    still = dataclasses.replace(cfg, learning_rate=0.0, min_lr=0.0, muon_lr=0.0, decay_lr=False)
+    try:
+        make_step(model, still, rt, Dist(), accum=1, objective=objective)(0, OneBatch(micro))
+    finally:
+        model.zero_grad(set_to_none=True)
 
 
 def fits_on_gpu(model: GPT, cfg: TrainConfig, rt: Runtime, batch: int, reserve: int = 0) -> bool:
-    """Whether a real training step at micro-batch `batch` (sequences, or DPO's pairs) fits, with `reserve` bytes held aside: its optimizer
-    steps at learning rate 0, so the weights stay as they were; everything it allocated is released before the
-    next try."""
-    optimizer = make_optimizer(model, cfg, rt.device_type)
-    for group in optimizer.param_groups:
-        group["lr"] = 0.0
+    """Whether a real training step at micro-batch `batch` (sequences, or DPO's pairs) fits, with `reserve`
+    bytes held aside (trial_step: the weights stay as they were); everything it allocated is released before
+    the next try."""
     held = None
     try:
         held = torch.empty(reserve, dtype=torch.uint8, device=rt.device) if reserve else None
-        trial_step(model, optimizer, rt, cfg, batch)
+        trial_step(model, cfg, rt, batch)
         fits = True
     except torch.OutOfMemoryError:  # (its traceback, which holds the step's tensors, is gone after this block)
         fits = False
-    optimizer.zero_grad(set_to_none=True)
-    del optimizer, held
+    del held
     gc.collect()
     if rt.device_type == "cuda":
         torch.cuda.empty_cache()
     return fits
 
 
-def oom_message(run) -> str:
-    """The one-line error for running out of GPU memory mid-run (`run`: gptkit/run.py's Run), with the largest
-    micro-batch that the plan says fits this GPU and the accumulation that keeps the tokens per step."""
-    cfg, rt, d = run.cfg, run.rt, run.d
+def oom_message(cfg: TrainConfig, rt: Runtime, d: Dist, raw_model: GPT, sharded: bool) -> str:
+    """The one-line error for running out of GPU memory mid-run, with the largest micro-batch that the plan says
+    fits this GPU and the accumulation that keeps the tokens per step. `raw_model`: the unwrapped model;
+    `sharded`: under FSDP (parallel.is_sharded of what runs the steps)."""
     if rt.device_type != "cuda":
         return f"out of memory at micro-batch {cfg.batch_size} x {cfg.block_size}; lower --batch_size"
     total = torch.cuda.get_device_properties(rt.device).total_memory
-    setup = setup_of(cfg, rt, d, compile=resolve_compile(cfg.compile, rt.device)[0],
-                     sharded=parallel.is_sharded(run.model))
+    setup = setup_of(cfg, rt, d, compile=resolve_compile(cfg.compile, rt.device)[0], sharded=sharded)
     per = setup.sequences_per_item  # DPO's batch_size counts pairs
     sequences = cfg.batch_size * cfg.gradient_accumulation_steps * per
-    batch, fits = plan.largest_valid_batch(run.raw_model, setup, plan.process_capacity(rt.device), sequences)
+    batch, fits = plan.largest_valid_batch(raw_model, setup, plan.process_capacity(rt.device), sequences)
     advice = (f"use --batch_size={batch // per} --gradient_accumulation_steps={sequences // batch} (the same "
               f"tokens per step)" if batch else "use --activation_checkpointing=True, --lora_rank or a smaller model")
     return (f"out of GPU memory at micro-batch {cfg.batch_size} x {cfg.block_size}; the plan puts the largest that "
