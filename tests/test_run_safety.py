@@ -19,6 +19,7 @@ from gptkit.errors import ConfigError
 from gptkit.options import parse_args
 from gptkit.plan import check as plan_check
 from gptkit.run import where_checkpoints_are
+from gptkit.step import TrainStep
 from tests.test_train import assert_same_weights, train_losses, weights
 
 train = train_script()
@@ -149,7 +150,7 @@ def test_a_stop_signal_cuts_the_step_short_and_saves_the_last_finished_step(char
     over = dict(gradient_accumulation_steps=2, dropout=0.1, max_iters=6, lr_decay_iters=6, eval_interval=4)
     train.main(short(char_dataset, full, **over))
     calls = []
-    real_cut_by = train.TrainStep.cut_by
+    real_cut_by = TrainStep.cut_by
 
     def cut_by(self, stop, blocks):  # (where the step is told to cut: its blocks)
         real_cut_by(self, stop, blocks)
@@ -162,7 +163,7 @@ def test_a_stop_signal_cuts_the_step_short_and_saves_the_last_finished_step(char
             if len(calls) == 2 * 2 + 2:  # step 3 (after 2 steps of 2 micro-batches), second micro-batch
                 os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(train.TrainStep, "cut_by", cut_by)
+    monkeypatch.setattr(TrainStep, "cut_by", cut_by)
     with pytest.raises(SystemExit) as e:
         train.main(short(char_dataset, cut, **over))
     assert e.value.code == 143
@@ -240,7 +241,7 @@ def test_a_run_failing_in_its_first_step_leaves_the_earlier_files_as_they_were(c
         assert (out / "runs.jsonl").read_bytes() != before[train.Path("runs.jsonl")]  # (this run's line is in)
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(train.TrainStep, "__call__", failing_step)
+    monkeypatch.setattr(TrainStep, "__call__", failing_step)
     with pytest.raises(RuntimeError, match="boom"):
         train.main(short(char_dataset, out, **over))
     assert snapshot(out) == before
@@ -251,7 +252,7 @@ def test_a_stop_signal_cuts_an_evaluation_batch_short(char_dataset, tmp_path, mo
     second block never runs), step 2 is saved (unevaluated: its evaluation comes again on resume) and the run
     exits 143."""
     out = tmp_path / "out"
-    first, second, real_cut_by = [], [], train.TrainStep.cut_by
+    first, second, real_cut_by = [], [], TrainStep.cut_by
 
     def cut_by(self, stop, blocks):  # (where the step is told to cut: its blocks)
         real_cut_by(self, stop, blocks)
@@ -264,7 +265,7 @@ def test_a_stop_signal_cuts_an_evaluation_batch_short(char_dataset, tmp_path, mo
             if len(first) == 3:  # (step 0's evaluation had 2 batches)
                 os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(train.TrainStep, "cut_by", cut_by)
+    monkeypatch.setattr(TrainStep, "cut_by", cut_by)
     with pytest.raises(SystemExit) as e:
         train.main(short(char_dataset, out))
     assert e.value.code == 143 and len(first) == 3 and len(second) == 2  # left in the middle of the batch

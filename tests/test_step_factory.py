@@ -9,8 +9,11 @@ import torch
 
 import bench
 from benchmarks import fsdp_memory
-from gptkit import batch_size, lora, objectives, optim, plan, runtime, step, step_factory
+from gptkit import lora, optim, plan, runtime, step, step_factory
 from gptkit.config import TrainConfig
+from gptkit.objectives import make_objective
+from gptkit.objectives.next_token import NextToken
+from gptkit.plan import batch_size
 from gptkit.runtime import Dist, Runtime
 from gptkit.step_factory import OneBatch, make_step
 from model import GPT, LOSS_CHUNK_ELEMENTS, GPTConfig
@@ -62,7 +65,7 @@ def test_the_trial_step_is_the_runs_step_at_learning_rate_zero(monkeypatch, arch
     before = copy.deepcopy(model.state_dict())
     cfg = TrainConfig(optimizer=optimizer, block_size=16, batch_size=None, weight_decay=0.1)
     seen = []
-    monkeypatch.setattr(objectives, "next_token_loss", lambda m, b: seen.append(b[0].shape) or step.next_token_loss(m, b))
+    monkeypatch.setattr(NextToken, "__call__", lambda self, m, b: seen.append(b[0].shape) or step.next_token_loss(m, b))
     assert batch_size.fits_on_gpu(model, cfg, Runtime(torch.device("cpu"), torch.float32), 3)
     assert len(built) == 1 and built[0]["accum"] == 1 and built[0]["runs"] == 1
     assert seen == [(3, 16)]
@@ -144,10 +147,10 @@ def test_the_plans_dpo_peak_is_the_allocators_for_the_real_step(monkeypatch, lor
     cfg = TrainConfig(objective="dpo", init_from="out-chat", block_size=T, dropout=0.0, lora_rank=lora_rank,
                       lora_dropout=0.0)
     rt = Runtime(torch.device("cpu"), dtype)
-    objective, pairs = objectives.trial_batch(cfg, model, 2, rt.device)
+    objective, pairs = make_objective(cfg).trial_batch(cfg, model, 2, rt.device)
     measured = step_peak(make_step(model, cfg, rt, Dist(), accum=1, objective=objective), OneBatch(pairs))
     measured += plan.weights_bytes(model) + plan.optimizer_bytes(model, cfg.optimizer)
-    setup = plan.Setup("cpu", dtype, T, objective="dpo")
+    setup = plan.Setup("cpu", dtype, T, loss="sequence_logps", sequences_per_item=2)
     assert plan.loss_rows(model, setup) == 64
     assert plan.memory(model, setup, 4).peak == pytest.approx(measured, rel=0.02)
     assert 64 * model.config.padded_vocab_size * 4 > 0.1 * measured  # (one slice: 5x the tolerance, or more)
