@@ -127,17 +127,19 @@ train.main(sys.argv[1:])
 """
 
 
-def test_a_sharded_checkpoint_survives_a_kill_and_resumes_on_4_2_and_1_processes(char_dataset, tmp_path, capsys):
-    """A run on 4 processes saves last/ at steps 2 and 4 and is killed (SIGKILL) in the middle of its save at step 6.
-    last/ still holds step 4; from it a run on 4 processes continues bit for bit as the killed run went on; on
-    2 processes (2 micro-batches each) and on 1 (4 micro-batches) it continues within float32 rounding, and the
-    single process takes over the lock the killed job left. A single-file last.pt (that run's) resumes under
-    FSDP too, as one process continues it."""
+def test_a_sharded_checkpoint_survives_a_kill_and_resumes_under_fsdp_ddp_and_one_process(char_dataset, tmp_path,
+                                                                                         capsys):
+    """A run on 2 processes (2 micro-batches each) saves last/ at steps 2 and 4 and is killed (SIGKILL) in the
+    middle of its save at step 6. last/ still holds step 4; from it a run on 2 processes under FSDP continues bit
+    for bit as the killed run went on; under DDP (--parallel=auto's choice) and on 1 process (4 micro-batches)
+    it continues within float32 rounding, and the single process takes over the lock the killed job left. A
+    single-file last.pt (that run's) resumes under FSDP on 2 processes too, as one process continues it: the
+    shards are cut anew each way, fewer processes and more."""
     killed = tmp_path / "killed"
     worker = tmp_path / "killed_save.py"
     worker.write_text(KILLED_SAVE.format(repo=str(REPO)))
     args = dict(batch_size=2, gradient_accumulation_steps=4, max_iters=6, eval_interval=2, parallel="fsdp")
-    res = torchrun(4, tiny_args(char_dataset, killed, **args), script=worker, check=False)
+    res = torchrun(2, tiny_args(char_dataset, killed, **args), script=worker, check=False)
     assert res.returncode != 0
     reference = losses(killed)  # steps 1..6 of the run, logged before its last save
     assert sorted(reference) == [1, 2, 3, 4, 5, 6]
@@ -146,18 +148,18 @@ def test_a_sharded_checkpoint_survives_a_kill_and_resumes_on_4_2_and_1_processes
     partial = killed / "last.tmp"
     assert (partial / "__0_0.distcp").is_file() and not (partial / ".metadata").exists()
     assert (killed / ".lock").exists()  # left by rank 0, killed
-    for n in (4, 2, 1):
-        shutil.copytree(killed, tmp_path / f"on{n}")
+    for name in ("fsdp", "ddp", "on1"):
+        shutil.copytree(killed, tmp_path / name)
 
     resume = dict(args, init_from="resume")
-    torchrun(4, tiny_args(char_dataset, tmp_path / "on4", **resume))
-    assert {s: losses(tmp_path / "on4")[s] for s in (5, 6)} == {s: reference[s] for s in (5, 6)}  # bit for bit
-    assert not (tmp_path / "on4" / "last.tmp").exists()  # the next save cleared what the killed one left
+    torchrun(2, tiny_args(char_dataset, tmp_path / "fsdp", **resume))
+    assert {s: losses(tmp_path / "fsdp")[s] for s in (5, 6)} == {s: reference[s] for s in (5, 6)}  # bit for bit
+    assert not (tmp_path / "fsdp" / "last.tmp").exists()  # the next save cleared what the killed one left
 
-    res = torchrun(2, tiny_args(char_dataset, tmp_path / "on2", **dict(resume, parallel="auto")))
+    res = torchrun(2, tiny_args(char_dataset, tmp_path / "ddp", **dict(resume, parallel="auto")))
     assert "parallel: DDP over 2 processes (a whole replica fits each device" in res.stdout  # auto's choice
-    assert_close_losses(losses(tmp_path / "on2"), reference, (5, 6))
-    assert (tmp_path / "on2" / "last.pt").is_file() and not (tmp_path / "on2" / "last").exists()  # DDP's file
+    assert_close_losses(losses(tmp_path / "ddp"), reference, (5, 6))
+    assert (tmp_path / "ddp" / "last.pt").is_file() and not (tmp_path / "ddp" / "last").exists()  # DDP's file
 
     capsys.readouterr()
     single(tiny_args(char_dataset, tmp_path / "on1", **resume))
