@@ -270,7 +270,8 @@ def test_torchrun_restarts_a_killed_ddp_run_from_its_last_checkpoint(char_datase
     is killed in the middle of a random step past a checkpoint (3 or 5): the group restarts and continues from
     last.pt. On that second attempt rank 0 is killed halfway through writing its first last.pt (step 4 or 6):
     the previous last.pt is whole, and the third attempt continues from it. The run ends with the weights of
-    the uninterrupted run, bit for bit."""
+    the uninterrupted run, bit for bit, and with its every loss: with dropout on, so each rank's dropout stream
+    is saved in last.pt and restored on resume (DDP's resume test, as well as torchrun's restarts)."""
     full = tmp_path / "full"
     torchrun(tiny_args(char_dataset, full, **RESTART_RUN))
     kill_step = random.choice([3, 5])
