@@ -25,9 +25,10 @@ REPO = Path(__file__).resolve().parents[1]
 # The recipes each compared with one process (dropout 0, fp32, 20 steps): GPT-2's (AdamW) and the modern
 # block with Muon (whole matrices gathered for its Newton-Schulz), each with one and with two micro-batches per
 # process (the gradients reduce-scattered after each), the latter with activation checkpointing; and LoRA on a
-# trained GPT-2-style base (frozen base sharded, adapters trained by AdamW).
+# trained GPT-2-style base (frozen base sharded, adapters trained by AdamW). GPT-2's with one micro-batch saves
+# with --async_save (its shards written by DCP's async_save, at steps 10 and 20), the others synchronously.
 RECIPES = {
-    "gpt2": dict(gradient_accumulation_steps=2),
+    "gpt2_async_save": dict(gradient_accumulation_steps=2, async_save=True),
     "gpt2_accumulation": dict(gradient_accumulation_steps=4, batch_size=2),
     "modern_muon": dict(gradient_accumulation_steps=2, arch="modern", optimizer="muon"),
     "gpt2_lora": dict(gradient_accumulation_steps=2, lora_rank=4, lora_alpha=8, lora_dropout=0.0,
