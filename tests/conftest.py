@@ -157,9 +157,20 @@ def make_char_dataset(path: Path, n_chars: int = 60_000, seed: int = 0) -> Path:
     return write_dataset(path, text, Tokenizer.char_from_text(text))
 
 
+@pytest.fixture(scope="session")
+def session_char_dataset(tmp_path_factory) -> Path:
+    """make_char_dataset's dataset, made once per test process (each xdist worker has its own session): never
+    handed to a test itself, only copied (char_dataset)."""
+    return make_char_dataset(tmp_path_factory.mktemp("session_char_dataset") / "tiny_char")
+
+
 @pytest.fixture
-def char_dataset(tmp_path):
-    return make_char_dataset(tmp_path / "data" / "tiny_char")
+def char_dataset(tmp_path, session_char_dataset):
+    """make_char_dataset's dataset in this test's tmp_path/data/tiny_char: a copy of the session's (milliseconds,
+    where making it takes a quarter of a second), so that a test may change or add files in it."""
+    import shutil
+
+    return Path(shutil.copytree(session_char_dataset, tmp_path / "data" / "tiny_char"))
 
 
 def counting_sequences(batch: int, length: int, vocab: int, device):

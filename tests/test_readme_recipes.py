@@ -3,8 +3,9 @@
 The commands are read from the README's "Chat" section, not copied here: what a user types is what runs, with
 two changes that only save time and ports. The network is faked: the recipe's `init_from = "gpt2"` gets a tiny
 GPT-2 (GPT-2's vocabulary and context, 2 layers of width 16) from a local folder instead of the Hub. And the
-training command gets --max_iters=TRAIN_STEPS appended: the recipe's 200 steps each take seconds on a CPU (a
-50,257-token softmax per token, whatever the model's width), and every step runs the same code. prepare,
+training command gets --max_iters=TRAIN_STEPS and --eval_iters=1 appended: the recipe's 200 steps (and its
+evaluations' 10 batches) each take seconds on a CPU (a 50,257-token softmax per token, whatever the model's
+width), and every step (every batch) runs the same code. prepare,
 train and chat run in this process (in a scratch folder holding the conversations and a link to configs/);
 serve.py runs as its own process, on a free port instead of 8000 (another test may hold that one), and the
 README's Python snippet talks to it with its own max_tokens.
@@ -128,7 +129,7 @@ def test_the_chat_recipe_runs_as_written(tmp_path, monkeypatch, capsys, tiny_gpt
 
     with torch_threads(1):
         prepare_chat.main(prepare_argv)
-        summary = train.main([*train_argv, f"--max_iters={TRAIN_STEPS}"])
+        summary = train.main([*train_argv, f"--max_iters={TRAIN_STEPS}", "--eval_iters=1"])
         out = capsys.readouterr().out
         assert "this fine-tune uses block_size=" in out  # a small file: the longest window it holds
         assert "checkpoints in out-chat/" in out
@@ -170,8 +171,8 @@ def write_pairs(path: Path, n: int = 300, seed: int = 0) -> Path:
 def test_the_preference_recipe_runs_as_written(tmp_path, monkeypatch, capsys, tiny_gpt2):
     """The chat recipe's fine-tune (its first two commands), then the preference recipe's four as written: pairs
     in out-chat/'s tokens, DPO into out-dpo/ (its reference precomputed), eval.py against out-chat/, and chat.py
-    on the tuned model. Each training command with --max_iters=TRAIN_STEPS appended, and the fine-tune, which
-    test_the_chat_recipe_runs_as_written checks as written, with one validation batch."""
+    on the tuned model. Each training command with --max_iters=TRAIN_STEPS and --eval_iters=1 appended, as
+    test_the_chat_recipe_runs_as_written runs the fine-tune."""
     import chat
     import eval as eval_script
     train = train_script()
@@ -197,7 +198,7 @@ def test_the_preference_recipe_runs_as_written(tmp_path, monkeypatch, capsys, ti
         train.main([*sft[1][2:], f"--max_iters={TRAIN_STEPS}", "--eval_iters=1"])  # (the chat test's own)
         preference.main(steps[0][2:])
         capsys.readouterr()
-        summary = train.main([*steps[1][2:], f"--max_iters={TRAIN_STEPS}"])
+        summary = train.main([*steps[1][2:], f"--max_iters={TRAIN_STEPS}", "--eval_iters=1"])
         out = capsys.readouterr().out
         assert "objective: DPO (sigmoid loss, beta 0.1, + 0.5 x the chosen replies' NLL per token)" in out
         assert "checkpoints in out-dpo/" in out and summary["step"] == TRAIN_STEPS

@@ -373,28 +373,6 @@ def test_unwritable_out_dir_is_one_line(char_dataset, tmp_path):
         train.main(tiny_args(char_dataset, blocker / "out"))
 
 
-def test_ddp_two_processes_match_one(char_dataset, tmp_path):
-    """2 processes x 1 micro-batch each == 1 process x 2 micro-batches: the same global batch."""
-    single, ddp = tmp_path / "single", tmp_path / "ddp"
-    args = dict(max_iters=4, eval_interval=2, dropout=0.0, gradient_accumulation_steps=2)
-    with torch_threads(1):
-        train.main(tiny_args(char_dataset, single, **args))
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(REPO / "train.py"), *tiny_args(char_dataset, ddp, **args)]
-    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert sorted(p.name for p in ddp.iterdir()) == ["best.pt", "config.json", "last.pt", "metrics.jsonl", "runs.jsonl"]
-    assert json.loads((ddp / "runs.jsonl").read_text())["world_size"] == 2
-    s, d = metrics(single), metrics(ddp)
-    assert [m["step"] for m in s] == [m["step"] for m in d]  # one writer: no duplicated lines
-    for a, b in zip(s, d):
-        for key in ("loss", "val_loss"):
-            if key in a:
-                assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6)
-    assert_same_weights(weights(ddp), weights(single), exact=False)
-
-
 def test_torchrun_with_too_few_micro_batches_says_it_once_with_the_fix(char_dataset, tmp_path):
     """gradient_accumulation_steps=1 on 2 processes: one `error:` line (not one per process) naming the setting
     that works, before any process group; torchrun's summary shows that line as its root cause instead of a
@@ -412,24 +390,6 @@ def test_torchrun_with_too_few_micro_batches_says_it_once_with_the_fix(char_data
     root_cause = res.stderr[res.stderr.index("Root Cause"):]
     assert f"traceback : {line}" in root_cause and "To enable traceback" not in res.stderr
     assert not (tmp_path / "out").exists()
-
-
-def test_ddp_resume_with_dropout_is_exact(char_dataset, tmp_path):
-    """Every rank's dropout stream is saved and restored: 2 + 2 resumed steps == 4 steps, under DDP."""
-    full, cut = tmp_path / "full", tmp_path / "cut"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-
-    def torchrun(out, **over):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               str(REPO / "train.py"), *tiny_args(char_dataset, out, dropout=0.2, eval_interval=2, **over)]
-        res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
-        assert res.returncode == 0, res.stdout + res.stderr
-
-    torchrun(full, max_iters=4)
-    torchrun(cut, max_iters=2)
-    torchrun(cut, max_iters=4, init_from="resume")
-    assert train_losses(cut) == train_losses(full)
-    assert_same_weights(weights(cut), weights(full))
 
 
 def test_wandb_offline_logging(char_dataset, tmp_path):
