@@ -73,11 +73,24 @@ def load_module(spec: str, what: str = "task") -> ModuleType:
 
 @dataclass(frozen=True)
 class Task:
-    """A checkable task: its name (as the config gave it), its prompts and its reward function."""
+    """A checkable task: its name (as the config gave it), its prompts, its reward function and the text that
+    ends a reply (its STOP; None: only the tokenizer's end-of-text token, or max_tokens, ends one)."""
 
     name: str
     prompts: Callable[..., Iterator[str]]
     reward: Callable[[str, str], float]
+    stop: str | None = None
+
+    def stop_ids(self, tokenizer) -> frozenset[int]:
+        """The tokens that end a reply: the tokenizer's end-of-text, and the task's STOP where it is one token."""
+        ids = set() if tokenizer.eot_id is None else {tokenizer.eot_id}
+        if self.stop:
+            encoded = tokenizer.encode(self.stop)
+            if len(encoded) != 1:
+                raise CheckerError(f"task {self.name!r}: its STOP {self.stop!r} is {len(encoded)} tokens of this "
+                                   f"model's tokenizer, not one; a reply can only stop on a single token")
+            ids.add(encoded[0])
+        return frozenset(ids)
 
 
 def load_task(spec: str) -> Task:
@@ -87,7 +100,7 @@ def load_task(spec: str) -> Task:
     if missing:
         raise CheckerError(f"task {spec!r} lacks {' and '.join(missing)}(): a task defines prompts(split, seed) "
                            f"and reward(prompt, reply) (see tasks/arithmetic.py)")
-    return Task(spec, module.prompts, module.reward)
+    return Task(spec, module.prompts, module.reward, getattr(module, "STOP", None))
 
 
 class Checker:

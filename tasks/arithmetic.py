@@ -8,6 +8,7 @@ reward alone (GRPO, `objective=grpo`), and that eval.py scores (greedy accuracy,
     prompts("heldout", seed=0)   -> the held-out prompts (HELDOUT of them), never in the training stream
     reward(prompt, reply)        -> 1.0 if the reply's first line is the sum, else 0.0
     sft_text(count, seed=0)      -> "a+b=c\\n" lines from the training side, for a supervised start
+    python tasks/arithmetic.py 20000 arithmetic.txt            # the same, written to a file
 
 The split is a function of the numbers and the seed (a CRC of "seed:a+b"), one problem in ten held out, so
 the training stream and the held-out set never meet whatever their lengths, and a seed gives the same split on
@@ -23,6 +24,7 @@ from collections.abc import Iterator
 DIGITS = 3  # the numbers have 1..DIGITS digits (uniform in the number of digits, then in the value)
 HELDOUT = 200  # the held-out prompts eval.py scores
 CHARS = "0123456789+=\n"  # every character the task writes: a char-level model needs only these
+STOP = "\n"  # a reply ends where the model writes this (the rollouts stop there; it is not part of the reply)
 
 
 def held_out(a: int, b: int, seed: int) -> bool:
@@ -73,3 +75,11 @@ def sft_text(count: int, seed: int = 0) -> str:
     """`count` worked problems from the training side, one "a+b=c" line each: a supervised start."""
     stream = prompts("train", seed)
     return "".join(p + answer(p) + "\n" for p in (next(stream) for _ in range(count)))
+
+
+if __name__ == "__main__":  # python tasks/arithmetic.py COUNT OUT.txt [SEED]: worked problems for an SFT start
+    import sys
+
+    count, out = int(sys.argv[1]), sys.argv[2]
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(sft_text(count, int(sys.argv[3]) if len(sys.argv) > 3 else 0))
