@@ -17,7 +17,6 @@ the step; on the CPU the process' peak resident set so far (the OS's count: it i
 
 from __future__ import annotations
 
-import argparse
 import resource
 import sys
 import time
@@ -38,7 +37,7 @@ TASK = "tasks/arithmetic.py"
 
 
 def parse(argv):
-    p = argparse.ArgumentParser(prog="python -m benchmarks.rollouts", description=__doc__.split("\n\n")[0])
+    p = cli.ArgumentParser(prog="python -m benchmarks.rollouts", description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", choices=SHAPES, default="small")
     p.add_argument("--prompts", type=int, default=16, help="prompts per step")
     p.add_argument("--n", type=int, default=8, help="replies per prompt")
