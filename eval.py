@@ -34,7 +34,7 @@ with the results (`... | tail -n 1 | jq .acc_norm`). Every bad input ends in a o
   ("against" says which; training's log has reward_margin = dpo_beta x this). A pair whose margin is exactly 0
   is a tie (the reference against itself ties all): accuracy is the share of the other pairs whose chosen reply
   the model prefers (null when all tie), ties the tied share. chosen_logp and rejected_logp are the replies'
-  mean log-probabilities, so base, SFT and DPO models can be compared on the same pairs (gptkit/dpo.py's
+  mean log-probabilities, so base, SFT and DPO models can be compared on the same pairs (gptkit/objectives/preference_losses.py's
   score_pairs).
 --task checker: a checkable task's held-out prompts (--checker_task, e.g. tasks/arithmetic.py, split by
   --task_seed as the GRPO run's grpo_task_seed), each reply scored by the task's reward (or --checker
@@ -61,10 +61,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from gptkit import cli, dpo, hellaswag
+from gptkit import cli, hellaswag
 from gptkit.checker import load_checker, load_task
 from gptkit.checkpoint import load_model, load_model_and_settings
 from gptkit.config import InferenceSettings
+from gptkit.objectives.preference_losses import evaluate_preference
 from gptkit.options import Alias, ConfigError, load_config, setting
 from gptkit.preference import Pairs
 from gptkit.runtime import Dist, Runtime, distributed, resolve_compile
@@ -335,7 +336,7 @@ def run(cfg: EvalConfig, d: Dist, rt: Runtime, err=None, threads: Threads | None
     elif cfg.task == "preference":
         reference = reference.to(rt.device) if reference is not None else None
         with tqdm(desc="pairs", unit="pair", disable=not d.master) as bar:
-            scores = dpo.evaluate_preference(model, pairs, cfg.split, batch_size=cfg.batch_size, reference=reference,
+            scores = evaluate_preference(model, pairs, cfg.split, batch_size=cfg.batch_size, reference=reference,
                                              autocast=rt.autocast, rank=d.rank, world_size=d.world_size,
                                              progress=bar.update)
         against = f"reference {cfg.reference}" if reference is not None else "none (the model's log-probabilities)"

@@ -456,7 +456,7 @@ class GPT(nn.Module):
         positions of the tokens in idx.
 
         head_loss(model, hidden (B, T, C), targets) replaces the mean cross-entropy with another function of
-        the hidden states and the head (gptkit/dpo.py's per-sequence log-probabilities): run inside the forward,
+        the hidden states and the head (gptkit/objectives/preference_losses.py's per-sequence log-probabilities): run inside the forward,
         so that DDP, FSDP and torch.compile wrappers see the head used as in any forward.
         """
         x = self.hidden_states(idx, pos)  # (B, T, C)

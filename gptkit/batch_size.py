@@ -10,7 +10,7 @@ tried, from the plan's estimate up or down (plan.search_batch); on the CPU and M
 need the sharded model), the plan's figure for the free memory is used.
 
 Under DPO (objective = "dpo") batch_size counts pairs, each two sequences: the plan sizes the micro-batch in
-sequences, an even number (whole pairs), and the trial step is DPO's (gptkit/objectives.py's trial_batch:
+sequences, an even number (whole pairs), and the trial step is DPO's (gptkit/objectives/'s trial_batch:
 both sequences of each pair, the reference's forward of a LoRA run, the per-sequence log-probabilities).
 """
 
@@ -22,10 +22,11 @@ import gc
 import torch
 import torch.distributed as dist
 
-from gptkit import objectives, parallel, plan
+from gptkit import parallel, plan
 from gptkit.cli import UserError
 from gptkit.config import TrainConfig
 from gptkit.cudagraph import graph_batch_reserve
+from gptkit.objectives import make_objective
 from gptkit.optim import make_optimizer
 from gptkit.runtime import Dist, Runtime, resolve_compile
 from model import GPT
@@ -39,7 +40,7 @@ def setup_of(cfg: TrainConfig, rt: Runtime, d: Dist, *, compile: bool = False, s
     """The step as the plan sizes it for this run's micro-batch: the config's, on this runtime's device and dtype,
     over the job's processes, under FSDP when `sharded`."""
     return plan.Setup.of_run(cfg, rt.device_type, rt.dtype, d.world_size, compile=compile,
-                             parallel="fsdp" if sharded else "ddp")
+                             parallel="fsdp" if sharded else "ddp", objective=make_objective(cfg))
 
 
 def choose_batch_size(cfg: TrainConfig, model: GPT, ckpt: dict | None, d: Dist, rt: Runtime,
@@ -100,8 +101,8 @@ def gpu_free_bytes(rt: Runtime) -> int:
 
 def trial_step(model: GPT, optimizer, rt: Runtime, cfg: TrainConfig, batch: int) -> None:
     """A training step of the run's objective (forward, backward, optimizer step) on a micro-batch of `batch`
-    random items (sequences, or DPO's pairs: objectives.trial_batch), for batch_size=auto."""
-    objective, batch = objectives.trial_batch(cfg, model, batch, rt.device)
+    random items (sequences, or DPO's pairs: the objective's trial_batch), for batch_size=auto."""
+    objective, batch = make_objective(cfg).trial_batch(cfg, model, batch, rt.device)
     with rt.autocast():
         loss = objective(model, batch)[0]
     loss.backward()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gptkit.dpo import DPOError, DPOSettings
 from gptkit.generate import SamplingOptions
 from gptkit.inference import QUANTIZE
 from gptkit.lora import LoRAError, LoRASettings
@@ -29,6 +28,10 @@ from gptkit.threads import THREADS_HELP
 from model import GPTConfig
 
 # ----------------------------------------------------------------------------- the training run
+
+# The objectives a run may train toward (gptkit/objectives/: each one's class, registered by the same name). Their
+# own settings are checked by the objective at the run's start (Objective.check_config), before anything is written.
+OBJECTIVE_NAMES = ("next_token", "dpo")
 
 # The model's settings, first in --help: GPTConfig's fields that a run sets (not vocab_size and vocab_multiple,
 # which the dataset's tokenizer sets, nor ln_eps, GPT-2's). On resume the checkpoint's shape is used.
@@ -113,7 +116,7 @@ class TrainConfig(ModelSettings):
     # what the run trains for (README.md "Chat", preference tuning): the next token, or DPO on preference pairs
     objective: str = setting("next_token", "next_token (the language-model loss on the dataset's tokens) or dpo "
                                            "(preference pairs, prepare/preference.py, tuned against the model the "
-                                           "run starts from; batch_size counts pairs)", ("next_token", "dpo"))
+                                           "run starts from; batch_size counts pairs)", OBJECTIVE_NAMES)
     dpo_beta: float = setting(0.1, "dpo: how far the model may move from its reference (larger keeps it closer)")
     dpo_loss: str = setting(
         "sigmoid", "dpo: the loss, by TRL's names. sigmoid: DPO's, the usual start. hinge: SLiC's max(0, 1 - beta "
@@ -166,15 +169,6 @@ class TrainConfig(ModelSettings):
         for name in ("eval_interval", "eval_iters", "log_interval", "batch_size", "gradient_accumulation_steps"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:  # batch_size None: auto
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.objective == "dpo":
-            dpo_settings(self)  # names a bad dpo_beta, dpo_loss, dpo_label_smoothing or dpo_nll_weight
-            if self.batch_size is None and self.tokens_per_step % (2 * self.block_size):
-                raise ConfigError(f"tokens_per_step ({self.tokens_per_step}) must be a multiple of 2 x block_size "
-                                  f"({2 * self.block_size}) with objective=dpo and batch_size=auto: a step is made "
-                                  f"of whole pairs, each two sequences")
-            if self.init_from == "scratch":
-                raise ConfigError("objective=dpo tunes a trained chat model against itself: set --init_from to "
-                                  "its checkpoint (e.g. out-chat/, from configs/finetune_chat.py)")
         self.validate_tokens_per_step()
         if self.resume == "auto" and self.overwrite:
             raise ConfigError("resume=auto continues the run in out_dir and overwrite=True replaces it: drop one")
@@ -246,15 +240,6 @@ class TrainConfig(ModelSettings):
                              **{k: getattr(self, k) for k in GPTConfig.setting_names()})
         except ValueError as e:
             raise ConfigError(str(e).removeprefix("GPTConfig.")) from None
-
-
-def dpo_settings(cfg: TrainConfig) -> DPOSettings:
-    """The run's DPO settings (whatever its objective: they are only used with objective=dpo)."""
-    try:
-        return DPOSettings(beta=cfg.dpo_beta, label_smoothing=cfg.dpo_label_smoothing, loss=cfg.dpo_loss,
-                           nll_weight=cfg.dpo_nll_weight, simpo_gamma=cfg.dpo_simpo_gamma)
-    except DPOError as e:
-        raise ConfigError(str(e)) from None
 
 
 def lora_settings(cfg: TrainConfig) -> LoRASettings | None:

@@ -14,11 +14,11 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from gptkit import hellaswag, objectives, parallel
+from gptkit import hellaswag, parallel
 from gptkit.cli import UserError
 from gptkit.loader import ValBatches
 from gptkit.metrics import LineProgress
-from gptkit.preference import PairBatch, ValPairs
+from gptkit.preference import ValPairs
 from gptkit.runtime import Dist, Runtime
 from gptkit.step import Objective, StopFlag, next_token_loss
 from gptkit.tokenizer import Tokenizer
@@ -38,12 +38,13 @@ def evaluate(model, batches: ValBatches | ValPairs, rt: Runtime, d: Dist, stop: 
     """The objective's mean loss over the fixed validation batches, and the means of its metrics ({} for the
     next-token loss), each rank taking its share; None when a stop signal cut it short on any rank (a preempted
     job has seconds, not the minutes an evaluation may take). Token windows count a batch each (all have the
-    same size); preference pairs count a pair each, and a metric over a part of them (DPO's accuracy) the pairs
-    of that part. A progress bar shows on a terminal when an evaluation takes more than a few seconds. Under
+    same size); the objective may weigh its batches otherwise (its batch_items: preference pairs count a pair
+    each), and a metric over a part of them (DPO's accuracy) the pairs of that part. `objective`: the run's
+    (gptkit/objectives/), or any micro-batch loss with the same attributes (none: a batch each, no metrics). A progress bar shows on a terminal when an evaluation takes more than a few seconds. Under
     FSDP the model holds its whole weights meanwhile (parallel.gathered): its forwards gather nothing, so the
     ranks' counts may differ."""
     model.eval()
-    names = objectives.metric_names(objective)
+    names = getattr(objective, "metric_names", ())
     # A metric that is a mean over a part of a batch (DPO's accuracy, over the pairs not tied) is weighed by that
     # part (the objective's metric_over: its share of the batch), so its mean is exact; NaN when no batch has any.
     over = getattr(objective, "metric_over", {})
@@ -61,7 +62,7 @@ def evaluate(model, batches: ValBatches | ValPairs, rt: Runtime, d: Dist, stop: 
                 break
             with rt.autocast():  # (the next-token loss: no logits with targets, computed a slice at a time)
                 loss, metrics = objective(model, batch)
-            n = len(batch) if isinstance(batch, PairBatch) else 1
+            n = objective.batch_items(batch) if hasattr(objective, "batch_items") else 1
             total[0] += loss.double() * n
             total[1] += n
             for j, name in enumerate(names):

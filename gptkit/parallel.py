@@ -58,13 +58,15 @@ def choose(requested: str, model: torch.nn.Module, setup: plan.Setup, capacity: 
     return plan.choose_parallel(model, setup, capacity, batch_size)
 
 
-def decide(model: torch.nn.Module, cfg, d: Dist, rt: Runtime, use_compile: bool) -> tuple[str, str | None]:
+def decide(model: torch.nn.Module, cfg, d: Dist, rt: Runtime, use_compile: bool,
+           objective=None) -> tuple[str, str | None]:
     """How this run's processes share the model: ("single", None) on one process, else ("ddp" or "fsdp", the
-    one line that says which and why). cfg: the run's TrainConfig (batch_size None: auto, planned at 1)."""
+    one line that says which and why). cfg: the run's TrainConfig (batch_size None: auto, planned at 1);
+    objective: the run's (what its step holds: plan.Setup.of_run), None: the next-token loss."""
     if not d.enabled:
         return "single", None
     setup = plan.Setup.of_run(cfg, rt.device_type, rt.dtype, d.world_size, compile=use_compile,
-                              accum=max(1, cfg.gradient_accumulation_steps // d.world_size))
+                              accum=max(1, cfg.gradient_accumulation_steps // d.world_size), objective=objective)
     choice, why = choose(cfg.parallel, model, setup, plan.process_capacity(rt.device, d.world_size), cfg.batch_size)
     return choice, f"parallel: {choice.upper()} over {d.world_size} processes ({why})"
 

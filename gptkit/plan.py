@@ -106,29 +106,33 @@ class Setup:
     # whole on each process, in fp32, and reduce-scatter them once per step (FSDP2's
     # set_requires_gradient_sync(False): less communication, DDP's gradient memory)
     reduce_every_micro_batch: bool = True
-    # next_token: the sliced cross-entropy (model.linear_cross_entropy); dpo: each sequence's summed
-    # log-probability of its reply (gptkit/dpo.py's chunked_sequence_logps), and micro-batches of whole pairs
-    objective: str = "next_token"
+    # what the loss holds (the run's objective's plan_loss): next_token, the sliced cross-entropy
+    # (model.linear_cross_entropy); sequence_logps, each sequence's summed log-probability of its reply
+    # (gptkit/objectives/preference_losses.py's chunked_sequence_logps)
+    loss: str = "next_token"
+    # the sequences of one micro-batch item (the objective's sequences_per_item): 1, a preference pair's 2; a
+    # micro-batch is whole items
+    sequences_per_item: int = 1
 
     def __post_init__(self):
         if self.parallel not in PARALLEL:
             raise ValueError(f"Setup.parallel must be one of {', '.join(PARALLEL)}, not {self.parallel!r}")
-        if self.objective not in ("next_token", "dpo"):
-            raise ValueError(f"Setup.objective must be next_token or dpo, not {self.objective!r}")
-
-    @property
-    def sequences_per_item(self) -> int:
-        """Sequences a micro-batch takes at a time: 1, or DPO's 2 (a pair's chosen and rejected sequences)."""
-        return 2 if self.objective == "dpo" else 1
+        if self.loss not in LOSSES:
+            raise ValueError(f"Setup.loss must be one of {', '.join(LOSSES)}, not {self.loss!r}")
+        if self.sequences_per_item < 1:
+            raise ValueError(f"Setup.sequences_per_item must be >= 1, not {self.sequences_per_item!r}")
 
     @classmethod
     def of_run(cls, cfg: TrainConfig, device_type: str, dtype: torch.dtype, world_size: int = 1, *,
-               accum: int = 1, compile: bool = False, parallel: str = "ddp") -> Setup:
+               accum: int = 1, compile: bool = False, parallel: str = "ddp", objective=None) -> Setup:
         """The Setup of a training run's config (its block_size, optimizer and activation checkpointing) on
-        `world_size` processes of `device_type`, computing in `dtype`; the rest as the caller decides."""
+        `world_size` processes of `device_type`, computing in `dtype`; the rest as the caller decides.
+        `objective`: the run's (gptkit/objectives/: its plan_loss and sequences_per_item), None: the next-token
+        loss."""
         return cls(device_type, dtype, cfg.block_size, cfg.optimizer, accum=accum, world_size=world_size,
                    compile=compile, checkpointing=cfg.activation_checkpointing, parallel=parallel,
-                   objective=getattr(cfg, "objective", "next_token"))
+                   loss=getattr(objective, "plan_loss", "next_token"),
+                   sequences_per_item=getattr(objective, "sequences_per_item", 1))
 
     @property
     def autocast(self) -> bool:
@@ -148,6 +152,7 @@ class Setup:
 
 
 PARALLEL = ("ddp", "fsdp")
+LOSSES = ("next_token", "sequence_logps")  # what Setup.loss may be
 
 
 @dataclass
@@ -391,7 +396,7 @@ def _loss(model, setup: Setup, n: int) -> tuple[int, int, int]:
     backward scales grad_x into a new fp32 tensor. Plain (the char models): F.linear, then F.cross_entropy,
     which keeps its log-softmax (n, V) in fp32 (and, soft-capped, the tanh); its backward makes the
     gradients of the log-softmax, of its input and of the logits."""
-    if setup.objective == "dpo":
+    if setup.loss == "sequence_logps":
         return _sequence_logps(model, setup, n)
     c = model.config
     C, V, Vp = c.n_embd, c.vocab_size, c.padded_vocab_size
@@ -423,7 +428,7 @@ def _loss(model, setup: Setup, n: int) -> tuple[int, int, int]:
 
 
 def _sequence_logps(model, setup: Setup, n: int) -> tuple[int, int, int]:
-    """Bytes of DPO's per-sequence log-probabilities on n tokens (gptkit/dpo.py's _ChunkedSequenceLogps), as
+    """Bytes of DPO's per-sequence log-probabilities on n tokens (gptkit/objectives/preference_losses.py's _ChunkedSequenceLogps), as
     `_loss` counts the next-token loss: it keeps its input, the final norm's output (n, C) in fp32, and the
     targets; its forward and its backward each compute the slices' logits (the slices as `_loss` counts them),
     under autocast from bf16 copies of x and of the head's weight. The backward adds grad_x's pieces and their
@@ -688,7 +693,7 @@ def largest_valid_batch(model, setup: Setup, capacity: float, sequences_per_step
     """batch_size=auto by the plan: (batch, fits). `fits` is the largest micro-batch whose peak fits `capacity`
     in a step with gradient accumulation (largest_batch up to `limit`; the micro-batches before a step's last
     keep their gradients), `batch` the largest of valid_batches (those that keep the step's sequences) up to
-    it, 0 when not even one sequence fits. Under DPO (setup.objective) both count sequences, the batch whole
+    it, 0 when not even one sequence fits. Under DPO (setup.sequences_per_item) both count sequences, the batch whole
     pairs (an even number)."""
     fits = largest_batch(model, replace(setup, accum=2), capacity, limit)
     valid = valid_batches(sequences_per_step, setup.world_size, setup.sequences_per_item)

@@ -18,10 +18,11 @@ import dataclasses
 
 import torch
 
-from gptkit import lora, objectives, plan
+from gptkit import lora, plan
 from gptkit.cli import UserError
 from gptkit.config import TrainConfig, lora_settings
 from gptkit.lora import LoRASettings
+from gptkit.objectives import make_objective
 from gptkit.options import command_line_values
 from gptkit.plan_report import base_config
 from gptkit.runtime import ram
@@ -39,7 +40,7 @@ def run_shape(cfg: TrainConfig, ckpt: dict | None, vocab_size: int, char: bool) 
     if cfg.init_from == "scratch":
         return cfg.model_config(vocab_size, vocab_multiple=1 if char else 64)
     base = base_config(cfg.init_from, cfg.dropout)
-    if cfg.block_size < base.block_size and not cfg.lora_rank and not objectives.is_dpo(cfg):
+    if cfg.block_size < base.block_size and not cfg.lora_rank and not make_objective(cfg).keeps_base_context:
         base = dataclasses.replace(base, block_size=cfg.block_size)  # (a full fine-tune crops its positions)
     return dataclasses.replace(base, vocab_size=max(base.vocab_size, vocab_size))
 
@@ -87,10 +88,11 @@ def check_run_fits(cfg: TrainConfig, ckpt: dict | None, meta: dict, device: torc
     for even one position) the largest n_layer. Under torchrun the step is sized per process: the least of DDP
     and FSDP unless --parallel chose one; `compile`: whether the step is compiled (it keeps less)."""
     shape = run_shape(cfg, ckpt, int(meta["vocab_size"]), meta["tokenizer"]["kind"] == "char")
-    per_batch = objectives.sequences_per_batch(dataclasses.replace(cfg, batch_size=1))  # (DPO: 2 a pair)
+    objective = make_objective(cfg)
+    per_batch = objective.sequences_per_item  # (DPO: 2 a pair)
     batch = cfg.batch_size or 1  # (batch_size=auto: its least)
     setup = plan.Setup.of_run(cfg, device.type, dtype, world_size, accum=min(cfg.gradient_accumulation_steps, 2),
-                              compile=compile)
+                              compile=compile, objective=objective)
     shares = ["ddp", "fsdp"] if world_size > 1 and cfg.parallel == "auto" else [
         "fsdp" if world_size > 1 and cfg.parallel == "fsdp" else "ddp"]
     limit = available_memory(device) / (world_size if device.type != "cuda" else 1)

@@ -8,22 +8,21 @@ works them out, as plain values (make_plan) and as the table train.py prints (fo
 
 from __future__ import annotations
 
-import textwrap
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
-from gptkit import lora, objectives
+from gptkit import lora
 from gptkit.checkpoint import load_checkpoint
 from gptkit.checkpoint.layout import holds_checkpoint
 from gptkit.checkpoint.models import no_run_yet
 from gptkit.cli import UserError
 from gptkit.config import lora_settings
-from gptkit.dpo import REFERENCE_FREE
 from gptkit.hf_gpt2 import VOCAB_MULTIPLE, config_from_hf, read_json
 from gptkit.lora import LoRASettings
 from gptkit.metrics import peak_flops_for
+from gptkit.objectives import make_objective
 from gptkit.plan import (
     CPU_FLOPS_PER_CORE,
     PARALLEL,
@@ -43,7 +42,6 @@ from gptkit.plan import (
     memory,
     run_flops,
 )
-from gptkit.preference import is_preference_dataset
 from gptkit.runtime import ram
 from gptkit.shards import PREPARE_COMMANDS, dataset_dir, prepare_command, read_meta
 from model import GPT, GPTConfig
@@ -149,7 +147,7 @@ def plan_model(cfg, ckpt: dict | None, vocab: tuple[int, str, str] | None) -> tu
             raise PlanError(f"block_size {cfg.block_size} exceeds {cfg.init_from}'s context of {base.block_size}; "
                             f"use --block_size={base.block_size} or less")
         model = GPT(base)
-        if cfg.block_size < base.block_size and not cfg.lora_rank and cfg.objective != "dpo":
+        if cfg.block_size < base.block_size and not cfg.lora_rank and not make_objective(cfg).keeps_base_context:
             model.crop_block_size(cfg.block_size)
         return _with_lora(cfg, model), f"fine-tuning {cfg.init_from} (its shape; no weights are read)"
 
@@ -233,7 +231,7 @@ def _column(cfg, ckpt, vocab, kind: str, world_size: int) -> tuple[Column, str]:
     else:
         devices = [Device("this machine's memory (MPS)", kind, ram()[1], None, "n/a")]
     sequences = sequences_per_step(cfg, world_size)
-    setup = Setup.of_run(cfg, kind, dtype, world_size, compile=compiled)
+    setup = Setup.of_run(cfg, kind, dtype, world_size, compile=compiled, objective=make_objective(cfg))
     # the device batch_size=auto and --parallel=auto are sized for: --device_memory_gb's GPU, else the largest
     main = devices[0] if kind != "cuda" or cfg.device_memory_gb else devices[-1]
     sharded = world_size > 1  # more than one process: DDP and FSDP side by side
@@ -260,14 +258,13 @@ def make_plan(cfg, ckpt: dict | None = None, world_size: int = 1) -> dict:
     if world_size < 1 or (cfg.batch_size is not None and cfg.gradient_accumulation_steps % world_size):
         raise PlanError(f"gradient_accumulation_steps ({cfg.gradient_accumulation_steps}) must be divisible by the "
                         f"number of processes ({world_size})")
-    dpo = objectives.is_dpo(cfg)
-    if dpo:  # a micro-batch of B pairs is 2B sequences of the longest pair's length (when prepared: else
-        # block_size), each scored by the same forward and backward (batch_size=auto: an even number of them)
-        data = dataset_dir(cfg.dataset, cfg.data_root)
-        if ckpt is None and (data / "meta.json").is_file() and is_preference_dataset(read_meta(data)):
-            cfg = objectives.fit_block_size(cfg, data, say=False)
-        if cfg.batch_size is not None:
-            cfg = replace(cfg, batch_size=2 * cfg.batch_size)
+    objective = make_objective(cfg)
+    # DPO: a micro-batch of B pairs is 2B sequences of the longest pair's length (when prepared: else
+    # block_size), each scored by the same forward and backward (batch_size=auto: an even number of them)
+    cfg = objective.plan_block_size(cfg, dataset_dir(cfg.dataset, cfg.data_root), ckpt)
+    per = objective.sequences_per_item  # the plan counts sequences
+    if cfg.batch_size is not None:
+        cfg = replace(cfg, batch_size=per * cfg.batch_size)
     vocab = dataset_vocabulary(cfg) if ckpt is None else None
     columns, where = [], ""
     for kind in _kinds(cfg):
@@ -300,27 +297,10 @@ def make_plan(cfg, ckpt: dict | None = None, world_size: int = 1) -> dict:
                                 "memory": column.memory.as_dict(), "train_flops": train, "eval_flops": evaluation,
                                 "fsdp_memory": column.fsdp.as_dict() if column.fsdp else None,
                                 "parallel": parallel, "devices": rows})
-    if dpo:
-        plan["notes"] = dpo_notes(cfg, columns[0].batch_size // 2)
+    notes = objective.plan_notes(cfg, columns[0].batch_size // per)
+    if notes:
+        plan["notes"] = notes
     return plan
-
-
-def dpo_notes(cfg, pairs: int) -> list[str]:
-    """What the table says of a DPO run (objective = "dpo", gptkit/dpo.py) and leaves out of its FLOPs: its
-    micro-batch in sequences, its loss (the per-sequence log-probabilities, by slices as the next-token loss),
-    and its reference: a LoRA run's costs one more forward per micro-batch (without gradients: its memory is
-    less than the training forward's), a full fine-tune's one forward over every pair before the first step."""
-    reference = ("the reference, the model with its adapters off: one more forward per micro-batch (about a third "
-                 "more)" if cfg.lora_rank else "the reference's log-probabilities: one forward over every pair "
-                 "before the first step")
-    if cfg.dpo_loss in REFERENCE_FREE:
-        reference = f"nothing for a reference ({cfg.dpo_loss} has none)"
-    text = (f"DPO: the micro-batch of {pairs} pairs is planned as {2 * pairs} sequences of {cfg.block_size:,} "
-            f"tokens (the longest pair's length, once the pairs are prepared): batch and largest count sequences. "
-            f"Its loss, each sequence's log-probability of its reply, is counted as computed: by slices of rows "
-            f"of logits, in the forward and again in the backward. Not in the FLOPs: {reference}, nor the "
-            f"backward's second computation of the logits.")
-    return textwrap.wrap(text, 110, initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False)
 
 
 def _device_row(column: Column, device: Device, flops: float, world_size: int, usd_per_gpu_hour: float) -> dict:

@@ -1,5 +1,5 @@
 """Preference pairs as batches: a preference dataset (prepare/preference.py) read whole pair by whole pair,
-for DPO (gptkit/dpo.py) and for scoring pairs (eval.py --task preference).
+for DPO (gptkit/objectives/dpo.py) and for scoring pairs (eval.py --task preference).
 
     pairs = Pairs("data/mypairs", "train")                     # where each pair's two sequences are
     loader = PairLoader("data/mypairs", "train", batch_size=8, block_size=1024, seed=1337)
@@ -185,7 +185,8 @@ class PairLoader:
     MODE = "pairs"  # state_dict's "mode": a BatchLoader's state is refused, and the other way round
 
     def __init__(self, data_dir: str | os.PathLike, split: str = "train", *, batch_size: int, block_size: int,
-                 seed: int = 1337, rank: int = 0, world_size: int = 1, device: str | torch.device = "cpu"):
+                 seed: int = 1337, rank: int = 0, world_size: int = 1, device: str | torch.device = "cpu",
+                 reference_logps: Callable[[PairBatch], torch.Tensor] | None = None):
         if not isinstance(seed, (int, np.integer)) or seed < 0:
             raise DataError(f"the data seed must be a non-negative integer, got {seed!r}")
         _check_batch(batch_size, rank, world_size)
@@ -199,9 +200,10 @@ class PairLoader:
         self.order = EpochOrder(seed, len(self.pairs))
         self.calls = 0  # next_batch() calls so far
         self._prefetched: PairBatch | None = None
-        # When set, each batch's reference log-probabilities, read with it into batch.ref (a precomputed
-        # reference's table: gptkit/dpo.py), so that a step finds them on the device, as a CUDA graph needs.
-        self.reference_logps: Callable[[PairBatch], torch.Tensor] | None = None
+        # When given, each batch's reference log-probabilities, read with it into batch.ref (a precomputed
+        # reference's table: gptkit/objectives/preference_losses.py), so that a step finds them on the device,
+        # as a CUDA graph needs.
+        self.reference_logps = reference_logps
 
     def next_batch(self) -> PairBatch:
         batch = self._prefetched if self._prefetched is not None else self._read(self.calls)

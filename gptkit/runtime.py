@@ -128,9 +128,10 @@ def resolve_compile(flag: bool | None, device: torch.device) -> tuple[bool, str]
 
 
 def resolve_cuda_graphs(flag: bool | None, rt: Runtime, *, world_size: int, optimizer: str,
-                        compiled: bool) -> tuple[bool, str]:
+                        compiled: bool, ungraphable: str | None = None) -> tuple[bool, str]:
     """Decide whether train.py replays its whole step as one CUDA graph (gptkit/cudagraph.py), and say why in
-    one line. flag None means auto, which stays off until a GPU measurement shows the gain for the run's shape."""
+    one line. flag None means auto, which stays off until a GPU measurement shows the gain for the run's shape.
+    ungraphable: the run's objective's name when its step cannot be captured (its graphable: False)."""
     if flag is False:
         return False, "CUDA graphs off (asked for)"
     needs = []
@@ -142,6 +143,8 @@ def resolve_cuda_graphs(flag: bool | None, rt: Runtime, *, world_size: int, opti
         needs.append("bfloat16 or float32 (float16's loss scaler reads its flags on the host)")
     if optimizer != "adamw":
         needs.append("--optimizer=adamw")
+    if ungraphable:
+        needs.append(f"an objective whose step can be captured (objective={ungraphable} draws new data in its step)")
     if flag is None:
         return False, ("CUDA graphs off (auto; --cuda_graphs=True replays the whole step as one graph" +
                        (f", which needs {', '.join(needs)})" if needs else ")"))

@@ -1,6 +1,8 @@
 """Shared test fixtures: a tiny GPT, the offline tiktoken cache and the shared Shakespeare text."""
 
 import contextlib
+import functools
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -49,6 +51,19 @@ GPT2_BPE_PROBLEM = _gpt2_bpe_problem()
 needs_gpt2_bpe = pytest.mark.skipif(
     GPT2_BPE_PROBLEM is not None, reason=f"the GPT-2 BPE files are not available: {GPT2_BPE_PROBLEM}"
 )
+
+
+
+@functools.cache
+def train_script():
+    """train.py, the script, loaded from its path once per process. Tests import the package (gptkit.run,
+    gptkit.objectives, ...) and use the script only to run it end to end, `train_script().main(argv)`; what its
+    loop calls (evaluate, save, setup_run, ...) can be monkeypatched on the module this returns. A test's
+    subprocess loads it the same way: `sys.path.insert(0, "tests"); from conftest import train_script`."""
+    spec = importlib.util.spec_from_file_location("train_script", REPO / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @contextlib.contextmanager

@@ -14,13 +14,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import train_script
 
-import train
 from gptkit import checksum
 from gptkit.checkpoint import load_checkpoint, save_checkpoint
 from gptkit.checkpoint.background import CheckpointSaver
 from tests.test_checksum import sharded, tiny_state
 from tests.test_train import assert_same_weights, tiny_args, weights
+
+train = train_script()
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -167,7 +169,7 @@ def test_fsdp_with_async_save_trains_and_saves_as_one_process(char_dataset, tmp_
 # when the loop ends.
 SIGTERM_WITH_A_SLOW_WRITER = r"""
 import os, signal, sys, time
-import train
+import sys; sys.path.insert(0, "tests"); from conftest import train_script; train = train_script()
 import gptkit.checkpoint.background as background
 from gptkit import step
 real_save, real_step = background.save_checkpoint, step.forward_backward

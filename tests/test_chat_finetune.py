@@ -7,15 +7,16 @@ import random
 import numpy as np
 import pytest
 import torch
-from conftest import make_char_dataset, needs_gpt2_bpe
+from conftest import make_char_dataset, needs_gpt2_bpe, train_script
 
-import train
 from gptkit.chat import render
 from gptkit.checkpoint import load_checkpoint, model_from_checkpoint
 from gptkit.loader import BatchLoader, ValBatches, conversation_starts, read_batch
 from gptkit.shards import TokenDataset, read_meta
 from gptkit.tokenizer import CHAT_SPECIALS, Tokenizer
 from prepare import chat as prepare_chat
+
+train = train_script()
 
 WORDS = ["the", "king", "queen", "shall", "speak", "to", "my", "lord", "and", "thou", "art", "good", "sir"]
 

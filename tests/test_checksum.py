@@ -14,14 +14,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_args
+from conftest import tiny_args, train_script
 
 import sample
-import train
 from gptkit import checkpoint, checksum, lora
 from gptkit.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from gptkit.hf_gpt2 import HFGPT2Error, load_pretrained
 from model import GPT, GPTConfig
+
+train = train_script()
 
 REPO = Path(__file__).resolve().parents[1]
 CHARS = sorted(set("\n !',.:;?abcdefghijklmnopqrstuvwxyz"))

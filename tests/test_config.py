@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 import pytest
+from conftest import train_script
 
 from gptkit.config import DecodeSettings, InferenceSettings, SamplingSettings, TrainConfig
 from gptkit.options import Alias, ConfigError, config_to_json, load_config, read_config_file, setting
@@ -115,7 +116,7 @@ def test_help_lists_every_field(capsys):
 
 
 def test_a_files_lines_see_the_command_line(char_dataset, tmp_path):
-    import train
+    train = train_script()
 
     f = tmp_path / "c.py"
     f.write_text("max_iters = 100\nlr_decay_iters = max_iters\nwarmup_iters = max_iters // 10\n")

@@ -6,13 +6,15 @@ step-2 evaluation (as a SIGTERM then does), and the printed `continue with:` lin
 import shlex
 
 import pytest
-from conftest import make_char_dataset, tiny_args, torch_threads
+from conftest import make_char_dataset, tiny_args, torch_threads, train_script
 from test_chat_finetune import write_conversations
 
-import train
 from gptkit.checkpoint import load_checkpoint
+from gptkit.run import rerun_command
 from prepare import chat as prepare_chat
 from tests.test_dpo_train import dpo_args, task  # noqa: F401  (task: the DPO fixture, a chat model and its pairs)
+
+train = train_script()
 
 
 @pytest.fixture(autouse=True)
@@ -89,8 +91,8 @@ def test_the_printed_continue_line_continues_the_run(kind, base, task, tmp_path,
 
 def test_the_continue_line_drops_a_block_size_the_run_fitted():
     argv = ["recipe.py", "--block_size", "1024", "--init_from", "out-chat", "--learning_rate=1e-4"]
-    assert train.rerun_command(argv, resume=True, block_size=39) == (
+    assert rerun_command(argv, resume=True, block_size=39) == (
         "python train.py recipe.py --learning_rate=1e-4 --init_from=resume")
-    assert train.rerun_command(argv, resume=True, block_size=1024) == (
+    assert rerun_command(argv, resume=True, block_size=1024) == (
         "python train.py recipe.py --block_size 1024 --learning_rate=1e-4 --init_from=resume")
-    assert train.rerun_command(argv) == "python train.py " + " ".join(argv)  # to start again: as typed
+    assert rerun_command(argv) == "python train.py " + " ".join(argv)  # to start again: as typed

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 import torch
+from conftest import train_script
 
-import train
 from gptkit import optim, runtime
 from gptkit.cudagraph import GraphedStep
 from gptkit.runtime import DeviceError, Dist, Runtime, resolve_cuda_graphs
@@ -28,8 +28,10 @@ from tests.test_train import (
     weights,
 )
 
+train = train_script()
+
 GRAPHS_ON_CPU = """
-import train
+import sys; sys.path.insert(0, "tests"); from conftest import train_script; train = train_script()
 from gptkit import optim, runtime, step
 step.DEFERRED_DEVICE_TYPES = optim.FUSED_DEVICE_TYPES = runtime.GRAPH_DEVICE_TYPES = ("cpu",)
 """

@@ -11,12 +11,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import train_script
 
-import train
 from gptkit import optim
 from gptkit.checkpoint.background import CheckpointSaver
 from gptkit.cudagraph import GraphedStep
 from tests.test_train import assert_same_weights, tiny_args, train_losses, weights
+
+train = train_script()
 
 pytestmark = pytest.mark.cuda  # skipped without a CUDA GPU (tests/ci_skips.py)
 

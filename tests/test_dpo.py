@@ -1,4 +1,4 @@
-"""The DPO objective (gptkit/dpo.py): its loss, gradients and metrics against a direct computation from two
+"""The DPO objective (gptkit/objectives/preference_losses.py): its loss, gradients and metrics against a direct computation from two
 models' per-token log-probabilities; LoRA's adapters-off reference against the base model, bit for bit; the
 precomputed reference; and eval.py --task preference."""
 
@@ -9,14 +9,15 @@ import random
 
 import pytest
 import torch
-from conftest import torch_threads
+from conftest import torch_threads, train_script
 
 import eval as eval_script
-import train
 from benchmarks import dpo_rule
-from gptkit import dpo, lora
+from gptkit import lora
 from gptkit.checkpoint import load_model
-from gptkit.dpo import (
+from gptkit.evaluation import evaluate
+from gptkit.objectives import preference_losses as dpo
+from gptkit.objectives.preference_losses import (
     AdapterOffReference,
     DPOError,
     DPOObjective,
@@ -25,13 +26,14 @@ from gptkit.dpo import (
     policy_logps,
     sequence_logps,
 )
-from gptkit.evaluation import evaluate
 from gptkit.preference import PairLoader, ValPairs
 from gptkit.runtime import Dist, Runtime
 from gptkit.shards import read_meta
 from model import GPT, GPTConfig
 from prepare import chat as prepare_chat
 from prepare import preference
+
+train = train_script()
 
 BLOCK = 40
 
@@ -345,7 +347,7 @@ def test_chunked_sequence_logps_equal_the_whole_log_softmax_in_float64(softcap):
 
 
 def paper_loss(pc, pr, rc, rr, nc, nr, s: DPOSettings):
-    """Each loss per pair from its paper's formula, in float64, written apart from gptkit/dpo.py's (log sigmoid
+    """Each loss per pair from its paper's formula, in float64, written apart from preference_losses.py's (log sigmoid
     as -log(1 + e^-x), ORPO's odds as p / (1 - p))."""
     def log_sigmoid(x):
         return -torch.log1p(torch.exp(-x))

@@ -1,4 +1,4 @@
-"""train.py with objective=dpo (gptkit/objectives.py, gptkit/dpo.py): the training step's loss and gradients
+"""train.py with objective=dpo (gptkit/objectives/dpo.py, preference_losses.py): the training step's loss and gradients
 against DPO computed by hand from the two models' per-token log-probabilities; exact resume; accumulation,
 autocast, compile, the graphed step's arithmetic; DDP and FSDP through torchrun; the refusals; --plan; and the
 synthetic task's pairs learnt (accuracy from ~50% to >= 90%, the chosen replies still likely) with chat.py
@@ -18,17 +18,18 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import torch_threads
+from conftest import torch_threads, train_script
 
 import chat
 import eval as eval_script
-import train
 from benchmarks import dpo_rule
-from gptkit import batch_size, lora, objectives, optim, plan, runtime
+from gptkit import batch_size, lora, optim, plan, runtime
 from gptkit.checkpoint import load_checkpoint
 from gptkit.checkpoint.run_model import attach_lora, build_model
 from gptkit.config import TrainConfig
-from gptkit.dpo import DPOObjective, DPOSettings
+from gptkit.objectives import ObjectiveError, make_objective
+from gptkit.objectives import dpo as dpo_objective
+from gptkit.objectives.preference_losses import DPOObjective, DPOSettings
 from gptkit.optim import make_optimizer
 from gptkit.preference import PairLoader, Pairs
 from gptkit.prepare.pipeline import ValRule
@@ -40,6 +41,8 @@ from prepare import chat as prepare_chat
 from prepare import preference
 from tests.test_dpo import direct_logps, direct_loss
 from tests.test_train import assert_same_weights, metrics, train_losses, weights
+
+train = train_script()
 
 REPO = Path(__file__).resolve().parents[1]
 BLOCK = 40  # the chat model's context: every conversation and pair of the task fits
@@ -98,7 +101,7 @@ def task(tmp_path_factory):
 
 @pytest.mark.parametrize("lora_rank", [0, 4], ids=["precomputed_reference", "adapters_off_reference"])
 def test_the_training_step_is_dpo_computed_by_hand(task, lora_rank):
-    """TrainStep with the objective, loader and reference train.py builds (gptkit/objectives.py), 2 micro-batches
+    """TrainStep with the objective, loader and reference a run builds (gptkit/objectives/dpo.py), 2 micro-batches
     per step: the second step's loss and the gradients its optimizer step receives equal DPO written out from
     the per-token log-probabilities of the model before that step and of the starting model (the reference),
     summed over the reply tokens, with the NLL anchor, averaged over the micro-batches (1e-6, float32). The
@@ -109,12 +112,13 @@ def test_the_training_step_is_dpo_computed_by_hand(task, lora_rank):
                       grad_clip=0.0, weight_decay=0.0, dropout=0.0, lora_rank=lora_rank, lora_dropout=0.0,
                       dpo_beta=0.5, dpo_nll_weight=0.3)
     rt = setup_runtime("cpu", "float32")
-    model, added = build_model(cfg, read_meta(task.pairs), None)
+    model, added = build_model(cfg, read_meta(task.pairs), None, keep_context=True)
     attach_lora(cfg, model, None, added)
     start = copy.deepcopy(model).eval()  # the starting model: the oracle's reference
-    loader, _ = objectives.make_batches(cfg, task.pairs, Dist(), rt)
-    objective, reference, _ = objectives.make_objective(cfg, model, loader, task.pairs, None, Dist(), rt)
-    assert type(reference).__name__ == ("AdapterOffReference" if lora_rank else "PrecomputedReference")
+    objective = make_objective(cfg)
+    objective.start(cfg, model, task.pairs, None, Dist(), rt)
+    loader, _ = objective.batches(cfg, task.pairs, Dist(), rt)
+    assert type(objective.reference).__name__ == ("AdapterOffReference" if lora_rank else "PrecomputedReference")
     optimizer = make_optimizer(model, cfg, "cpu")
     step = TrainStep(model, optimizer, torch.amp.GradScaler("cpu", enabled=False), rt, Dist(), cfg, accum=2,
                      objective=objective)
@@ -324,9 +328,10 @@ def test_what_does_not_fit_is_a_one_line_error(task, tmp_path, dataset, over, wo
 
 def test_a_base_without_the_chat_tokens_is_refused():
     cfg = TrainConfig(objective="dpo", init_from="gpt2")
-    with pytest.raises(objectives.ObjectiveError, match="fine-tune it on conversations first"):
-        objectives.check_start(cfg, added_tokens=4)
-    objectives.check_start(TrainConfig(init_from="gpt2"), added_tokens=4)  # (a chat fine-tune adds them)
+    with pytest.raises(ObjectiveError, match="fine-tune it on conversations first"):
+        make_objective(cfg).check_start(cfg, added_tokens=4)
+    sft = TrainConfig(init_from="gpt2")
+    make_objective(sft).check_start(sft, added_tokens=4)  # (a chat fine-tune adds them)
 
 
 def test_plan_counts_two_sequences_a_pair_and_says_what_it_leaves_out(task, capsys):
@@ -345,13 +350,13 @@ def test_plan_counts_two_sequences_a_pair_and_says_what_it_leaves_out(task, caps
 
 
 def test_plan_counts_the_sliced_log_probabilities_not_the_logits():
-    """The plan's DPO loss (plan.Setup objective="dpo") keeps its input and targets, (n, C) fp32 and n int64:
+    """The plan's DPO loss (plan.Setup loss="sequence_logps") keeps its input and targets, (n, C) fp32 and n int64:
     nothing (n, V)-sized, where the whole log-softmax would be; and its peak is the next-token loss's within
     a few slices of logits and grad_x (GPT-2's vocabulary, 16 x 256 tokens: 8 slices of rows on the CPU)."""
     with torch.device("meta"):
         model = GPT(GPTConfig(block_size=256, vocab_size=50304, n_layer=2, n_head=2, n_embd=64))
     n_seq, T, C, V = 16, 256, 64, 50304
-    dpo = plan.memory(model, plan.Setup("cpu", torch.float32, T, objective="dpo"), n_seq)
+    dpo = plan.memory(model, plan.Setup("cpu", torch.float32, T, loss="sequence_logps", sequences_per_item=2), n_seq)
     sft = plan.memory(model, plan.Setup("cpu", torch.float32, T), n_seq)
     n = n_seq * T
     assert dpo.loss == n * C * 4 + n * 8
@@ -385,7 +390,7 @@ def test_batch_size_autos_trial_step_is_the_dpo_step(task, lora_rank, monkeypatc
                       batch_size=None, tokens_per_step=4 * 2 * BLOCK, lora_rank=lora_rank, dropout=0.0,
                       lora_dropout=0.0)
     rt = setup_runtime("cpu", "float32")
-    model, added = build_model(cfg, read_meta(task.pairs), None)
+    model, added = build_model(cfg, read_meta(task.pairs), None, keep_context=True)
     attach_lora(cfg, model, None, added)
     before = copy.deepcopy(model.state_dict())
     calls = []
@@ -412,7 +417,7 @@ def test_reference_free_losses_train_without_a_reference(task, tmp_path, capsys,
     def forbidden(*args, **kwargs):
         raise AssertionError("a reference-free loss computed a reference")
 
-    monkeypatch.setattr(objectives, "precompute", forbidden)
+    monkeypatch.setattr(dpo_objective, "precompute", forbidden)
     monkeypatch.setattr(lora, "adapters_off", forbidden)
     out = tmp_path / "out"
     train.main(dpo_args(task, out, dpo_loss=loss, dpo_beta=2.0 if loss == "simpo" else 0.2, dpo_nll_weight=0,

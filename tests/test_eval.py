@@ -19,10 +19,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_char_dataset, torch_threads, write_dataset
+from conftest import make_char_dataset, torch_threads, train_script, write_dataset
 
 import eval as eval_script
-import train
 from benchmarks import dpo_rule
 from gptkit import hellaswag
 from gptkit.checkpoint import save_checkpoint
@@ -32,6 +31,8 @@ from gptkit.tokenizer import Tokenizer
 from model import GPT, GPTConfig
 from prepare import chat as prepare_chat
 from prepare import preference
+
+train = train_script()
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = ("the man woman dog runs slowly into a kitchen and then picks up the ball while people watch from "

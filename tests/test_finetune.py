@@ -3,13 +3,14 @@ and sample.py on a checkpoint that train.py wrote."""
 
 import pytest
 import torch
-from conftest import needs_gpt2_bpe, write_dataset
+from conftest import needs_gpt2_bpe, train_script, write_dataset
 
 import export
 import sample
-import train
 from gptkit.checkpoint import load_checkpoint, model_from_checkpoint
 from gptkit.tokenizer import Tokenizer
+
+train = train_script()
 
 pytest.importorskip("transformers")
 

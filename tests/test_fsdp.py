@@ -11,14 +11,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import train_script
 
-import train
 from gptkit import parallel, plan
 from gptkit.checkpoint import is_sharded_checkpoint, load_checkpoint, saved_checkpoint
 from gptkit.runtime import Runtime
 from model import GPT, GPTConfig
 from tests.conftest import torch_threads
 from tests.test_train import tiny_args as train_args
+
+train = train_script()
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -122,7 +124,7 @@ def write_data(self, plan, planner):
     os.kill(os.getpid(), signal.SIGKILL)
 
 filesystem._FileSystemWriter.write_data = write_data
-import train
+import sys; sys.path.insert(0, "tests"); from conftest import train_script; train = train_script()
 train.main(sys.argv[1:])
 """
 

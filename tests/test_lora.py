@@ -4,10 +4,12 @@ import copy
 
 import pytest
 import torch
-from conftest import tiny_args
+from conftest import tiny_args, train_script
 
 from gptkit import lora
 from gptkit.lora import LoRAError, LoRASettings
+from gptkit.objectives import make_objective
+from gptkit.run import Run, load_dataset, setup_run
 from model import GPT
 
 
@@ -105,7 +107,7 @@ def run_args(data, out, **over):
 
 @pytest.fixture
 def base_run(char_dataset, tmp_path):
-    import train
+    train = train_script()
 
     out = tmp_path / "base"
     train.main(run_args(char_dataset, out, max_iters=3))
@@ -118,7 +120,7 @@ def lora_args(data, base, out, **over):
 
 
 def test_lora_run_trains_only_adapters_and_resumes_exactly(char_dataset, base_run, tmp_path):
-    import train
+    train = train_script()
     from gptkit.checkpoint import load_checkpoint, model_from_checkpoint
 
     full, cut = tmp_path / "full", tmp_path / "cut"
@@ -142,7 +144,7 @@ def test_lora_checkpoint_refuses_a_changed_or_missing_base(char_dataset, base_ru
     import shutil
 
     import sample
-    import train
+    train = train_script()
 
     out = tmp_path / "lora"
     train.main(lora_args(char_dataset, base_run, out, max_iters=2))
@@ -158,7 +160,7 @@ def test_lora_checkpoint_refuses_a_changed_or_missing_base(char_dataset, base_ru
 
 
 def test_lora_settings_errors_through_train(char_dataset, base_run, tmp_path):
-    import train
+    train = train_script()
 
     with pytest.raises(SystemExit, match=r"lora_targets: unknown layer\(s\) mlp.c_out; choose from"):
         train.main(lora_args(char_dataset, base_run, tmp_path / "x", lora_targets="mlp.c_out"))
@@ -169,7 +171,7 @@ def test_lora_settings_errors_through_train(char_dataset, base_run, tmp_path):
 def test_lora_export_merges_into_an_ordinary_gpt2_folder(char_dataset, base_run, tmp_path):
     transformers = pytest.importorskip("transformers")
     import export
-    import train
+    train = train_script()
     from gptkit.checkpoint import load_checkpoint, model_from_checkpoint
 
     out = tmp_path / "lora"
@@ -196,7 +198,7 @@ def test_lora_keeps_a_longer_base_whole(char_dataset, tmp_path):
     from safetensors.torch import load_file
 
     import export
-    import train
+    train = train_script()
     from gptkit.checkpoint import load_checkpoint, model_from_checkpoint
     from gptkit.checkpoint.resume import resolve_config
     from gptkit.generate import SamplingOptions, generate
@@ -212,7 +214,8 @@ def test_lora_keeps_a_longer_base_whole(char_dataset, tmp_path):
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])  # resumed == uninterrupted
     assert a["model_config"]["block_size"] == 64 and a["loader"]["block_size"] == 32  # 32-token sequences
     cfg = resolve_config(run_args(char_dataset, cut, init_from="resume", block_size=32))[0]
-    run = train.Run(cfg, [], Dist(), None, None, model_from_checkpoint(a), None, None, None, None, None, accum=2)
+    run = Run(cfg, [], Dist(), None, None, model_from_checkpoint(a), None, None, None, None, None, accum=2,
+              objective=make_objective(cfg))
     assert run.tokens_per_step == 4 * 32 * 2
 
     export.main(["--ckpt", str(full), "--to", str(tmp_path / "hf")])
@@ -270,7 +273,6 @@ def test_cast_frozen_base_keeps_the_residual_stream_in_fp32(tiny_config, tied):
 
 
 def test_a_gpu_lora_run_casts_only_the_blocks(char_dataset, base_run, tmp_path):
-    import train
     from gptkit.checkpoint.resume import resolve_config
     from gptkit.runtime import Dist, Runtime
 
@@ -281,9 +283,9 @@ def test_a_gpu_lora_run_casts_only_the_blocks(char_dataset, base_run, tmp_path):
 
     argv = lora_args(char_dataset, base_run, tmp_path / "lora")
     cfg, _ = resolve_config(argv)
-    data_dir, meta = train.load_dataset(cfg, Dist())
+    data_dir, meta = load_dataset(cfg, Dist())
     (tmp_path / "lora").mkdir()
-    run, _, _ = train.setup_run(cfg, None, argv, Dist(), CudaLike(torch.device("cpu"), torch.bfloat16), data_dir, meta)
+    run, _, _ = setup_run(cfg, None, argv, Dist(), CudaLike(torch.device("cpu"), torch.bfloat16), data_dir, meta)
     dtypes = {n: p.dtype for n, p in run.raw_model.named_parameters()}
     assert {n for n, dt in dtypes.items() if dt == torch.bfloat16} == {n for n in dtypes if block_linear(n)}
     assert dtypes["transformer.wte.weight"] == dtypes["transformer.ln_f.weight"] == torch.float32

@@ -11,15 +11,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_args, torch_threads
+from conftest import tiny_args, torch_threads, train_script
 
-import train
 from gptkit.checkpoint import load_checkpoint, save_checkpoint
 from gptkit.config import TrainConfig
 from gptkit.generate import SamplingOptions, generate
 from gptkit.optim import Muon, MuonAdamW, get_lr, make_optimizer, newton_schulz_dtype, set_lr, step_unless
 from gptkit.options import load_config
 from model import ARCH_PRESETS, GPT, GPTConfig
+
+train = train_script()
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = dict(block_size=32, vocab_size=67, n_layer=2, n_head=2, n_embd=32)

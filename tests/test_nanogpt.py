@@ -21,11 +21,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SHARED_DATA
+from conftest import SHARED_DATA, train_script
 
 import export
 import sample
-import train
 from gptkit import checkpoint, cpu_decode
 from gptkit import generate as gen
 from gptkit.config import TrainConfig
@@ -33,6 +32,8 @@ from gptkit.generate import SamplingOptions, decode_one_token, generate, prefill
 from gptkit.hf_gpt2 import load_pretrained
 from gptkit.options import ConfigError, parse_args
 from model import GPT, GPTConfig
+
+train = train_script()
 
 transformers = pytest.importorskip("transformers")
 

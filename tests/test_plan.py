@@ -10,11 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import train_script
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import model as model_module
-import train
 from gptkit import batch_size, lora, plan, plan_report
 from gptkit.checkpoint import load_base_model
 from gptkit.checkpoint.resume import resolve_config
@@ -25,6 +25,8 @@ from gptkit.options import ConfigError, build_config, load_config
 from gptkit.runtime import Dist, Runtime
 from gptkit.step import forward_backward
 from model import GPT, GPTConfig
+
+train = train_script()
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "configs").glob("*.py"))

@@ -14,10 +14,10 @@ import pytest
 from conftest import needs_gpt2_bpe
 
 from benchmarks import dpo_rule
-from gptkit import objectives
 from gptkit.chat import prompt_ids, render
 from gptkit.cli import UserError
 from gptkit.loader import BatchLoader
+from gptkit.objectives.dpo import DPO
 from gptkit.preference import Pairs, unpaired_labels
 from gptkit.prepare import preferences
 from gptkit.prepare.pipeline import ValRule
@@ -272,7 +272,7 @@ def test_unpaired_rows_make_their_own_kind_of_dataset_which_dpo_refuses(tmp_path
             assert ids == render([msg(USER, prompt), msg("assistant", reply)], tok)[0]
             assert tok.decode([t for t, m in zip(ids, mask) if m]) == reply + "<|end|>"
     # DPO (train.py's dataset check, eval.py's pairs) and the next-token loader refuse it, in one line
-    for refuse in (lambda: objectives.check_dataset(SimpleNamespace(objective="dpo"), meta, "u"),
+    for refuse in (lambda: DPO(SimpleNamespace(objective="dpo")).check_dataset(meta, "u"),
                    lambda: Pairs(data, "train")):
         with pytest.raises(UserError, match=r"holds unpaired rows .* but DPO needs pairs") as e:
             refuse()

@@ -10,10 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import needs_gpt2_bpe, torch_threads
+from conftest import needs_gpt2_bpe, torch_threads, train_script
 
 import chat
-import train
 from gptkit.chat import prompt_ids
 from gptkit.checkpoint import save_checkpoint
 from gptkit.options import read_config_file
@@ -22,6 +21,8 @@ from gptkit.tokenizer import CHAT_SPECIALS, Tokenizer
 from model import GPT, GPTConfig
 from prepare import chat as prepare_chat
 from prepare import tokenizer as prepare_tokenizer
+
+train = train_script()
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text(encoding="utf-8")

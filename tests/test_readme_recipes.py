@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import needs_gpt2_bpe, torch_threads
+from conftest import needs_gpt2_bpe, torch_threads, train_script
 
 REPO = Path(__file__).resolve().parents[1]
 WAIT = 120  # seconds: the bound on waiting for the server
@@ -109,7 +109,7 @@ def test_the_chat_recipe_runs_as_written(tmp_path, monkeypatch, capsys, tiny_gpt
     pytest.importorskip("openai")
     pytest.importorskip("uvicorn")
     import chat
-    import train
+    train = train_script()
     from gptkit import hf_gpt2
     from gptkit.checkpoint import load_checkpoint
     from prepare import chat as prepare_chat
@@ -174,7 +174,7 @@ def test_the_preference_recipe_runs_as_written(tmp_path, monkeypatch, capsys, ti
     test_the_chat_recipe_runs_as_written checks as written, with one validation batch."""
     import chat
     import eval as eval_script
-    import train
+    train = train_script()
     from gptkit import hf_gpt2
     from gptkit.checkpoint import load_checkpoint
     from prepare import chat as prepare_chat

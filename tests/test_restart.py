@@ -15,13 +15,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import train_script
 
 import gptkit.step
-import train
 from gptkit.checkpoint import load_checkpoint
 from gptkit.step import GO_ON, SAVE, STOP, StepRequests, StopFlag
 from tests.conftest import make_char_dataset, torch_threads
 from tests.test_train import assert_same_weights, tiny_args, train_losses, weights
+
+train = train_script()
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
@@ -218,7 +220,7 @@ KILLING_WORKER = """
 import io, os, signal, sys
 sys.path.insert(0, {repo!r})
 import torch
-import train
+import sys; sys.path.insert(0, "tests"); from conftest import train_script; train = train_script()
 from gptkit import step
 here = os.environ["TORCHELASTIC_RESTART_COUNT"] + ":" + os.environ["RANK"] + ":"
 steps, last_saves = [0], [0]

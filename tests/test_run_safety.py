@@ -10,14 +10,16 @@ import signal
 
 import pytest
 import torch
-from conftest import tiny_args, torch_threads
+from conftest import tiny_args, torch_threads, train_script
 
-import train
-from gptkit import plan_check
+from gptkit import plan_check, run
 from gptkit.config import TrainConfig
 from gptkit.options import ConfigError, parse_args
+from gptkit.run import where_checkpoints_are
 from gptkit.shards import read_meta
 from tests.test_train import assert_same_weights, train_losses, weights
+
+train = train_script()
 
 
 @pytest.fixture(autouse=True)
@@ -82,7 +84,7 @@ def test_a_refused_run_leaves_nothing_new(char_dataset, tmp_path, monkeypatch, e
     def refuse(*args, **kwargs):
         raise batch_size.BatchSizeError("no batch fits")
 
-    monkeypatch.setattr(train, "choose_batch_size", refuse)
+    monkeypatch.setattr(run, "choose_batch_size", refuse)
     for over in ({"overwrite": True}, {"init_from": "resume", "max_iters": 4}) if existing else ({},):
         with pytest.raises(SystemExit, match="no batch fits"):
             train.main(short(char_dataset, out, **over))
@@ -106,7 +108,7 @@ def test_sizes_that_cannot_fit_are_refused_before_anything_is_built(char_dataset
     def never(*args, **kwargs):
         raise AssertionError("the model was built")
 
-    monkeypatch.setattr(train, "build_model", never)
+    monkeypatch.setattr(run, "build_model", never)
     with pytest.raises(SystemExit) as e:
         train.main(short(char_dataset, tmp_path / "out", **over))
     message = str(e.value.code)
@@ -206,7 +208,7 @@ def test_a_recipe_whose_starting_run_is_missing_names_the_recipe_that_makes_it(t
 def test_a_chat_models_last_line_says_to_chat(tmp_path):
     summary = {"step": 4, "best_val_loss": 1.0}
     (tmp_path / "last.pt").write_bytes(b"x")
-    assert train.where_checkpoints_are(str(tmp_path), summary, chat=True).endswith(
+    assert where_checkpoints_are(str(tmp_path), summary, chat=True).endswith(
         f"chat with: python chat.py --ckpt {tmp_path}/")
 
 

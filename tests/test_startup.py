@@ -4,10 +4,11 @@ the config and kept in runs.jsonl; the device's phase waits for a CUDA device's 
 import json
 
 import torch
-from conftest import tiny_args
+from conftest import tiny_args, train_script
 
-import train
 from gptkit import runtime, startup
+
+train = train_script()
 
 
 def test_train_prints_and_records_where_its_start_went(char_dataset, tmp_path, capsys):

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_args, torch_threads
+from conftest import tiny_args, torch_threads, train_script
 
 import eval as evaluate
-import train
 from gptkit import threads
 from gptkit.config import TrainConfig
 from gptkit.threads import Threads, resolve_threads
+
+train = train_script()
 
 
 def pretend_busy(monkeypatch, busy: float) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import train_script
 
 from gptkit import bpe
 from gptkit.hf_tokenizer import bpe_merges, hf_tokenizer_files
@@ -421,7 +422,7 @@ def test_train_sample_export_with_a_trained_tokenizer(trained, tmp_path, capsys)
     transformers = pytest.importorskip("transformers")
     import export
     import sample
-    import train
+    train = train_script()
 
     folder = tmp_path / "tokenizers" / "tiny-e2e"
     shutil.copytree(trained.to_meta()["path"], folder)

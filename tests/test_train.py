@@ -9,12 +9,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_args, torch_threads  # (tiny_args is also imported from here by other test files)
+from conftest import (  # (tiny_args is also imported from here by other test files)
+    tiny_args,
+    torch_threads,
+    train_script,
+)
 
-import train
 from gptkit import checkpoint
 from gptkit.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from model import GPT
+
+train = train_script()
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -289,7 +294,7 @@ def assert_resume_matches_uninterrupted(data, full, cut, **args) -> None:
 
 SIGNAL_AT_STEP = """
 import os, signal, sys
-import train
+import sys; sys.path.insert(0, "tests"); from conftest import train_script; train = train_script()
 from gptkit import step
 real = step.forward_backward
 calls = {"n": 0}
@@ -305,7 +310,7 @@ train.main(sys.argv[1:])
 # SIGTERM as the evaluation of step 6 (the third) starts: it is cut short, step 6 is saved unevaluated.
 SIGNAL_IN_EVALUATION = """
 import os, signal, sys
-import train
+import sys; sys.path.insert(0, "tests"); from conftest import train_script; train = train_script()
 real = train.evaluate
 calls = {"n": 0}
 def evaluate(*args, **kwargs):

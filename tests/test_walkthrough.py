@@ -12,16 +12,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import needs_gpt2_bpe, tiny_args, torch_threads, write_dataset
+from conftest import needs_gpt2_bpe, tiny_args, torch_threads, train_script, write_dataset
 
-import train
-from gptkit import metrics, network
+from gptkit import metrics, network, run
 from gptkit.checkpoint import save_checkpoint
 from gptkit.config import TrainConfig
 from gptkit.optim import get_lr
 from gptkit.options import ConfigError, build_config
 from gptkit.tokenizer import CHAT_SPECIALS, Tokenizer
 from model import GPT, GPTConfig
+
+train = train_script()
 
 
 def walk_args(data, out, **over):
@@ -166,7 +167,7 @@ def test_sample_init_from_a_run_folder_points_at_ckpt(char_dataset, tmp_path):
 
 
 def test_the_cpu_note_gives_the_plans_time(char_dataset, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(train, "CPU_FLOPS_BUDGET", 0)  # this tiny run counts as sized for a GPU
+    monkeypatch.setattr(run, "CPU_FLOPS_BUDGET", 0)  # this tiny run counts as sized for a GPU
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
     train.main(walk_args(char_dataset, tmp_path / "out", device="auto", eval_only=True))

@@ -6,7 +6,8 @@ A checkpoint is a dict of tensors and plain Python values (no pickled classes), 
 Keys written by train.py:
     format, model_config, model, tokenizer (the dataset's meta.json; for a trained BPE with its files inline,
     so the checkpoint needs no data/ folder), step, best_val_loss, config, argv, versions, and for resuming:
-    optimizer, scaler, loader, rng; and a DPO run's precomputed reference log-probabilities, dpo_reference.
+    optimizer, scaler, loader, rng; and the state of each other part of the run that has one, under its own
+    key (a DPO run's precomputed reference log-probabilities: dpo_reference).
 
 Every checkpoint carries checksums (gptkit/checksum.py): a CRC-32C of each tensor and of everything else
 ("checksums"). load_checkpoint verifies them, so every reader does (resume, sample, eval, chat, serve, export):
@@ -37,22 +38,25 @@ RESUME_KEYS = ("config", "model_config", "model", "optimizer", "scaler", "loader
 
 def build_checkpoint(*, model, optimizer, scaler, loader, meta: dict, config: dict, argv: list[str], step: int,
                      best_val_loss: float, rng: list[dict], versions: dict, lora_info: dict | None = None,
-                     sharded: bool = False, dpo_reference: dict | None = None) -> dict:
+                     sharded: bool = False, states: dict[str, dict | None] | None = None) -> dict:
     """The checkpoint of a training run: a plain function of the run's state. `model` is the unwrapped
     model; `rng` holds every rank's RNG states (the dropout streams), in rank order. A LoRA run (lora_info:
     its settings and its base's name and fingerprint) stores only the adapters of the model. A trained
     tokenizer's files travel inside (`with_tokenizer_files`): sampling, serving and exporting need no data/.
     sharded: the record of a sharded checkpoint, without the model and optimizer (save_sharded writes them).
-    dpo_reference: a DPO run's precomputed reference (gptkit/dpo.py's PrecomputedReference.state_dict), which
-    its resume reads back."""
+    states: the state_dict of each other part of the run, under its key (a part with nothing to keep: None,
+    left out); a resume hands each back to its part (the objective's: gptkit/objectives/)."""
     state = {
         "format": FORMAT_VERSION, "model_config": model.config.to_dict(), "lora": lora_info,
         "tokenizer": with_tokenizer_files(meta), "step": step, "best_val_loss": best_val_loss, "config": config,
         "argv": ["train.py", *argv], "versions": versions, "scaler": scaler.state_dict(),
         "loader": loader.state_dict(), "rng": rng,
     }
-    if dpo_reference is not None:
-        state["dpo_reference"] = dpo_reference
+    for key, part in (states or {}).items():
+        if key in state:
+            raise ValueError(f"a part of the run saves its state under {key!r}, a key the checkpoint uses already")
+        if part is not None:
+            state[key] = part
     if not sharded:
         state["model"] = lora.adapter_state_dict(model) if lora_info else model.state_dict()
         state["optimizer"] = optimizer.state_dict()

@@ -71,9 +71,9 @@ def resolve_config(argv: list[str]) -> tuple[TrainConfig, dict | None]:
     # Through GPTConfig: a checkpoint older than an option has its default, and `auto` options their values.
     saved_model = GPTConfig.from_dict(ckpt["model_config"]).to_dict()
     saved_shape = {k: saved_model[k] for k in MODEL_KEYS}
-    if ckpt.get("lora") or base.get("objective") == "dpo":
-        saved_shape["block_size"] = base["block_size"]  # the model has its base's positions; the run trained
-        # on sequences of block_size
+    if base.get("block_size", saved_shape["block_size"]) < saved_shape["block_size"]:
+        saved_shape["block_size"] = base["block_size"]  # the model has its base's positions (a LoRA run's, or
+        # an objective's that keeps the base's context: DPO's); the run trained on sequences of block_size
     differing = [f"{k} (checkpoint {saved_shape[k]!r}, asked {values[k]!r})"
                  for k in MODEL_KEYS if values.get(k) is not None and values[k] != saved_shape[k]]
     if differing:

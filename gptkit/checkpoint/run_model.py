@@ -33,8 +33,10 @@ class ModelError(UserError):
     why and what to do."""
 
 
-def build_model(cfg: TrainConfig, meta: dict, ckpt: dict | None) -> tuple[GPT, int]:
-    """The run's model, and how many token ids a fine-tune added to its base's vocabulary (special tokens)."""
+def build_model(cfg: TrainConfig, meta: dict, ckpt: dict | None, keep_context: bool = False) -> tuple[GPT, int]:
+    """The run's model, and how many token ids a fine-tune added to its base's vocabulary (special tokens).
+    keep_context: a full fine-tune keeps its base's positions beyond block_size (the objective's
+    keeps_base_context: DPO's, see below)."""
     vocab = int(meta["vocab_size"])
     if ckpt is not None:
         saved_tok = ckpt.get("tokenizer", {})
@@ -57,10 +59,10 @@ def build_model(cfg: TrainConfig, meta: dict, ckpt: dict | None) -> tuple[GPT, i
     # A full fine-tune changes every weight at the first block_size positions only, so the model keeps those
     # (as nanoGPT does): the rows beyond would no longer match the network, and weight decay would shrink
     # them. A LoRA run keeps its frozen base whole, all positions included: block_size only limits the
-    # training sequences, and the merged model still has the base's context. So does DPO, whose block_size is
-    # its pairs' length (a chat model keeps its context for conversations; its small steps barely move the
+    # training sequences, and the merged model still has the base's context. So does DPO (keep_context), whose block_size
+    # is its pairs' length (a chat model keeps its context for conversations; its small steps barely move the
     # positions beyond).
-    if cfg.block_size < model.config.block_size and not cfg.lora_rank and cfg.objective != "dpo":
+    if cfg.block_size < model.config.block_size and not cfg.lora_rank and not keep_context:
         model.crop_block_size(cfg.block_size)
     added = 0
     if meta["tokenizer"] != tokenizer and added_special_tokens(tokenizer, meta):

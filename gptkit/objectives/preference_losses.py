@@ -479,6 +479,10 @@ class DPOObjective:
     def __call__(self, model: nn.Module, batch: PairBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return dpo_microbatch(model, batch, self.reference, self.settings)
 
+    def batch_items(self, batch: PairBatch) -> int:
+        """A batch's weight in an evaluation's mean: its pairs (gptkit/evaluation.py)."""
+        return len(batch)
+
 
 # ----------------------------------------------------------------------------------------------------------
 # Scoring pairs (eval.py --task preference)
