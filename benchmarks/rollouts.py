@@ -1,5 +1,5 @@
 """GRPO's rollouts and step: what a user needs to plan a run. Rollout tokens/s drawn by the serving engine
-(gptkit/rollouts.py: every reply of the step decoded together, a prompt's n replies prefilled once) against a
+(gptkit/objectives/grpo_rollouts.py: every reply of the step decoded together, a prompt's n replies prefilled once) against a
 plain loop of one-reply-at-a-time `generate` calls at the same n, then a whole GRPO step (rollouts, rewards,
 forward and backward on the rollouts, the optimizer step): its time and the peak memory.
 
@@ -27,8 +27,8 @@ from benchmarks.rounds import cell, interleave, ratio_cell
 from gptkit import cli
 from gptkit.checker import load_checker, load_task
 from gptkit.generate import SamplingOptions, generate
-from gptkit.grpo import GRPOObjective, GRPOSettings
-from gptkit.rollouts import RolloutLoader, draw
+from gptkit.objectives.grpo_loss import GRPOObjective, GRPOSettings
+from gptkit.objectives.grpo_rollouts import RolloutLoader, draw
 from gptkit.tokenizer import Tokenizer
 from model import GPT, GPTConfig
 

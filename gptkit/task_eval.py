@@ -8,7 +8,7 @@ A reply is right when its reward is at least 1 (a task's full reward: tasks/arit
 accuracy: the share of prompts whose greedy reply is right; mean_reward: the greedy replies' mean reward;
 pass_at_k: the share of prompts with at least one right reply among k drawn (each prompt's k replies from its
 own seeded streams: the same seed gives the same figure). The replies are drawn by the serving engine, as
-GRPO's rollouts are (gptkit/rollouts.py).
+GRPO's rollouts are (gptkit/objectives/grpo_rollouts.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 
 from gptkit.checker import Checker, Task
 from gptkit.generate import SamplingOptions
-from gptkit.rollouts import draw
+from gptkit.objectives.grpo_rollouts import draw
 from model import GPT
 
 

@@ -1,4 +1,4 @@
-"""GRPO's loss (gptkit/grpo.py) against a direct computation: a hand-written GRPO loss on a few fixed rollouts
+"""GRPO's loss (gptkit/objectives/grpo_loss.py) against a direct computation: a hand-written GRPO loss on a few fixed rollouts
 (plain Python loops over replies and tokens, the log-softmax of the whole logits), its value and its gradients
 with respect to every weight within float32 rounding; with the ratio away from 1 (clipping at work), with a KL
 penalty, and with both averagings. And the group advantages against statistics' mean and stdev."""
@@ -9,7 +9,14 @@ import statistics
 import pytest
 import torch
 
-from gptkit.grpo import GRPOError, GRPOObjective, GRPOSettings, RolloutBatch, group_advantages, grpo_loss
+from gptkit.objectives.grpo_loss import (
+    GRPOError,
+    GRPOObjective,
+    GRPOSettings,
+    RolloutBatch,
+    group_advantages,
+    grpo_loss,
+)
 from model import GPT
 
 # Four rollouts (two prompts x n=2) of a vocabulary of 67: prompt tokens, then the reply; padded with 0.

@@ -1,4 +1,4 @@
-"""GRPO's rollouts (gptkit/rollouts.py): drawn by the serving engine from the model's live weights (no copy),
+"""GRPO's rollouts (gptkit/objectives/grpo_rollouts.py): drawn by the serving engine from the model's live weights (no copy),
 reproducible from the run's generator without touching torch's global one, laid out with the reply tokens as
 the only targets; the loader's state round-trips so that a resumed run draws what the uninterrupted one did."""
 
@@ -6,7 +6,7 @@ import torch
 
 from gptkit.checker import load_checker, load_task
 from gptkit.generate import SamplingOptions
-from gptkit.rollouts import RolloutLoader, draw, rollout_batches
+from gptkit.objectives.grpo_rollouts import RolloutLoader, draw, rollout_batches
 from gptkit.tokenizer import Tokenizer
 from model import GPT, GPTConfig
 

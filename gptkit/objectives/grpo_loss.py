@@ -1,5 +1,5 @@
 """GRPO (group-relative policy optimisation; Shao et al., 2024, "DeepSeekMath"): learning from a checker. The
-path of one step, each hop a function of this module or of gptkit/rollouts.py:
+path of one step, each hop a function of this module or of gptkit/objectives/grpo_rollouts.py:
 
     prompts  --rollouts.draw-->  n replies each (the serving engine, the model's current weights)
              --checker-->        a reward per reply (gptkit/checker.py)

@@ -1,6 +1,6 @@
 """GRPO's rollouts: n replies to each prompt, drawn by the serving engine (gptkit/serving/engine.py: a KV cache,
 continuous batching, a prompt's n replies prefilled once) from the training model's current weights, scored by
-the checker, and laid out as micro-batches for the loss (gptkit/grpo.py).
+the checker, and laid out as micro-batches for the loss (gptkit/objectives/grpo_loss.py).
 
     drawn = draw(model, prompt_ids, n=8, max_tokens=8, sampling=SamplingOptions(temperature=1.0),
                  stop_ids={newline}, generator=g)          # [[reply ids, ...] per prompt]
@@ -11,8 +11,8 @@ torch.compile), in eval mode (no dropout) while it draws, then back in train mod
 prefix cache is off, as it must be: keys and values kept from an earlier step were computed by weights that
 have moved since. (FSDP's shards cannot run a forward outside the wrapper: GRPO refuses FSDP.)
 
-Every draw is reproducible: each reply's random stream is seeded from `generator` (the run's, saved in its
-checkpoints), and the engine's own fallback stream is made without touching torch's global generator (its
+Every draw is reproducible: each reply's random stream is seeded from `generator` (RolloutLoader's: seeded
+by the step, which its state saved in the run's checkpoints counts), and the engine's own fallback stream is made without touching torch's global generator (its
 state is put back), so a resumed run draws what the uninterrupted one did, bit for bit on the CPU.
 """
 
@@ -24,7 +24,7 @@ import time
 import torch
 
 from gptkit.generate import SamplingOptions
-from gptkit.grpo import RolloutBatch, group_advantages
+from gptkit.objectives.grpo_loss import RolloutBatch, group_advantages
 from gptkit.serving.engine import Engine, Finished, Request, Token
 from model import GPT
 
@@ -101,8 +101,10 @@ class RolloutLoader:
     process r taking every world_size-th from the r-th), draws n replies to each with the model as it is now,
     scores them with the checker and lays them out as `accum` micro-batches of batch_size rollouts.
 
-    Its state (state_dict, saved in the run's checkpoints): the prompts taken so far, the draws' generator,
-    and the micro-batches of a step under way (none between steps, where checkpoints are written)."""
+    The draws of the k-th step of process r come from a generator seeded by (seed, r, k): its state
+    (state_dict, saved in the run's checkpoints, rank 0's for all) is the prompts taken and the steps drawn so
+    far, the same on every process, and the micro-batches of a step under way (none between steps, where
+    checkpoints are written)."""
 
     def __init__(self, model: GPT, task, checker, tokenizer, *, n: int, batch_size: int, accum: int,
                  max_tokens: int, sampling: SamplingOptions, stop_ids: frozenset[int], seed: int, rank: int = 0,
@@ -112,8 +114,8 @@ class RolloutLoader:
         self.stop_id = min(stop_ids) if stop_ids else None
         self.prompts_per_step = batch_size * accum // n
         self.seed, self.rank, self.world_size, self.device, self.max_batch = seed, rank, world_size, device, max_batch
-        self.generator = torch.Generator().manual_seed(seed * 1000 + rank)
         self.taken = 0  # prompts this process has taken from the stream
+        self.steps = 0  # steps drawn
         self.queue: list[RolloutBatch] = []
         self.last: dict[str, float] = {}  # the last step's rollouts, for the log (tokens drawn, seconds)
         self._stream = None
@@ -138,8 +140,10 @@ class RolloutLoader:
         texts = self._prompts(self.prompts_per_step)
         ids = [self.tokenizer.encode(t) for t in texts]
         began = time.perf_counter()
+        generator = torch.Generator().manual_seed(((self.seed * 1_000_003 + self.rank) * 1_000_003 + self.steps) % 2**62)
+        self.steps += 1
         replies, stopped = draw(self.model, ids, self.n, max_tokens=self.max_tokens, sampling=self.sampling,
-                                stop_ids=self.stop_ids, generator=self.generator, max_batch=self.max_batch)
+                                stop_ids=self.stop_ids, generator=generator, max_batch=self.max_batch)
         seconds = time.perf_counter() - began
         rewards = [self.checker.score([t] * self.n, [self.tokenizer.decode(r) for r in group])
                    for t, group in zip(texts, replies)]
@@ -153,12 +157,12 @@ class RolloutLoader:
         return 0.0
 
     def state_dict(self) -> dict:
-        return {"taken": self.taken, "generator": self.generator.get_state(),
+        return {"taken": self.taken, "steps": self.steps,
                 "queue": [{k: (None if v is None else v.cpu()) for k, v in vars(b).items()} for b in self.queue]}
 
     def load_state_dict(self, state: dict) -> None:
         self.taken = int(state["taken"])
-        self.generator.set_state(state["generator"])
+        self.steps = int(state["steps"])
         self.queue = [RolloutBatch(**{k: (None if v is None else v.to(self.device)) for k, v in b.items()})
                       for b in state["queue"]]
         self._stream = None
