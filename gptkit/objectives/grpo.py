@@ -169,7 +169,7 @@ class GRPO(Objective):
                                batch_size=cfg.batch_size, accum=accum, max_tokens=cfg.grpo_max_tokens,
                                sampling=SamplingOptions(temperature=cfg.grpo_temperature), stop_ids=self.stop_ids,
                                seed=cfg.grpo_task_seed, rank=d.rank, world_size=d.world_size, device=rt.device,
-                               max_batch=cfg.batch_size * accum)
+                               max_batch=cfg.batch_size * accum, draw_seed=cfg.seed)
         texts = list(itertools.islice(self.task.prompts("heldout", cfg.grpo_task_seed), cfg.grpo_eval_prompts))
         mine = texts[d.rank::d.world_size]
         val = [HeldOut(mine[k: k + cfg.batch_size], [self.tokenizer.encode(t) for t in mine[k: k + cfg.batch_size]])

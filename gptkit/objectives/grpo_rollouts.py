@@ -101,19 +101,21 @@ class RolloutLoader:
     process r taking every world_size-th from the r-th), draws n replies to each with the model as it is now,
     scores them with the checker and lays them out as `accum` micro-batches of batch_size rollouts.
 
-    The draws of the k-th step of process r come from a generator seeded by (seed, r, k): its state
+    The draws of the k-th step of process r come from a generator seeded by (draw_seed, r, k): its state
     (state_dict, saved in the run's checkpoints, rank 0's for all) is the prompts taken and the steps drawn so
     far, the same on every process, and the micro-batches of a step under way (none between steps, where
     checkpoints are written)."""
 
     def __init__(self, model: GPT, task, checker, tokenizer, *, n: int, batch_size: int, accum: int,
                  max_tokens: int, sampling: SamplingOptions, stop_ids: frozenset[int], seed: int, rank: int = 0,
-                 world_size: int = 1, device: torch.device | str = "cpu", max_batch: int = 64):
+                 world_size: int = 1, device: torch.device | str = "cpu", max_batch: int = 64,
+                 draw_seed: int | None = None):
         self.model, self.task, self.checker, self.tokenizer = model, task, checker, tokenizer
         self.n, self.accum, self.max_tokens, self.sampling, self.stop_ids = n, accum, max_tokens, sampling, stop_ids
         self.stop_id = min(stop_ids) if stop_ids else None
         self.prompts_per_step = batch_size * accum // n
         self.seed, self.rank, self.world_size, self.device, self.max_batch = seed, rank, world_size, device, max_batch
+        self.draw_seed = seed if draw_seed is None else draw_seed  # the draws' (seed: the task's stream and split)
         self.taken = 0  # prompts this process has taken from the stream
         self.steps = 0  # steps drawn
         self.queue: list[RolloutBatch] = []
@@ -140,7 +142,7 @@ class RolloutLoader:
         texts = self._prompts(self.prompts_per_step)
         ids = [self.tokenizer.encode(t) for t in texts]
         began = time.perf_counter()
-        generator = torch.Generator().manual_seed(((self.seed * 1_000_003 + self.rank) * 1_000_003 + self.steps) % 2**62)
+        generator = torch.Generator().manual_seed(((self.draw_seed * 1_000_003 + self.rank) * 1_000_003 + self.steps) % 2**62)
         self.steps += 1
         replies, stopped = draw(self.model, ids, self.n, max_tokens=self.max_tokens, sampling=self.sampling,
                                 stop_ids=self.stop_ids, generator=generator, max_batch=self.max_batch)
