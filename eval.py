@@ -40,7 +40,7 @@ with the results (`... | tail -n 1 | jq .acc_norm`). Every bad input ends in a o
   --task_seed as the GRPO run's grpo_task_seed), each reply scored by the task's reward (or --checker
   FILE.py:FUNCTION): {"task", "checker_task", "prompts", "accuracy", "mean_reward"} and with --pass_k K
   {"pass_at_k", "k", "temperature"}. accuracy is the share of prompts whose greedy reply is right (reward >= 1),
-  pass_at_k the share with a right reply among K drawn at --temperature (gptkit/task_eval.py). --limit N
+  pass_at_k the share with a right reply among K drawn at --pass_k_temperature (gptkit/task_eval.py). --limit N
   scores the first N prompts. One process: under torchrun every process scores them all.
 
 Under torchrun the items (windows) are split over the processes and the counts (sums) added up.
@@ -115,8 +115,8 @@ class EvalConfig(InferenceSettings):
     checker_task: str = setting("tasks/arithmetic.py", "checker: the task (a file or module with prompts and reward)")
     checker: str = setting("", "checker: the reward function, FILE.py:FUNCTION ('' = the task's reward)")
     task_seed: int = setting(0, "checker: the seed of the task's train/held-out split (the GRPO run's grpo_task_seed)")
-    pass_k: int = setting(0, "checker: also pass@k, from k replies per prompt drawn at --temperature (0 = greedy only)")
-    temperature: float = setting(1.0, "checker: pass@k's sampling temperature")
+    pass_k: int = setting(0, "checker: also pass@k, from k replies per prompt drawn at --pass_k_temperature (0 = greedy only)")
+    pass_k_temperature: float = setting(1.0, "checker: the temperature pass@k draws its replies at")
     max_tokens: int = setting(16, "checker: the most tokens of a reply")
     # how to run
     batch_size: int = setting(16, "HellaSwag items (4 sequences each), loss windows or preference pairs per forward "
@@ -138,8 +138,8 @@ class EvalConfig(InferenceSettings):
                               "(a prepared one with their tokenizer, e.g. --dataset shakespeare)")
         if self.task == "hellaswag" and self.dataset:
             raise ConfigError("--dataset is for --task loss; HellaSwag brings its own items")
-        if self.pass_k < 0 or self.max_tokens < 1 or not self.temperature > 0:
-            raise ConfigError("pass_k must be >= 0, max_tokens >= 1 and temperature > 0 (pass@k draws its replies)")
+        if self.pass_k < 0 or self.max_tokens < 1 or not self.pass_k_temperature > 0:
+            raise ConfigError("pass_k must be >= 0, max_tokens >= 1 and pass_k_temperature > 0 (pass@k draws its replies)")
         if self.task != "loss" and self.loss_on != "auto":
             raise ConfigError(f"--loss_on is for --task loss, not --task {self.task}")
 
@@ -346,11 +346,11 @@ def run(cfg: EvalConfig, d: Dist, rt: Runtime, err=None, threads: Threads | None
             f"{scores['chosen_logp']:.3f}, rejected {scores['rejected_logp']:.3f} "
             f"({time.perf_counter() - started:.1f} s)")
     elif cfg.task == "checker":
-        scores = score_task(model, tokenizer, task, checker, k=cfg.pass_k, temperature=cfg.temperature,
+        scores = score_task(model, tokenizer, task, checker, k=cfg.pass_k, temperature=cfg.pass_k_temperature,
                             max_tokens=cfg.max_tokens, limit=cfg.limit, task_seed=cfg.task_seed,
                             max_batch=cfg.batch_size * 4)
         result = {"task": "checker", "checker_task": cfg.checker_task, **scores}
-        passk = f", pass@{cfg.pass_k} {scores['pass_at_k']:.3f} at temperature {cfg.temperature:g}" if cfg.pass_k else ""
+        passk = f", pass@{cfg.pass_k} {scores['pass_at_k']:.3f} at temperature {cfg.pass_k_temperature:g}" if cfg.pass_k else ""
         log(f"{cfg.checker_task} held-out: greedy accuracy {scores['accuracy']:.3f}, mean reward "
             f"{scores['mean_reward']:.3f}{passk} over {scores['prompts']} prompts ({time.perf_counter() - started:.1f} s)")
     else:
