@@ -189,9 +189,11 @@ class GRPO(Objective):
                           sampling=SamplingOptions(temperature=0), stop_ids=self.stop_ids,
                           generator=torch.Generator().manual_seed(0), max_batch=len(batch))
         self.model.eval()  # (evaluate's mode: draw put back the mode it found)
-        rewards = torch.tensor(self.checker.score(batch.texts, [self.tokenizer.decode(r[0]) for r in replies]))
-        lengths = torch.tensor([float(len(r[0])) for r in replies])
-        zero = torch.zeros(())
+        device = self.model.transformer.wte.weight.device  # (the evaluation sums on the run's device)
+        rewards = torch.tensor(self.checker.score(batch.texts, [self.tokenizer.decode(r[0]) for r in replies]),
+                               device=device)
+        lengths = torch.tensor([float(len(r[0])) for r in replies], device=device)
+        zero = torch.zeros((), device=device)
         return -rewards.mean(), {"reward": rewards.mean(), "no_signal": zero, "reply_tokens": lengths.mean(),
                                  "kl": zero, "clip_fraction": zero}
 
