@@ -76,13 +76,23 @@ def test_the_recipe_runs_as_written(sft, tmp_path, capsys):
     assert again["accuracy"] == pytest.approx(evals[-1]["val_reward"])  # the same prompts, greedy, same checker
 
 
-def test_rewards_move_the_weights_and_resume_is_exact(sft, tmp_path, capsys):
+@pytest.mark.parametrize("over", [dict(), dict(grpo_kl=0.5), dict(grpo_kl=0.5, lora_rank=4, lora_dropout=0.0)],
+                         ids=["no_kl", "kl_to_a_copy", "kl_to_adapters_off"])
+def test_rewards_move_the_weights_and_resume_is_exact(sft, tmp_path, capsys, over):
+    """4 steps, or 2 then 2 resumed: the same losses, metrics and weights, bit for bit (the draws included).
+    With grpo_kl a full fine-tune's copy of the starting weights is saved and read back; LoRA's is the model
+    with its adapters off."""
     full, half = tmp_path / "full", tmp_path / "half"
-    reward = graded(tmp_path)
-    train.main(grpo(sft, full, grpo_reward=reward, gradient_accumulation_steps=2, batch_size=4))
-    train.main(grpo(sft, half, grpo_reward=reward, gradient_accumulation_steps=2, batch_size=4, max_iters=2))
-    train.main(grpo(sft, half, grpo_reward=reward, gradient_accumulation_steps=2, batch_size=4, init_from="resume"))
-    capsys.readouterr()
+    over = dict(grpo_reward=graded(tmp_path), gradient_accumulation_steps=2, batch_size=4, **over)
+    train.main(grpo(sft, full, **over))
+    train.main(grpo(sft, half, max_iters=2, **over))
+    train.main(grpo(sft, half, init_from="resume", **over))
+    said = capsys.readouterr().out
+    if "grpo_kl" in over:
+        assert ("adapters off (no copy)" if "lora_rank" in over else "a copy of the starting weights") in said
+        kl = [m["kl"] for m in metrics(full) if "loss" in m]
+        assert kl[0] == 0 and max(kl) > 0  # the model is its reference at the first step only
+    assert ("grpo_reference" in load_checkpoint(full / "last.pt")) == ("grpo_kl" in over and "lora_rank" not in over)
     steps = [m for m in metrics(full) if "loss" in m]
     assert any(m["no_signal"] < 1 for m in steps) and any(m["grad_norm"] > 0 for m in steps)
     assert train_losses(half) == train_losses(full)
@@ -93,7 +103,9 @@ def test_rewards_move_the_weights_and_resume_is_exact(sft, tmp_path, capsys):
                 assert m[k] == by_step[m["step"]][k], k
     assert_same_weights(weights(half), weights(full))
     start = load_checkpoint(sft / "sft" / "last.pt")["model"]
-    assert any(not torch.equal(start[k], v) for k, v in weights(full).items())
+    moved = [k for k, v in weights(full).items()  # (LoRA: its adapters' B, zero at the start)
+             if (k in start and not torch.equal(start[k], v)) or (k.endswith("lora_B") and v.abs().sum() > 0)]
+    assert moved and all(k.endswith(("lora_A", "lora_B")) for k in moved) == ("lora_rank" in over)
 
 
 def test_a_failing_checker_is_one_line_and_keeps_the_checkpoint(sft, tmp_path):
@@ -117,3 +129,11 @@ def test_refusals(sft, tmp_path, over, says):
     with pytest.raises(SystemExit, match=f"^error: .*{says}"):
         train.main(grpo(sft, tmp_path / "x", **over))
     assert not (tmp_path / "x" / "last.pt").exists()
+
+
+def test_the_rollouts_benchmark_runs():
+    from benchmarks import rollouts
+
+    with torch_threads(1):
+        out = rollouts.main(["--shape", "tiny", "--prompts", "2", "--n", "2", "--max_tokens", "4", "--rounds", "1"])
+    assert len(out["engine"]) == len(out["plain"]) == len(out["steps"]) == 1 and out["engine"][0] > 0
