@@ -1,6 +1,6 @@
 """GRPO's rollouts and step: what a user needs to plan a run. Rollout tokens/s drawn by the serving engine
-(gptkit/objectives/grpo_rollouts.py: every reply of the step decoded together, a prompt's n replies prefilled once) against a
-plain loop of one-reply-at-a-time `generate` calls at the same n, then a whole GRPO step (rollouts, rewards,
+(gptkit/objectives/grpo_rollouts.py: every reply of the step decoded together, a prompt's n replies prefilled
+once) against a plain loop of one-reply-at-a-time `generate` calls at the same n, then a whole GRPO step (rollouts, rewards,
 forward and backward on the rollouts, the optimizer step): its time and the peak memory.
 
     python -m benchmarks.rollouts                                  # a 6-layer 256-wide model, 16 prompts x 8

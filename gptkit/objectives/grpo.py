@@ -31,7 +31,8 @@ from pathlib import Path
 
 import torch
 
-from gptkit.checker import CheckerError, load_checker, load_task
+from gptkit import parallel
+from gptkit.checker import load_checker, load_task
 from gptkit.generate import SamplingOptions
 from gptkit.objectives.base import Objective, ObjectiveError
 from gptkit.objectives.grpo_loss import (
@@ -40,7 +41,6 @@ from gptkit.objectives.grpo_loss import (
     GRPOError,
     GRPOObjective,
     GRPOSettings,
-    RolloutBatch,
 )
 from gptkit.objectives.grpo_rollouts import RolloutLoader, draw
 from gptkit.options import ConfigError
@@ -122,7 +122,7 @@ class GRPO(Objective):
     def start(self, cfg, raw_model: torch.nn.Module, data_dir: Path, state: dict | None, d: Dist,
               rt: Runtime) -> str:
         settings = grpo_settings(cfg)
-        if d.enabled and hasattr(raw_model, "reshard"):
+        if parallel.is_sharded(raw_model):
             raise ObjectiveError("objective=grpo cannot run under FSDP: use --parallel=ddp")
         self.model = raw_model
         self.task = load_task(cfg.grpo_task)
@@ -204,12 +204,10 @@ class GRPO(Objective):
         raise ObjectiveError("batch_size=auto is not for objective=grpo: set --batch_size")
 
     def describe_batch(self, cfg) -> str:
-        return f"{cfg.batch_size} replies ({cfg.batch_size // cfg.grpo_n if cfg.batch_size % cfg.grpo_n == 0 else 'parts of'} groups of {cfg.grpo_n})"
+        return f"{cfg.batch_size} replies (groups of {cfg.grpo_n})"
 
     def state_dict(self) -> dict | None:
         if isinstance(self.reference, CopyReference):
             return {"weights": self.reference.model.state_dict()}
         return None
 
-
-__all__ = ["GRPO", "HeldOut", "RolloutBatch", "CheckerError"]

@@ -1,7 +1,7 @@
 """GRPO (group-relative policy optimisation; Shao et al., 2024, "DeepSeekMath"): learning from a checker. The
 path of one step, each hop a function of this module or of gptkit/objectives/grpo_rollouts.py:
 
-    prompts  --rollouts.draw-->  n replies each (the serving engine, the model's current weights)
+    prompts  --grpo_rollouts.draw-->  n replies each (the serving engine, the model's current weights)
              --checker-->        a reward per reply (gptkit/checker.py)
              --group_advantages-->  A = (reward - the group's mean) / (the group's std + 1e-4)
              --grpo_loss-->      the clipped policy-gradient loss on the reply tokens   --> backward
