@@ -129,11 +129,17 @@ class GRPO(Objective):
         self.checker = load_checker(cfg.grpo_reward or f"{cfg.grpo_task}:reward", cfg.grpo_reward_timeout)
         self.tokenizer = Tokenizer.from_meta(read_meta(data_dir))
         self.stop_ids = self.task.stop_ids(self.tokenizer)
+        seen = [*itertools.islice(self.task.prompts("train", cfg.grpo_task_seed), 64),
+                *itertools.islice(self.task.prompts("heldout", cfg.grpo_task_seed), cfg.grpo_eval_prompts)]
         try:  # the task's prompts in this model's tokens: a character it lacks is said now, not at step 40
-            for text in itertools.islice(self.task.prompts("train", cfg.grpo_task_seed), 64):
-                self.tokenizer.encode(text)
+            longest = max(len(self.tokenizer.encode(text)) for text in seen)
         except DataError as e:
             raise ObjectiveError(f"task {cfg.grpo_task!r}: {e} (the model's tokenizer must write its prompts)") from None
+        context = raw_model.config.block_size
+        if longest + cfg.grpo_max_tokens > context:
+            raise ObjectiveError(f"task {cfg.grpo_task!r} has prompts of {longest} tokens, and {longest} + "
+                                 f"grpo_max_tokens ({cfg.grpo_max_tokens}) exceeds the model's context of {context}; "
+                                 f"lower grpo_max_tokens")
         if not settings.kl:
             self.reference, against = None, "no KL penalty"
         elif cfg.lora_rank:
