@@ -4,7 +4,8 @@ checker), then GRPO (configs/grpo_arithmetic.py) from the SFT checkpoint whose a
 with several seeds side by side; a table of the held-out accuracy by step (each run's val_reward).
 
     python -m benchmarks.grpo_recipe                                      # the configs as they are
-    python -m benchmarks.grpo_recipe --sft_iters 3000,6000,12000 --seeds 3 --threads 4
+    python -m benchmarks.grpo_recipe --seeds 3 --threads 1                # BENCHMARKS.md's table
+    python -m benchmarks.grpo_recipe --sft_iters 1500,3000 --seeds 3      # SFT lengths, each run whole
     python -m benchmarks.grpo_recipe --problems 2000 --sft_iters 20 --grpo_iters 4 --tiny   # seconds
 
 Every stage is the command a user types (train.py, eval.py, prepare/text.py) in a process of its own, with the
