@@ -68,13 +68,6 @@ class HeldOut:
         return len(self.texts)
 
 
-def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
-    """The GPT inside DDP's and torch.compile's wrappers (what the engine runs)."""
-    while hasattr(model, "module") or hasattr(model, "_orig_mod"):
-        model = getattr(model, "module", None) or model._orig_mod
-    return model
-
-
 class GRPO(Objective):
     name = "grpo"
     metric_names = GRPOObjective.metric_names
