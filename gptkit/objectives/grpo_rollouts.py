@@ -42,9 +42,9 @@ def draw(model: GPT, prompts: list[list[int]], n: int, *, max_tokens: int, sampl
     stopped = [[False] * n for _ in prompts]
     was = model.training
     devices = [model.transformer.wte.weight.device] if model.transformer.wte.weight.is_cuda else []
-    with torch.random.fork_rng(devices=devices):  # (the engine seeds a stream of its own from torch's)
-        engine = Engine(model, max_batch=min(max_batch, total), max_queue=total, compile=False, prefix_cache=0)
     try:
+        with torch.random.fork_rng(devices=devices):  # (the engine seeds a stream of its own from torch's)
+            engine = Engine(model, max_batch=min(max_batch, total), max_queue=total, compile=False, prefix_cache=0)
         for k in range(total):
             i, j = divmod(k, n)
 
@@ -53,8 +53,6 @@ def draw(model: GPT, prompts: list[list[int]], n: int, *, max_tokens: int, sampl
                     replies[i][j].append(event.id)
                 elif isinstance(event, Finished):
                     stopped[i][j] = event.reason == "stop"
-                    if event.reason == "error":
-                        raise RuntimeError("the engine failed while drawing rollouts")
 
             engine.submit(Request(prompts[i], max_tokens, emit, sampling=sampling, stop_ids=stop_ids,
                                   seed=seeds[k]))
