@@ -132,7 +132,7 @@ def fits_on_gpu(model: GPT, cfg: TrainConfig, rt: Runtime, batch: int, reserve: 
 
 
 def oom_message(run) -> str:
-    """The one-line error for running out of GPU memory mid-run (`run`: train.py's Run), with the largest
+    """The one-line error for running out of GPU memory mid-run (`run`: gptkit/run.py's Run), with the largest
     micro-batch that the plan says fits this GPU and the accumulation that keeps the tokens per step."""
     cfg, rt, d = run.cfg, run.rt, run.d
     if rt.device_type != "cuda":

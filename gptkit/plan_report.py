@@ -224,7 +224,7 @@ def _column(cfg, ckpt, vocab, kind: str, world_size: int) -> tuple[Column, str]:
     model, where = plan_model(cfg, ckpt, vocab)
     dtype = _dtype(cfg, kind)
     if cfg.lora_rank and kind == "cuda" and dtype == torch.bfloat16:
-        lora.cast_frozen_base(model, torch.bfloat16)  # as train.py's setup_run does on a GPU
+        lora.cast_frozen_base(model, torch.bfloat16)  # as gptkit/run.py's setup_run does on a GPU
     compiled = cfg.compile if cfg.compile is not None else kind == "cuda"
     if kind == "cuda":
         devices = named_gpus(dtype, cfg.device_memory_gb)

@@ -1,7 +1,6 @@
 """Shared test fixtures: a tiny GPT, the offline tiktoken cache and the shared Shakespeare text."""
 
 import contextlib
-import functools
 import importlib.util
 import os
 import sys
@@ -54,15 +53,18 @@ needs_gpt2_bpe = pytest.mark.skipif(
 
 
 
-@functools.cache
 def train_script():
-    """train.py, the script, loaded from its path once per process. Tests import the package (gptkit.run,
-    gptkit.objectives, ...) and use the script only to run it end to end, `train_script().main(argv)`; what its
-    loop calls (evaluate, save, setup_run, ...) can be monkeypatched on the module this returns. A test's
-    subprocess loads it the same way: `sys.path.insert(0, "tests"); from conftest import train_script`."""
-    spec = importlib.util.spec_from_file_location("train_script", REPO / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    """train.py, the script, loaded from its path once per process (kept as sys.modules["train_script"]: this
+    file is imported as conftest and as tests.conftest, both get the one module). Tests import the package
+    (gptkit.run, gptkit.objectives, ...) and use the script only to run it end to end, train_script().main(argv);
+    what its loop calls (evaluate, save, setup_run, ...) can be monkeypatched on the module this returns. A
+    test's subprocess loads it the same way: sys.path.insert(0, "tests"); from conftest import train_script."""
+    module = sys.modules.get("train_script")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("train_script", REPO / "train.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules["train_script"] = module
     return module
 
 

@@ -11,7 +11,6 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 import pytest
-from conftest import train_script
 
 from gptkit.config import DecodeSettings, InferenceSettings, SamplingSettings, TrainConfig
 from gptkit.options import Alias, ConfigError, config_to_json, load_config, read_config_file, setting
@@ -116,6 +115,8 @@ def test_help_lists_every_field(capsys):
 
 
 def test_a_files_lines_see_the_command_line(char_dataset, tmp_path):
+    from conftest import train_script
+
     train = train_script()
 
     f = tmp_path / "c.py"

@@ -7,7 +7,6 @@ bf16, eager and compiled (each test well within gpu_check's 90 s a test: a tiny 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import train_script
 
 from gptkit import fp8
 from gptkit.fp8 import FORWARD, GRADIENT, FP8HeadMatmuls, quantize, scaled_mm, use_fp8_head
@@ -231,6 +230,8 @@ def test_fp8_head_compiles_whole_and_trains_the_same():
 def test_train_py_refuses_fp8_head_where_it_cannot_run(char_dataset, tmp_path, monkeypatch):
     """train.py's fp8_head: a one-line error before any step off a capable GPU, or at sizes _scaled_mm cannot
     take (the CPU standing in for a capable GPU), and for an objective it does not apply to; nothing saved."""
+    from tests.conftest import train_script
+
     train = train_script()
     from tests.conftest import tiny_args
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import train_script
 
 REPO = Path(__file__).resolve().parents[1]
 RECORD = REPO / "tests" / "assets" / "golden_loss.json"
@@ -53,6 +52,8 @@ def corpus(n_chars: int = 30_000) -> str:
 
 def run_recipe(name: str, workdir: Path) -> list[float]:
     """The per-step training losses of one recipe's fixed run (one thread: one summation order)."""
+    from tests.conftest import train_script
+
     train = train_script()
     from gptkit.tokenizer import Tokenizer
     from tests.conftest import write_dataset  # (as a package path: this file also runs as a module, --record)

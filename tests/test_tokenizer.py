@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import train_script
 
 from gptkit import bpe
 from gptkit.hf_tokenizer import bpe_merges, hf_tokenizer_files
@@ -422,6 +421,8 @@ def test_train_sample_export_with_a_trained_tokenizer(trained, tmp_path, capsys)
     transformers = pytest.importorskip("transformers")
     import export
     import sample
+    from tests.conftest import train_script
+
     train = train_script()
 
     folder = tmp_path / "tokenizers" / "tiny-e2e"
