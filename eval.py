@@ -4,6 +4,7 @@
     python eval.py --ckpt out-gpt2-124m --task hellaswag --limit 1000
     python eval.py --ckpt out --task loss                             # loss, ppl, bpb of its dataset's val split
     python eval.py --ckpt out-dpo --task preference --dataset mypairs --reference out-chat   # pairs' accuracy
+    python eval.py --ckpt out-grpo --task checker --checker_task tasks/arithmetic.py --pass_k 8   # a task's
     torchrun --standalone --nproc_per_node=8 eval.py --init_from gpt2-xl --task hellaswag
 
 What was loaded, a progress bar and a readable summary go to stderr; the last line on stdout is one JSON object
@@ -35,6 +36,12 @@ with the results (`... | tail -n 1 | jq .acc_norm`). Every bad input ends in a o
   the model prefers (null when all tie), ties the tied share. chosen_logp and rejected_logp are the replies'
   mean log-probabilities, so base, SFT and DPO models can be compared on the same pairs (gptkit/objectives/preference_losses.py's
   score_pairs).
+--task checker: a checkable task's held-out prompts (--checker_task, e.g. tasks/arithmetic.py, split by
+  --task_seed as the GRPO run's grpo_task_seed), each reply scored by the task's reward (or --checker
+  FILE.py:FUNCTION): {"task", "checker_task", "prompts", "accuracy", "mean_reward"} and with --pass_k K
+  {"pass_at_k", "k", "temperature"}. accuracy is the share of prompts whose greedy reply is right (reward >= 1),
+  pass_at_k the share with a right reply among K drawn at --pass_k_temperature (gptkit/task_eval.py). --limit N
+  scores the first N prompts. One process: under torchrun every process scores them all.
 
 Under torchrun the items (windows) are split over the processes and the counts (sums) added up.
 """
@@ -55,6 +62,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from gptkit import cli, hellaswag
+from gptkit.checker import load_checker, load_task
 from gptkit.checkpoint import load_model, load_model_and_settings
 from gptkit.config import InferenceSettings
 from gptkit.data.pairs import Pairs
@@ -63,6 +71,7 @@ from gptkit.errors import ConfigError, UserError
 from gptkit.objectives.preference_losses import evaluate_preference
 from gptkit.options import Alias, load_config, setting
 from gptkit.runtime import Dist, Runtime, distributed, resolve_compile
+from gptkit.task_eval import score_task
 from gptkit.threads import Threads, resolve_threads
 from gptkit.tokenizer import Tokenizer
 from model import GPT, bucketed_forward
@@ -83,8 +92,9 @@ class EvalConfig(InferenceSettings):
         ("auto", "float32", "bfloat16", "float16"),
     )
     # what to evaluate
-    task: str = setting("hellaswag", "hellaswag (accuracy), loss (loss, perplexity, bits per byte) or preference "
-                                     "(a preference dataset's accuracy and margin)", ("hellaswag", "loss", "preference"))
+    task: str = setting("hellaswag", "hellaswag (accuracy), loss (loss, perplexity, bits per byte), preference "
+                                     "(a preference dataset's accuracy and margin) or checker (a checkable task's "
+                                     "held-out accuracy and pass@k)", ("hellaswag", "loss", "preference", "checker"))
     # --task hellaswag
     input: str = setting("", "HellaSwag: a local hellaswag_val.jsonl instead of the cached download")
     limit: int = setting(0, "score only the first N items: HellaSwag's (of 10,042), or loss windows of block_size "
@@ -102,6 +112,13 @@ class EvalConfig(InferenceSettings):
     # --task preference
     reference: str = setting("", "preference: a checkpoint (the model tuned from) to score against; '' = by the "
                                  "model's own log-probabilities")
+    # --task checker
+    checker_task: str = setting("tasks/arithmetic.py", "checker: the task (a file or module with prompts and reward)")
+    checker: str = setting("", "checker: the reward function, FILE.py:FUNCTION ('' = the task's reward)")
+    task_seed: int = setting(0, "checker: the seed of the task's train/held-out split (the GRPO run's grpo_task_seed)")
+    pass_k: int = setting(0, "checker: also pass@k, from k replies per prompt drawn at --pass_k_temperature (0 = greedy only)")
+    pass_k_temperature: float = setting(1.0, "checker: the temperature pass@k draws its replies at")
+    max_tokens: int = setting(16, "checker: the most tokens of a reply")
     # how to run
     batch_size: int = setting(16, "HellaSwag items (4 sequences each), loss windows or preference pairs per forward "
                                   "pass")
@@ -122,6 +139,8 @@ class EvalConfig(InferenceSettings):
                               "(a prepared one with their tokenizer, e.g. --dataset shakespeare)")
         if self.task == "hellaswag" and self.dataset:
             raise ConfigError("--dataset is for --task loss; HellaSwag brings its own items")
+        if self.pass_k < 0 or self.max_tokens < 1 or not self.pass_k_temperature > 0:
+            raise ConfigError("pass_k must be >= 0, max_tokens >= 1 and pass_k_temperature > 0 (pass@k draws its replies)")
         if self.task != "loss" and self.loss_on != "auto":
             raise ConfigError(f"--loss_on is for --task loss, not --task {self.task}")
 
@@ -292,6 +311,10 @@ def run(cfg: EvalConfig, d: Dist, rt: Runtime, err=None, threads: Threads | None
         encoded = hellaswag.encode(hellaswag.read_items(path, cfg.limit or None), tokenizer, model.config.block_size)
     elif cfg.task == "preference":
         reference, pairs = preference_inputs(cfg, tokenizer)
+    elif cfg.task == "checker":
+        task = load_task(cfg.checker_task)
+        checker = load_checker(cfg.checker or f"{cfg.checker_task}:reward")
+        task.stop_ids(tokenizer)  # (a STOP this tokenizer cannot end on: said before the weights move)
     else:
         dataset = cfg.dataset or loss_dataset(settings, what)
         ds = TokenDataset(require_dataset(dataset, cfg.data_root), cfg.split)
@@ -323,6 +346,14 @@ def run(cfg: EvalConfig, d: Dist, rt: Runtime, err=None, threads: Threads | None
             f"nats (not beta-scaled) over {scores['pairs']:,} pairs, against {against}; chosen log-prob "
             f"{scores['chosen_logp']:.3f}, rejected {scores['rejected_logp']:.3f} "
             f"({time.perf_counter() - started:.1f} s)")
+    elif cfg.task == "checker":
+        scores = score_task(model, tokenizer, task, checker, k=cfg.pass_k, temperature=cfg.pass_k_temperature,
+                            max_tokens=cfg.max_tokens, limit=cfg.limit, task_seed=cfg.task_seed,
+                            max_batch=cfg.batch_size * 4)
+        result = {"task": "checker", "checker_task": cfg.checker_task, **scores}
+        passk = f", pass@{cfg.pass_k} {scores['pass_at_k']:.3f} at temperature {cfg.pass_k_temperature:g}" if cfg.pass_k else ""
+        log(f"{cfg.checker_task} held-out: greedy accuracy {scores['accuracy']:.3f}, mean reward "
+            f"{scores['mean_reward']:.3f}{passk} over {scores['prompts']} prompts ({time.perf_counter() - started:.1f} s)")
     else:
         scores = evaluate_loss(model, tokenizer, ds, rt, d, limit_tokens=loss_limit(cfg, model.config.block_size),
                                batch_size=cfg.batch_size, hidden=hidden, progress=d.master, loss_on=loss_on)

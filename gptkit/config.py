@@ -32,7 +32,7 @@ from model import GPTConfig
 
 # The objectives a run may train toward (gptkit/objectives/: each one's class, registered by the same name). Their
 # own settings are checked by the objective at the run's start (Objective.check_config), before anything is written.
-OBJECTIVE_NAMES = ("next_token", "dpo")
+OBJECTIVE_NAMES = ("next_token", "dpo", "grpo")
 
 # The model's settings, first in --help: GPTConfig's fields that a run sets (not vocab_size and vocab_multiple,
 # which the dataset's tokenizer sets, nor ln_eps, GPT-2's). On resume the checkpoint's shape is used.
@@ -115,9 +115,11 @@ class TrainConfig(ModelSettings):
     activation_checkpointing: bool = setting(False, "recompute each block in the backward pass: far less "
                                                     "activation memory for ~30% more compute")
     # what the run trains for (README.md "Chat", preference tuning): the next token, or DPO on preference pairs
-    objective: str = setting("next_token", "next_token (the language-model loss on the dataset's tokens) or dpo "
+    objective: str = setting("next_token", "next_token (the language-model loss on the dataset's tokens), dpo "
                                            "(preference pairs, prepare/preference.py, tuned against the model the "
-                                           "run starts from; batch_size counts pairs)", OBJECTIVE_NAMES)
+                                           "run starts from; batch_size counts pairs) or grpo (replies drawn by the "
+                                           "model to a task's prompts, rewarded by its checker; batch_size counts "
+                                           "replies)", OBJECTIVE_NAMES)
     dpo_beta: float = setting(0.1, "dpo: how far the model may move from its reference (larger keeps it closer)")
     dpo_loss: str = setting(
         "sigmoid", "dpo: the loss, by TRL's names. sigmoid: DPO's, the usual start. hinge: SLiC's max(0, 1 - beta "
@@ -135,6 +137,25 @@ class TrainConfig(ModelSettings):
                                           "reply should win by; TRL's simpo_gamma")
     dpo_nll_weight: float = setting(0.0, "dpo: add this times the chosen replies' negative log-likelihood per "
                                          "token (an anchor that keeps them likely); 0 = plain DPO")
+    # objective=grpo (README.md "Learning from a checker"; gptkit/objectives/grpo.py)
+    grpo_task: str = setting("tasks/arithmetic.py", "grpo: the task, a file or module with prompts(split, seed) and "
+                                                    "reward(prompt, reply) (one file a task, under tasks/)")
+    grpo_reward: str = setting("", "grpo: the checker, FILE.py:FUNCTION or MODULE:FUNCTION ('' = the task's reward)")
+    grpo_reward_timeout: float = setting(5.0, "grpo: seconds one checker call may take; longer stops the run with "
+                                               "an error naming the prompt (its checkpoints kept)")
+    grpo_task_seed: int = setting(0, "grpo: the seed of the task's train/held-out split (eval.py --task_seed)")
+    grpo_n: int = setting(8, "grpo: replies drawn per prompt and compared with each other (the group); batch_size "
+                             "x gradient_accumulation_steps must be a multiple")
+    grpo_max_tokens: int = setting(16, "grpo: the most tokens of a reply")
+    grpo_temperature: float = setting(1.0, "grpo: the rollouts' sampling temperature")
+    grpo_clip: float = setting(0.2, "grpo: the probability ratio to the drawing model is clipped to 1 +- this")
+    grpo_kl: float = setting(0.0, "grpo: the weight of the KL penalty to the starting model (0 = none; > 0 without "
+                                  "LoRA keeps a copy of the starting weights)")
+    grpo_averaging: str = setting("token", "grpo: the loss' mean over every reply token of a micro-batch (token: "
+                                           "long replies weigh per token what short ones do) or over replies of "
+                                           "each one's mean (sequence: the paper's)", ("token", "sequence"))
+    grpo_eval_prompts: int = setting(100, "grpo: held-out prompts answered greedily at each evaluation (val "
+                                          "reward: their mean reward; val loss: minus it)")
     # system
     parallel: str = setting("auto", "under torchrun: ddp (every process holds the whole model), fsdp (parameters, "
                                     "gradients and optimizer states sharded over the processes) or auto (DDP when "

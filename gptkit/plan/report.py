@@ -78,8 +78,9 @@ GPT2_SHAPES = {"gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024), "gpt2-large
                "gpt2-xl": (48, 25, 1600)}
 GPT2_VOCAB = 50257
 # The vocabularies of the datasets that have a prepare script (shards.PREPARE_COMMANDS): a plan works before
-# they are prepared. Tiny Shakespeare has 65 distinct characters; the others are prepared with GPT-2's BPE.
-KNOWN_DATASETS = {"shakespeare_char": ("char", 65), "shakespeare": ("gpt2", GPT2_VOCAB),
+# they are prepared. Tiny Shakespeare has 65 distinct characters; tasks/arithmetic.py's worked problems (README's
+# GRPO recipe) its 13; the others are prepared with GPT-2's BPE.
+KNOWN_DATASETS = {"shakespeare_char": ("char", 65), "arithmetic": ("char", 13), "shakespeare": ("gpt2", GPT2_VOCAB),
                   "openwebtext": ("gpt2", GPT2_VOCAB), "fineweb": ("gpt2", GPT2_VOCAB),
                   "fineweb_edu": ("gpt2", GPT2_VOCAB)}
 
@@ -97,8 +98,9 @@ def dataset_vocabulary(cfg) -> tuple[int, str, str] | None:
         return int(meta["vocab_size"]), meta["tokenizer"]["kind"], f"as in {path}/meta.json"
     if path.name in KNOWN_DATASETS:
         kind, vocab = KNOWN_DATASETS[path.name]
-        how = "its 65 characters" if kind == "char" else "GPT-2's BPE"
-        return vocab, kind, f"assumed: {path} is not prepared; {PREPARE_COMMANDS[path.name]} uses {how}"
+        how = f"its {vocab} characters" if kind == "char" else "GPT-2's BPE"
+        made = PREPARE_COMMANDS.get(path.name, "README's GRPO recipe (tasks/arithmetic.py, prepare/text.py)")
+        return vocab, kind, f"assumed: {path} is not prepared; {made} uses {how}"
     return None
 
 
