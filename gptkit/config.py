@@ -229,9 +229,6 @@ class TrainConfig(ModelSettings):
             raise ConfigError(f"lora_rank must be >= 0 (0 = off), got {self.lora_rank}")
         if self.lora_rank:
             lora_settings(self)  # names a bad lora_targets, lora_alpha or lora_dropout
-        if self.fp8_head and self.objective != "next_token":
-            raise ConfigError(f"fp8_head is for the next-token loss, not objective={self.objective}: drop "
-                              f"--fp8_head=True")
         # what a capture of the whole step cannot record: refused now, not at the capture
         refuse_uncapturable(self.cuda_graphs, activation_checkpointing=self.activation_checkpointing)
         self.model_config(vocab_size=1)  # the model's shape is checked by GPTConfig, its one validator

@@ -44,6 +44,8 @@ class Objective:
     metric_over: ClassVar[dict[str, Any]] = {}
     # the sequences of one item of a micro-batch: what batch_size counts (a preference pair: 2)
     sequences_per_item: ClassVar[int] = 1
+    # whether its loss can take the head's matmuls in FP8 (--fp8_head, gptkit/fp8.py: the next-token loss's)
+    fp8_head: ClassVar[bool] = False
     # whether the whole step may be captured as one CUDA graph (cuda_graphs): not when a step draws new data
     # between its micro-batches (rollouts)
     graphable: ClassVar[bool] = True
@@ -63,7 +65,11 @@ class Objective:
 
     # ---- before the run
     def check_config(self, cfg) -> None:
-        """Its own settings (a ConfigError naming the key): called before anything is read or written."""
+        """Its own settings (a ConfigError naming the key): called before anything is read or written. A
+        subclass that checks more calls this first."""
+        if cfg.fp8_head and not self.fp8_head:
+            raise ObjectiveError(f"fp8_head is for the next-token loss, not objective={self.name}: drop "
+                                 f"--fp8_head=True")
 
     def prepare_kind(self) -> str | None:
         """The prepare script its dataset comes from (shards.prepare_command's kind), None: the run's default."""

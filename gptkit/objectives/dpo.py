@@ -74,6 +74,7 @@ class DPO(Objective):
         self.loss: DPOObjective | None = None
 
     def check_config(self, cfg) -> None:
+        super().check_config(cfg)
         dpo_settings(cfg)  # names a bad dpo_beta, dpo_loss, dpo_label_smoothing or dpo_nll_weight
         if cfg.batch_size is None and cfg.tokens_per_step % (2 * cfg.block_size):
             raise ConfigError(f"tokens_per_step ({cfg.tokens_per_step}) must be a multiple of 2 x block_size "

@@ -87,6 +87,7 @@ class GRPO(Objective):
         return "grpo_reference" if self.cfg.grpo_kl and not self.cfg.lora_rank else ""
 
     def check_config(self, cfg) -> None:
+        super().check_config(cfg)
         grpo_settings(cfg)
         if cfg.init_from == "scratch":
             raise ConfigError("objective=grpo tunes a model that already answers the task sometimes: set --init_from "

@@ -18,6 +18,7 @@ from gptkit.step import next_token_loss
 
 class NextToken(Objective):
     name = "next_token"
+    fp8_head = True
 
     def check_dataset(self, meta: dict, label: str) -> None:
         if is_preference_dataset(meta):
