@@ -55,6 +55,27 @@ def torchrun(n: int, args: list[str], script: Path = REPO / "train.py", check: b
     return res
 
 
+# A torchrun worker: train.py's main for each argument list in the JSON file it is given, one run after another in
+# the same processes (starting a process and importing torch costs each of them seconds; the runs are
+# independent). Each run's process group gets keys of its own in torchrun's store, as a restarted attempt's do.
+EACH = """
+import json, os, sys
+sys.path.insert(0, {repo!r})
+sys.path.insert(0, {tests!r}); from conftest import train_script; train = train_script()
+for i, argv in enumerate(json.loads(open(sys.argv[1]).read())):
+    os.environ["TORCHELASTIC_RESTART_COUNT"] = f"run{{i}}"
+    train.main(argv)
+"""
+
+
+def torchrun_each(n: int, argvs: list[list[str]], tmp_path: Path) -> subprocess.CompletedProcess:
+    """train.py on n processes for each of argvs, in one torchrun job (EACH): its output."""
+    worker, runs = tmp_path / "each_worker.py", tmp_path / "each_runs.json"
+    worker.write_text(EACH.format(repo=str(REPO), tests=str(REPO / "tests")))
+    runs.write_text(json.dumps(argvs))
+    return torchrun(n, [str(runs)], script=worker)
+
+
 def single(args: list[str]) -> dict:
     with torch_threads(1):
         return train.main(args)
@@ -74,29 +95,33 @@ def assert_close_losses(got: dict, want: dict, steps) -> None:
         assert got[step] == pytest.approx(want[step], rel=1e-5, abs=1e-6), (step, got[step], want[step])
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
-def test_fsdp_trains_as_one_process_does(recipe, char_dataset, tmp_path):
-    """2 processes under FSDP == 1 process with the same global batch: every step's loss, every val loss."""
-    over = dict(RECIPES[recipe])
-    if over.get("lora_rank"):
-        base = tmp_path / "base"
-        single(tiny_args(char_dataset, base, max_iters=3, eval_interval=3))
-        over["init_from"] = str(base)
-    one, fsdp = tmp_path / "one", tmp_path / "fsdp"
-    single(tiny_args(char_dataset, one, **over))
-    res = torchrun(2, tiny_args(char_dataset, fsdp, parallel="fsdp", **over))
-    assert "parallel: FSDP over 2 processes (--parallel=fsdp)" in res.stdout
-    a, b = metrics(one), metrics(fsdp)
-    assert [m["step"] for m in a] == [m["step"] for m in b]
-    for x, y in zip(a, b):
-        for key in ("loss", "val_loss"):
-            if key in x:
-                assert y[key] == pytest.approx(x[key], rel=1e-5, abs=1e-6), (x["step"], key)
-    assert is_sharded_checkpoint(fsdp / "last") and not (fsdp / "last.pt").exists()
-    want, got = load_checkpoint(one / "last.pt")["model"], load_checkpoint(fsdp)["model"]
-    assert want.keys() == got.keys()  # a LoRA run's adapters only; the tied head under its own name too
-    for k in want:
-        torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5, msg=k)
+def test_fsdp_trains_as_one_process_does(char_dataset, tmp_path):
+    """2 processes under FSDP == 1 process with the same global batch, for each recipe: every step's loss, every
+    val loss, the saved model. (The recipes' FSDP runs in one torchrun job, one after another.)"""
+    runs = {}
+    for recipe, over in RECIPES.items():
+        over = dict(over)
+        if over.get("lora_rank"):
+            base = tmp_path / "base"
+            single(tiny_args(char_dataset, base, max_iters=3, eval_interval=3))
+            over["init_from"] = str(base)
+        one, fsdp = tmp_path / recipe / "one", tmp_path / recipe / "fsdp"
+        single(tiny_args(char_dataset, one, **over))
+        runs[recipe] = (one, fsdp, tiny_args(char_dataset, fsdp, parallel="fsdp", **over))
+    res = torchrun_each(2, [args for _, _, args in runs.values()], tmp_path)
+    assert res.stdout.count("parallel: FSDP over 2 processes (--parallel=fsdp)") == len(RECIPES), res.stdout
+    for recipe, (one, fsdp, _) in runs.items():
+        a, b = metrics(one), metrics(fsdp)
+        assert [m["step"] for m in a] == [m["step"] for m in b], recipe
+        for x, y in zip(a, b):
+            for key in ("loss", "val_loss"):
+                if key in x:
+                    assert y[key] == pytest.approx(x[key], rel=1e-5, abs=1e-6), (recipe, x["step"], key)
+        assert is_sharded_checkpoint(fsdp / "last") and not (fsdp / "last.pt").exists(), recipe
+        want, got = load_checkpoint(one / "last.pt")["model"], load_checkpoint(fsdp)["model"]
+        assert want.keys() == got.keys(), recipe  # a LoRA run's adapters only; the tied head under its own name too
+        for k in want:
+            torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5, msg=f"{recipe}: {k}")
 
 
 # A torchrun worker: train.py, except that the third save into a last.tmp/ folder (step 6 of a run saving last/
