@@ -180,24 +180,26 @@ def test_a_sharded_checkpoint_survives_a_kill_and_resumes_under_fsdp_ddp_and_one
         shutil.copytree(killed, tmp_path / name)
 
     resume = dict(args, init_from="resume")
-    torchrun(2, tiny_args(char_dataset, tmp_path / "fsdp", **resume))
-    assert {s: losses(tmp_path / "fsdp")[s] for s in (5, 6)} == {s: reference[s] for s in (5, 6)}  # bit for bit
-    assert not (tmp_path / "fsdp" / "last.tmp").exists()  # the next save cleared what the killed one left
-
-    res = torchrun(2, tiny_args(char_dataset, tmp_path / "ddp", **dict(resume, parallel="auto")))
-    assert "parallel: DDP over 2 processes (a whole replica fits each device" in res.stdout  # auto's choice
-    assert_close_losses(losses(tmp_path / "ddp"), reference, (5, 6))
-    assert (tmp_path / "ddp" / "last.pt").is_file() and not (tmp_path / "ddp" / "last").exists()  # DDP's file
-
     capsys.readouterr()
     single(tiny_args(char_dataset, tmp_path / "on1", **resume))
     assert "took over the lock" in capsys.readouterr().out
     assert_close_losses(losses(tmp_path / "on1"), reference, (5, 6))
-
     # last.pt (one process') under FSDP, against that process going on alone
     shutil.copytree(tmp_path / "on1", tmp_path / "file_to_fsdp")
-    single(tiny_args(char_dataset, tmp_path / "on1", **dict(resume, max_iters=8, lr_decay_iters=8)))
-    torchrun(2, tiny_args(char_dataset, tmp_path / "file_to_fsdp", **dict(resume, max_iters=8, lr_decay_iters=8)))
+    longer = dict(resume, max_iters=8, lr_decay_iters=8)
+    single(tiny_args(char_dataset, tmp_path / "on1", **longer))
+
+    # the three 2-process resumes in one torchrun job: FSDP, --parallel=auto (DDP), and FSDP from last.pt
+    res = torchrun_each(2, [tiny_args(char_dataset, tmp_path / "fsdp", **resume),
+                            tiny_args(char_dataset, tmp_path / "ddp", **dict(resume, parallel="auto")),
+                            tiny_args(char_dataset, tmp_path / "file_to_fsdp", **longer)], tmp_path)
+    assert {s: losses(tmp_path / "fsdp")[s] for s in (5, 6)} == {s: reference[s] for s in (5, 6)}  # bit for bit
+    assert not (tmp_path / "fsdp" / "last.tmp").exists()  # the next save cleared what the killed one left
+
+    assert res.stdout.count("parallel: DDP over 2 processes (a whole replica fits each device") == 1  # auto's
+    assert_close_losses(losses(tmp_path / "ddp"), reference, (5, 6))
+    assert (tmp_path / "ddp" / "last.pt").is_file() and not (tmp_path / "ddp" / "last").exists()  # DDP's file
+
     assert_close_losses(losses(tmp_path / "file_to_fsdp"), losses(tmp_path / "on1"), (7, 8))
 
 
