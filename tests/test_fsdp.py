@@ -28,7 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 # block with Muon (whole matrices gathered for its Newton-Schulz), each with one and with two micro-batches per
 # process (the gradients reduce-scattered after each), the latter with activation checkpointing; and LoRA on a
 # trained GPT-2-style base (frozen base sharded, adapters trained by AdamW). GPT-2's with one micro-batch saves
-# with --async_save (its shards written by DCP's async_save, at steps 10 and 20), the others synchronously.
+# with --async_save (its shards written by DCP's async_save, at steps 10 and 20), the others synchronously. The
+# modern block with Muon runs under DDP as well.
 RECIPES = {
     "gpt2_async_save": dict(gradient_accumulation_steps=2, async_save=True),
     "gpt2_accumulation": dict(gradient_accumulation_steps=4, batch_size=2),
@@ -97,31 +98,41 @@ def assert_close_losses(got: dict, want: dict, steps) -> None:
 
 def test_fsdp_trains_as_one_process_does(char_dataset, tmp_path):
     """2 processes under FSDP == 1 process with the same global batch, for each recipe: every step's loss, every
-    val loss, the saved model. (The recipes' FSDP runs in one torchrun job, one after another.)"""
-    runs = {}
+    val loss, the saved model. And the modern recipe with Muon under DDP too (Muon on the all-reduced gradients;
+    one writer of the run's files). (The recipes' 2-process runs in one torchrun job, one after another.)"""
+    ones, runs = {}, {}
     for recipe, over in RECIPES.items():
         over = dict(over)
         if over.get("lora_rank"):
             base = tmp_path / "base"
             single(tiny_args(char_dataset, base, max_iters=3, eval_interval=3))
             over["init_from"] = str(base)
-        one, fsdp = tmp_path / recipe / "one", tmp_path / recipe / "fsdp"
-        single(tiny_args(char_dataset, one, **over))
-        runs[recipe] = (one, fsdp, tiny_args(char_dataset, fsdp, parallel="fsdp", **over))
-    res = torchrun_each(2, [args for _, _, args in runs.values()], tmp_path)
+        ones[recipe] = tmp_path / recipe / "one"
+        single(tiny_args(char_dataset, ones[recipe], **over))
+        for how in ("fsdp", "ddp") if recipe == "modern_muon" else ("fsdp",):
+            out = tmp_path / recipe / how
+            runs[recipe, how] = (out, tiny_args(char_dataset, out, parallel=how, **over))
+    res = torchrun_each(2, [args for _, args in runs.values()], tmp_path)
     assert res.stdout.count("parallel: FSDP over 2 processes (--parallel=fsdp)") == len(RECIPES), res.stdout
-    for recipe, (one, fsdp, _) in runs.items():
-        a, b = metrics(one), metrics(fsdp)
-        assert [m["step"] for m in a] == [m["step"] for m in b], recipe
+    assert res.stdout.count("parallel: DDP over 2 processes (--parallel=ddp)") == 1, res.stdout
+    for (recipe, how), (two, _) in runs.items():
+        one = ones[recipe]
+        a, b = metrics(one), metrics(two)
+        assert [m["step"] for m in a] == [m["step"] for m in b], recipe  # one writer: no duplicated lines
         for x, y in zip(a, b):
             for key in ("loss", "val_loss"):
                 if key in x:
-                    assert y[key] == pytest.approx(x[key], rel=1e-5, abs=1e-6), (recipe, x["step"], key)
-        assert is_sharded_checkpoint(fsdp / "last") and not (fsdp / "last.pt").exists(), recipe
-        want, got = load_checkpoint(one / "last.pt")["model"], load_checkpoint(fsdp)["model"]
+                    assert y[key] == pytest.approx(x[key], rel=1e-5, abs=1e-6), (recipe, how, x["step"], key)
+        if how == "fsdp":
+            assert is_sharded_checkpoint(two / "last") and not (two / "last.pt").exists(), recipe
+        else:
+            assert sorted(p.name for p in two.iterdir()) == ["best.pt", "config.json", "last.pt", "metrics.jsonl",
+                                                            "runs.jsonl"]
+            assert json.loads((two / "runs.jsonl").read_text())["world_size"] == 2
+        want, got = load_checkpoint(one / "last.pt")["model"], load_checkpoint(two)["model"]
         assert want.keys() == got.keys(), recipe  # a LoRA run's adapters only; the tied head under its own name too
         for k in want:
-            torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5, msg=f"{recipe}: {k}")
+            torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5, msg=f"{recipe} {how}: {k}")
 
 
 # A torchrun worker: train.py, except that the third save into a last.tmp/ folder (step 6 of a run saving last/
