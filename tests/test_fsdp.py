@@ -56,25 +56,31 @@ def torchrun(n: int, args: list[str], script: Path = REPO / "train.py", check: b
     return res
 
 
-# A torchrun worker: train.py's main for each argument list in the JSON file it is given, one run after another in
-# the same processes (starting a process and importing torch costs each of them seconds; the runs are
-# independent). Each run's process group gets keys of its own in torchrun's store, as a restarted attempt's do.
+# A torchrun worker: one run after another in the same processes (starting a process and importing torch costs
+# each of them seconds; the runs are independent), each given in the JSON file it is handed: train.py's main for
+# an argument list, or {"script": path, "argv": [...]}, a script run as __main__. Each run's process group gets
+# keys of its own in torchrun's store, as a restarted attempt's do.
 EACH = """
-import json, os, sys
+import json, os, runpy, sys
 sys.path.insert(0, {repo!r})
 sys.path.insert(0, {tests!r}); from conftest import train_script; train = train_script()
-for i, argv in enumerate(json.loads(open(sys.argv[1]).read())):
+for i, run in enumerate(json.loads(open(sys.argv[1]).read())):
     os.environ["TORCHELASTIC_RESTART_COUNT"] = f"run{{i}}"
-    train.main(argv)
+    if isinstance(run, dict):
+        sys.argv = [run["script"], *run.get("argv", [])]
+        runpy.run_path(run["script"], run_name="__main__")
+    else:
+        train.main(run)
 """
 
 
-def torchrun_each(n: int, argvs: list[list[str]], tmp_path: Path) -> subprocess.CompletedProcess:
-    """train.py on n processes for each of argvs, in one torchrun job (EACH): its output."""
-    worker, runs = tmp_path / "each_worker.py", tmp_path / "each_runs.json"
+def torchrun_each(n: int, runs: list, tmp_path: Path) -> subprocess.CompletedProcess:
+    """Each of runs (train.py's argument lists, or {"script": path, "argv": [...]}) on n processes, in one
+    torchrun job (EACH): its output."""
+    worker, listed = tmp_path / "each_worker.py", tmp_path / "each_runs.json"
     worker.write_text(EACH.format(repo=str(REPO), tests=str(REPO / "tests")))
-    runs.write_text(json.dumps(argvs))
-    return torchrun(n, [str(runs)], script=worker)
+    listed.write_text(json.dumps(runs))
+    return torchrun(n, [str(listed)], script=worker)
 
 
 def single(args: list[str]) -> dict:
@@ -272,25 +278,27 @@ with distributed("cpu", "float32") as (d, rt):
 """
 
 
-def test_hellaswag_scores_a_sharded_model(tmp_path):
-    worker = tmp_path / "hellaswag_worker.py"
-    worker.write_text(HELLASWAG.format(repo=str(REPO)))
-    res = torchrun(2, [], script=worker)
-    scores = json.loads(res.stdout.strip().splitlines()[-1])
-    assert scores["sharded"] == scores["alone"] and scores["alone"]["n"] == 37
-
-
-def test_each_process_holds_a_shard_of_the_training_state():
-    """Parameters, gradients and optimizer states on each of 2 processes after a step: at most half of one
-    process' bytes plus the largest unit gathered whole (benchmarks/fsdp_memory.py; the plan's figure too)."""
+def test_a_sharded_model_scores_hellaswag_and_each_process_holds_a_shard(tmp_path):
+    """In one torchrun job of 2 processes, one check after the other: HellaSwag's scores of a sharded model are
+    the plain model's (HELLASWAG); and parameters, gradients and optimizer states on each process after a step
+    are at most half of one process' bytes plus the largest unit gathered whole (benchmarks/fsdp_memory.py's
+    worker; the plan's figure too)."""
     sys.path.insert(0, str(REPO))
-    from benchmarks.fsdp_memory import measure, run
+    from benchmarks.fsdp_memory import measure
+
+    worker, result = tmp_path / "hellaswag_worker.py", tmp_path / "fsdp_memory.json"
+    worker.write_text(HELLASWAG.format(repo=str(REPO)))
+    res = torchrun_each(2, [{"script": str(worker)},
+                            {"script": str(REPO / "benchmarks" / "fsdp_memory.py"),
+                             "argv": ["--worker", "--shape", "tiny", "--result", str(result)]}], tmp_path)
+    scores = json.loads(next(line for line in res.stdout.splitlines() if line.startswith('{"alone"')))
+    assert scores["sharded"] == scores["alone"] and scores["alone"]["n"] == 37
 
     with torch_threads(1):
         alone = measure("tiny")  # (in this process)
-    sharded = run(2, "tiny")
+    sharded = json.loads(result.read_text())
     whole = sum(alone["ranks"][0].values())
-    assert len(sharded["ranks"]) == 2
+    assert sharded["world_size"] == 2 and len(sharded["ranks"]) == 2
     for held in sharded["ranks"]:
         assert sum(held.values()) <= whole / 2 + sharded["largest_unit"], held
     assert sharded["largest_unit"] < whole / 2  # (else the bound above would hold without any sharding)
