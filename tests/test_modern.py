@@ -1,5 +1,5 @@
 """The modern recipe: GPTConfig's architecture options (model.py), Muon + AdamW and the WSD schedule (optim.py),
-and their way through training, resume, DDP, decoding, the configs and export."""
+and their way through training, resume, decoding, the configs and export (under DDP and FSDP: tests/test_fsdp.py)."""
 
 import dataclasses
 import json
