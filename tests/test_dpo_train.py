@@ -10,8 +10,6 @@ import gc
 import io
 import json
 import math
-import os
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -42,6 +40,7 @@ from model import GPT, GPTConfig
 from prepare import chat as prepare_chat
 from prepare import preference
 from tests.test_dpo import direct_logps, direct_loss
+from tests.test_fsdp import torchrun_each
 from tests.test_train import assert_same_weights, metrics, train_losses, weights
 
 train = train_script()
@@ -285,31 +284,29 @@ def test_the_graphed_step_trains_as_the_plain_step(task, tmp_path, gpu_like, ove
     assert_same_weights(weights(graphed), weights(plain))
 
 
-def torchrun(args: list[str]) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(REPO / "train.py"), *args]
-    res = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
-                         timeout=240)
-    assert res.returncode == 0, res.stdout + res.stderr
-    return res
+# each run on 2 processes against 1 process: FSDP with the reference's log-probabilities precomputed, and DDP with
+# LoRA (the reference is the base, adapters off)
+TWO_PROCESSES = {"fsdp_precomputed_reference": (dict(), "fsdp"),
+                 "ddp_adapters_off_reference": (dict(lora_rank=4, lora_dropout=0.0), "ddp")}
 
 
-@pytest.mark.parametrize("over, parallel", [(dict(), "fsdp"), (dict(lora_rank=4, lora_dropout=0.0), "ddp")],
-                         ids=["fsdp_precomputed_reference", "ddp_adapters_off_reference"])
-def test_two_processes_train_as_one(task, tmp_path, over, parallel):
+def test_two_processes_train_as_one(task, tmp_path):
     """2 processes x 1 micro-batch == 1 process x 2 micro-batches: every step's loss and DPO metrics, every
-    evaluation. Under FSDP each process scores half of the pairs for the reference and the tables are summed."""
-    one, two = tmp_path / "one", tmp_path / "two"
-    train.main(dpo_args(task, one, max_iters=4, **over))
-    res = torchrun(dpo_args(task, two, max_iters=4, parallel=parallel, **over))
-    assert f"over 2 processes (--parallel={parallel})" in res.stdout
-    a, b = metrics(one), metrics(two)
-    assert [m["step"] for m in a] == [m["step"] for m in b]
-    for x, y in zip(a, b):
-        for key in ("loss", "val_loss", "reward_margin", "val_accuracy", "val_ties", "chosen_logp"):
-            if key in x:  # (val_accuracy is null at step 0 in both: every pair ties)
-                expected = None if x[key] is None else pytest.approx(x[key], rel=1e-4, abs=1e-5)
-                assert y[key] == expected, (x["step"], key)
+    evaluation. Under FSDP each process scores half of the pairs for the reference and the tables are summed.
+    (Both 2-process runs in one torchrun job, one after the other.)"""
+    for name, (over, _) in TWO_PROCESSES.items():
+        train.main(dpo_args(task, tmp_path / name / "one", max_iters=4, **over))
+    res = torchrun_each(2, [dpo_args(task, tmp_path / name / "two", max_iters=4, parallel=parallel, **over)
+                            for name, (over, parallel) in TWO_PROCESSES.items()], tmp_path)
+    for name, (_, parallel) in TWO_PROCESSES.items():
+        assert f"over 2 processes (--parallel={parallel})" in res.stdout, name
+        a, b = metrics(tmp_path / name / "one"), metrics(tmp_path / name / "two")
+        assert [m["step"] for m in a] == [m["step"] for m in b], name
+        for x, y in zip(a, b):
+            for key in ("loss", "val_loss", "reward_margin", "val_accuracy", "val_ties", "chosen_logp"):
+                if key in x:  # (val_accuracy is null at step 0 in both: every pair ties)
+                    expected = None if x[key] is None else pytest.approx(x[key], rel=1e-4, abs=1e-5)
+                    assert y[key] == expected, (name, x["step"], key)
 
 
 @pytest.mark.parametrize("dataset, over, words", [

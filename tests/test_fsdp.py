@@ -28,7 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 # block with Muon (whole matrices gathered for its Newton-Schulz), each with one and with two micro-batches per
 # process (the gradients reduce-scattered after each), the latter with activation checkpointing; and LoRA on a
 # trained GPT-2-style base (frozen base sharded, adapters trained by AdamW). GPT-2's with one micro-batch saves
-# with --async_save (its shards written by DCP's async_save, at steps 10 and 20), the others synchronously.
+# with --async_save (its shards written by DCP's async_save, at steps 10 and 20), the others synchronously. The
+# modern block with Muon runs under DDP as well.
 RECIPES = {
     "gpt2_async_save": dict(gradient_accumulation_steps=2, async_save=True),
     "gpt2_accumulation": dict(gradient_accumulation_steps=4, batch_size=2),
@@ -55,6 +56,33 @@ def torchrun(n: int, args: list[str], script: Path = REPO / "train.py", check: b
     return res
 
 
+# A torchrun worker: one run after another in the same processes (starting a process and importing torch costs
+# each of them seconds; the runs are independent), each given in the JSON file it is handed: train.py's main for
+# an argument list, or {"script": path, "argv": [...]}, a script run as __main__. Each run's process group gets
+# keys of its own in torchrun's store, as a restarted attempt's do.
+EACH = """
+import json, os, runpy, sys
+sys.path.insert(0, {repo!r})
+sys.path.insert(0, {tests!r}); from conftest import train_script; train = train_script()
+for i, run in enumerate(json.loads(open(sys.argv[1]).read())):
+    os.environ["TORCHELASTIC_RESTART_COUNT"] = f"run{{i}}"
+    if isinstance(run, dict):
+        sys.argv = [run["script"], *run.get("argv", [])]
+        runpy.run_path(run["script"], run_name="__main__")
+    else:
+        train.main(run)
+"""
+
+
+def torchrun_each(n: int, runs: list, tmp_path: Path) -> subprocess.CompletedProcess:
+    """Each of runs (train.py's argument lists, or {"script": path, "argv": [...]}) on n processes, in one
+    torchrun job (EACH): its output."""
+    worker, listed = tmp_path / "each_worker.py", tmp_path / "each_runs.json"
+    worker.write_text(EACH.format(repo=str(REPO), tests=str(REPO / "tests")))
+    listed.write_text(json.dumps(runs))
+    return torchrun(n, [str(listed)], script=worker)
+
+
 def single(args: list[str]) -> dict:
     with torch_threads(1):
         return train.main(args)
@@ -74,29 +102,43 @@ def assert_close_losses(got: dict, want: dict, steps) -> None:
         assert got[step] == pytest.approx(want[step], rel=1e-5, abs=1e-6), (step, got[step], want[step])
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
-def test_fsdp_trains_as_one_process_does(recipe, char_dataset, tmp_path):
-    """2 processes under FSDP == 1 process with the same global batch: every step's loss, every val loss."""
-    over = dict(RECIPES[recipe])
-    if over.get("lora_rank"):
-        base = tmp_path / "base"
-        single(tiny_args(char_dataset, base, max_iters=3, eval_interval=3))
-        over["init_from"] = str(base)
-    one, fsdp = tmp_path / "one", tmp_path / "fsdp"
-    single(tiny_args(char_dataset, one, **over))
-    res = torchrun(2, tiny_args(char_dataset, fsdp, parallel="fsdp", **over))
-    assert "parallel: FSDP over 2 processes (--parallel=fsdp)" in res.stdout
-    a, b = metrics(one), metrics(fsdp)
-    assert [m["step"] for m in a] == [m["step"] for m in b]
-    for x, y in zip(a, b):
-        for key in ("loss", "val_loss"):
-            if key in x:
-                assert y[key] == pytest.approx(x[key], rel=1e-5, abs=1e-6), (x["step"], key)
-    assert is_sharded_checkpoint(fsdp / "last") and not (fsdp / "last.pt").exists()
-    want, got = load_checkpoint(one / "last.pt")["model"], load_checkpoint(fsdp)["model"]
-    assert want.keys() == got.keys()  # a LoRA run's adapters only; the tied head under its own name too
-    for k in want:
-        torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5, msg=k)
+def test_fsdp_trains_as_one_process_does(char_dataset, tmp_path):
+    """2 processes under FSDP == 1 process with the same global batch, for each recipe: every step's loss, every
+    val loss, the saved model. And the modern recipe with Muon under DDP too (Muon on the all-reduced gradients;
+    one writer of the run's files). (The recipes' 2-process runs in one torchrun job, one after another.)"""
+    ones, runs = {}, {}
+    for recipe, over in RECIPES.items():
+        over = dict(over)
+        if over.get("lora_rank"):
+            base = tmp_path / "base"
+            single(tiny_args(char_dataset, base, max_iters=3, eval_interval=3))
+            over["init_from"] = str(base)
+        ones[recipe] = tmp_path / recipe / "one"
+        single(tiny_args(char_dataset, ones[recipe], **over))
+        for how in ("fsdp", "ddp") if recipe == "modern_muon" else ("fsdp",):
+            out = tmp_path / recipe / how
+            runs[recipe, how] = (out, tiny_args(char_dataset, out, parallel=how, **over))
+    res = torchrun_each(2, [args for _, args in runs.values()], tmp_path)
+    assert res.stdout.count("parallel: FSDP over 2 processes (--parallel=fsdp)") == len(RECIPES), res.stdout
+    assert res.stdout.count("parallel: DDP over 2 processes (--parallel=ddp)") == 1, res.stdout
+    for (recipe, how), (two, _) in runs.items():
+        one = ones[recipe]
+        a, b = metrics(one), metrics(two)
+        assert [m["step"] for m in a] == [m["step"] for m in b], recipe  # one writer: no duplicated lines
+        for x, y in zip(a, b):
+            for key in ("loss", "val_loss"):
+                if key in x:
+                    assert y[key] == pytest.approx(x[key], rel=1e-5, abs=1e-6), (recipe, how, x["step"], key)
+        if how == "fsdp":
+            assert is_sharded_checkpoint(two / "last") and not (two / "last.pt").exists(), recipe
+        else:
+            assert sorted(p.name for p in two.iterdir()) == ["best.pt", "config.json", "last.pt", "metrics.jsonl",
+                                                            "runs.jsonl"]
+            assert json.loads((two / "runs.jsonl").read_text())["world_size"] == 2
+        want, got = load_checkpoint(one / "last.pt")["model"], load_checkpoint(two)["model"]
+        assert want.keys() == got.keys(), recipe  # a LoRA run's adapters only; the tied head under its own name too
+        for k in want:
+            torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-5, msg=f"{recipe} {how}: {k}")
 
 
 # A torchrun worker: train.py, except that the third save into a last.tmp/ folder (step 6 of a run saving last/
@@ -155,24 +197,26 @@ def test_a_sharded_checkpoint_survives_a_kill_and_resumes_under_fsdp_ddp_and_one
         shutil.copytree(killed, tmp_path / name)
 
     resume = dict(args, init_from="resume")
-    torchrun(2, tiny_args(char_dataset, tmp_path / "fsdp", **resume))
-    assert {s: losses(tmp_path / "fsdp")[s] for s in (5, 6)} == {s: reference[s] for s in (5, 6)}  # bit for bit
-    assert not (tmp_path / "fsdp" / "last.tmp").exists()  # the next save cleared what the killed one left
-
-    res = torchrun(2, tiny_args(char_dataset, tmp_path / "ddp", **dict(resume, parallel="auto")))
-    assert "parallel: DDP over 2 processes (a whole replica fits each device" in res.stdout  # auto's choice
-    assert_close_losses(losses(tmp_path / "ddp"), reference, (5, 6))
-    assert (tmp_path / "ddp" / "last.pt").is_file() and not (tmp_path / "ddp" / "last").exists()  # DDP's file
-
     capsys.readouterr()
     single(tiny_args(char_dataset, tmp_path / "on1", **resume))
     assert "took over the lock" in capsys.readouterr().out
     assert_close_losses(losses(tmp_path / "on1"), reference, (5, 6))
-
     # last.pt (one process') under FSDP, against that process going on alone
     shutil.copytree(tmp_path / "on1", tmp_path / "file_to_fsdp")
-    single(tiny_args(char_dataset, tmp_path / "on1", **dict(resume, max_iters=8, lr_decay_iters=8)))
-    torchrun(2, tiny_args(char_dataset, tmp_path / "file_to_fsdp", **dict(resume, max_iters=8, lr_decay_iters=8)))
+    longer = dict(resume, max_iters=8, lr_decay_iters=8)
+    single(tiny_args(char_dataset, tmp_path / "on1", **longer))
+
+    # the three 2-process resumes in one torchrun job: FSDP, --parallel=auto (DDP), and FSDP from last.pt
+    res = torchrun_each(2, [tiny_args(char_dataset, tmp_path / "fsdp", **resume),
+                            tiny_args(char_dataset, tmp_path / "ddp", **dict(resume, parallel="auto")),
+                            tiny_args(char_dataset, tmp_path / "file_to_fsdp", **longer)], tmp_path)
+    assert {s: losses(tmp_path / "fsdp")[s] for s in (5, 6)} == {s: reference[s] for s in (5, 6)}  # bit for bit
+    assert not (tmp_path / "fsdp" / "last.tmp").exists()  # the next save cleared what the killed one left
+
+    assert res.stdout.count("parallel: DDP over 2 processes (a whole replica fits each device") == 1  # auto's
+    assert_close_losses(losses(tmp_path / "ddp"), reference, (5, 6))
+    assert (tmp_path / "ddp" / "last.pt").is_file() and not (tmp_path / "ddp" / "last").exists()  # DDP's file
+
     assert_close_losses(losses(tmp_path / "file_to_fsdp"), losses(tmp_path / "on1"), (7, 8))
 
 
@@ -234,25 +278,27 @@ with distributed("cpu", "float32") as (d, rt):
 """
 
 
-def test_hellaswag_scores_a_sharded_model(tmp_path):
-    worker = tmp_path / "hellaswag_worker.py"
-    worker.write_text(HELLASWAG.format(repo=str(REPO)))
-    res = torchrun(2, [], script=worker)
-    scores = json.loads(res.stdout.strip().splitlines()[-1])
-    assert scores["sharded"] == scores["alone"] and scores["alone"]["n"] == 37
-
-
-def test_each_process_holds_a_shard_of_the_training_state():
-    """Parameters, gradients and optimizer states on each of 2 processes after a step: at most half of one
-    process' bytes plus the largest unit gathered whole (benchmarks/fsdp_memory.py; the plan's figure too)."""
+def test_a_sharded_model_scores_hellaswag_and_each_process_holds_a_shard(tmp_path):
+    """In one torchrun job of 2 processes, one check after the other: HellaSwag's scores of a sharded model are
+    the plain model's (HELLASWAG); and parameters, gradients and optimizer states on each process after a step
+    are at most half of one process' bytes plus the largest unit gathered whole (benchmarks/fsdp_memory.py's
+    worker; the plan's figure too)."""
     sys.path.insert(0, str(REPO))
-    from benchmarks.fsdp_memory import measure, run
+    from benchmarks.fsdp_memory import measure
+
+    worker, result = tmp_path / "hellaswag_worker.py", tmp_path / "fsdp_memory.json"
+    worker.write_text(HELLASWAG.format(repo=str(REPO)))
+    res = torchrun_each(2, [{"script": str(worker)},
+                            {"script": str(REPO / "benchmarks" / "fsdp_memory.py"),
+                             "argv": ["--worker", "--shape", "tiny", "--result", str(result)]}], tmp_path)
+    scores = json.loads(next(line for line in res.stdout.splitlines() if line.startswith('{"alone"')))
+    assert scores["sharded"] == scores["alone"] and scores["alone"]["n"] == 37
 
     with torch_threads(1):
         alone = measure("tiny")  # (in this process)
-    sharded = run(2, "tiny")
+    sharded = json.loads(result.read_text())
     whole = sum(alone["ranks"][0].values())
-    assert len(sharded["ranks"]) == 2
+    assert sharded["world_size"] == 2 and len(sharded["ranks"]) == 2
     for held in sharded["ranks"]:
         assert sum(held.values()) <= whole / 2 + sharded["largest_unit"], held
     assert sharded["largest_unit"] < whole / 2  # (else the bound above would hold without any sharding)

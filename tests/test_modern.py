@@ -1,17 +1,14 @@
 """The modern recipe: GPTConfig's architecture options (model.py), Muon + AdamW and the WSD schedule (optim.py),
-and their way through training, resume, DDP, decoding, the configs and export."""
+and their way through training, resume, decoding, the configs and export (under DDP and FSDP: tests/test_fsdp.py)."""
 
 import dataclasses
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_args, torch_threads, train_script
+from conftest import tiny_args, train_script
 
 from gptkit.checkpoint import load_checkpoint, save_checkpoint
 from gptkit.config import TrainConfig
@@ -386,30 +383,9 @@ def test_a_checkpoint_from_before_the_options_resumes(char_dataset, tmp_path):
     assert load_checkpoint(out / "last.pt")["model_config"]["arch"] == "gpt2"
 
 
-def test_ddp_two_processes_apply_the_same_muon_update(char_dataset, tmp_path):
-    """2 processes x 1 micro-batch == 1 process x 2 micro-batches (the same global batch), with Muon on the
-    all-reduced gradients: every loss and val loss, the weights; one writer of the run's files. (GPT-2's recipe
-    with AdamW under DDP against one process: test_restart's two-node run, the README's multi-node command.)"""
-    single, ddp = tmp_path / "single", tmp_path / "ddp"
-    args = dict(max_iters=4, eval_interval=2, dropout=0.0, gradient_accumulation_steps=2)
-    with torch_threads(1):
-        train.main(modern_args(char_dataset, single, **args))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(REPO / "train.py"), *modern_args(char_dataset, ddp, **args)]
-    res = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True,
-                         text=True, timeout=180)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert sorted(p.name for p in ddp.iterdir()) == ["best.pt", "config.json", "last.pt", "metrics.jsonl", "runs.jsonl"]
-    assert json.loads((ddp / "runs.jsonl").read_text())["world_size"] == 2
-    s, d = [[json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()] for out in (single, ddp)]
-    assert [m["step"] for m in s] == [m["step"] for m in d]  # one writer: no duplicated lines
-    for x, y in zip(s, d):
-        for key in ("loss", "val_loss"):
-            if key in x:
-                assert y[key] == pytest.approx(x[key], rel=1e-5, abs=1e-6), (x["step"], key)
-    a, b = load_checkpoint(single / "last.pt")["model"], load_checkpoint(ddp / "last.pt")["model"]
-    for k in a:
-        torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5)
+# The modern recipe with Muon under DDP on 2 processes against one process (the same global batch; Muon on the
+# all-reduced gradients, one writer of the run's files): tests/test_fsdp.py's test_fsdp_trains_as_one_process_does,
+# in the torchrun job of its FSDP runs. (GPT-2's recipe with AdamW under DDP: test_restart's two-node run.)
 
 
 MODERN_CONFIGS = ["shakespeare_cpu_modern.py", "shakespeare_modern.py", "gpt2_124m_modern.py"]
