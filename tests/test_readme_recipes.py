@@ -28,7 +28,7 @@ from conftest import needs_gpt2_bpe, torch_threads, train_script
 
 REPO = Path(__file__).resolve().parents[1]
 WAIT = 120  # seconds: the bound on waiting for the server
-TRAIN_STEPS = 6
+TRAIN_STEPS = 2  # per training command: a step past the first, then the last evaluation and checkpoint
 
 
 def readme_section(title: str) -> str:
