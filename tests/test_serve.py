@@ -757,26 +757,22 @@ def test_errors_say_what_was_sent_and_where_a_bound_comes_from(chat_server):
                                             f"more than {rows + queue_}, {held}")
 
 
-def test_on_all_interfaces_the_printed_addresses_can_be_opened(text_ckpt):
+def test_on_all_interfaces_the_printed_addresses_can_be_opened(keyed_server):
     """--host 0.0.0.0 is where to listen, not an address a browser opens: the lines say 127.0.0.1 for this
     machine (the client below reaches the server there) and the machine's name for others."""
     assert serve.addresses("0.0.0.0") == ("127.0.0.1", socket.gethostname())
     assert serve.addresses("::") == ("[::1]", socket.gethostname())
     assert serve.addresses("127.0.0.1") == ("127.0.0.1", "") and serve.addresses("::1") == ("[::1]", "")
     # (with a host name allowed, so that Host headers are checked: the printed addresses pass, others not)
-    server = Server(text_ckpt, "--host=0.0.0.0", "--allowed_hosts=gptkit.test", key=KEY, env={"GPTKIT_API_KEY": KEY})
-    try:
-        server.ready()
-        assert server.url.startswith("http://127.0.0.1:") and "0.0.0.0:" not in "".join(server.stderr)
-        port = server.url.rsplit(":", 1)[1]
-        assert (f"serve.py: listening on all interfaces (0.0.0.0): from other machines, "
-                f"http://{socket.gethostname()}:{port}/\n") in server.stderr
-        assert server.client.completions.create(model=server.model, prompt="ab", max_tokens=2).choices[0].text
-        for host, status in ((f"{socket.gethostname()}:{port}", 200), (f"gptkit.test:{port}", 200),
-                             (f"rebound.test:{port}", 403)):
-            assert httpx.get(server.url + "/health", headers={"Host": host}, timeout=WAIT).status_code == status
-    finally:
-        server.stop()
+    server = keyed_server
+    assert server.url.startswith("http://127.0.0.1:") and "0.0.0.0:" not in "".join(server.stderr)
+    port = server.url.rsplit(":", 1)[1]
+    assert (f"serve.py: listening on all interfaces (0.0.0.0): from other machines, "
+            f"http://{socket.gethostname()}:{port}/\n") in server.stderr
+    assert server.client.completions.create(model=server.model, prompt="ab", max_tokens=2).choices[0].text
+    for host, status in ((f"{socket.gethostname()}:{port}", 200), (f"gptkit.test:{port}", 200),
+                         (f"rebound.test:{port}", 403)):
+        assert httpx.get(server.url + "/health", headers={"Host": host}, timeout=WAIT).status_code == status
 
 
 def test_the_openai_client_sees_the_errors(chat_server):
@@ -881,9 +877,10 @@ def test_a_host_name_that_is_not_the_servers_address_is_refused(chat_server):
 
 @pytest.fixture(scope="module")
 def keyed_server(text_ckpt):
-    """The text model behind a key given in the environment, with one other origin and host name allowed."""
+    """The text model behind a key given in the environment, with one other origin and host name allowed,
+    listening on all interfaces (one server for the tests of these options: each start takes seconds)."""
     server = Server(text_ckpt, "--max_batch=2", "--max_queue=2", "--allowed_origins=http://localhost:3000",
-                    "--allowed_hosts=gptkit.test", key=KEY, env={"GPTKIT_API_KEY": KEY})
+                    "--host=0.0.0.0", "--allowed_hosts=gptkit.test", key=KEY, env={"GPTKIT_API_KEY": KEY})
     try:
         yield server.ready()
     finally:
