@@ -86,7 +86,7 @@ def child_env(setting: str, chosen: int | None = None) -> dict:
     return env
 
 
-def train_py_threads(setting: str, torch_threads: int) -> int:
+def train_py_threads(setting: str, torch_threads: int | None) -> int:
     """train.py's --threads for a setting: torch's count for torch and passive, 0 (auto), or the number."""
     if setting == "auto":
         return 0
@@ -104,7 +104,7 @@ def run_logged(cmd: list[str], cwd: Path, env: dict, log: Path) -> str:
     return text
 
 
-def ours(setting: str, steps: int, work: Path, name: str, torch_threads: int, extra: list[str]) -> dict:
+def ours(setting: str, steps: int, work: Path, name: str, torch_threads: int | None, extra: list[str]) -> dict:
     """One train.py run of the quick start: its median ms/step and the thread count it ran with."""
     out = work / name
     cmd = [sys.executable, "train.py", CONFIG, f"--out_dir={out}", "--overwrite=True", f"--max_iters={steps}",
@@ -117,7 +117,7 @@ def ours(setting: str, steps: int, work: Path, name: str, torch_threads: int, ex
     return {"ms": statistics.median(times) if times else None, "threads": threads}
 
 
-def nanogpt(setting: str, steps: int, work: Path, name: str, torch_threads: int, extra: list[str]) -> dict:
+def nanogpt(setting: str, steps: int, work: Path, name: str, torch_threads: int | None, extra: list[str]) -> dict:
     """One run of nanoGPT's train.py (copied with its model into work/nanogpt/) on the same model."""
     if setting == "auto":  # measured now, with the neighbours busy, as train.py measures at its start
         chosen = choose_threads()[0]
@@ -241,8 +241,10 @@ def main(argv: list[str] | None = None) -> dict:
     work = Path(args.out or tempfile.mkdtemp(prefix="train_threads-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
     prepare(work, text, nanogpt_path)
-    torch_threads = torch_default_threads()
-    print(f"train_threads: {os.cpu_count()} CPUs, torch's default {torch_threads} threads, {args.steps} steps a run; "
+    # torch's own count (a fresh process importing torch: a second or two) only where a row runs with it
+    torch_threads = torch_default_threads() if {"torch", "passive"} & set(settings) else None
+    default = f"torch's default {torch_threads} threads, " if torch_threads else ""
+    print(f"train_threads: {os.cpu_count()} CPUs, {default}{args.steps} steps a run; "
           f"work folder {work}", flush=True)
     programs = [("train.py", ours)] + ([("nanoGPT", nanogpt)] if nanogpt_path else [])
     rows = [(program, setting) for program, _ in programs for setting in settings]

@@ -28,7 +28,7 @@ from conftest import needs_gpt2_bpe, torch_threads, train_script
 
 REPO = Path(__file__).resolve().parents[1]
 WAIT = 120  # seconds: the bound on waiting for the server
-TRAIN_STEPS = 6
+TRAIN_STEPS = 2  # per training command: a step past the first, then the last evaluation and checkpoint
 
 
 def readme_section(title: str) -> str:
@@ -105,28 +105,52 @@ def serve(argv: list[str], cwd: Path) -> tuple[subprocess.Popen, str, list[str]]
     return proc, url, lines
 
 
+def write_pairs(path: Path, n: int = 300, seed: int = 0) -> Path:
+    """Preference pairs in the README's layout for the same task: the word spelled backwards (chosen) against the
+    word as it is (rejected)."""
+    rng = random.Random(seed)
+    with open(path, "w", encoding="utf-8") as f:
+        for _ in range(n):
+            word = rng.choice(WORDS)
+            f.write(json.dumps({"prompt": f"spell {word} backwards", "chosen": word[::-1], "rejected": word}) + "\n")
+    return path
+
+
 @needs_gpt2_bpe
-def test_the_chat_recipe_runs_as_written(tmp_path, monkeypatch, capsys, tiny_gpt2):
+def test_the_chat_recipe_then_the_preference_recipe_run_as_written(tmp_path, monkeypatch, capsys, tiny_gpt2):
+    """The chat recipe's four commands (prepare, fine-tune, chat.py, serve.py with the README's Python snippet),
+    then the preference recipe's four on the chat recipe's out-chat/: pairs in out-chat/'s tokens, DPO into
+    out-dpo/ (its reference precomputed), eval.py against out-chat/, and chat.py on the tuned model. One test:
+    the preference recipe starts where the chat recipe's fine-tune ends (its first two commands), so that
+    fine-tune runs once. Each training command with --max_iters=TRAIN_STEPS and --eval_iters=1 appended."""
     pytest.importorskip("openai")
     pytest.importorskip("uvicorn")
     import chat
+    import eval as eval_script
     train = train_script()
     from gptkit import hf_gpt2
     from gptkit.checkpoint import load_checkpoint
     from prepare import chat as prepare_chat
+    from prepare import preference
 
     section = readme_section("Chat: from a base model to an assistant")
-    steps = commands(code_blocks(section, "bash")[0])
+    blocks = code_blocks(section, "bash")
+    steps = commands(blocks[0])
     assert [s[:2] for s in steps] == [["python", "prepare/chat.py"], ["python", "train.py"],
                                       ["python", "chat.py"], ["python", "serve.py"]]
     prepare_argv, train_argv, chat_argv = (s[2:] for s in steps[:3])
+    dpo_steps = commands(next(b for b in blocks if "configs/dpo_chat.py" in b))
+    assert [s[:2] for s in dpo_steps] == [["python", "prepare/preference.py"], ["python", "train.py"],
+                                          ["python", "eval.py"], ["python", "chat.py"]]
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "configs").symlink_to(REPO / "configs")
     write_conversations(tmp_path / prepare_argv[prepare_argv.index("--input") + 1])
+    write_pairs(tmp_path / dpo_steps[0][dpo_steps[0].index("--input") + 1])
     # the Hub's gpt2, offline: the tiny folder's files
     monkeypatch.setattr(hf_gpt2, "_download", lambda repo, filename, name: tiny_gpt2 / filename)
 
+    # The chat recipe.
     with torch_threads(1):
         prepare_chat.main(prepare_argv)
         summary = train.main([*train_argv, f"--max_iters={TRAIN_STEPS}", "--eval_iters=1"])
@@ -155,60 +179,21 @@ def test_the_chat_recipe_runs_as_written(tmp_path, monkeypatch, capsys, tiny_gpt
         proc.wait(timeout=WAIT)
     assert proc.returncode == 0, "".join(lines)
 
-
-def write_pairs(path: Path, n: int = 300, seed: int = 0) -> Path:
-    """Preference pairs in the README's layout for the same task: the word spelled backwards (chosen) against the
-    word as it is (rejected)."""
-    rng = random.Random(seed)
-    with open(path, "w", encoding="utf-8") as f:
-        for _ in range(n):
-            word = rng.choice(WORDS)
-            f.write(json.dumps({"prompt": f"spell {word} backwards", "chosen": word[::-1], "rejected": word}) + "\n")
-    return path
-
-
-@needs_gpt2_bpe
-def test_the_preference_recipe_runs_as_written(tmp_path, monkeypatch, capsys, tiny_gpt2):
-    """The chat recipe's fine-tune (its first two commands), then the preference recipe's four as written: pairs
-    in out-chat/'s tokens, DPO into out-dpo/ (its reference precomputed), eval.py against out-chat/, and chat.py
-    on the tuned model. Each training command with --max_iters=TRAIN_STEPS and --eval_iters=1 appended, as
-    test_the_chat_recipe_runs_as_written runs the fine-tune."""
-    import chat
-    import eval as eval_script
-    train = train_script()
-    from gptkit import hf_gpt2
-    from gptkit.checkpoint import load_checkpoint
-    from prepare import chat as prepare_chat
-    from prepare import preference
-
-    section = readme_section("Chat: from a base model to an assistant")
-    blocks = code_blocks(section, "bash")
-    sft = commands(blocks[0])[:2]
-    steps = commands(next(b for b in blocks if "configs/dpo_chat.py" in b))
-    assert [s[:2] for s in steps] == [["python", "prepare/preference.py"], ["python", "train.py"],
-                                      ["python", "eval.py"], ["python", "chat.py"]]
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "configs").symlink_to(REPO / "configs")
-    write_conversations(tmp_path / sft[0][sft[0].index("--input") + 1])
-    write_pairs(tmp_path / steps[0][steps[0].index("--input") + 1])
-    monkeypatch.setattr(hf_gpt2, "_download", lambda repo, filename, name: tiny_gpt2 / filename)
-
+    # The preference recipe, on the fine-tune above.
     with torch_threads(1):
-        prepare_chat.main(sft[0][2:])
-        train.main([*sft[1][2:], f"--max_iters={TRAIN_STEPS}", "--eval_iters=1"])  # (the chat test's own)
-        preference.main(steps[0][2:])
+        preference.main(dpo_steps[0][2:])
         capsys.readouterr()
-        summary = train.main([*steps[1][2:], f"--max_iters={TRAIN_STEPS}", "--eval_iters=1"])
+        summary = train.main([*dpo_steps[1][2:], f"--max_iters={TRAIN_STEPS}", "--eval_iters=1"])
         out = capsys.readouterr().out
         assert "objective: DPO (sigmoid loss, beta 0.1, + 0.5 x the chosen replies' NLL per token)" in out
         assert "checkpoints in out-dpo/" in out and summary["step"] == TRAIN_STEPS
         ckpt = load_checkpoint(tmp_path / "out-dpo" / "last.pt")
         assert ckpt["config"]["objective"] == "dpo" and "dpo_reference" in ckpt
 
-        eval_script.main(steps[2][2:])
+        eval_script.main(dpo_steps[2][2:])
         scores = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         assert scores["task"] == "preference" and scores["pairs"] > 0 and scores["against"].startswith("reference")
 
         monkeypatch.setattr(sys, "stdin", io.StringIO("spell crown backwards\n"))
-        chat.main(steps[3][2:])
+        chat.main(dpo_steps[3][2:])
         assert capsys.readouterr().out.count("\n\n") == 1

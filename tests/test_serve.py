@@ -39,6 +39,16 @@ TRAINED = 48  # the chat model learned positions 0..47: its greedy replies are t
 CHAT_BLOCK = 256
 TEXT_BLOCK = 4096  # the text model's replies are long: they are still decoding while a test looks
 WAIT = 60  # seconds: the bound on every wait, so that a broken server fails a test instead of hanging it
+_HTTP = threading.local()
+
+
+def http() -> httpx.Client:
+    """This thread's client for the tests' raw requests: httpx.get and httpx.post make a client per call, whose
+    SSL context alone takes ~25 ms of CPU (the fuzzing test sends 160). Without keep-alive, each request goes on
+    a connection of its own, as with httpx.post."""
+    if not hasattr(_HTTP, "client"):
+        _HTTP.client = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
+    return _HTTP.client
 
 
 # ----------------------------------------------------------------------------- models and servers
@@ -94,11 +104,11 @@ class Server:
         """A raw POST, JSON unless the headers say otherwise."""
         content = body if isinstance(body, (str, bytes)) else json.dumps(body)
         headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self.key}", **(headers or {})}
-        return httpx.post(self.url + path, content=content, headers=headers, timeout=kwargs.pop("timeout", WAIT),
+        return http().post(self.url + path, content=content, headers=headers, timeout=kwargs.pop("timeout", WAIT),
                           **kwargs)
 
     def health(self) -> dict:
-        return httpx.get(self.url + "/health", timeout=WAIT).json()
+        return http().get(self.url + "/health", timeout=WAIT).json()
 
     def wait_until_idle(self) -> dict:
         deadline = time.monotonic() + WAIT
@@ -301,7 +311,7 @@ def test_chat_completion_streamed_and_not(chat_server, chat_model):
 
 def metrics(server: Server) -> dict[str, float]:
     """GET /metrics, parsed: each value by its name."""
-    r = httpx.get(server.url + "/metrics", timeout=WAIT)
+    r = http().get(server.url + "/metrics", timeout=WAIT)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     return {line.split()[0]: float(line.split()[1]) for line in r.text.splitlines() if not line.startswith("#")}
 
@@ -757,26 +767,22 @@ def test_errors_say_what_was_sent_and_where_a_bound_comes_from(chat_server):
                                             f"more than {rows + queue_}, {held}")
 
 
-def test_on_all_interfaces_the_printed_addresses_can_be_opened(text_ckpt):
+def test_on_all_interfaces_the_printed_addresses_can_be_opened(keyed_server):
     """--host 0.0.0.0 is where to listen, not an address a browser opens: the lines say 127.0.0.1 for this
     machine (the client below reaches the server there) and the machine's name for others."""
     assert serve.addresses("0.0.0.0") == ("127.0.0.1", socket.gethostname())
     assert serve.addresses("::") == ("[::1]", socket.gethostname())
     assert serve.addresses("127.0.0.1") == ("127.0.0.1", "") and serve.addresses("::1") == ("[::1]", "")
     # (with a host name allowed, so that Host headers are checked: the printed addresses pass, others not)
-    server = Server(text_ckpt, "--host=0.0.0.0", "--allowed_hosts=gptkit.test", key=KEY, env={"GPTKIT_API_KEY": KEY})
-    try:
-        server.ready()
-        assert server.url.startswith("http://127.0.0.1:") and "0.0.0.0:" not in "".join(server.stderr)
-        port = server.url.rsplit(":", 1)[1]
-        assert (f"serve.py: listening on all interfaces (0.0.0.0): from other machines, "
-                f"http://{socket.gethostname()}:{port}/\n") in server.stderr
-        assert server.client.completions.create(model=server.model, prompt="ab", max_tokens=2).choices[0].text
-        for host, status in ((f"{socket.gethostname()}:{port}", 200), (f"gptkit.test:{port}", 200),
-                             (f"rebound.test:{port}", 403)):
-            assert httpx.get(server.url + "/health", headers={"Host": host}, timeout=WAIT).status_code == status
-    finally:
-        server.stop()
+    server = keyed_server
+    assert server.url.startswith("http://127.0.0.1:") and "0.0.0.0:" not in "".join(server.stderr)
+    port = server.url.rsplit(":", 1)[1]
+    assert (f"serve.py: listening on all interfaces (0.0.0.0): from other machines, "
+            f"http://{socket.gethostname()}:{port}/\n") in server.stderr
+    assert server.client.completions.create(model=server.model, prompt="ab", max_tokens=2).choices[0].text
+    for host, status in ((f"{socket.gethostname()}:{port}", 200), (f"gptkit.test:{port}", 200),
+                         (f"rebound.test:{port}", 403)):
+        assert http().get(server.url + "/health", headers={"Host": host}, timeout=WAIT).status_code == status
 
 
 def test_the_openai_client_sees_the_errors(chat_server):
@@ -852,9 +858,9 @@ def test_requests_from_other_web_pages_are_refused(chat_server):
                                                                                                    "localhost")):
         message = refused(chat_server.post(COMPLETIONS, body, {"Origin": origin}), 403, "origin_not_allowed")
         assert "--allowed_origins" in message
-        refused(httpx.get(chat_server.url + "/v1/models", headers={"Origin": origin}, timeout=WAIT), 403,
+        refused(http().get(chat_server.url + "/v1/models", headers={"Origin": origin}, timeout=WAIT), 403,
                 "origin_not_allowed")
-        preflight = httpx.options(chat_server.url + COMPLETIONS, timeout=WAIT, headers={
+        preflight = http().options(chat_server.url + COMPLETIONS, timeout=WAIT, headers={
             "Origin": origin, "Access-Control-Request-Method": "POST",
             "Access-Control-Request-Headers": "content-type"})
         refused(preflight, 403, "origin_not_allowed")
@@ -873,7 +879,7 @@ def test_a_host_name_that_is_not_the_servers_address_is_refused(chat_server):
         message = refused(chat_server.post(COMPLETIONS, body, {"Host": host, "Origin": f"http://{host}"}), 403,
                           "host_not_allowed")
         assert "--allowed_hosts" in message
-        refused(httpx.get(chat_server.url + "/", headers={"Host": host}, timeout=WAIT), 403, "host_not_allowed")
+        refused(http().get(chat_server.url + "/", headers={"Host": host}, timeout=WAIT), 403, "host_not_allowed")
     for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"LOCALHOST:{port}", f"[::1]:{port}"):
         r = chat_server.post(COMPLETIONS, body, {"Host": host, "Origin": f"http://{host}"})
         assert r.status_code == 200, (host, r.text)
@@ -881,9 +887,10 @@ def test_a_host_name_that_is_not_the_servers_address_is_refused(chat_server):
 
 @pytest.fixture(scope="module")
 def keyed_server(text_ckpt):
-    """The text model behind a key given in the environment, with one other origin and host name allowed."""
+    """The text model behind a key given in the environment, with one other origin and host name allowed,
+    listening on all interfaces (one server for the tests of these options: each start takes seconds)."""
     server = Server(text_ckpt, "--max_batch=2", "--max_queue=2", "--allowed_origins=http://localhost:3000",
-                    "--allowed_hosts=gptkit.test", key=KEY, env={"GPTKIT_API_KEY": KEY})
+                    "--host=0.0.0.0", "--allowed_hosts=gptkit.test", key=KEY, env={"GPTKIT_API_KEY": KEY})
     try:
         yield server.ready()
     finally:
@@ -904,20 +911,20 @@ def test_the_api_key_is_required_and_the_openai_client_sends_it(keyed_server):
         assert e.value.status_code == 401 and e.value.code == "invalid_api_key"
         with pytest.raises(openai.AuthenticationError):
             client.models.list()
-    r = httpx.post(server.url + COMPLETIONS, json={"prompt": "abc", "max_tokens": 3}, timeout=WAIT)  # no header
+    r = http().post(server.url + COMPLETIONS, json={"prompt": "abc", "max_tokens": 3}, timeout=WAIT)  # no header
     assert "needs an API key" in refused(r, 401, "invalid_api_key") and r.headers["www-authenticate"] == "Bearer"
     r = server.post(COMPLETIONS, {"prompt": "abc", "max_tokens": 3}, {"Authorization": KEY})  # not "Bearer KEY"
     refused(r, 401, "invalid_api_key")
     # The page (which asks for the key) and the load stay open; a refused request comes before the body's type.
-    assert httpx.get(server.url + "/", timeout=WAIT).status_code == 200 and server.health()["status"] == "ok"
-    assert "gptkit_prefix_cache_bytes" in httpx.get(server.url + "/metrics", timeout=WAIT).text
-    refused(httpx.post(server.url + COMPLETIONS, content="x", headers={"Content-Type": "text/plain"},
+    assert http().get(server.url + "/", timeout=WAIT).status_code == 200 and server.health()["status"] == "ok"
+    assert "gptkit_prefix_cache_bytes" in http().get(server.url + "/metrics", timeout=WAIT).text
+    refused(http().post(server.url + COMPLETIONS, content="x", headers={"Content-Type": "text/plain"},
                        timeout=WAIT), 401, "invalid_api_key")
 
 
 def test_allowed_origins_get_cors_and_allowed_hosts_are_served(keyed_server):
     server, origin = keyed_server, "http://localhost:3000"
-    preflight = httpx.options(server.url + COMPLETIONS, timeout=WAIT, headers={
+    preflight = http().options(server.url + COMPLETIONS, timeout=WAIT, headers={
         "Origin": origin, "Access-Control-Request-Method": "POST",
         "Access-Control-Request-Headers": "authorization, content-type"})
     assert preflight.status_code == 204 and preflight.headers["access-control-allow-origin"] == origin
