@@ -17,6 +17,8 @@ A run meets its objective in this order (gptkit/run.py, train.py):
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -24,6 +26,18 @@ import torch
 
 from gptkit.errors import UserError
 from gptkit.runtime import Dist, Runtime
+
+
+@contextlib.contextmanager
+def evaluating(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """The model in eval mode (no dropout) inside the block, in its previous mode afterwards: how a reference
+    model (DPO's, GRPO's KL) scores what the trained one is learning."""
+    was = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was)
 
 
 class ObjectiveError(UserError):

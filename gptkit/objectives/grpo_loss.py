@@ -31,7 +31,6 @@ says so instead of looking merely slow.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ import torch.nn as nn
 
 from gptkit import lora
 from gptkit.errors import UserError
+from gptkit.objectives.base import evaluating
 
 AVERAGING = ("token", "sequence")
 STD_EPS = 1e-4  # added to a group's std: a group of nearly equal rewards gets large advantages, not infinite
@@ -136,17 +136,6 @@ class RolloutBatch:
     lengths: torch.Tensor
     no_signal: torch.Tensor
     old_logps: torch.Tensor | None = None
-
-
-@contextlib.contextmanager
-def evaluating(model: nn.Module):
-    """The model in eval mode (no dropout) inside the block, in its previous mode afterwards."""
-    was = model.training
-    model.eval()
-    try:
-        yield model
-    finally:
-        model.train(was)
 
 
 class AdapterOffReference:

@@ -74,7 +74,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,6 +86,7 @@ import torch.nn.functional as F
 from gptkit import lora
 from gptkit.data.pairs import PairBatch, Pairs, ValPairs
 from gptkit.errors import DPOError
+from gptkit.objectives.base import evaluating
 from gptkit.settings import LENGTH_NORMALISED, DPOSettings
 from model import loss_chunk_rows
 
@@ -293,17 +294,6 @@ def policy_logps(model: nn.Module, batch: PairBatch) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------------------------------------
 # The reference
-
-
-@contextlib.contextmanager
-def evaluating(model: nn.Module) -> Iterator[nn.Module]:
-    """The model in eval mode (no dropout) inside the block, in its previous mode afterwards."""
-    was = model.training
-    model.eval()
-    try:
-        yield model
-    finally:
-        model.train(was)
 
 
 class AdapterOffReference:
