@@ -125,6 +125,7 @@ def test_a_failing_checker_is_one_line_and_keeps_the_checkpoint(sft, tmp_path):
     (dict(cuda_graphs=True), "objective=grpo draws new data in its step"),
     (dict(grpo_task="tasks/none.py"), "not found"),
     (dict(grpo_max_tokens=30), r"exceeds the model's context of 32; lower grpo_max_tokens"),
+    (dict(dataset="/nonexistent/arithmetic"), r"not found .*prepare it with: python prepare/text.py --input"),
 ])
 def test_refusals(sft, tmp_path, over, says):
     with pytest.raises(SystemExit, match=f"^error: .*{says}"):

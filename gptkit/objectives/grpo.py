@@ -86,6 +86,11 @@ class GRPO(Objective):
         """A full fine-tune with a KL penalty saves its copy of the starting weights; nothing else is saved."""
         return "grpo_reference" if self.cfg.grpo_kl and not self.cfg.lora_rank else ""
 
+    def prepare_kind(self) -> str | None:
+        """Its dataset is the task's worked problems as text (README's recipe), in the starting model's tokenizer:
+        the prompts come from the task, the dataset gives the vocabulary and the evaluation's split."""
+        return "text"
+
     def check_config(self, cfg) -> None:
         super().check_config(cfg)
         grpo_settings(cfg)
