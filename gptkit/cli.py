@@ -18,6 +18,7 @@ import argparse
 import functools
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -83,11 +84,21 @@ def fail(message: str) -> None:
 def _leave_quietly() -> None:
     """A process of a torchrun job that meets the error its machine's first process says. Under torchrun it
     waits (QUIET_WAIT_S at most) for torchrun to stop it once that process has failed: exiting at once, it
-    could be first, and torchrun would stop the process that says the error before it has."""
-    _tell_torchrun("the same error as local rank 0's")
-    if os.environ.get("TORCHELASTIC_ERROR_FILE"):
-        time.sleep(QUIET_WAIT_S)
-    sys.exit(EXIT_ERROR)
+    could be first, and torchrun would stop the process that says the error before it has.
+
+    Its line for torchrun's summary is written when it leaves (stopped by torchrun, or at the end of the wait),
+    not when it meets the error: torchrun names the failure with the earliest time as the root cause, and a
+    process that met the error a second before the first one would otherwise be named instead of it."""
+    if not os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        sys.exit(EXIT_ERROR)
+
+    def leave(*_):
+        _tell_torchrun("the same error as local rank 0's")
+        os._exit(EXIT_ERROR)  # (from a signal handler too: no exit handlers to run twice)
+
+    signal.signal(signal.SIGTERM, leave)
+    time.sleep(QUIET_WAIT_S)
+    leave()
 
 
 def _tell_torchrun(message: str) -> None:

@@ -388,6 +388,38 @@ def test_torchrun_with_too_few_micro_batches_says_it_once_with_the_fix(char_data
     assert not (tmp_path / "out").exists()
 
 
+QUIET_CHILD = """
+import sys, time
+sys.path.insert(0, {repo!r})
+from gptkit import cli
+real_sleep = time.sleep
+def sleep(seconds):  # (says when the process waits, its SIGTERM handler in place)
+    print("waiting", flush=True)
+    real_sleep(seconds)
+time.sleep = sleep
+cli._leave_quietly()
+"""
+
+
+def test_a_quiet_process_tells_torchrun_its_line_only_when_it_leaves(tmp_path):
+    """torchrun names the failure with the earliest time in its error files as the root cause: the process
+    that stays quiet (its machine's first process says the error) writes its line only when torchrun stops it,
+    so it can never be named before the process that says the error, however the two were scheduled."""
+    error_file = tmp_path / "error.json"
+    env = dict(os.environ, TORCHELASTIC_ERROR_FILE=str(error_file), LOCAL_RANK="1")
+    child = subprocess.Popen([sys.executable, "-c", QUIET_CHILD.format(repo=str(REPO))], env=env,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "waiting\n"
+        assert not error_file.exists()  # met the error, says nothing yet
+        child.send_signal(signal.SIGTERM)  # as torchrun stops the others once one has failed
+        assert child.wait(timeout=60) == 1
+    finally:
+        child.kill()
+    said = json.loads(error_file.read_text())["message"]
+    assert said["message"] == "the same error as local rank 0's" and int(said["extraInfo"]["timestamp"]) > 0
+
+
 def test_wandb_offline_logging(char_dataset, tmp_path):
     pytest.importorskip("wandb")
     env = dict(os.environ, WANDB_MODE="offline", WANDB_DIR=str(tmp_path), WANDB_SILENT="true", OMP_NUM_THREADS="1")
