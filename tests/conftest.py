@@ -52,6 +52,54 @@ needs_gpt2_bpe = pytest.mark.skipif(
 )
 
 
+# The slowest tests (seconds each on 2 quiet cores, from `--durations`), run first under `pytest -n`. xdist's
+# worksteal hands each worker a contiguous share of the collection and lets an idle worker take the end of a
+# busy one's queue: a slow test near the end of a share makes one worker run on alone at the end of the suite.
+# pytest_collection_modifyitems puts these at the front of the shares, balanced across them (the greediest first
+# onto the share with the least), so the shares end with quick tests the workers can trade. A group stays
+# together (tests sharing a module-scoped fixture, made once). tests/test_ci_skips.py checks each name exists.
+SLOWEST = [
+    (28.0, "test_gpu_check.py::test_smoke_runs_every_part_or_says_why_not",
+     "test_gpu_check.py::test_nanogpt_runs_beside_ours_in_smoke"),
+    (22.0, "test_fsdp.py::test_fsdp_trains_as_one_process_does"),
+    (17.0, "test_fsdp.py::test_a_sharded_checkpoint_survives_a_kill_and_resumes_under_fsdp_ddp_and_one_process"),
+    (15.5, "test_restart.py::test_torchrun_restarts_a_killed_ddp_run_from_its_last_checkpoint"),
+    (13.5, "test_restart.py::test_torchrun_restarts_a_killed_fsdp_run"),
+    (9.5, "test_restart.py::test_two_nodes_as_the_readme_starts_them_train_as_one_process"),
+    (8.5, "test_dpo_train.py::test_dpo_learns_its_pairs_and_chat_answers_by_the_rule"),
+    (7.0, "test_fsdp.py::test_a_sharded_model_scores_hellaswag_and_each_process_holds_a_shard"),
+    (6.5, "test_lm_eval.py::test_lm_eval_loglikelihoods_equal_evals"),
+    (6.0, "test_reproduce.py::test_a_quick_rehearsal_prints_quoted_against_measured_and_skips_what_is_missing"),
+    (6.0, "test_train_threads.py::test_a_tiny_rehearsal_gives_a_figure_per_setting_and_the_threads_each_ran_with"),
+    (6.0, "test_step_profile.py::test_profile_fp8_loss_chunks_and_batches_together_with_an_oom_reported"),
+    (5.5, "test_eval.py::test_bits_per_byte_of_a_char_model_is_its_loss_over_ln2"),
+    (5.5, "test_cudagraph.py::test_the_host_work_per_step_does_not_grow"),
+    (5.5, "test_async_save.py::test_sigterm_with_async_save_waits_for_the_write_and_resumes_exactly"),
+    (5.0, "test_gpu_check.py::test_a_test_past_its_limit_is_stopped_and_pytest_goes_on_with_the_rest"),
+    (4.5, "test_train.py::test_wandb_offline_logging"),
+]
+
+
+def pytest_collection_modifyitems(config, items):
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # (set in each xdist worker)
+    if workers < 2:
+        return
+    by_name = {item.nodeid.removeprefix("tests/"): item for item in items}
+    groups = [(seconds, [by_name[n] for n in names if n in by_name]) for seconds, *names in SLOWEST]
+    shares, loads = [[] for _ in range(workers)], [0.0] * workers
+    for seconds, group in sorted(groups, key=lambda g: -g[0]):
+        least = loads.index(min(loads))
+        shares[least] += group
+        loads[least] += seconds if group else 0.0
+    moved = {id(item) for share in shares for item in share}
+    rest = iter([item for item in items if id(item) not in moved])
+    left = len(items)
+    for i, share in enumerate(shares):  # each share as long as xdist's split of the collection will make it
+        size = left // (workers - i)
+        left -= size
+        share += [next(rest) for _ in range(max(0, size - len(share)))]
+    items[:] = [item for share in shares for item in share] + list(rest)
+
 
 def train_script():
     """train.py, the script, loaded from its path once per process (kept as sys.modules["train_script"]: this

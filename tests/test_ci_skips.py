@@ -2,7 +2,10 @@
 the run with its reason, so a broken default (a kernel that does not build, a missing browser) cannot pass."""
 
 import os
+import re
 from pathlib import Path
+
+from conftest import SLOWEST
 
 TESTS = """
 import pytest
@@ -57,3 +60,13 @@ def test_under_ci_a_module_that_skips_whole_is_a_failure(pytester, monkeypatch):
     result.stdout.fnmatch_lines(["*skipped under CI*no_such_module_here*"])
     result = run(pytester, monkeypatch, "false", 'import pytest\npytest.importorskip("no_such_module_here")\n')
     assert result.ret == 0 or result.ret == 5  # nothing ran, nothing failed
+
+
+def test_the_slowest_tests_conftest_runs_first_exist():
+    """conftest.py's SLOWEST names tests by file and function: a test renamed or moved would silently drop out of
+    the order that keeps the two workers ending together."""
+    tests = Path(__file__).parent
+    for _, *names in SLOWEST:
+        for name in names:
+            file, function = name.split("::")
+            assert re.search(rf"^def {function}\(", (tests / file).read_text(), flags=re.M), name
