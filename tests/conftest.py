@@ -1,6 +1,7 @@
 """Shared test fixtures: a tiny GPT, the offline tiktoken cache and the shared Shakespeare text."""
 
 import contextlib
+import functools
 import importlib.util
 import os
 import sys
@@ -33,9 +34,11 @@ if (SHARED_DATA / "tiktoken_cache").is_dir():
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(SHARED_DATA / "tiktoken_cache"))
 
 
-def _gpt2_bpe_problem() -> str | None:
+@functools.cache
+def gpt2_bpe_problem() -> str | None:
     """Why tiktoken's GPT-2 BPE files cannot be had here (downloaded on first use, or TIKTOKEN_CACHE_DIR), or
-    None when they can."""
+    None when they can. (Asked when a test needs them, not when this file is imported: loading them costs a
+    third of a second in every process that imports it, torchrun's workers here included.)"""
     try:
         import tiktoken
 
@@ -45,11 +48,17 @@ def _gpt2_bpe_problem() -> str | None:
     return None
 
 
-GPT2_BPE_PROBLEM = _gpt2_bpe_problem()
 # Tests that tokenize with the GPT-2 BPE skip, saying why, where its files cannot be downloaded or found.
-needs_gpt2_bpe = pytest.mark.skipif(
-    GPT2_BPE_PROBLEM is not None, reason=f"the GPT-2 BPE files are not available: {GPT2_BPE_PROBLEM}"
-)
+needs_gpt2_bpe = pytest.mark.gpt2_bpe
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpt2_bpe: the test tokenizes with the GPT-2 BPE (skipped without its files)")
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("gpt2_bpe") and gpt2_bpe_problem() is not None:
+        pytest.skip(f"the GPT-2 BPE files are not available: {gpt2_bpe_problem()}")
 
 
 # The slowest tests (seconds each on 2 quiet cores, from `--durations`), run first under `pytest -n`. xdist's

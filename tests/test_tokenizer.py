@@ -19,7 +19,7 @@ from gptkit.data.shards import read_meta
 from gptkit.errors import DataError
 from gptkit.hf_tokenizer import bpe_merges, hf_tokenizer_files
 from gptkit.tokenizer import CHAT_SPECIALS, Tokenizer, resolve_tokenizer, with_tokenizer_files
-from tests.conftest import GPT2_BPE_PROBLEM, REPO, needs_gpt2_bpe, write_dataset
+from tests.conftest import REPO, gpt2_bpe_problem, needs_gpt2_bpe, write_dataset
 
 WORDS = ("the king queen shall speak to my lord and thou art good sir crown castle river stone night day "
          "über straße naïve café 東京 北京 你好 世界 こんにちは Привет мир مرحبا שלום 🤖 🎉 ⭐").split()
@@ -90,8 +90,8 @@ def trained(data_root) -> Tokenizer:
 
 @pytest.fixture(scope="module")
 def gpt2():
-    if GPT2_BPE_PROBLEM is not None:
-        pytest.skip(f"the GPT-2 BPE files are not available: {GPT2_BPE_PROBLEM}")
+    if gpt2_bpe_problem() is not None:
+        pytest.skip(f"the GPT-2 BPE files are not available: {gpt2_bpe_problem()}")
     return Tokenizer.tiktoken("gpt2")
 
 
