@@ -1,0 +1,297 @@
+"""KTO on unpaired rows (gptkit/objectives/kto.py, kto_loss.py, gptkit/data/unpaired.py): the loss and its
+gradients against the paper's formula in float64 on fixed log-probabilities (z's clamp at 0, both weights);
+the rows and their KL sequences as batches; the training step against KTO computed by hand from two models'
+per-token log-probabilities; a run on the synthetic task that ranks desirable completions above undesirable
+ones; exact resume; the refusals and the weights' note."""
+
+import contextlib
+import copy
+import json
+import math
+import random
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from conftest import torch_threads, train_script
+
+from benchmarks import dpo_rule
+from gptkit.checkpoint import load_checkpoint
+from gptkit.checkpoint.run_model import attach_lora, build_model
+from gptkit.config import TrainConfig
+from gptkit.data.pairs import unpaired_labels
+from gptkit.data.shards import read_meta
+from gptkit.data.unpaired import RowLoader, Rows
+from gptkit.objectives import make_objective
+from gptkit.objectives.kto import KTO, RowReference, ratio_note
+from gptkit.objectives.kto_loss import KTOObjective, kto_loss, row_metrics
+from gptkit.optim import make_optimizer
+from gptkit.runtime import Dist, setup_runtime
+from gptkit.settings import KTOSettings
+from gptkit.step import TrainStep, accumulate
+from gptkit.tokenizer import Tokenizer
+from prepare import preference
+from tests.test_dpo import direct_logps
+from tests.test_dpo_train import BLOCK, prepare_pairs, prepare_task, sft_args
+from tests.test_train import assert_same_weights, metrics, train_losses, weights
+
+train = train_script()
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    with torch_threads(1):
+        yield
+
+
+# ----------------------------------------------------------------------------- the loss
+
+
+def paper_loss(policy, reference, policy_kl, reference_kl, desirable, s: KTOSettings):
+    """The paper's KTO in float64 Python numbers, row by row: (mean loss, rewards, z)."""
+    B = len(policy)
+    z = max(0.0, sum(p - r for p, r in zip(policy_kl, reference_kl)) / B)
+    losses, rewards = [], []
+    for p, r, good in zip(policy, reference, desirable):
+        ratio = p - r
+        sig = lambda v: 1 / (1 + math.exp(-v))  # noqa: E731
+        losses.append(s.desirable_weight * (1 - sig(s.beta * (ratio - z))) if good else
+                      s.undesirable_weight * (1 - sig(s.beta * (z - ratio))))
+        rewards.append(s.beta * ratio)
+    return sum(losses) / B, rewards, z
+
+
+@pytest.mark.parametrize("settings, kl_shift", [
+    (KTOSettings(beta=0.1), 3.0),
+    (KTOSettings(beta=0.5, desirable_weight=1.5, undesirable_weight=0.7), 2.0),
+    (KTOSettings(beta=0.2, desirable_weight=0.8, undesirable_weight=1.3), -4.0),  # the KL estimate < 0: z = 0
+], ids=["z_positive", "weights", "z_clamped_at_0"])
+def test_the_loss_and_its_gradients_equal_the_papers_formula_in_float64(settings, kl_shift):
+    """kto_loss on fixed log-probabilities: the loss, each row's gradient (d loss / d log pi, by the formula's
+    derivative: w beta s (1 - s) / B with the sign of the row's label), the rewards and z, against float64;
+    z is detached (no gradient reaches the KL sequences' log-probabilities) and clamped at 0."""
+    g = torch.Generator().manual_seed(0)
+    B = 8
+    policy = (-20 + 6 * torch.rand(B, generator=g, dtype=torch.float64)).float().requires_grad_()
+    reference = (policy.detach() + torch.randn(B, generator=g, dtype=torch.float64).float() * 4)
+    policy_kl = (-30 + 6 * torch.rand(B, generator=g, dtype=torch.float64)).float().requires_grad_()
+    reference_kl = policy_kl.detach() - kl_shift + torch.randn(B, generator=g).float() * 0.5
+    desirable = torch.tensor([True, False, True, True, False, False, True, False])
+
+    losses, rewards, z = kto_loss(policy, reference, policy_kl, reference_kl, desirable, settings)
+    losses.mean().backward()
+
+    p, r, pk, rk = (t.detach().double().tolist() for t in (policy, reference, policy_kl, reference_kl))
+    expected, expected_rewards, expected_z = paper_loss(p, r, pk, rk, desirable.tolist(), settings)
+    assert losses.mean().item() == pytest.approx(expected, rel=1e-6)
+    assert z.item() == pytest.approx(expected_z, abs=1e-6) and not z.requires_grad
+    assert (expected_z == 0.0) == (kl_shift < 0)
+    assert rewards.tolist() == pytest.approx(expected_rewards, rel=1e-6)
+    beta = settings.beta
+    for i in range(B):
+        ratio = p[i] - r[i]
+        if desirable[i]:
+            s = 1 / (1 + math.exp(-beta * (ratio - expected_z)))
+            grad = -settings.desirable_weight * beta * s * (1 - s) / B
+        else:
+            s = 1 / (1 + math.exp(-beta * (expected_z - ratio)))
+            grad = settings.undesirable_weight * beta * s * (1 - s) / B
+        assert policy.grad[i].item() == pytest.approx(grad, rel=1e-5), i
+    assert policy_kl.grad is None  # z is a constant to the loss
+
+    logged = row_metrics(losses, rewards, policy, desirable, z)
+    d = [x for x, good in zip(expected_rewards, desirable.tolist()) if good]
+    u = [x for x, good in zip(expected_rewards, desirable.tolist()) if not good]
+    auc = sum((a > b) + 0.5 * (a == b) for a in d for b in u) / (len(d) * len(u))
+    assert logged["chosen_reward"].item() == pytest.approx(sum(d) / len(d), rel=1e-5)
+    assert logged["rejected_reward"].item() == pytest.approx(sum(u) / len(u), rel=1e-5)
+    assert logged["rewards/margins"].item() == pytest.approx(sum(d) / len(d) - sum(u) / len(u), rel=1e-5)
+    assert logged["kl"].item() == pytest.approx(expected_z, abs=1e-6) and logged["desirable"].item() == 0.5
+    assert logged["auc"].item() == pytest.approx(auc) and 0 < auc < 1
+
+
+def test_a_micro_batch_of_one_label_logs_the_other_as_n_a_and_the_step_weighs_by_label():
+    """A micro-batch without undesirable rows has no rejected_reward (NaN: n/a), and the step's mean of a
+    per-label metric is over that label's rows of all its micro-batches (metric_over), not a mean of means."""
+    s = KTOSettings(beta=1.0)
+    batches = [(torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([True, True, True, True])),
+               (torch.tensor([5.0, 6.0, 7.0, 8.0]), torch.tensor([True, False, False, False]))]
+
+    class Fixed:
+        metric_names = KTOObjective.metric_names
+        metric_over = KTOObjective.metric_over
+
+        def __call__(self, model, batch):
+            ratio, desirable = batch
+            zero = torch.zeros(4)
+            policy = ratio.clone().requires_grad_()
+            losses, rewards, z = kto_loss(policy, zero, zero, zero, desirable, s)
+            return losses.mean(), row_metrics(losses, rewards, policy, desirable, z)
+
+    first = Fixed()(None, batches[0])[1]
+    assert math.isnan(first["rejected_reward"].item()) and first["chosen_reward"].item() == 2.5
+    it = iter(batches)
+    _, means = accumulate(torch.nn.Linear(1, 1), lambda: next(it), 2, contextlib.nullcontext, torch.device("cpu"),
+                          objective=Fixed())
+    assert means["chosen_reward"].item() == pytest.approx((1 + 2 + 3 + 4 + 5) / 5)
+    assert means["rejected_reward"].item() == pytest.approx((6 + 7 + 8) / 3)
+    assert means["rewards/rejected"].item() == means["rejected_reward"].item()
+    assert means["desirable"].item() == pytest.approx(5 / 8)
+
+
+# ----------------------------------------------------------------------------- the data
+
+
+def unpaired_rows(n, seed=0, desirable=0.5):
+    """The synthetic task's rows: a word and the mark to end it with; desirable: the asked-for mark. One row a
+    word, so no two rows share a prompt (each row's KL sequence is a mismatched one)."""
+    rng = random.Random(seed)
+    rows = []
+    for word in dpo_rule.made_up_words(n, rng):
+        pair = dpo_rule.preference_pair(word, rng)
+        good = rng.random() < desirable
+        rows.append({"prompt": pair["prompt"], "completion": pair["chosen" if good else "rejected"], "label": good})
+    rng.shuffle(rows)
+    return rows
+
+
+def prepare_rows(root: Path, rows, tokenizer, name="rows", block=BLOCK) -> Path:
+    path = root / f"{name}.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    preference.main(["--input", str(path), "--tokenizer", str(tokenizer), "--block_size", str(block),
+                     "--data_root", str(root / "data"), "--name", name, "--val_fraction", "0.2"])
+    return root / "data" / name
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    """The synthetic task: a chat model trained 3 steps on its conversations (the start of the KTO runs), its
+    unpaired rows in that model's tokens, and its pairs (a paired dataset, for the refusals)."""
+    root = tmp_path_factory.mktemp("kto")
+    prepare_task(root, n_sft=300, n_pairs=200)
+    with torch_threads(1):
+        train.main(sft_args(root / "data" / "sft", root / "sft"))
+    rows = prepare_rows(root, unpaired_rows(240), root / "sft")
+    return SimpleNamespace(root=root, sft=root / "sft", rows=rows, pairs=prepare_pairs(root, root / "sft"))
+
+
+def test_each_row_comes_with_its_prompt_and_the_previous_rows_completion(task):
+    """A batch's first half are the rows as prepared (targets on the reply alone), its second half their KL
+    sequences: row i's prompt and row i-1's completion (row 0: the last's), with their labels; a KL sequence
+    longer than the batch is cut from its prompt's start, <|endoftext|> kept."""
+    tok = Tokenizer.from_meta(read_meta(task.rows))
+    rows = [json.loads(line) for line in (task.root / "rows.jsonl").read_text().splitlines()]
+    from gptkit.data.prepare.pipeline import ValRule
+    rule = ValRule.for_documents(0.2, len(rows))
+    train_rows = [r for i, r in enumerate(rows) if rule.split(i) == "train"]
+    items = Rows(task.rows, "train")
+    assert len(items) == len(train_rows) and unpaired_labels(task.rows, "train").tolist() == [
+        r["label"] for r in train_rows]
+    picked = np.array([0, 5, 17])
+    batch = items.read(picked, BLOCK)
+    B = len(picked)
+
+    def text(ids):
+        return tok.decode([t for t in ids if t != -1])
+
+    for k, i in enumerate(picked.tolist()):
+        row, other = train_rows[i], train_rows[i - 1]
+        assert text(batch.y[k].tolist()) == row["completion"] + "<|end|>"
+        assert text(batch.x[k].tolist()).startswith(f"<|endoftext|><|user|>{row['prompt']}<|end|><|assistant|>"
+                                                     f"{row['completion']}")
+        assert text(batch.y[B + k].tolist()) == other["completion"] + "<|end|>"
+        assert text(batch.x[B + k].tolist()).startswith(f"<|endoftext|><|user|>{row['prompt']}<|end|><|assistant|>"
+                                                        f"{other['completion']}")
+        assert batch.labels[k].item() == float(row["label"])
+    assert items.partner(np.array([0]))[0] == len(items) - 1
+    # cut to fit: the rows of 30 tokens or fewer at T = 29; their longer KL sequences lose their prompts' first
+    # tokens, and keep their completions whole
+    T = 29
+    n = len(items)
+    full = items.kl_lengths()
+    fits = np.flatnonzero(items.lengths <= T + 1)
+    short = items.read(fits, T)
+    assert (full[fits] > T + 1).sum() >= 5 and (full[fits] <= T + 1).sum() >= 5
+    for k, i in enumerate(fits.tolist()):
+        x, y = short.x[len(fits) + k], short.y[len(fits) + k]
+        assert x[0].item() == items.eot and (x[1:] != items.eot).sum().item() == min(full[i], T + 1) - 2
+        other = train_rows[i - 1]
+        assert text(y.tolist()) == other["completion"] + "<|end|>"  # (the completion whole)
+        assert text(x.tolist()).endswith(f"<|end|><|assistant|>{other['completion']}" + "<|endoftext|>" * (
+            T + 1 - min(full[i], T + 1)))
+    assert n == len(train_rows)
+
+
+# ----------------------------------------------------------------------------- the training step
+
+
+def kto_args(task, out, **over) -> list[str]:
+    """A KTO run from the task's chat model on its rows: 8 steps of 2 micro-batches of 4 rows."""
+    args = dict(objective="kto", init_from=task.sft, dataset=task.rows, out_dir=out, batch_size=4,
+                gradient_accumulation_steps=2, max_iters=8, eval_interval=4, eval_iters=3, log_interval=1,
+                warmup_iters=2, lr_decay_iters=8, learning_rate=3e-3, min_lr=3e-4, dropout=0.0, dpo_beta=0.5,
+                device="cpu", compile=False)
+    return [f"--{k}={v}" for k, v in {**args, **over}.items()]
+
+
+@pytest.mark.parametrize("lora_rank", [0, 4], ids=["precomputed_reference", "adapters_off_reference"])
+def test_the_training_step_is_kto_computed_by_hand(task, lora_rank):
+    """TrainStep with the objective, loader and reference a run builds, 2 micro-batches per step: the second
+    step's loss and the gradients its optimizer step receives equal KTO written out from the per-token
+    log-probabilities (a whole log-softmax) of the model before that step and of the starting model (the
+    reference), of each row's completion and of its KL sequence, z per micro-batch, weights 1.5 and 0.8 (1e-6,
+    float32). The second step, so that the model has moved from its reference."""
+    cfg = TrainConfig(objective="kto", init_from=str(task.sft), dataset=str(task.rows), block_size=BLOCK,
+                      batch_size=3, gradient_accumulation_steps=2, learning_rate=1e-2, decay_lr=False,
+                      grad_clip=0.0, weight_decay=0.0, dropout=0.0, lora_rank=lora_rank, lora_dropout=0.0,
+                      dpo_beta=0.5, kto_desirable_weight=1.5, kto_undesirable_weight=0.8)
+    rt = setup_runtime("cpu", "float32")
+    model, added = build_model(cfg, read_meta(task.rows), None, keep_context=True)
+    attach_lora(cfg, model, None, added)
+    start = copy.deepcopy(model).eval()  # the starting model: the oracle's reference
+    objective = make_objective(cfg)
+    objective.start(cfg, model, task.rows, None, Dist(), rt)
+    loader, _ = objective.batches(cfg, task.rows, Dist(), rt)
+    assert type(objective.reference).__name__ == ("AdapterOffReference" if lora_rank else "RowReference")
+    optimizer = make_optimizer(model, cfg, "cpu")
+    step = TrainStep(model, optimizer, torch.amp.GradScaler("cpu", enabled=False), rt, Dist(), cfg, accum=2,
+                     objective=objective)
+    received = {}
+    optimizer.register_step_pre_hook(
+        lambda opt, args, kwargs: received.update({n: p.grad.clone() for n, p in model.named_parameters()
+                                                   if p.grad is not None}))
+    step(0, loader)
+    before = copy.deepcopy(model)
+    out = step(1, loader)
+
+    batches = RowLoader(task.rows, "train", batch_size=3, block_size=BLOCK, seed=cfg.seed)
+    micro = [batches.next_batch() for _ in range(4)][2:]  # the second step's
+    total, chosen, zs = 0.0, [], []
+    for batch in micro:
+        B = len(batch)
+        with torch.no_grad():
+            ref = direct_logps(start, batch.x, batch.y)
+            pi_kl = direct_logps(before.train(), batch.x[B:], batch.y[B:])
+        pi = direct_logps(before.train(), batch.x[:B], batch.y[:B])
+        z = (pi_kl - ref[B:]).mean().clamp(min=0)
+        zs.append(z.item())
+        ratio = pi - ref[:B]
+        good = batch.labels > 0.5
+        losses = torch.where(good, 1.5 * (1 - torch.sigmoid(0.5 * (ratio - z))),
+                             0.8 * (1 - torch.sigmoid(0.5 * (z - ratio))))
+        total = total + losses.mean() / 2
+        chosen += (0.5 * ratio[good]).tolist()
+    total.backward()
+    by_hand = {n: p.grad for n, p in before.named_parameters() if p.grad is not None}
+
+    assert abs(out.loss.item() - total.item()) < 1e-6
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert received.keys() == by_hand.keys() == trained  # (LoRA: the adapters alone)
+    for name in by_hand:
+        torch.testing.assert_close(received[name], by_hand[name], atol=1e-6, rtol=1e-6, msg=name)
+    assert out.metrics["chosen_reward"].item() == pytest.approx(sum(chosen) / len(chosen), abs=1e-6)
+    assert abs(sum(chosen)) > 1e-3  # (the model has moved from its reference)
+    assert out.metrics["kl"].item() == pytest.approx(sum(zs) / 2, abs=1e-6)
+    assert set(out.metrics) == set(objective.metric_names)
