@@ -18,16 +18,17 @@ import torch
 from conftest import torch_threads, train_script
 
 from benchmarks import dpo_rule
-from gptkit.checkpoint import load_checkpoint
+from gptkit.checkpoint import load_checkpoint, load_model
 from gptkit.checkpoint.run_model import attach_lora, build_model
 from gptkit.config import TrainConfig
 from gptkit.data.pairs import unpaired_labels
 from gptkit.data.shards import read_meta
 from gptkit.data.unpaired import RowLoader, Rows
 from gptkit.objectives import make_objective
-from gptkit.objectives.kto import KTO, RowReference, ratio_note
+from gptkit.objectives.kto import ratio_note
 from gptkit.objectives.kto_loss import KTOObjective, kto_loss, row_metrics
 from gptkit.optim import make_optimizer
+from gptkit.plan import batch_size
 from gptkit.runtime import Dist, setup_runtime
 from gptkit.settings import KTOSettings
 from gptkit.step import TrainStep, accumulate
@@ -107,7 +108,7 @@ def test_the_loss_and_its_gradients_equal_the_papers_formula_in_float64(settings
     auc = sum((a > b) + 0.5 * (a == b) for a in d for b in u) / (len(d) * len(u))
     assert logged["chosen_reward"].item() == pytest.approx(sum(d) / len(d), rel=1e-5)
     assert logged["rejected_reward"].item() == pytest.approx(sum(u) / len(u), rel=1e-5)
-    assert logged["rewards/margins"].item() == pytest.approx(sum(d) / len(d) - sum(u) / len(u), rel=1e-5)
+    assert logged["rewards/chosen"] is logged["chosen_reward"] and logged["logps/rejected"] is logged["rejected_logp"]
     assert logged["kl"].item() == pytest.approx(expected_z, abs=1e-6) and logged["desirable"].item() == 0.5
     assert logged["auc"].item() == pytest.approx(auc) and 0 < auc < 1
 
@@ -295,3 +296,166 @@ def test_the_training_step_is_kto_computed_by_hand(task, lora_rank):
     assert abs(sum(chosen)) > 1e-3  # (the model has moved from its reference)
     assert out.metrics["kl"].item() == pytest.approx(sum(zs) / 2, abs=1e-6)
     assert set(out.metrics) == set(objective.metric_names)
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+def row_rewards(tuned, start, data, split="train"):
+    """Each row's log ratio log pi(y|x) - log ref(y|x) of its completion, by a whole log-softmax, and the
+    labels."""
+    items = Rows(data, split)
+    batch = items.read(np.arange(len(items)), int(items.lengths.max()) - 1)
+    B = len(items)
+    with torch.no_grad():
+        ratio = direct_logps(tuned, batch.x[:B], batch.y[:B]) - direct_logps(start, batch.x[:B], batch.y[:B])
+    return ratio, batch.labels > 0.5
+
+
+def auc_of(ratio, good):
+    diff = ratio[good][:, None] - ratio[~good][None, :]
+    return ((diff > 0).float() + 0.5 * (diff == 0).float()).mean().item()
+
+
+def test_kto_ranks_desirable_completions_above_undesirable_ones(task, tmp_path, capsys):
+    """300 steps of KTO from the task's chat model: the rows' rewards (log ratio to the starting model, computed
+    here by a whole log-softmax) put the desirable completions above the undesirable ones, nearly every pair of
+    the rows tuned on (from 0.5: the model is its reference at the start), the desirable ones' up and the
+    undesirable ones' down (held-out rows need a larger run). The log says what the run optimizes, and each step logs KTO's numbers, TRL's names
+    beside ours in metrics.jsonl; the first step is the loss of a model that is its reference, (w_D n_D + w_U
+    n_U) / 2n per row: 0.5 x the mean weight."""
+    out = tmp_path / "out"
+    train.main(kto_args(task, out, max_iters=300, eval_interval=300, log_interval=1, batch_size=8,
+                        gradient_accumulation_steps=1, learning_rate=3e-3, min_lr=3e-3, warmup_iters=5,
+                        kto_desirable_weight=1.2))
+    said = capsys.readouterr().out
+    assert "objective: KTO (beta 0.5, weights 1.2 desirable / 1 undesirable) on the unpaired rows of" in said
+    assert "against the starting model's log-probabilities, precomputed (8 bytes a row" in said
+    assert "kl is the reference point z" in said
+    lines = metrics(out)
+    steps = [m for m in lines if "loss" in m]
+    first = steps[0]
+    assert first["loss"] == pytest.approx(0.5 * (1.2 * first["desirable"] + (1 - first["desirable"])), abs=1e-5)
+    assert first["kl"] == 0 and first["chosen_reward"] == pytest.approx(0, abs=1e-6) and first["auc"] == 0.5
+    for m in steps + [{k.removeprefix("val_"): v for k, v in m.items()} for m in lines if "val_loss" in m]:
+        assert set(KTOObjective.metric_names) <= set(m)
+        assert (m["rewards/chosen"], m["rewards/rejected"], m["logps/chosen"], m["logps/rejected"]) == (
+            m["chosen_reward"], m["rejected_reward"], m["chosen_logp"], m["rejected_logp"])
+    assert "rewards/" not in said
+
+    start = load_model(str(task.sft))[0]
+    tuned = load_model(str(out / "last.pt"))[0]
+    ratio, good = row_rewards(tuned, start, task.rows)
+    assert auc_of(ratio, good) >= 0.9, auc_of(ratio, good)
+    assert ratio[good].mean() > 0 > ratio[~good].mean()
+
+
+@pytest.mark.parametrize("over", [dict(), dict(lora_rank=4, lora_dropout=0.1, dropout=0.1)],
+                         ids=["precomputed_reference", "lora_with_dropout"])
+def test_resume_is_exact(task, tmp_path, over, capsys):
+    """8 steps, or 4 then 4 resumed: the same losses and metrics every step and the same weights, bit for bit.
+    The resumed full fine-tune reads its reference (rows and KL sequences) back from the checkpoint."""
+    full, half = tmp_path / "full", tmp_path / "half"
+    train.main(kto_args(task, full, **over))
+    train.main(kto_args(task, half, max_iters=4, **over))
+    capsys.readouterr()
+    train.main(kto_args(task, half, init_from="resume", **over))
+    said = capsys.readouterr().out
+    assert "scoring the train and val rows" not in said  # (read back; LoRA: the adapters off)
+    assert train_losses(half) == train_losses(full)
+    steps = {m["step"]: m for m in metrics(full) if "loss" in m}
+    resumed = [m for m in metrics(half) if "loss" in m and m["step"] > 4]
+    assert len(resumed) == 4
+    for m in resumed:
+        mine = {k: v for k, v in m.items() if k in KTOObjective.metric_names}
+        assert mine == {k: v for k, v in steps[m["step"]].items() if k in KTOObjective.metric_names}
+    assert_same_weights(weights(half), weights(full))
+    ckpt = load_checkpoint(full / "last.pt")
+    assert ("kto_reference" in ckpt) == (not over) and "dpo_reference" not in ckpt
+    if not over:
+        tables = ckpt["kto_reference"]["tables"]
+        assert tables["train"].shape == (len(Rows(task.rows, "train")), 2)
+
+
+# ----------------------------------------------------------------------------- refusals and notes
+
+
+@pytest.mark.parametrize("dataset, over, words", [
+    ("pairs", dict(), "holds preference pairs (train on them with --objective=dpo), not unpaired rows"),
+    ("rows", dict(objective="dpo"), "holds unpaired rows (a prompt, one completion and a label), not pairs: train "
+                                    "on them with --objective=kto"),
+    ("sft", dict(), "holds conversations (prepare/chat.py), not unpaired rows"),
+    ("desirable_only", dict(), "holds 150 desirable rows and no undesirable one: KTO weighs each kind against the "
+                               "other; add rows labelled false"),
+    ("rows", dict(init_from="scratch"), "objective=kto tunes a trained chat model"),
+    ("rows", dict(dpo_loss="ipo"), "dpo_loss is DPO's; objective=kto has its own loss"),
+    ("rows", dict(dpo_nll_weight=0.5), "drop --dpo_nll_weight"),
+    ("rows", dict(kto_undesirable_weight=0), "kto_undesirable_weight must be a positive number, got 0"),
+    ("rows", dict(dpo_beta=-1), "dpo_beta must be a positive number"),
+])
+def test_what_does_not_fit_is_a_one_line_error(task, tmp_path, dataset, over, words):
+    """Each a one-line error that says what to do, before anything is written."""
+    if dataset == "desirable_only":
+        data = prepare_rows(tmp_path, unpaired_rows(150, desirable=1.0), task.sft, "desirable_only")
+    else:
+        data = {"pairs": task.pairs, "rows": task.rows, "sft": task.root / "data" / "sft"}[dataset]
+    with pytest.raises(SystemExit) as e:
+        train.main(kto_args(task, tmp_path / "out", dataset=data, **over))
+    assert str(e.value).startswith("error:") and words in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_weights_note_says_when_trls_advised_ratio_does_not_hold():
+    """lambda_D n_D / (lambda_U n_U) outside [1, 4/3]: one line with the weight that brings it in; none inside."""
+    labels = np.array([True] * 30 + [False] * 70)
+    line = ratio_note(KTOSettings(), labels)
+    assert "= 1 x 30 / (1 x 70) = 0.429, outside [1, 4/3]" in line and "--kto_desirable_weight=2.33 puts it at 1" in line
+    assert "\n" not in line
+    assert ratio_note(KTOSettings(desirable_weight=2.5), labels) == ""  # 75 / 70
+    assert "puts it at 1.33" in ratio_note(KTOSettings(), ~labels)  # 70 / 30 = 2.33
+    assert ratio_note(KTOSettings(desirable_weight=0.5), ~labels) == ""  # 35 / 30
+
+
+def test_batch_size_auto_and_the_plan_count_rows(task, tmp_path, capsys):
+    """batch_size=auto under KTO: tokens_per_step counts rows of one sequence (their KL sequences, scored without
+    gradients, beside them); the run fits block_size to the longest row or KL sequence, keeps the rows per
+    step and trains; --plan says what it counts."""
+    out = tmp_path / "out"
+    train.main(kto_args(task, out, batch_size="auto", gradient_accumulation_steps=1, block_size=BLOCK,
+                        tokens_per_step=6 * BLOCK, max_iters=2, eval_interval=2))
+    said = capsys.readouterr().out
+    T = max(Rows(task.rows, split).longest for split in ("train", "val")) - 1
+    assert f"tokens_per_step={6 * T} keeps its 6 rows per step" in said
+    assert "batch_size=auto: 6 (" in said
+    assert load_checkpoint(out / "last.pt")["config"]["batch_size"] == 6
+    assert sorted(train_losses(out)) == [1, 2] and all(math.isfinite(v) for v in train_losses(out).values())
+    train.main(kto_args(task, tmp_path / "plan", plan=True, batch_size=4))
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"KTO: the micro-batch of 4 rows is planned as 4 sequences of {T} tokens" in said
+
+
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_batch_size_autos_trial_step_is_the_kto_step(task, lora_rank, monkeypatch):
+    """On a GPU batch_size=auto tries real steps (fits_on_gpu): under KTO the step is KTO's, on rows and their KL
+    sequences, against the run's kind of reference (LoRA's: the adapters off); at learning rate 0 the weights
+    stay. Run here on the CPU, where it always fits."""
+    cfg = TrainConfig(objective="kto", init_from=str(task.sft), dataset=str(task.rows), block_size=BLOCK,
+                      batch_size=None, tokens_per_step=4 * BLOCK, lora_rank=lora_rank, dropout=0.0, lora_dropout=0.0)
+    rt = setup_runtime("cpu", "float32")
+    model, added = build_model(cfg, read_meta(task.rows), None, keep_context=True)
+    attach_lora(cfg, model, None, added)
+    before = copy.deepcopy(model.state_dict())
+    calls = []
+    real = KTOObjective.__call__
+
+    def spy(self, m, batch):
+        calls.append((type(self.reference).__name__, tuple(batch.x.shape), int((batch.y != -1).sum()),
+                      batch.labels.tolist()))
+        return real(self, m, batch)
+
+    monkeypatch.setattr(KTOObjective, "__call__", spy)
+    assert batch_size.fits_on_gpu(model, cfg, rt, 3)
+    reference = "AdapterOffReference" if lora_rank else "RowReference"
+    assert calls == [(reference, (6, BLOCK), 6 * (BLOCK - BLOCK // 2), [0.0, 1.0, 0.0])]
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name

@@ -39,9 +39,9 @@ from gptkit.runtime import Dist, Runtime
 from gptkit.settings import KTO_RATIO, KTOSettings
 
 # What the log's KTO numbers are, said once when a run starts.
-KTO_LOG_UNITS = ("kto: the log's rewards and reward_margin are in beta x nats, means over the desirable (chosen) and "
-                 "undesirable (rejected) rows; kl is the reference point z; auc the share of (desirable, "
-                 "undesirable) row pairs ordered right, ties half (0.5 at step 0)")
+KTO_LOG_UNITS = ("kto: the log's rewards are in beta x nats, means over the desirable (chosen) and undesirable "
+                 "(rejected) rows; kl is the reference point z; auc the share of (desirable, undesirable) row pairs "
+                 "ordered right, ties half (0.5 at step 0)")
 
 # DPO's settings that KTO has no use for, and their defaults: set to anything else, a run refuses them
 DPO_ONLY = {"dpo_loss": "sigmoid", "dpo_label_smoothing": 0.0, "dpo_nll_weight": 0.0}

@@ -23,8 +23,9 @@ processes (the paper's z; the same on one process). An evaluation's z is each pr
 micro-batch (its processes score different numbers of batches, so no collective runs there).
 
 What a step logs: the loss; kl, z itself (TRL's name); the mean reward beta r of the desirable rows
-(chosen_reward, TRL's rewards/chosen) and of the undesirable ones (rejected_reward, rewards/rejected), and
-their difference (reward_margin, rewards/margins), in beta x nats; the rows' mean log-probabilities by label
+(chosen_reward, TRL's rewards/chosen) and of the undesirable ones (rejected_reward, rewards/rejected), in
+beta x nats (TRL's rewards/margins is their difference, which a mean over batches would not give: subtract
+them); the rows' mean log-probabilities by label
 (chosen_logp, rejected_logp; TRL's logps/chosen, logps/rejected); desirable, the share of desirable rows;
 and auc, the share of (desirable, undesirable) row pairs of a micro-batch whose desirable row has the higher
 reward, ties counted half (0.5 at step 0, when every reward is 0; 1.0: every desirable row above every
@@ -66,6 +67,10 @@ def kto_loss(policy: torch.Tensor, reference: torch.Tensor, policy_kl: torch.Ten
     return torch.where(desirable, gain, loss), beta * ratio.detach(), z
 
 
+# TRL's names beside ours (DPO's, without rewards/margins; kl is TRL's own name too)
+KTO_TRL_NAMES = {trl: ours for trl, ours in TRL_NAMES.items() if trl != "rewards/margins"}
+
+
 def reward_auc(rewards: torch.Tensor, desirable: torch.Tensor) -> torch.Tensor:
     """The share of (desirable, undesirable) pairs of rows whose desirable row has the higher reward, ties
     counted half (0-d; NaN without a pair)."""
@@ -84,10 +89,9 @@ def row_metrics(losses: torch.Tensor, rewards: torch.Tensor, policy: torch.Tenso
         return (values.detach() * part).sum() / part.sum()  # (NaN without a row of that part)
 
     chosen, rejected = mean_of(rewards, d), mean_of(rewards, u)
-    ours = {"kl": z.float(), "chosen_reward": chosen, "rejected_reward": rejected, "reward_margin": chosen - rejected,
-            "chosen_logp": mean_of(policy, d), "rejected_logp": mean_of(policy, u), "desirable": d.mean(),
-            "auc": reward_auc(rewards, desirable)}
-    return {**ours, **{name: ours[same] for name, same in TRL_NAMES.items()}}
+    ours = {"kl": z.float(), "chosen_reward": chosen, "rejected_reward": rejected, "chosen_logp": mean_of(policy, d),
+            "rejected_logp": mean_of(policy, u), "desirable": d.mean(), "auc": reward_auc(rewards, desirable)}
+    return {**ours, **{name: ours[same] for name, same in KTO_TRL_NAMES.items()}}
 
 
 def _of_desirable(metrics):
@@ -104,8 +108,8 @@ def _of_both(metrics):
 
 # metric -> the share of the micro-batch it is a mean over (gptkit/evaluation.py's and gptkit/step.py's weights)
 METRIC_OVER = {"chosen_reward": _of_desirable, "chosen_logp": _of_desirable, "rejected_reward": _of_undesirable,
-               "rejected_logp": _of_undesirable, "reward_margin": _of_both, "auc": _of_both}
-METRIC_OVER.update({trl: METRIC_OVER[ours] for trl, ours in TRL_NAMES.items()})
+               "rejected_logp": _of_undesirable, "auc": _of_both}
+METRIC_OVER.update({trl: METRIC_OVER[ours] for trl, ours in KTO_TRL_NAMES.items()})
 
 
 def reference_logps(reference: Any, model: nn.Module, batch: RowBatch) -> torch.Tensor:
@@ -154,8 +158,8 @@ class KTOObjective:
     settings: KTOSettings
     reference: Any  # AdapterOffReference, or a precomputed one (kto.py's RowReference)
     across: bool = False  # the run has several processes: a training step's z is their mean (kto_microbatch)
-    metric_names = ("kl", "chosen_reward", "rejected_reward", "reward_margin", "chosen_logp", "rejected_logp",
-                    "desirable", "auc", *TRL_NAMES)
+    metric_names = ("kl", "chosen_reward", "rejected_reward", "chosen_logp", "rejected_logp", "desirable", "auc",
+                    *KTO_TRL_NAMES)
     metric_over = METRIC_OVER
 
     def __call__(self, model: nn.Module, batch: RowBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
