@@ -6,6 +6,8 @@ ones; exact resume; the refusals and the weights' note."""
 
 import contextlib
 import copy
+import functools
+import gc
 import json
 import math
 import random
@@ -35,7 +37,7 @@ from gptkit.step import TrainStep, accumulate
 from gptkit.tokenizer import Tokenizer
 from prepare import preference
 from tests.test_dpo import direct_logps
-from tests.test_dpo_train import BLOCK, prepare_pairs, prepare_task, sft_args
+from tests.test_dpo_train import BLOCK, gpu_like, prepare_pairs, prepare_task, sft_args  # noqa: F401
 from tests.test_train import assert_same_weights, metrics, train_losses, weights
 
 train = train_script()
@@ -459,3 +461,45 @@ def test_batch_size_autos_trial_step_is_the_kto_step(task, lora_rank, monkeypatc
     assert calls == [(reference, (6, BLOCK), 6 * (BLOCK - BLOCK // 2), [0.0, 1.0, 0.0])]
     for name, value in model.state_dict().items():
         assert torch.equal(value, before[name]), name
+
+
+@pytest.mark.parametrize("over", [dict(), dict(lora_rank=4, lora_dropout=0.0)],
+                         ids=["reference_read_with_the_batch", "adapters_off_inside_the_step"])
+@pytest.mark.usefixtures("gpu_like")  # (tests/test_dpo_train.py's: the CUDA choices on the CPU)
+def test_the_graphed_step_trains_as_the_plain_step(task, tmp_path, over):
+    """--cuda_graphs=True's step (its static buffers: the rows' and KL sequences' tokens, the labels and,
+    precomputed, the reference's log-probabilities, read with the batch) gives the plain step's losses, metrics
+    and weights, bit for bit."""
+    plain, graphed = tmp_path / "plain", tmp_path / "graphed"
+    train.main(kto_args(task, plain, **over))
+    train.main(kto_args(task, graphed, cuda_graphs=True, **over))
+    assert train_losses(graphed) == train_losses(plain)
+    for a, b in zip(metrics(plain), metrics(graphed), strict=True):
+        assert {k: v for k, v in a.items() if k in KTOObjective.metric_names} == {
+            k: v for k, v in b.items() if k in KTOObjective.metric_names}
+    assert_same_weights(weights(graphed), weights(plain))
+
+
+def test_compile_keeps_the_eager_losses(task, tmp_path, monkeypatch):
+    """A LoRA run compiled: every forward is of B sequences (the rows, their KL sequences, the reference's two
+    halves), so the model compiles one graph per mode (training; no gradients; the reference's eval mode; the
+    evaluation's) and the losses are the eager run's. (Dynamo's eager backend: the guards are inductor's.)"""
+    eager, compiled = tmp_path / "eager", tmp_path / "compiled"
+    over = dict(lora_rank=4, lora_dropout=0.0, max_iters=4, eval_interval=2)
+    train.main(kto_args(task, eager, **over))
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    frames = []
+    real = torch._dynamo.convert_frame.ConvertFrameAssert.__call__
+
+    def counted(self, frame, *args, **kwargs):
+        frames.append(frame.f_code.co_name)
+        return real(self, frame, *args, **kwargs)
+
+    monkeypatch.setattr(torch._dynamo.convert_frame.ConvertFrameAssert, "__call__", counted)
+    train.main(kto_args(task, compiled, compile=True, **over))
+    torch.compiler.reset()
+    gc.collect()
+    assert frames.count("forward") == 4, frames
+    a, b = train_losses(eager), train_losses(compiled)
+    assert a.keys() == b.keys() and all(b[s] == pytest.approx(a[s], rel=1e-6) for s in a)
