@@ -38,6 +38,7 @@ from gptkit.tokenizer import Tokenizer
 from prepare import preference
 from tests.test_dpo import direct_logps
 from tests.test_dpo_train import BLOCK, gpu_like, prepare_pairs, prepare_task, sft_args  # noqa: F401
+from tests.test_fsdp import torchrun_each
 from tests.test_train import assert_same_weights, metrics, train_losses, weights
 
 train = train_script()
@@ -503,3 +504,32 @@ def test_compile_keeps_the_eager_losses(task, tmp_path, monkeypatch):
     assert frames.count("forward") == 4, frames
     a, b = train_losses(eager), train_losses(compiled)
     assert a.keys() == b.keys() and all(b[s] == pytest.approx(a[s], rel=1e-6) for s in a)
+
+
+# each run on 2 processes against 1 process: FSDP with the reference's log-probabilities precomputed (each process
+# scores half of the rows), and DDP with LoRA (the reference is the base, adapters off)
+TWO_PROCESSES = {"fsdp_precomputed_reference": (dict(), "fsdp"),
+                 "ddp_adapters_off_reference": (dict(lora_rank=4, lora_dropout=0.0), "ddp")}
+
+
+def test_two_processes_train_as_one_with_z_over_both(task, tmp_path):
+    """2 processes x 4 rows == 1 process x 8 rows: every step's loss and z (kl), z being the mean over both
+    processes' micro-batches (without the collective each process would have its own z, and the losses would
+    differ). (Both 2-process runs in one torchrun job, one after the other.)"""
+    # (the desirable rows weighed up: their completions' likelihood rises, the mismatched ones' with it, z > 0)
+    common = dict(max_iters=4, eval_interval=4, gradient_accumulation_steps=1, learning_rate=1e-2, warmup_iters=1,
+                  kto_desirable_weight=4, kto_undesirable_weight=0.1)
+    for name, (over, _) in TWO_PROCESSES.items():
+        train.main(kto_args(task, tmp_path / name / "one", batch_size=8, **common, **over))
+    res = torchrun_each(2, [kto_args(task, tmp_path / name / "two", batch_size=4, parallel=parallel,
+                                     **{**common, "gradient_accumulation_steps": 2}, **over)
+                            for name, (over, parallel) in TWO_PROCESSES.items()], tmp_path)
+    for name, (_, parallel) in TWO_PROCESSES.items():
+        assert f"over 2 processes (--parallel={parallel})" in res.stdout, name
+        a = [m for m in metrics(tmp_path / name / "one") if "loss" in m]
+        b = [m for m in metrics(tmp_path / name / "two") if "loss" in m]
+        assert [m["step"] for m in a] == [m["step"] for m in b] == [1, 2, 3, 4], name
+        assert any(m["kl"] > 0.01 for m in a), name  # (z is not clamped to 0 everywhere: it is compared)
+        for x, y in zip(a, b):
+            for key in ("loss", "kl"):
+                assert y[key] == pytest.approx(x[key], rel=1e-4, abs=1e-6), (name, x["step"], key)
