@@ -1,0 +1,114 @@
+"""benchmarks/dpo_rule.py's synthetic task made unpaired, for KTO: each pair gives one row, its prompt and one of its
+two replies, labelled desirable (the asked-for mark) or not, at random, so that every word is in one row only.
+
+    python -m benchmarks.kto_rule --out bench-kto-rule/          # writes sft.jsonl and rows.jsonl there
+    python -m benchmarks.kto_rule --out bench-kto-rule/ --train  # and SFT -> KTO -> the tables
+
+--train runs the recipe with the project's own commands, each in its own process (all under --out):
+
+    python prepare/chat.py --input OUT/sft.jsonl --tokenizer char --block_size 40 --name sft
+    python train.py --dataset=sft ...                        # dpo_rule.py's tiny chat model (--sft_steps)
+    python prepare/preference.py --input OUT/rows.jsonl --tokenizer OUT/sft --block_size 40 --name rows
+    python train.py --objective=kto --init_from=OUT/sft --dataset=rows ...
+
+and prints, by step, the KTO run's evaluations on the held-out rows (words in neither the SFT data nor the rows
+tuned on): auc, the share of (desirable, undesirable) pairs of rows whose rewards are in the right order, the
+mean rewards of each kind, the desirable completions' mean log-probability, and z (kl); then the share of
+greedy chat replies, through the chat template and the serving engine as chat.py decodes, to prompts with
+unseen words that end with the asked-for mark, for the SFT model and the KTO model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+from benchmarks.dpo_rule import BLOCK, COMMON, SFT_ARGS, rule_followed, run, unseen_prompts, write
+from gptkit import cli
+from gptkit.errors import UsageError
+
+KTO_ARGS = ["--objective=kto", "--gradient_accumulation_steps=1", "--warmup_iters=5", "--dropout=0.0",
+            "--eval_iters=100"]
+
+
+def unpaired(pairs: Path, rows: Path, seed: int) -> tuple[int, int]:
+    """rows.jsonl from pairs.jsonl: one row a pair, its chosen reply labelled true or its rejected one labelled
+    false, a coin toss each; returns (desirable, undesirable)."""
+    rng = random.Random(seed + 2)
+    out, counts = [], [0, 0]
+    for line in pairs.read_text().splitlines():
+        pair = json.loads(line)
+        good = rng.random() < 0.5
+        out.append({"prompt": pair["prompt"], "completion": pair["chosen" if good else "rejected"], "label": good})
+        counts[not good] += 1
+    rows.write_text("".join(json.dumps(r) + "\n" for r in out))
+    return counts[0], counts[1]
+
+
+def train_and_report(args, out: Path) -> None:
+    data = out / "data"
+    run([sys.executable, "prepare/chat.py", f"--input={out / 'sft.jsonl'}", "--tokenizer=char",
+         f"--block_size={BLOCK}", "--name=sft", f"--data_root={data}", "--overwrite"])
+    sft = out / "sft"
+    run([sys.executable, "train.py", f"--dataset={data / 'sft'}", f"--out_dir={sft}", *SFT_ARGS, *COMMON,
+         f"--max_iters={args.sft_steps}", f"--lr_decay_iters={args.sft_steps}", f"--eval_interval={args.sft_steps}",
+         f"--log_interval={args.sft_steps}"])
+    run([sys.executable, "prepare/preference.py", f"--input={out / 'rows.jsonl'}", f"--tokenizer={sft}",
+         f"--block_size={BLOCK}", "--name=rows", f"--data_root={data}", "--val_fraction=0.1", "--overwrite"])
+    kto = out / "kto"
+    seconds = run([sys.executable, "train.py", f"--init_from={sft}", f"--dataset={data / 'rows'}", f"--out_dir={kto}",
+                   *KTO_ARGS, *COMMON, f"--batch_size={args.batch_size}", f"--dpo_beta={args.beta}",
+                   f"--learning_rate={args.lr}", f"--min_lr={args.lr / 30:g}", f"--max_iters={args.kto_steps}",
+                   f"--lr_decay_iters={args.kto_steps}", f"--eval_interval={args.eval_interval}",
+                   f"--log_interval={args.eval_interval}"])
+    print(f"KTO: {args.kto_steps} steps in {seconds:.0f} s", flush=True)
+    lines = [json.loads(line) for line in (kto / "metrics.jsonl").read_text().splitlines()]
+    evals = [m for m in lines if "val_loss" in m]
+    meta = json.loads((data / "rows" / "meta.json").read_text())["preference"]
+    print(f"\nthe val rows ({meta['rows']['val']}, words never seen) by step, against the SFT model: auc, mean "
+          f"rewards (beta x nats) of the desirable and the undesirable rows, the desirable completions' mean "
+          f"log-prob (nats), z")
+    print(f"{'step':>6}{'val loss':>10}{'auc':>8}{'desirable':>11}{'undesirable':>13}{'log-prob':>10}{'z':>8}")
+    for m in evals:
+        print(f"{m['step']:>6}{m['val_loss']:>10.4f}{m['val_auc']:>8.1%}{m['val_chosen_reward']:>11.3f}"
+              f"{m['val_rejected_reward']:>13.3f}{m['val_chosen_logp']:>10.2f}{m['val_kl']:>8.3f}")
+    prompts = unseen_prompts(out, args.chat_prompts, args.seed)  # (the rows' words are pairs.jsonl's)
+    print(f"\ngreedy chat replies to {len(prompts)} prompts with unseen words that end with the asked-for mark")
+    for name, ckpt in (("SFT model", sft), ("KTO", kto / "last.pt")):
+        print(f"{name:<12}{rule_followed(ckpt, prompts):>8.1%}")
+
+
+@cli.entry_point()
+def main(argv: list[str] | None = None) -> None:
+    parser = cli.ArgumentParser(prog="python -m benchmarks.kto_rule", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="bench-kto-rule", help="folder for sft.jsonl, pairs.jsonl and rows.jsonl "
+                                                                "(and --train's runs)")
+    parser.add_argument("--sft", type=int, default=20_000, help="SFT conversations")
+    parser.add_argument("--rows", type=int, default=4_000, help="unpaired rows (train and val)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--train", action="store_true", help="then SFT -> KTO, and the tables")
+    parser.add_argument("--sft_steps", type=int, default=800, help="--train: SFT steps (32 conversations each)")
+    parser.add_argument("--kto_steps", type=int, default=300, help="--train: KTO steps")
+    parser.add_argument("--batch_size", type=int, default=64, help="--train: rows per KTO step")
+    parser.add_argument("--beta", type=float, default=0.5, help="--train: dpo_beta (KTO's beta)")
+    parser.add_argument("--lr", type=float, default=3e-3, help="--train: KTO's learning rate")
+    parser.add_argument("--eval_interval", type=int, default=25, help="--train: KTO steps between evaluations")
+    parser.add_argument("--chat_prompts", type=int, default=100, help="--train: prompts with unseen words")
+    args = parser.parse_args(argv)
+    if args.sft < 1 or args.rows < 2:
+        raise UsageError("--sft must be at least 1 and --rows at least 2")
+    out = Path(args.out).resolve()
+    sft, pairs = write(out, args.sft, args.rows, args.seed)
+    desirable, undesirable = unpaired(pairs, out / "rows.jsonl", args.seed)
+    print(f"wrote {sft} ({args.sft:,} conversations) and {out / 'rows.jsonl'} ({desirable:,} desirable and "
+          f"{undesirable:,} undesirable rows, one per pair of {pairs})")
+    if args.train:
+        train_and_report(args, out)
+
+
+if __name__ == "__main__":
+    main()
