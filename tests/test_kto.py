@@ -334,7 +334,7 @@ def test_kto_ranks_desirable_completions_above_undesirable_ones(task, tmp_path, 
     said = capsys.readouterr().out
     assert "objective: KTO (beta 0.5, weights 1.2 desirable / 1 undesirable) on the unpaired rows of" in said
     assert "against the starting model's log-probabilities, precomputed (8 bytes a row" in said
-    assert "kl is the reference point z" in said
+    assert "kl is the reference point z" in said and "outside [1, 4/3]" not in said  # (1.2 x 92 / 105)
     lines = metrics(out)
     steps = [m for m in lines if "loss" in m]
     first = steps[0]
@@ -361,7 +361,8 @@ def test_resume_is_exact(task, tmp_path, over, capsys):
     full, half = tmp_path / "full", tmp_path / "half"
     train.main(kto_args(task, full, **over))
     train.main(kto_args(task, half, max_iters=4, **over))
-    capsys.readouterr()
+    said = capsys.readouterr().out
+    assert "= 1 x 92 / (1 x 105) = 0.876, outside [1, 4/3], the range TRL advises" in said  # (at each start)
     train.main(kto_args(task, half, init_from="resume", **over))
     said = capsys.readouterr().out
     assert "scoring the train and val rows" not in said  # (read back; LoRA: the adapters off)

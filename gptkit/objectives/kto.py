@@ -73,7 +73,7 @@ class KTO(DPO):
     reference_kind = RowReference
 
     def check_config(self, cfg) -> None:
-        super(DPO, self).check_config(cfg)
+        super(DPO, self).check_config(cfg)  # the protocol's checks, not DPO's (its pairs and its dpo_loss)
         kto_settings(cfg)
         for key, default in DPO_ONLY.items():
             if getattr(cfg, key) != default:
