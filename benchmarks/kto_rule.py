@@ -11,11 +11,15 @@ two replies, labelled desirable (the asked-for mark) or not, at random, so that 
     python prepare/preference.py --input OUT/rows.jsonl --tokenizer OUT/sft --block_size 40 --name rows
     python train.py --objective=kto --init_from=OUT/sft --dataset=rows ...
 
-and prints, by step, the KTO run's evaluations on the held-out rows (words in neither the SFT data nor the rows
+    python prepare/preference.py --input OUT/pairs.jsonl ... --name pairs     # the rows' pairs, for eval.py
+    python eval.py --ckpt OUT/kto_lrX --task preference --dataset pairs --reference OUT/sft
+
+and prints, by step, each KTO run's evaluations on the held-out rows (words in neither the SFT data nor the rows
 tuned on): auc, the share of (desirable, undesirable) pairs of rows whose rewards are in the right order, the
-mean rewards of each kind, the desirable completions' mean log-probability, and z (kl); then the share of
-greedy chat replies, through the chat template and the serving engine as chat.py decodes, to prompts with
-unseen words that end with the asked-for mark, for the SFT model and the KTO model.
+mean rewards of each kind, the desirable completions' mean log-probability, and z (kl); then each model on the
+held-out pairs those rows come from (DPO's accuracy, by the implicit reward against the SFT model) and the share
+of greedy chat replies, through the chat template and the serving engine as chat.py decodes, to prompts with
+unseen words that end with the asked-for mark.
 """
 
 from __future__ import annotations
@@ -26,7 +30,17 @@ import random
 import sys
 from pathlib import Path
 
-from benchmarks.dpo_rule import BLOCK, COMMON, SFT_ARGS, rule_followed, run, unseen_prompts, write
+from benchmarks.dpo_rule import (
+    BLOCK,
+    COMMON,
+    SFT_ARGS,
+    percent,
+    rule_followed,
+    run,
+    scores,
+    unseen_prompts,
+    write,
+)
 from gptkit import cli
 from gptkit.errors import UsageError
 
@@ -56,29 +70,41 @@ def train_and_report(args, out: Path) -> None:
     run([sys.executable, "train.py", f"--dataset={data / 'sft'}", f"--out_dir={sft}", *SFT_ARGS, *COMMON,
          f"--max_iters={args.sft_steps}", f"--lr_decay_iters={args.sft_steps}", f"--eval_interval={args.sft_steps}",
          f"--log_interval={args.sft_steps}"])
-    run([sys.executable, "prepare/preference.py", f"--input={out / 'rows.jsonl'}", f"--tokenizer={sft}",
-         f"--block_size={BLOCK}", "--name=rows", f"--data_root={data}", "--val_fraction=0.1", "--overwrite"])
-    kto = out / "kto"
-    seconds = run([sys.executable, "train.py", f"--init_from={sft}", f"--dataset={data / 'rows'}", f"--out_dir={kto}",
-                   *KTO_ARGS, *COMMON, f"--batch_size={args.batch_size}", f"--dpo_beta={args.beta}",
-                   f"--learning_rate={args.lr}", f"--min_lr={args.lr / 30:g}", f"--max_iters={args.kto_steps}",
-                   f"--lr_decay_iters={args.kto_steps}", f"--eval_interval={args.eval_interval}",
-                   f"--log_interval={args.eval_interval}"])
-    print(f"KTO: {args.kto_steps} steps in {seconds:.0f} s", flush=True)
-    lines = [json.loads(line) for line in (kto / "metrics.jsonl").read_text().splitlines()]
-    evals = [m for m in lines if "val_loss" in m]
-    meta = json.loads((data / "rows" / "meta.json").read_text())["preference"]
-    print(f"\nthe val rows ({meta['rows']['val']}, words never seen) by step, against the SFT model: auc, mean "
-          f"rewards (beta x nats) of the desirable and the undesirable rows, the desirable completions' mean "
-          f"log-prob (nats), z")
-    print(f"{'step':>6}{'val loss':>10}{'auc':>8}{'desirable':>11}{'undesirable':>13}{'log-prob':>10}{'z':>8}")
-    for m in evals:
-        print(f"{m['step']:>6}{m['val_loss']:>10.4f}{m['val_auc']:>8.1%}{m['val_chosen_reward']:>11.3f}"
-              f"{m['val_rejected_reward']:>13.3f}{m['val_chosen_logp']:>10.2f}{m['val_kl']:>8.3f}")
+    # the rows, and the pairs they come from: one row a pair, in the same order, so the two val splits hold the
+    # same (held-out) words, and eval.py scores the KTO model on the held-out pairs as DPO's are
+    for name in ("rows", "pairs"):
+        run([sys.executable, "prepare/preference.py", f"--input={out / (name + '.jsonl')}", f"--tokenizer={sft}",
+             f"--block_size={BLOCK}", f"--name={name}", f"--data_root={data}", "--val_fraction=0.1", "--overwrite"])
     prompts = unseen_prompts(out, args.chat_prompts, args.seed)  # (the rows' words are pairs.jsonl's)
-    print(f"\ngreedy chat replies to {len(prompts)} prompts with unseen words that end with the asked-for mark")
-    for name, ckpt in (("SFT model", sft), ("KTO", kto / "last.pt")):
-        print(f"{name:<12}{rule_followed(ckpt, prompts):>8.1%}")
+    finals = {"SFT model": (scores(sft, data / "pairs"), rule_followed(sft, prompts))}
+    by_step = {}
+    for lr in args.lrs:
+        name, kto = f"KTO, lr {lr:g}", out / f"kto_lr{lr:g}"
+        seconds = run([sys.executable, "train.py", f"--init_from={sft}", f"--dataset={data / 'rows'}",
+                       f"--out_dir={kto}", *KTO_ARGS, *COMMON, f"--batch_size={args.batch_size}",
+                       f"--dpo_beta={args.beta}", f"--learning_rate={lr}", f"--min_lr={lr / 30:g}",
+                       f"--max_iters={args.kto_steps}", f"--lr_decay_iters={args.kto_steps}",
+                       f"--eval_interval={args.eval_interval}", f"--log_interval={args.eval_interval}"])
+        print(f"{name}: {args.kto_steps} steps in {seconds:.0f} s", flush=True)
+        lines = [json.loads(line) for line in (kto / "metrics.jsonl").read_text().splitlines()]
+        by_step[name] = [m for m in lines if "val_loss" in m]
+        finals[name] = (scores(kto / "last.pt", data / "pairs", reference=sft), rule_followed(kto / "last.pt", prompts))
+    meta = json.loads((data / "rows" / "meta.json").read_text())["preference"]
+    print(f"\nthe val rows ({meta['rows']['val']}, words never seen) by step, against the SFT model: val loss, auc, "
+          f"mean rewards (beta x nats) of the desirable and the undesirable rows, the desirable completions' mean "
+          f"log-prob (nats), z")
+    for name, evals in by_step.items():
+        print(f"{name}\n{'step':>6}{'val loss':>10}{'auc':>8}{'desirable':>11}{'undesirable':>13}{'log-prob':>10}"
+              f"{'z':>8}")
+        for m in evals:
+            print(f"{m['step']:>6}{m['val_loss']:>10.4f}{m['val_auc']:>8.1%}{m['val_chosen_reward']:>11.3f}"
+                  f"{m['val_rejected_reward']:>13.3f}{m['val_chosen_logp']:>10.2f}{m['val_kl']:>8.3f}")
+    print(f"\nthe held-out pairs (eval.py --task preference; the KTO models against the SFT model, by the implicit "
+          f"reward: DPO's accuracy), and greedy chat replies to {len(prompts)} prompts with unseen words")
+    print(f"{'model':<20}{'accuracy':>10}{'margin':>10}{'chosen':>10}{'rejected':>10}{'rule followed':>15}")
+    for name, (s, followed) in finals.items():
+        print(f"{name:<20}{percent(s['accuracy']):>10}{s['margin_nats']:>10.3f}{s['chosen_logp']:>10.2f}"
+              f"{s['rejected_logp']:>10.2f}{followed:>15.1%}")
 
 
 @cli.entry_point()
@@ -95,7 +121,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kto_steps", type=int, default=300, help="--train: KTO steps")
     parser.add_argument("--batch_size", type=int, default=64, help="--train: rows per KTO step")
     parser.add_argument("--beta", type=float, default=0.5, help="--train: dpo_beta (KTO's beta)")
-    parser.add_argument("--lr", type=float, default=3e-3, help="--train: KTO's learning rate")
+    parser.add_argument("--lrs", type=lambda v: [float(x) for x in v.split(",")], default=[3e-3, 3e-4],
+                        help="--train: one KTO run per learning rate (a comma list)")
     parser.add_argument("--eval_interval", type=int, default=25, help="--train: KTO steps between evaluations")
     parser.add_argument("--chat_prompts", type=int, default=100, help="--train: prompts with unseen words")
     args = parser.parse_args(argv)
