@@ -186,8 +186,8 @@ class DPO(Objective):
                  if getattr(cfg, name) and (name == "dropout" or cfg.lora_rank)]
         if not rates:
             return []
-        return [f"note: {', '.join(rates)} with objective={self.name}: the reference is scored without dropout, the tuned "
-                f"model with it, so their log-probabilities differ from the first step on for that alone; "
+        return [f"note: {', '.join(rates)} with objective={self.name}: the reference is scored without dropout, "
+                f"the tuned model with it, so their log-probabilities differ from the first step on for that alone; "
                 f"configs/dpo_chat.py sets both to 0"]
 
     def __call__(self, model: torch.nn.Module, batch: PairBatch):
@@ -255,6 +255,5 @@ def precompute(cfg, raw_model: torch.nn.Module, data_dir: Path, d: Dist, rt: Run
     # afterwards, before the optimizer takes the parameters.
     with parallel.gathered(raw_model), tqdm(desc="reference", unit=noun[:-1], leave=False, delay=3,
                                             disable=quiet) as bar:
-        return kind.compute(raw_model, data_dir, block_size=cfg.block_size, batch_size=cfg.batch_size,
-                                            splits=splits, autocast=rt.autocast, rank=d.rank,
-                                            world_size=d.world_size, progress=bar.update)
+        return kind.compute(raw_model, data_dir, block_size=cfg.block_size, batch_size=cfg.batch_size, splits=splits,
+                            autocast=rt.autocast, rank=d.rank, world_size=d.world_size, progress=bar.update)
