@@ -188,6 +188,7 @@ class PairLoader:
 
     MODE = "pairs"  # state_dict's "mode": a BatchLoader's state is refused, and the other way round
     ITEMS: type = Pairs
+    READS = "preference pairs"  # what its errors say it reads
 
     def __init__(self, data_dir: str | os.PathLike, split: str = "train", *, batch_size: int, block_size: int,
                  seed: int = 1337, rank: int = 0, world_size: int = 1, device: str | torch.device = "cpu",
@@ -250,7 +251,7 @@ class PairLoader:
                             f"loader")
         if state["mode"] != self.MODE:
             raise DataError(f"the checkpoint's data loader read {state['mode']!r} batches, this run reads "
-                            f"{self.MODE}; resume it with its own objective and dataset")
+                            f"{self.READS}; resume it with its own objective and dataset")
         for key in ("seed", "block_size"):
             if state[key] != getattr(self, key):
                 raise DataError(f"checkpoint's data loader used {key}={state[key]!r} but this run uses "

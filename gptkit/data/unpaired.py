@@ -196,6 +196,7 @@ class RowLoader(PairLoader):
 
     MODE = "unpaired rows"
     ITEMS = Rows
+    READS = "unpaired preference rows"
 
 
 class ValRows(ValPairs):
