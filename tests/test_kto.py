@@ -23,9 +23,11 @@ from benchmarks import dpo_rule
 from gptkit.checkpoint import load_checkpoint, load_model
 from gptkit.checkpoint.run_model import attach_lora, build_model
 from gptkit.config import TrainConfig
-from gptkit.data.pairs import unpaired_labels
+from gptkit.data.pairs import PairLoader, unpaired_labels
+from gptkit.data.prepare.pipeline import ValRule
 from gptkit.data.shards import read_meta
 from gptkit.data.unpaired import RowLoader, Rows
+from gptkit.errors import DataError
 from gptkit.objectives import make_objective
 from gptkit.objectives.kto import ratio_note
 from gptkit.objectives.kto_loss import KTOObjective, kto_loss, row_metrics
@@ -187,7 +189,6 @@ def test_each_row_comes_with_its_prompt_and_the_previous_rows_completion(task):
     longer than the batch is cut from its prompt's start, <|endoftext|> kept."""
     tok = Tokenizer.from_meta(read_meta(task.rows))
     rows = [json.loads(line) for line in (task.root / "rows.jsonl").read_text().splitlines()]
-    from gptkit.data.prepare.pipeline import ValRule
     rule = ValRule.for_documents(0.2, len(rows))
     train_rows = [r for i, r in enumerate(rows) if rule.split(i) == "train"]
     items = Rows(task.rows, "train")
@@ -535,3 +536,31 @@ def test_two_processes_train_as_one_with_z_over_both(task, tmp_path):
         for x, y in zip(a, b):
             for key in ("loss", "kl"):
                 assert y[key] == pytest.approx(x[key], rel=1e-4, abs=1e-6), (name, x["step"], key)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_autocast_steps_start_at_half_the_weight(task, tmp_path, dtype):
+    """bf16 and fp16 (its loss scaler) autocast: the first step is the loss of a model that is its reference,
+    0.5 a row (weights 1), z is 0 there, and the steps are finite."""
+    out = tmp_path / dtype
+    train.main(kto_args(task, out, max_iters=3, eval_interval=3, dtype=dtype))
+    steps = [m for m in metrics(out) if "loss" in m]
+    assert steps[0]["loss"] == pytest.approx(0.5, abs=1e-2) and steps[0]["kl"] == pytest.approx(0, abs=1e-2)
+    assert len(steps) == 3 and all(math.isfinite(m["loss"]) and math.isfinite(m["kl"]) for m in steps)
+
+
+def test_a_row_loader_reads_its_own_state_only(task):
+    """The row loader's state resumes it where it was; a pair loader's state (a DPO run's) is refused, naming
+    what each reads."""
+    loader = RowLoader(task.rows, "train", batch_size=4, block_size=BLOCK, seed=3)
+    for _ in range(5):
+        loader.next_batch()
+    again = RowLoader(task.rows, "train", batch_size=4, block_size=BLOCK, seed=3)
+    again.load_state_dict(loader.state_dict())
+    a, b = loader.next_batch(), again.next_batch()
+    assert torch.equal(a.pairs, b.pairs) and torch.equal(a.x, b.x) and torch.equal(a.labels, b.labels)
+    pairs = PairLoader(task.pairs, "train", batch_size=4, block_size=BLOCK, seed=3)
+    with pytest.raises(DataError, match="read 'pairs' batches, this run reads unpaired preference rows"):
+        again.load_state_dict(pairs.state_dict())
+    with pytest.raises(DataError, match="read 'unpaired rows' batches, this run reads preference pairs"):
+        pairs.load_state_dict(loader.state_dict())
