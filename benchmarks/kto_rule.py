@@ -1,10 +1,11 @@
 """benchmarks/dpo_rule.py's synthetic task made unpaired, for KTO: each pair gives one row, its prompt and one of its
 two replies, labelled desirable (the asked-for mark) or not, at random, so that every word is in one row only.
 
-    python -m benchmarks.kto_rule --out bench-kto-rule/          # writes sft.jsonl and rows.jsonl there
+    python -m benchmarks.kto_rule --out bench-kto-rule/          # writes sft.jsonl, pairs.jsonl, rows.jsonl there
     python -m benchmarks.kto_rule --out bench-kto-rule/ --train  # and SFT -> KTO -> the tables
 
---train runs the recipe with the project's own commands, each in its own process (all under --out):
+The files: `python -m benchmarks.dpo_rule --out OUT` writes sft.jsonl and pairs.jsonl, and rows.jsonl is made of
+the pairs. --train runs the recipe with the project's own commands, each in its own process (all under --out):
 
     python prepare/chat.py --input OUT/sft.jsonl --tokenizer char --block_size 40 --name sft
     python train.py --dataset=sft ...                        # dpo_rule.py's tiny chat model (--sft_steps)
@@ -18,8 +19,8 @@ and prints, by step, each KTO run's evaluations on the held-out rows (words in n
 tuned on): auc, the share of (desirable, undesirable) pairs of rows whose rewards are in the right order, the
 mean rewards of each kind, the desirable completions' mean log-probability, and z (kl); then each model on the
 held-out pairs those rows come from (DPO's accuracy, by the implicit reward against the SFT model) and the share
-of greedy chat replies, through the chat template and the serving engine as chat.py decodes, to prompts with
-unseen words that end with the asked-for mark.
+of chat.py's greedy replies (one conversation a prompt) to prompts with unseen words that end with the
+asked-for mark.
 """
 
 from __future__ import annotations
