@@ -18,16 +18,16 @@ beta (dpo_beta) and the weights lambda_D, lambda_U (kto_desirable_weight, kto_un
 
 and the micro-batch's loss is the mean over its rows. A desirable row gains by a reward above z, an undesirable
 one by a reward below it; rewards far on the right side saturate (the value function's concavity in gains,
-convexity in losses). TRL clamps each process's mean at 0 before averaging them; this clamps the mean over all
+convexity in losses). On a task whose rule is one token of a completion the rewards may not find it where
+DPO's margins do (BENCHMARKS.md, "KTO on the rule task made unpaired"). TRL clamps each process's mean at 0 before averaging them; this clamps the mean over all
 processes (the paper's z; the same on one process). An evaluation's z is each process's own, from its
 micro-batch (its processes score different numbers of batches, so no collective runs there).
 
 What a step logs: the loss; kl, z itself (TRL's name); the mean reward beta r of the desirable rows
 (chosen_reward, TRL's rewards/chosen) and of the undesirable ones (rejected_reward, rewards/rejected), in
 beta x nats (TRL's rewards/margins is their difference, which a mean over batches would not give: subtract
-them); the rows' mean log-probabilities by label
-(chosen_logp, rejected_logp; TRL's logps/chosen, logps/rejected); desirable, the share of desirable rows;
-and auc, the share of (desirable, undesirable) row pairs of a micro-batch whose desirable row has the higher
+them); the rows' mean log-probabilities by label (chosen_logp, rejected_logp; TRL's logps/chosen,
+logps/rejected); desirable, the share of desirable rows; and auc, the share of (desirable, undesirable) row pairs of a micro-batch whose desirable row has the higher
 reward, ties counted half (0.5 at step 0, when every reward is 0; 1.0: every desirable row above every
 undesirable one). A mean over one label is weighed by that label's rows in the step's and the evaluation's
 means (metric_over): NaN ("n/a") only when no micro-batch has a row of it.
