@@ -12,7 +12,8 @@ beta is dpo_beta: KTO's beta is DPO's, the scale of the same implicit reward (TR
 The weights are kto_desirable_weight and kto_undesirable_weight (TRL's desirable_weight, undesirable_weight);
 TRL advises lambda_D n_D / (lambda_U n_U) in [1, 4/3] (n: the train split's rows of each label), and a run
 whose weights and rows miss that range says so in one line at its start, with the weight that would meet it.
-A dataset without rows of one label is refused (KTO weighs each kind against the other).
+A dataset without rows of one label is refused (KTO weighs each kind against the other), and so are DPO's
+own settings (dpo_loss and the rest) set to anything but their defaults: they would do nothing here.
 
 The reference is DPO's (gptkit/objectives/dpo.py): a LoRA run's model with its adapters off; a full
 fine-tune's log-probabilities of every row's completion and of its KL sequence (the pairing is fixed, so they
@@ -44,7 +45,7 @@ KTO_LOG_UNITS = ("kto: the log's rewards are in beta x nats, means over the desi
                  "ordered right, ties half (0.5 at step 0)")
 
 # DPO's settings that KTO has no use for, and their defaults: set to anything else, a run refuses them
-DPO_ONLY = {"dpo_loss": "sigmoid", "dpo_label_smoothing": 0.0, "dpo_nll_weight": 0.0}
+DPO_ONLY = {"dpo_loss": "sigmoid", "dpo_label_smoothing": 0.0, "dpo_nll_weight": 0.0, "dpo_simpo_gamma": 0.5}
 
 
 def kto_settings(cfg) -> KTOSettings:
