@@ -32,7 +32,7 @@ from model import GPTConfig
 
 # The objectives a run may train toward (gptkit/objectives/: each one's class, registered by the same name). Their
 # own settings are checked by the objective at the run's start (Objective.check_config), before anything is written.
-OBJECTIVE_NAMES = ("next_token", "dpo", "grpo")
+OBJECTIVE_NAMES = ("next_token", "dpo", "kto", "grpo")
 
 # The model's settings, first in --help: GPTConfig's fields that a run sets (not vocab_size and vocab_multiple,
 # which the dataset's tokenizer sets, nor ln_eps, GPT-2's). On resume the checkpoint's shape is used.
@@ -117,10 +117,13 @@ class TrainConfig(ModelSettings):
     # what the run trains for (README.md "Chat", preference tuning): the next token, or DPO on preference pairs
     objective: str = setting("next_token", "next_token (the language-model loss on the dataset's tokens), dpo "
                                            "(preference pairs, prepare/preference.py, tuned against the model the "
-                                           "run starts from; batch_size counts pairs) or grpo (replies drawn by the "
+                                           "run starts from; batch_size counts pairs), kto (unpaired rows: a "
+                                           "prompt, one completion labelled desirable or not, prepare/preference.py; "
+                                           "batch_size counts rows) or grpo (replies drawn by the "
                                            "model to a task's prompts, rewarded by its checker; batch_size counts "
                                            "replies)", OBJECTIVE_NAMES)
-    dpo_beta: float = setting(0.1, "dpo: how far the model may move from its reference (larger keeps it closer)")
+    dpo_beta: float = setting(0.1, "dpo and kto: how far the model may move from its reference (larger keeps it "
+                                   "closer); KTO's beta is DPO's, the implicit reward's scale")
     dpo_loss: str = setting(
         "sigmoid", "dpo: the loss, by TRL's names. sigmoid: DPO's, the usual start. hinge: SLiC's max(0, 1 - beta "
         "h), which stops pushing a pair once its margin passes 1/beta. robust: DPO unbiased for a share "
@@ -137,6 +140,11 @@ class TrainConfig(ModelSettings):
                                           "reply should win by; TRL's simpo_gamma")
     dpo_nll_weight: float = setting(0.0, "dpo: add this times the chosen replies' negative log-likelihood per "
                                          "token (an anchor that keeps them likely); 0 = plain DPO")
+    # objective=kto (README.md "Preference tuning"; gptkit/objectives/kto.py): beta is dpo_beta
+    kto_desirable_weight: float = setting(1.0, "kto: the weight of the desirable rows' loss (TRL's desirable_weight); "
+                                               "keep weight x rows of desirable / of undesirable in [1, 4/3]")
+    kto_undesirable_weight: float = setting(1.0, "kto: the weight of the undesirable rows' loss (TRL's "
+                                                 "undesirable_weight)")
     # objective=grpo (README.md "Learning from a checker"; gptkit/objectives/grpo.py)
     grpo_task: str = setting("tasks/arithmetic.py", "grpo: the task, a file or module with prompts(split, seed) and "
                                                     "reward(prompt, reply) (one file a task, under tasks/)")

@@ -1,5 +1,5 @@
 """The features' settings, declared low: what gptkit/config.py's configs turn into each feature's own settings
-object, and the names their checks need (LoRA's layers, DPO's losses, the decoding formats, the threads' help,
+object, and the names their checks need (LoRA's layers, DPO's losses and KTO's weights, the decoding formats, the threads' help,
 the settings a CUDA graph cannot capture). Declared here, beside options.py, so that config.py stands below the
 feature modules it configures (lora.py, dpo.py, generate.py, inference.py, runtime.py, threads.py) instead of
 importing them; those modules import their settings from here.
@@ -183,3 +183,32 @@ class DPOSettings:
     def reference_free(self) -> bool:
         """Whether the loss is of the model alone (simpo, orpo): no reference is computed."""
         return self.loss in REFERENCE_FREE
+
+
+# ----------------------------------------------------------------------------------------------------------
+# KTO (gptkit/objectives/kto_loss.py: the loss; gptkit/objectives/kto.py: its data and reference)
+
+# TRL's advice for the weights: desirable_weight x desirable rows / (undesirable_weight x undesirable rows) in
+# this range (the KTO paper's, section 4.2), said in one line at a run's start when it does not hold
+KTO_RATIO = (1.0, 4 / 3)
+
+
+@dataclass(frozen=True)
+class KTOSettings:
+    beta: float = 0.1  # the implicit reward's scale, DPO's beta (dpo_beta): larger keeps the model closer
+    desirable_weight: float = 1.0  # lambda_D: the weight of the desirable rows' loss
+    undesirable_weight: float = 1.0  # lambda_U: the weight of the undesirable rows' loss
+
+    def __post_init__(self):
+        if not (is_number(self.beta) and math.isfinite(self.beta) and self.beta > 0):
+            raise DPOError(f"dpo_beta must be a positive number, got {self.beta!r} (0.1 is usual; larger keeps "
+                           f"the model closer to its reference)")
+        for name in ("desirable_weight", "undesirable_weight"):
+            w = getattr(self, name)
+            if not (is_number(w) and math.isfinite(w) and w > 0):
+                raise DPOError(f"kto_{name} must be a positive number, got {w!r} (1.0 is usual; see the "
+                               f"desirable:undesirable ratio line at the run's start)")
+
+    def ratio(self, desirable: int, undesirable: int) -> float:
+        """lambda_D n_D / (lambda_U n_U): how much the desirable rows weigh against the undesirable ones."""
+        return self.desirable_weight * desirable / (self.undesirable_weight * undesirable)

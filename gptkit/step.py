@@ -96,9 +96,14 @@ def accumulate(model: torch.nn.Module, next_batch: Callable[[], Batch], accum: i
     `scale`: what the loss is multiplied by for its backward (the GradScaler's scale; None: nothing);
     `prefetch` (the loader's) reads the next batch while the device runs the forward just queued: after the
     last micro-batch that is the next step's first, read while the device still runs this step. `interrupt`:
-    called before each micro-batch (it raises StepInterrupted after a stop signal)."""
+    called before each micro-batch (it raises StepInterrupted after a stop signal). A metric that is a mean over
+    a part of each micro-batch (the objective's metric_over gives that part's share, as for the evaluation: KTO's
+    mean reward of the desirable rows) is weighed by it, so its mean is over the step's part, NaN only when no
+    micro-batch has any."""
     loss_sum = torch.zeros((), device=device)
     metric_sums: dict[str, torch.Tensor] = {}
+    over = getattr(objective, "metric_over", {})
+    shares: dict[str, torch.Tensor] = {}
     for micro in range(accum):
         if interrupt is not None:
             interrupt()
@@ -114,7 +119,13 @@ def accumulate(model: torch.nn.Module, next_batch: Callable[[], Batch], accum: i
             (loss if scale is None else scale(loss)).backward()
         loss_sum += loss.detach()
         for name, value in metrics.items():
+            if name in over:
+                share = over[name](metrics).detach().float()
+                value = torch.where(share > 0, value.detach().float() * share, 0.0)  # (a part of none: NaN, 0 here)
+                shares[name] = shares.get(name, 0) + share
             metric_sums[name] = metric_sums.get(name, 0) + value.detach().float() / accum
+    for name, share in shares.items():
+        metric_sums[name] = metric_sums[name] * accum / share  # (0 / 0 = NaN: no part in any micro-batch)
     return loss_sum, metric_sums
 
 

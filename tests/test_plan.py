@@ -212,7 +212,7 @@ def test_plan_of_every_shipped_config_builds_nothing_big(config, tmp_path, capsy
     """No dataset is prepared here and no GPT-2 weights exist: the plan still sizes every config. (DPO's starts
     from the chat model configs/finetune_chat.py writes, and GRPO's from configs/arithmetic_sft.py's, which are not
     here either: GPT-2's shape stands in.)"""
-    base = ["--init_from=gpt2"] if config.name in ("dpo_chat.py", "grpo_arithmetic.py") else []
+    base = ["--init_from=gpt2"] if config.name in ("dpo_chat.py", "kto_chat.py", "grpo_arithmetic.py") else []
     with LargestTensor() as largest:
         report = train.main([str(config), "--plan", f"--data_root={tmp_path}", "--device_memory_gb=24", *base])
     assert largest.numel < 1_000_000

@@ -274,7 +274,7 @@ def test_unpaired_rows_make_their_own_kind_of_dataset_which_dpo_refuses(tmp_path
     # DPO (train.py's dataset check, eval.py's pairs) and the next-token loader refuse it, in one line
     for refuse in (lambda: DPO(SimpleNamespace(objective="dpo")).check_dataset(meta, "u"),
                    lambda: Pairs(data, "train")):
-        with pytest.raises(UserError, match=r"holds unpaired rows .* but DPO needs pairs") as e:
+        with pytest.raises(UserError, match=r"holds unpaired rows .* not pairs: train on them with --objective=kto") as e:
             refuse()
         assert "\n" not in str(e.value)
     with pytest.raises(UserError, match="preference"):

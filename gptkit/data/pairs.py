@@ -62,9 +62,9 @@ def check_preference_dataset(meta: dict[str, Any], label: str) -> None:
         raise DataError(f"dataset {label} holds {what}, not preference pairs; prepare pairs with "
                         f"python prepare/preference.py --input PAIRS.jsonl")
     if is_unpaired_dataset(meta):
-        raise DataError(f"dataset {label} holds unpaired rows (a prompt, one completion and a label), but DPO needs "
-                        f"pairs: prepare rows with a prompt, a chosen and a rejected reply with "
-                        f"python prepare/preference.py")
+        raise DataError(f"dataset {label} holds unpaired rows (a prompt, one completion and a label), not pairs: "
+                        f"train on them with --objective=kto, or prepare rows with a prompt, a chosen and a "
+                        f"rejected reply with python prepare/preference.py")
 
 
 def unpaired_labels(data_dir: str | os.PathLike, split: str) -> np.ndarray:
@@ -116,6 +116,8 @@ class PairBatch:
 class Pairs:
     """The pairs of one split of a preference dataset: starts (n, 2) and lengths (n, 2) of each pair's chosen
     and rejected sequence in the split's token stream."""
+
+    noun = "pairs"  # what the loaders' messages call the items
 
     def __init__(self, data_dir: str | os.PathLike, split: str, chunk: int = 1 << 24):
         self.dataset = TokenDataset(require_dataset(data_dir), split)
@@ -181,9 +183,12 @@ def _check_batch(batch_size: int, rank: int, world_size: int) -> None:
 
 
 class PairLoader:
-    """Training batches of whole pairs, in epochs (see the module docstring for the exact order)."""
+    """Training batches of whole pairs, in epochs (see the module docstring for the exact order). A subclass may
+    read other items of the same interface as Pairs (ITEMS: gptkit/data/unpaired.py's rows for KTO)."""
 
     MODE = "pairs"  # state_dict's "mode": a BatchLoader's state is refused, and the other way round
+    ITEMS: type = Pairs
+    READS = "preference pairs"  # what its errors say it reads
 
     def __init__(self, data_dir: str | os.PathLike, split: str = "train", *, batch_size: int, block_size: int,
                  seed: int = 1337, rank: int = 0, world_size: int = 1, device: str | torch.device = "cpu",
@@ -191,9 +196,10 @@ class PairLoader:
         if not isinstance(seed, (int, np.integer)) or seed < 0:
             raise DataError(f"the data seed must be a non-negative integer, got {seed!r}")
         _check_batch(batch_size, rank, world_size)
-        self.pairs = Pairs(data_dir, split)
+        self.pairs = self.ITEMS(data_dir, split)
         if not len(self.pairs):
-            raise DataError(f"the {split} split of {data_dir} holds no pairs; prepare more pairs")
+            raise DataError(f"the {split} split of {data_dir} holds no {self.pairs.noun}; prepare more "
+                            f"{self.pairs.noun}")
         self.pairs.check_fits(block_size)
         self.batch_size, self.block_size, self.seed = batch_size, block_size, seed
         self.rank, self.world_size = rank, world_size
@@ -245,7 +251,7 @@ class PairLoader:
                             f"loader")
         if state["mode"] != self.MODE:
             raise DataError(f"the checkpoint's data loader read {state['mode']!r} batches, this run reads "
-                            f"preference pairs; resume it with its own objective and dataset")
+                            f"{self.READS}; resume it with its own objective and dataset")
         for key in ("seed", "block_size"):
             if state[key] != getattr(self, key):
                 raise DataError(f"checkpoint's data loader used {key}={state[key]!r} but this run uses "
@@ -265,7 +271,9 @@ class ValPairs:
     """Fixed batches of a split's pairs, the same every time. n_batches=None: every pair once, in order (the
     last batch is short when B does not divide them); else n_batches batches of B pairs, global batch i holding
     pairs [i*B, (i+1)*B) modulo their number (fixed shapes). Rank r reads the batches i with
-    i % world_size == r (so reduce sums and counts across ranks, not means)."""
+    i % world_size == r (so reduce sums and counts across ranks, not means). ITEMS: as PairLoader's."""
+
+    ITEMS: type = Pairs
 
     def __init__(self, data_dir: str | os.PathLike, split: str = "val", *, batch_size: int, block_size: int,
                  n_batches: int | None = None, rank: int = 0, world_size: int = 1,
@@ -273,10 +281,10 @@ class ValPairs:
         _check_batch(batch_size, rank, world_size)
         if n_batches is not None and n_batches < 1:
             raise DataError(f"n_batches must be at least 1, got {n_batches}")
-        self.pairs = Pairs(data_dir, split)
+        self.pairs = self.ITEMS(data_dir, split)
         self.n = min(len(self.pairs), limit) if limit else len(self.pairs)
         if not self.n:
-            raise DataError(f"the {split} split of {data_dir} holds no pairs")
+            raise DataError(f"the {split} split of {data_dir} holds no {self.pairs.noun}")
         self.pairs.check_fits(block_size)
         self.batch_size, self.block_size = batch_size, block_size
         self.n_batches = -(-self.n // batch_size) if n_batches is None else n_batches

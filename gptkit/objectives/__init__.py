@@ -10,6 +10,8 @@ name among config.py's OBJECTIVE_NAMES, which lists them for --help without impo
 
 - next_token.py: the language-model loss on windows of tokens (pretraining, fine-tunes, LoRA).
 - dpo.py: preference pairs against a reference (the losses and references: preference_losses.py).
+- kto.py: unpaired rows (a prompt, a completion, a label) against a reference, DPO's sibling (the loss:
+  kto_loss.py).
 - grpo.py: replies drawn by the model to a task's prompts, rewarded by a checker (the loss: grpo_loss.py; the
   rollouts: grpo_rollouts.py).
 """
@@ -19,9 +21,10 @@ from __future__ import annotations
 from gptkit.objectives.base import Objective, ObjectiveError
 from gptkit.objectives.dpo import DPO
 from gptkit.objectives.grpo import GRPO
+from gptkit.objectives.kto import KTO
 from gptkit.objectives.next_token import NextToken
 
-OBJECTIVES: dict[str, type[Objective]] = {NextToken.name: NextToken, DPO.name: DPO, GRPO.name: GRPO}
+OBJECTIVES: dict[str, type[Objective]] = {NextToken.name: NextToken, DPO.name: DPO, KTO.name: KTO, GRPO.name: GRPO}
 
 __all__ = ["OBJECTIVES", "Objective", "ObjectiveError", "make_objective"]
 

@@ -125,9 +125,9 @@ class DPO(Objective):
         seen the template its pairs are written in."""
         if added_tokens:
             raise ObjectiveError(f"{cfg.init_from} lacks {added_tokens} of the dataset's special tokens (the chat "
-                                 f"template's markers): objective=dpo tunes a chat model; fine-tune it on "
+                                 f"template's markers): objective={self.name} tunes a chat model; fine-tune it on "
                                  f"conversations first (configs/finetune_chat.py), then tune that checkpoint with "
-                                 f"DPO")
+                                 f"{self.name.upper()}")
 
     def start(self, cfg, raw_model: torch.nn.Module, data_dir: Path, state: dict | None, d: Dist,
               rt: Runtime) -> str:
@@ -135,22 +135,7 @@ class DPO(Objective):
         process its share of the pairs, `raw_model` holding the starting weights: under FSDP sharded, the
         module that runs) or, on resume, read back from `state`."""
         settings = dpo_settings(cfg)
-        resumed = cfg.init_from == "resume"
-        if settings.reference_free:
-            reference, against = None, "no reference (the loss is of the model alone)"
-        elif cfg.lora_rank:
-            reference = AdapterOffReference(raw_model)  # (check_start leaves no run that trains more than adapters)
-            against = "the model with its LoRA adapters off (the starting model; no second copy)"
-        elif resumed:
-            if state is None:
-                raise ObjectiveError(f"{cfg.out_dir}/last.pt holds no reference log-probabilities (it is not a DPO "
-                                     f"run's checkpoint); resume it with its own objective, or start a DPO run from "
-                                     f"it with --init_from={cfg.out_dir} --out_dir=NEW_DIR")
-            reference = PrecomputedReference.from_state_dict(state, data_dir, cfg.block_size)
-            against = "the starting model's log-probabilities, precomputed (read back from the checkpoint)"
-        else:
-            reference = precompute(cfg, raw_model, data_dir, d, rt)
-            against = "the starting model's log-probabilities, precomputed (8 bytes a pair, saved in the checkpoints)"
+        reference, against = self.make_reference(cfg, raw_model, data_dir, state, d, rt, settings.reference_free)
         self.reference, self.loss = reference, DPOObjective(settings, reference)
         anchor = f", + {settings.nll_weight:g} x the chosen replies' NLL per token" if settings.nll_weight else ""
         smoothing = f", label smoothing {settings.label_smoothing:g}" if settings.label_smoothing else ""
@@ -158,6 +143,33 @@ class DPO(Objective):
         anchor = ", + the chosen replies' NLL per token" if settings.loss == "orpo" else anchor
         return (f"objective: DPO ({settings.loss} loss, beta {settings.beta:g}{smoothing}{gamma}{anchor}) on pairs "
                 f"of {cfg.dataset}, against {against}\n{DPO_LOG_UNITS}")
+
+    # the precomputed reference of a full fine-tune (KTO's: of its rows and their KL sequences)
+    reference_kind: type[PrecomputedReference] = PrecomputedReference
+
+    def make_reference(self, cfg, raw_model: torch.nn.Module, data_dir: Path, state: dict | None, d: Dist,
+                       rt: Runtime, reference_free: bool = False) -> tuple[object, str]:
+        """(the reference, what it is in words): none for a reference-free loss; a LoRA run's adapters off; a
+        full fine-tune's log-probabilities, read back from `state` on resume, else computed here."""
+        resumed = cfg.init_from == "resume"
+        if reference_free:
+            reference, against = None, "no reference (the loss is of the model alone)"
+        elif cfg.lora_rank:
+            reference = AdapterOffReference(raw_model)  # (check_start leaves no run that trains more than adapters)
+            against = "the model with its LoRA adapters off (the starting model; no second copy)"
+        elif resumed:
+            kind = self.name.upper()
+            if state is None:
+                raise ObjectiveError(f"{cfg.out_dir}/last.pt holds no reference log-probabilities (it is not a {kind} "
+                                     f"run's checkpoint); resume it with its own objective, or start a {kind} run "
+                                     f"from it with --init_from={cfg.out_dir} --out_dir=NEW_DIR")
+            reference = self.reference_kind.from_state_dict(state, data_dir, cfg.block_size)
+            against = "the starting model's log-probabilities, precomputed (read back from the checkpoint)"
+        else:
+            reference = precompute(cfg, raw_model, data_dir, d, rt, self.reference_kind)
+            against = (f"the starting model's log-probabilities, precomputed (8 bytes a "
+                       f"{self.reference_kind.items.noun[:-1]}, saved in the checkpoints)")
+        return reference, against
 
     def batches(self, cfg, data_dir: Path, d: Dist, rt: Runtime):
         """Pairs; a precomputed reference's table is read with each training batch (after start())."""
@@ -174,8 +186,8 @@ class DPO(Objective):
                  if getattr(cfg, name) and (name == "dropout" or cfg.lora_rank)]
         if not rates:
             return []
-        return [f"note: {', '.join(rates)} with objective=dpo: the reference is scored without dropout, the tuned "
-                f"model with it, so their log-probabilities differ from the first step on for that alone; "
+        return [f"note: {', '.join(rates)} with objective={self.name}: the reference is scored without dropout, "
+                f"the tuned model with it, so their log-probabilities differ from the first step on for that alone; "
                 f"configs/dpo_chat.py sets both to 0"]
 
     def __call__(self, model: torch.nn.Module, batch: PairBatch):
@@ -228,19 +240,20 @@ class DPO(Objective):
         return self.reference.state_dict() if isinstance(self.reference, PrecomputedReference) else None
 
 
-def precompute(cfg, raw_model: torch.nn.Module, data_dir: Path, d: Dist, rt: Runtime) -> PrecomputedReference:
-    """The starting model's log-probabilities of every pair of the splits the run reads (val alone for an
-    eval_only run), under the run's autocast, every process scoring its share, with a progress bar on a
-    terminal."""
+def precompute(cfg, raw_model: torch.nn.Module, data_dir: Path, d: Dist, rt: Runtime,
+               kind: type[PrecomputedReference] = PrecomputedReference) -> PrecomputedReference:
+    """The starting model's log-probabilities of every pair (`kind`'s items) of the splits the run reads (val
+    alone for an eval_only run), under the run's autocast, every process scoring its share, with a progress bar
+    on a terminal."""
     splits = ("val",) if cfg.eval_only else ("train", "val")
     quiet = not (d.master and sys.stdout.isatty())
+    noun = kind.items.noun
     if d.master:
-        print(f"dpo: scoring the {' and '.join(splits)} pairs with the starting model (the reference), once",
-              flush=True)
+        print(f"{cfg.objective}: scoring the {' and '.join(splits)} {noun} with the starting model (the reference), "
+              f"once", flush=True)
     # Under FSDP with the whole weights gathered (as an evaluation): every unit, the root's too, sharded again
     # afterwards, before the optimizer takes the parameters.
-    with parallel.gathered(raw_model), tqdm(desc="reference", unit="pair", leave=False, delay=3,
+    with parallel.gathered(raw_model), tqdm(desc="reference", unit=noun[:-1], leave=False, delay=3,
                                             disable=quiet) as bar:
-        return PrecomputedReference.compute(raw_model, data_dir, block_size=cfg.block_size, batch_size=cfg.batch_size,
-                                            splits=splits, autocast=rt.autocast, rank=d.rank,
-                                            world_size=d.world_size, progress=bar.update)
+        return kind.compute(raw_model, data_dir, block_size=cfg.block_size, batch_size=cfg.batch_size, splits=splits,
+                            autocast=rt.autocast, rank=d.rank, world_size=d.world_size, progress=bar.update)

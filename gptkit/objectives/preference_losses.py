@@ -76,7 +76,7 @@ import contextlib
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -314,7 +314,11 @@ class AdapterOffReference:
 class PrecomputedReference:
     """The reference's log-probabilities of every pair of a dataset's splits: tables[split] (n, 2) float32 on
     the CPU, column 0 the chosen reply's, 1 the rejected one's; `dataset` the fingerprint of the dataset they
-    belong to (its meta.json's), `block_size` the length they were computed at."""
+    belong to (its meta.json's), `block_size` the length they were computed at. A subclass scores other items
+    of the same interface (`items` and `batches`: KTO's rows and their KL sequences, gptkit/objectives/kto.py)."""
+
+    items: ClassVar[type] = Pairs  # a split's items: their number, the dataset's meta
+    batches: ClassVar[type] = ValPairs  # their fixed batches, each item once (two sequences an item)
 
     def __init__(self, tables: dict[str, torch.Tensor], dataset: str, block_size: int):
         self.tables, self.dataset, self.block_size = tables, dataset, block_size
@@ -331,10 +335,10 @@ class PrecomputedReference:
         forwards (one whose batches ran out scores one again, unused), as FSDP's collectives (and DDP's buffer
         broadcasts) in a forward need. `progress(pairs)` after each batch."""
         device = next(model.parameters()).device
-        meta = Pairs(data_dir, splits[0]).dataset.meta
+        meta = cls.items(data_dir, splits[0]).dataset.meta
         tables = {}
         for split in splits:
-            batches = ValPairs(data_dir, split, batch_size=batch_size, block_size=block_size, rank=rank,
+            batches = cls.batches(data_dir, split, batch_size=batch_size, block_size=block_size, rank=rank,
                                world_size=world_size, device=device)
             table = torch.zeros(batches.n, 2, dtype=torch.float32, device=device)
             mine = iter(batches)
@@ -376,8 +380,8 @@ class PrecomputedReference:
     def from_state_dict(cls, state: dict[str, Any], data_dir: str | os.PathLike, block_size: int
                         ) -> PrecomputedReference:
         """The saved tables, checked against the dataset and block_size of the run that reads them."""
-        pairs = {s: len(Pairs(data_dir, s)) for s in state["tables"]}
-        meta = Pairs(data_dir, next(iter(state["tables"]))).dataset.meta
+        pairs = {s: len(cls.items(data_dir, s)) for s in state["tables"]}
+        meta = cls.items(data_dir, next(iter(state["tables"]))).dataset.meta
         if state["dataset"] != meta.get("fingerprint", "") or state["block_size"] != block_size or any(
                 len(t) != pairs[s] for s, t in state["tables"].items()):
             raise DPOError(f"the saved reference log-probabilities belong to another dataset or block_size than "
