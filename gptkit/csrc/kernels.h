@@ -185,6 +185,20 @@ static void tiled_rows(const float* X, int64_t M, int64_t K, const float* W, int
 
 static inline __m256i load32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
+// The quantized products read their weights once per token, one sequential stream per thread, in 4 KiB pages
+// where a matrix is under 2 MiB: the hardware's prefetchers, which stop at each page's end, leave the loop
+// waiting on memory (BENCHMARKS.md, "Four-bit weights (q4_0)": the stream asked for ahead, before and after).
+// So each 64-byte line of weights is asked for PREFETCH_AHEAD bytes before it is read, and the scales as many
+// blocks ahead (past the end of a thread's groups too: a prefetch never faults). -DGPTKIT_PREFETCH_AHEAD=N
+// changes the distance (benchmarks).
+#ifndef GPTKIT_PREFETCH_AHEAD
+#define GPTKIT_PREFETCH_AHEAD 2048
+#endif
+static constexpr int64_t PREFETCH_AHEAD = GPTKIT_PREFETCH_AHEAD;
+static inline void ahead(const void* p, int64_t bytes = PREFETCH_AHEAD) {
+  _mm_prefetch(static_cast<const char*>(p) + bytes, _MM_HINT_T0);
+}
+
 #ifdef GPTKIT_AVX512
 // int8 weights are stored in groups of four rows, interleaved (PackedLinear's layout, as llama.cpp repacks
 // its q8_0 weights): for each 32-value block b, the four rows' blocks one after another, (N / 4, B, 4, 32),
@@ -212,6 +226,9 @@ static inline void q8_group_dots(const int8_t* w, const int32_t* corr, const flo
   auto step = [&](int64_t b, __m512& c01, __m512& c23) {
     const __m512i xv = _mm512_broadcast_i64x4(load32(x + 32 * b));
     const __m512 s = _mm512_castps128_ps512(_mm_mul_ps(_mm_loadu_ps(ws + 4 * b), _mm_set1_ps(xs[b])));
+    if constexpr (!Unsigned) {  // (the unsigned way reads a group group_corr_q8 has just read)
+      ahead(w + 128 * b); ahead(w + 128 * b + 64); ahead(ws + 4 * b, PREFETCH_AHEAD / 8);
+    }
     const __m512i w01 = _mm512_loadu_si512(w + 128 * b), w23 = _mm512_loadu_si512(w + 128 * b + 64);
     __m512i d01, d23;
     if constexpr (Unsigned) {
@@ -243,9 +260,11 @@ static inline void dot_group_q8(const int8_t* w, const float* ws, int64_t B, con
 // integer sums are the same, so the results are dot_group_q8's to the bit.
 static inline void group_corr_q8(const int8_t* w, int64_t B, int32_t* corr) {
   const __m512i k128 = _mm512_set1_epi8(static_cast<char>(0x80));  // 128, as dpbusd's unsigned operand
-  for (int64_t u = 0; u < 2 * B; u++)
+  for (int64_t u = 0; u < 2 * B; u++) {
+    ahead(w + 64 * u);
     _mm512_storeu_si512(corr + 16 * u, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(
                                            _mm512_setzero_si512(), k128, _mm512_loadu_si512(w + 64 * u))));
+  }
 }
 
 static inline void dot_group_q8_rows(const int8_t* w, const int32_t* corr, const float* ws, int64_t B,
@@ -274,6 +293,7 @@ static inline void dot_group_q8(const int8_t* w, const float* ws, int64_t B, con
     const __m256i xv = load32(x + 32 * b);
     const float s = xs[b];
     const int8_t* wb = w + 128 * b; const float* sb = ws + 4 * b;
+    ahead(wb); ahead(wb + 64); ahead(sb, PREFETCH_AHEAD / 8);
     a0 = _mm256_fmadd_ps(q8_sums(load32(wb), xv), _mm256_set1_ps(sb[0] * s), a0);
     a1 = _mm256_fmadd_ps(q8_sums(load32(wb + 32), xv), _mm256_set1_ps(sb[1] * s), a1);
     a2 = _mm256_fmadd_ps(q8_sums(load32(wb + 64), xv), _mm256_set1_ps(sb[2] * s), a2);
@@ -298,6 +318,7 @@ static inline void dot_group_q8(const int8_t* w, const float* ws, int64_t B, con
 static inline void unpack_group_q4(const uint8_t* w, int64_t B, uint8_t* out) {
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   for (int64_t u = 0; u < 2 * B; u++) {  // 32 bytes: rows 0|2 or 1|3 of a block
+    if (u % 2 == 0) ahead(w + 32 * u);
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * u));
     const int64_t b = u / 2, r = u % 2;
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 128 * b + 32 * r), _mm256_and_si256(v, nibble));
@@ -320,6 +341,7 @@ static inline void dot_group_q4(const uint8_t* w, const float* ws, int64_t B, co
     const __m512 s = _mm512_castps128_ps512(_mm_mul_ps(_mm_loadu_ps(ws + 4 * b), _mm_set1_ps(xs[b])));
     __m512i w01, w23;
     if constexpr (Packed) {
+      ahead(w + 64 * b); ahead(ws + 4 * b, PREFETCH_AHEAD / 4);
       const __m512i v = _mm512_loadu_si512(w + 64 * b);
       w01 = _mm512_and_si512(v, nibble), w23 = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
     } else {
@@ -355,6 +377,7 @@ static inline void dot_group_q4(const uint8_t* w, const float* ws, int64_t B, co
     const float* sb = ws + 4 * b;
     __m256i w0, w1, w2, w3;
     if constexpr (Packed) {
+      ahead(w + 64 * b); ahead(sb, PREFETCH_AHEAD / 4);
       const __m256i v02 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * b));
       const __m256i v13 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * b + 32));
       w0 = _mm256_and_si256(v02, nibble), w2 = _mm256_and_si256(_mm256_srli_epi16(v02, 4), nibble);
