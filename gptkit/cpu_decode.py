@@ -42,8 +42,8 @@ groups of four rows (pack_q4), unpacked in registers by a mask and a shift into 
 units, multiplied against the q8 activations by the same dot-product instructions (VNNI's dpbusd takes q as
 its unsigned operand as it is; 8 times the activations' sum is taken off), in the same fused block call.
 The name is the format's own, the one GGUF and llama.cpp use (export.py --dtype q4_0 writes the same blocks):
-the scale is an fp16 value, held here as float32 (the scales' loads are int8's; 5 bits a weight instead of
-4.5). q4_0 keeps the head in q8_0 (Q4_HEAD) and reads the token embedding from the same rows (PackedEmbedding);
+the scale is an fp16 value, stored as one (4.5 bits a weight, the file's; q8_0's scales too), widened in the
+kernel as it is read (a decode step is bound by the bytes it reads). q4_0 keeps the head in q8_0 (Q4_HEAD) and reads the token embedding from the same rows (PackedEmbedding);
 a matrix whose rows are not a multiple of 32 stays float32 (weights_report, on the start-up line, says so).
 
 The CPU at hand. gptkit/csrc/kernels.h is compiled twice into one library (gptkit/csrc/cpu_decode.cpp):
@@ -89,6 +89,7 @@ SMALL_BATCH = 16  # rows up to which a block's decode step is one fused kernel c
 # benchmarks/cpu_products.py); above, torch's, which reads float32 weights as they are.
 FLOAT32_KERNEL_ROWS = 64
 BLOCK = 32  # int8: weights (and activations) per scale, as llama.cpp's q8_0
+HALF_SCALES = ("q4_0", "q8_0")  # the formats whose scales are float16 values, and are stored as float16
 
 CSRC = Path(__file__).resolve().parent / "csrc"  # the C++: cpu_decode.cpp (the operators), kernels.h (the code)
 SOURCES = ("cpu_decode.cpp", "kernels.h")
@@ -359,7 +360,10 @@ class PackedLinear(nn.Module):
             n = self.out_features
             weight, scale = {"int8": quantize_q8, "q8_0": quantize_q8_0, "q4_0": quantize_q4_0}[fmt](weight)
             weight = pack_q4(weight) if fmt == "q4_0" else interleave4(weight.reshape(n, -1, BLOCK))
-            self.scale = interleave4(scale.reshape(n, -1, 1))
+            scale = interleave4(scale.reshape(n, -1, 1))
+            # q4_0's and q8_0's scales are float16 values (the formats' own): stored so, exactly, a sixteenth of
+            # a byte a weight fewer for the kernels to read (int8's are float32 values)
+            self.scale = scale.half() if fmt in HALF_SCALES else scale
         elif fmt == "float16":
             weight = weight.to(torch.float16)
         # In 2 MiB pages, read once per token (a float32 weight already there, the tied head's: as it is).
@@ -373,7 +377,7 @@ class PackedLinear(nn.Module):
                 values = unpack_q4(self.weight, n).reshape(n, -1, BLOCK).float() - 8
             else:
                 values = deinterleave4(self.weight, n, BLOCK).float()
-            return (values * deinterleave4(self.scale, n, 1)).reshape(n, self.in_features)
+            return (values * deinterleave4(self.scale, n, 1).float()).reshape(n, self.in_features)
         return self.weight.float()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -492,7 +496,7 @@ class PackedEmbedding(nn.Module):
         q = self.q.view(-1, blocks, 4, BLOCK)  # interleave4's (group, block, row, 32)
         s = self.scale.view(-1, blocks, 4)
         group, row = idx // 4, idx % 4
-        return (q[group, :, row].float() * s[group, :, row][..., None]).reshape(*idx.shape, self.embedding_dim)
+        return (q[group, :, row].float() * s[group, :, row][..., None].float()).reshape(*idx.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, fmt={self.table.fmt} (the head's rows)"

@@ -823,6 +823,11 @@ def test_the_layout_packs_two_rows_a_byte_and_rows_not_a_multiple_of_the_block_s
     assert torch.equal(block[1, 0, 1] & 15, q[5, :BLOCK]) and block[1, 0, 1].ge(16).logical_not().all()  # row 7: 0
     assert torch.equal(cpu_decode.unpack_q4(layer.weight, 7), q)
     assert torch.equal(layer.dense_weight(), dequantized(w))
+    # the scales as the file holds them, float16 (exactly the quantizer's values), in the groups of four rows
+    assert layer.scale.dtype == torch.float16 and layer.scale.shape == (8, 2)
+    assert torch.equal(cpu_decode.deinterleave4(layer.scale, 7, 1)[..., 0].float(), cpu_decode.quantize_q4_0(w)[1])
+    assert PackedLinear(w, None, "q8_0").scale.dtype == torch.float16
+    assert PackedLinear(w, None, "int8").scale.dtype == torch.float32  # int8's scales are not float16 values
 
     odd = torch.randn(5, 40)  # 40: not whole 32-value blocks
     kept = PackedLinear(odd, None, "q4_0")
@@ -852,6 +857,27 @@ def test_products_equal_the_float_product_of_the_dequantized_operands(variant, M
     assert (got - F.linear(x, w, b)).abs().max() > 1e-3  # four-bit weights: not the float32 product
     # from 4 rows on each group is unpacked once for all rows: the same integers summed, the same results
     assert torch.equal(got, torch.cat([layer(x[i : i + 1]) for i in range(M)]))
+
+
+@pytest.mark.parametrize("fmt", ["q4_0", "q8_0"])
+@pytest.mark.parametrize("M", [1, 3, 4, 9])  # q4_0: in registers below 4 rows, unpacked per group from 4; q8_0:
+def test_float16_scales_give_the_float32_scales_results_to_the_bit(variant, fmt, M):  # AVX-512's batch way from 8
+    """q4_0's and q8_0's scales are stored as float16 (their values are float16's), widened as the kernels read
+    them: the products equal, to the bit, those of the same scales stored as float32, in every path (rows in
+    registers, groups unpacked for a batch), on odd row counts (the last group of four padded)."""
+    x, w, b = operands(M, N=77, K=160)  # 5 blocks: AVX-512's two a step and one left over
+    layer = PackedLinear(w, b, fmt)
+    assert layer.scale.dtype == torch.float16
+    op = variant_ops_for(fmt)
+    half = op(x, layer.weight, layer.scale, layer.bias, 77)
+    assert torch.equal(half, op(x, layer.weight, layer.scale.float(), layer.bias, 77))
+    assert torch.equal(half, layer(x))
+
+
+def variant_ops_for(fmt: str):
+    """The product operator of the variant in use (kernels() gives it) for fmt's weights."""
+    k = cpu_decode.kernels()
+    return k.linear_q4 if fmt == "q4_0" else k.linear_q8
 
 
 def float_twin(model: GPT, q4: GPT) -> GPT:
@@ -888,7 +914,7 @@ def test_the_fused_block_computes_the_model_of_its_dequantized_weights(variant, 
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_weights_take_under_0_3x_float32s_bytes_and_the_start_up_line_says_so(tied):
-    """The block matrices in q4_0: 4 bits a weight and a 32-bit scale per 32 (0.16x float32's bytes, biases
+    """The block matrices in q4_0: 4 bits a weight and a 16-bit scale per 32 (0.14x float32's bytes, biases
     included); the head in q8_0, the token embedding read from the same q8_0 rows (tied: the head's own, no
     float32 table left); the whole model's weights under 0.3x float32's; what stays wider is said."""
     cfg = GPTConfig(block_size=16, vocab_size=500, vocab_multiple=64, n_layer=2, n_head=4, n_embd=256,
@@ -910,7 +936,7 @@ def test_weights_take_under_0_3x_float32s_bytes_and_the_start_up_line_says_so(ti
     tensors.update({id(t): t for t in (embedding.q, embedding.scale)})
     assert sum(t.numel() * t.element_size() for t in tensors.values()) <= 0.3 * float32_bytes
     report = cpu_decode.weights_report(model)
-    assert "blocks q4_0" in report and "0.16x their float32 bytes" in report and "head q8_0" in report
+    assert "blocks q4_0" in report and "0.14x their float32 bytes" in report and "head q8_0" in report
     assert ("the head's own rows" in report) == tied
     odd = pack_for_cpu(GPT(GPTConfig(block_size=16, vocab_size=50, n_layer=1, n_head=2, n_embd=40)).eval(), "q4_0")
     report = cpu_decode.weights_report(odd)
