@@ -18,9 +18,10 @@ random weights. Prints two markdown tables.
 
 The baseline: its gptkit/csrc sources, the operators' namespaces renamed (gptkit_base_avx512, ...), compiled once
 by the same build function (gptkit.cpu_decode.build_library) and loaded beside this checkout's. It is given the
-scales as float32, the layout that every version so far reads (this one's q4_0 and q8_0 scales are float16
-values: the same numbers); the weights are the same tensors. --variant picks the instruction set (default: the
-best this CPU runs).
+weights in the layout pack_for_cpu made before float16 scales and the huge-page arena (main's on 2026-11-28):
+the same values, the scales as float32, each tensor in huge pages only where it is 2 MiB or more (base_layout);
+this checkout's side reads them as pack_for_cpu lays them out now. --variant picks the instruction set (default:
+the best this CPU runs).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: gptkit is in the checkout
 
@@ -74,9 +76,6 @@ class Side:
         self.ops = getattr(torch.ops, f"gptkit_{variant}" if name == "new" else f"gptkit_{name}_{variant}")
         self.active = variant if name == "new" else f"{name}_{variant}"  # cpu_decode's name for it
 
-    def scale(self, layer: cpu_decode.PackedLinear) -> torch.Tensor:
-        return layer.scale if self.name == "new" else layer.scale.float()
-
     @contextmanager
     def in_use(self):
         """The packed layers call these kernels meanwhile (cpu_decode.kernels() gives them)."""
@@ -93,6 +92,17 @@ def quantile(values: list[float], q: float) -> float:
     return values[round(q * (len(values) - 1))]
 
 
+def base_layout(layers: list) -> None:
+    """In place: float32 scales and every tensor copied out of any shared arena, into huge pages only where it
+    is 2 MiB or more by itself (huge_page_copy), as pack_for_cpu laid a model out before."""
+    for m in layers:
+        m.weight = cpu_decode.huge_page_copy(m.weight.clone())
+        if m.scale is not None:
+            m.scale = m.scale.float().clone()
+        if m.bias is not None:
+            m.bias = m.bias.clone()
+
+
 def step_layers(fmt: str, layers: int, g: torch.Generator) -> list[cpu_decode.PackedLinear]:
     out = [cpu_decode.PackedLinear(torch.randn(n, k, generator=g) * 0.02, torch.randn(n, generator=g), fmt)
            for _ in range(layers) for n, k in SHAPES]
@@ -101,18 +111,30 @@ def step_layers(fmt: str, layers: int, g: torch.Generator) -> list[cpu_decode.Pa
 
 def products_table(sides: list[Side], layers: int, steps: int) -> str:
     g = torch.Generator().manual_seed(0)
-    weights = {fmt: step_layers(fmt, layers, g) for fmt in FORMATS}
+    weights = {}
+    for fmt in FORMATS:
+        made = step_layers(fmt, layers, g)
+        for side in sides:
+            these = [SimpleNamespace(weight=m.weight, scale=m.scale, bias=m.bias, fmt=m.fmt, in_features=m.in_features,
+                                     out_features=m.out_features) for m in made]  # each side's own tensors
+            if side.name == "new":  # the blocks' tensors in one arena, as gather_in_huge_pages lays them out
+                slots = [(m, n) for m in these[:-1] for n in ("weight", "scale", "bias")
+                         if not cpu_decode.in_huge_pages(getattr(m, n))]
+                for (m, n), t in zip(slots, cpu_decode.huge_page_arena([getattr(m, n) for m, n in slots])):
+                    setattr(m, n, t)
+            else:
+                base_layout(these)
+            weights[(side.name, fmt)] = these
     x = {k: torch.randn(1, k, generator=g) for k in (768, 3072)}
-    scales = {(s.name, fmt): [s.scale(m) for m in weights[fmt]] for s in sides for fmt in FORMATS}
 
     def step(side: Side, fmt: str) -> None:
-        for m, scale in zip(weights[fmt], scales[(side.name, fmt)]):
+        for m in weights[(side.name, fmt)]:
             op = side.ops.linear_q4 if m.fmt == "q4_0" else side.ops.linear_q8
-            op(x[m.in_features], m.weight, scale, m.bias, m.out_features)
+            op(x[m.in_features], m.weight, m.scale, m.bias, m.out_features)
 
     def nbytes(side: Side, fmt: str) -> int:
-        return sum(m.weight.numel() * m.weight.element_size() + s.numel() * s.element_size()
-                   for m, s in zip(weights[fmt], scales[(side.name, fmt)]))
+        return sum(m.weight.numel() * m.weight.element_size() + m.scale.numel() * m.scale.element_size()
+                   for m in weights[(side.name, fmt)])
 
     pairs = [(s, fmt) for s in sides for fmt in FORMATS]
     for side, fmt in pairs:
@@ -145,24 +167,19 @@ def products_table(sides: list[Side], layers: int, steps: int) -> str:
 
 
 def packed_models(sides: list[Side]) -> dict[tuple[str, str], GPT]:
-    """GPT-2 small's shape, random weights, packed in each format; for the baseline, the same model with its
-    scales as float32."""
+    """GPT-2 small's shape, random weights, packed in each format (pack_for_cpu); for the baseline, packed
+    again and laid out as before (base_layout)."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_multiple=64, dropout=0.0)).eval()
     out = {}
     for fmt in FORMATS:
-        packed = cpu_decode.pack_for_cpu(copy.deepcopy(model), fmt)
         for side in sides:
-            if side.name == "new":
-                out[(side.name, fmt)] = packed
-                continue
-            widened = copy.deepcopy(packed)
-            for m in widened.modules():
-                if isinstance(m, cpu_decode.PackedLinear) and m.scale is not None:
-                    m.scale = m.scale.float()
-                if isinstance(m, cpu_decode.PackedBlock):
-                    m._params = None  # gathered again, with the float32 scales
-            out[(side.name, fmt)] = widened
+            packed = cpu_decode.pack_for_cpu(copy.deepcopy(model), fmt)
+            if side.name != "new":
+                base_layout([m for m in packed.modules() if isinstance(m, cpu_decode.PackedLinear)])
+                for block in packed.transformer.h:
+                    block._params = None  # gathered again at the first step, from the tensors as they are now
+            out[(side.name, fmt)] = packed
     return out
 
 
