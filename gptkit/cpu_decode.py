@@ -453,7 +453,8 @@ def pack_for_cpu(model: nn.Module, fmt: str = "float32") -> nn.Module:
     rows only (the padding rows are never logits); a tied head is packed from wte's rows, which the embedding
     keeps as they are, but for q4_0: its head is q8_0 (Q4_HEAD) and its token embedding a PackedEmbedding that
     reads the same q8_0 rows (the tied head's own; an untied model's, its own), as a GGUF q4_0 file holds
-    them. For inference only: the packed model can no longer be trained, nor saved as a checkpoint of ours.
+    them. The blocks' tensors under 2 MiB are then gathered in one mapping of huge pages (gather_in_huge_pages).
+    For inference only: the packed model can no longer be trained, nor saved as a checkpoint of ours.
     Call it after moving the model to float32 on the CPU (model.to would cast the packed weights)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown weight format {fmt!r}; use one of {', '.join(FORMATS)}")

@@ -187,7 +187,7 @@ static inline __m256i load32(const int8_t* p) { return _mm256_loadu_si256(reinte
 
 // The quantized products read their weights once per token, one sequential stream per thread, in 4 KiB pages
 // where a matrix is under 2 MiB: the hardware's prefetchers, which stop at each page's end, leave the loop
-// waiting on memory (BENCHMARKS.md, "Four-bit weights (q4_0)": the stream asked for ahead, before and after).
+// waiting on memory (BENCHMARKS.md, "Speed: where q4_0's decode step went": before and after).
 // So each 64-byte line of weights is asked for PREFETCH_AHEAD bytes before it is read, and the scales as many
 // blocks ahead (past the end of a thread's groups too: a prefetch never faults). -DGPTKIT_PREFETCH_AHEAD=N
 // changes the distance (benchmarks).
