@@ -44,7 +44,8 @@ its unsigned operand as it is; 8 times the activations' sum is taken off), in th
 The name is the format's own, the one GGUF and llama.cpp use (export.py --dtype q4_0 writes the same blocks):
 the scale is an fp16 value, stored as one (4.5 bits a weight, the file's; q8_0's scales too), widened in the
 kernel as it is read (a decode step is bound by the bytes it reads). q4_0 keeps the head in q8_0 (Q4_HEAD) and
-reads the token embedding from the same rows (PackedEmbedding); a matrix whose rows are not a multiple of 32 stays float32 (weights_report, on the start-up line, says so).
+reads the token embedding from the same rows (PackedEmbedding); a matrix whose rows are not a multiple of 32
+stays float32 (weights_report, on the start-up line, says so).
 
 The CPU at hand. gptkit/csrc/kernels.h is compiled twice into one library (gptkit/csrc/cpu_decode.cpp):
 for AVX-512 (F, BW, VL and VNNI: float16 16 values a step, int8 dot products in one instruction) and for
