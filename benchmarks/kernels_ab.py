@@ -103,17 +103,17 @@ def base_layout(layers: list) -> None:
             m.bias = m.bias.clone()
 
 
-def step_layers(fmt: str, layers: int, g: torch.Generator) -> list[cpu_decode.PackedLinear]:
+def step_layers(fmt: str, layers: int, vocab: int, g: torch.Generator) -> list[cpu_decode.PackedLinear]:
     out = [cpu_decode.PackedLinear(torch.randn(n, k, generator=g) * 0.02, torch.randn(n, generator=g), fmt)
            for _ in range(layers) for n, k in SHAPES]
-    return out + [cpu_decode.PackedLinear(torch.randn(VOCAB, 768, generator=g) * 0.02, None, HEADS[fmt])]
+    return out + [cpu_decode.PackedLinear(torch.randn(vocab, 768, generator=g) * 0.02, None, HEADS[fmt])]
 
 
-def products_table(sides: list[Side], layers: int, steps: int) -> str:
+def products_table(sides: list[Side], layers: int, steps: int, vocab: int = VOCAB) -> str:
     g = torch.Generator().manual_seed(0)
     weights = {}
     for fmt in FORMATS:
-        made = step_layers(fmt, layers, g)
+        made = step_layers(fmt, layers, vocab, g)
         for side in sides:
             these = [SimpleNamespace(weight=m.weight, scale=m.scale, bias=m.bias, fmt=m.fmt, in_features=m.in_features,
                                      out_features=m.out_features) for m in made]  # each side's own tensors
@@ -227,11 +227,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--variant", default="", help="avx512 or avx2 (default: the best this CPU runs)")
     p.add_argument("--steps", type=int, default=60, help="decode steps' products timed per kernels and format")
     p.add_argument("--layers", type=int, default=12, help="layers of block matrices in a step (GPT-2 small: 12)")
+    p.add_argument("--vocab", type=int, default=VOCAB, help=f"the products' head rows (default {VOCAB}, GPT-2's)")
     p.add_argument("--tokens", type=int, default=128, help="greedy tokens per decode (0: no decodes)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds of decodes")
     args = p.parse_args(argv)
-    if min(args.threads, args.steps, args.layers, args.rounds) < 1 or args.tokens < 0:
-        raise UserError("--threads, --steps, --layers and --rounds must be positive, --tokens at least 0")
+    if min(args.threads, args.steps, args.layers, args.rounds, args.vocab) < 1 or args.tokens < 0:
+        raise UserError("--threads, --steps, --layers, --rounds and --vocab must be positive, --tokens at least 0")
     runnable = cpu_decode.runnable_variants()
     variant = args.variant or (runnable[0] if runnable else "")
     if variant not in runnable:
@@ -248,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
           f"the start; new: this checkout" + (f", base: {args.baseline}" if args.baseline else "") + "\n")
     print(f"**A decode step's products** ({args.layers} layers' block matrices and the head, one row; "
           f"{args.steps} steps each, interleaved)\n")
-    print(products_table(sides, args.layers, args.steps) + "\n", flush=True)
+    print(products_table(sides, args.layers, args.steps, args.vocab) + "\n", flush=True)
     if args.tokens:
         print(f"**Decoding** (GPT-2 small's shape, {args.tokens} greedy tokens after a 16-token prompt; "
               f"{args.rounds} interleaved rounds, median (range))\n")

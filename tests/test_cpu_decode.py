@@ -772,6 +772,18 @@ def test_the_products_benchmark_prints_a_row_per_matrix_and_rows(kernels, capsys
         cpu_products.main(["--formats=bf16"])
 
 
+def test_the_kernels_ab_benchmark_times_both_formats_and_refuses_a_bad_baseline(kernels, capsys, tmp_path):
+    """benchmarks/kernels_ab.py: this checkout's products alone (a baseline's build is a compile: by hand), a
+    row with both formats and their ratio; a folder without the kernels' sources is a one-line error."""
+    from benchmarks import kernels_ab
+
+    kernels_ab.main(["--layers=1", "--steps=2", "--vocab=64", "--tokens=0"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| new |")]
+    assert len(rows) == 1 and rows[0].count("|") == 7 and re.search(r"\| [\d.]+ / \*\*[\d.]+x\*\* / [\d.]+ \|$", rows[0])
+    with pytest.raises(SystemExit, match="no gptkit/csrc/kernels.h there"):
+        kernels_ab.main([f"--baseline={tmp_path}", "--tokens=0"])
+
+
 # ----------------------------------------------------------------------------- four-bit weights (q4_0)
 
 # q4_0 (kernels.h's dot_group_q4): the quantizer against llama.cpp's own (gguf-py's, to the bit), the kernel's
