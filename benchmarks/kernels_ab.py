@@ -69,7 +69,7 @@ def build_baseline(checkout: Path) -> str:
 
 
 class Side:
-    """One set of kernels: this checkout's ("new") or the baseline's ("base"), as torch.ops.gptkit_<prefix>_<variant>."""
+    """One set of kernels, this checkout's ("new") or the baseline's ("base"): torch.ops.gptkit_[base_]<variant>."""
 
     def __init__(self, name: str, variant: str):
         self.name, self.variant = name, variant
@@ -115,8 +115,8 @@ def products_table(sides: list[Side], layers: int, steps: int, vocab: int = VOCA
     for fmt in FORMATS:
         made = step_layers(fmt, layers, vocab, g)
         for side in sides:
-            these = [SimpleNamespace(weight=m.weight, scale=m.scale, bias=m.bias, fmt=m.fmt, in_features=m.in_features,
-                                     out_features=m.out_features) for m in made]  # each side's own tensors
+            these = [SimpleNamespace(weight=m.weight, scale=m.scale, bias=m.bias, fmt=m.fmt,  # its own tensors
+                                     in_features=m.in_features, out_features=m.out_features) for m in made]
             if side.name == "new":  # the blocks' tensors in one arena, as gather_in_huge_pages lays them out
                 slots = [(m, n) for m in these[:-1] for n in ("weight", "scale", "bias")
                          if not cpu_decode.in_huge_pages(getattr(m, n))]
@@ -158,7 +158,8 @@ def products_table(sides: list[Side], layers: int, steps: int, vocab: int = VOCA
             t = times[(side.name, fmt)]
             cells += [f"{quantile(t, 0.1) * 1e3:.2f} / {quantile(t, 0.5) * 1e3:.2f}",
                       f"{nbytes(side, fmt) / quantile(t, 0.1) / 1e9:.1f}"]
-        rows.append(f"| {side.name} | " + " | ".join(cells) + f" | {ratios(times[(side.name, 'int8')], times[(side.name, 'q4_0')])} |")
+        speed = ratios(times[(side.name, "int8")], times[(side.name, "q4_0")])
+        rows.append(f"| {side.name} | " + " | ".join(cells) + f" | {speed} |")
     if len(sides) == 2:
         for fmt in FORMATS:
             rows.append(f"| new's speed / base's, {fmt} | | | | | "

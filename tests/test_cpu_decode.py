@@ -779,7 +779,8 @@ def test_the_kernels_ab_benchmark_times_both_formats_and_refuses_a_bad_baseline(
 
     kernels_ab.main(["--layers=1", "--steps=2", "--vocab=64", "--tokens=0"])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| new |")]
-    assert len(rows) == 1 and rows[0].count("|") == 7 and re.search(r"\| [\d.]+ / \*\*[\d.]+x\*\* / [\d.]+ \|$", rows[0])
+    assert len(rows) == 1 and rows[0].count("|") == 7
+    assert re.search(r"\| [\d.]+ / \*\*[\d.]+x\*\* / [\d.]+ \|$", rows[0])  # q4_0's speed over int8's
     with pytest.raises(SystemExit, match="no gptkit/csrc/kernels.h there"):
         kernels_ab.main([f"--baseline={tmp_path}", "--tokens=0"])
 
