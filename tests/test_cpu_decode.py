@@ -878,12 +878,12 @@ def test_products_equal_the_float_product_of_the_dequantized_operands(variant, M
     assert ((got - reference).abs() <= slack).all()
     assert ((PackedLinear(w, None, "q4_0")(x) - (reference - b)).abs() <= slack).all()  # no bias
     assert (got - F.linear(x, w, b)).abs().max() > 1e-3  # four-bit weights: not the float32 product
-    # from 4 rows on each group is unpacked once for all rows: the same integers summed, the same results
+    # from 8 rows on each group is unpacked once for all rows: the same integers summed, the same results
     assert torch.equal(got, torch.cat([layer(x[i : i + 1]) for i in range(M)]))
 
 
 @pytest.mark.parametrize("fmt", ["q4_0", "q8_0"])
-@pytest.mark.parametrize("M", [1, 3, 4, 9])  # q4_0: in registers below 4 rows, unpacked per group from 4; q8_0:
+@pytest.mark.parametrize("M", [1, 3, 4, 9])  # q4_0: in registers below 8 rows, unpacked per group from 8; q8_0:
 def test_float16_scales_give_the_float32_scales_results_to_the_bit(variant, fmt, M):  # AVX-512's batch way from 8
     """q4_0's and q8_0's scales are stored as float16 (their values are float16's), widened as the kernels read
     them: the products equal, to the bit, those of the same scales stored as float32, in every path (rows in
