@@ -472,8 +472,8 @@ static void q8_rows(const int8_t* XQ, const float* XS, int64_t M, int64_t K, con
 // q4_0 weights (groups of four rows, two rows' values a byte: dot_group_q4): as q8_rows, each group read once
 // (2 K bytes) and used from the L1 cache for all M rows; from Q4_UNPACK_ROWS rows on, unpacked once per group
 // (its K * 4 bytes in int8's layout, in the L1 cache) instead of once per row: from 8 rows, where it measured
-// faster (a step's q4_0 matrices read from memory, one thread: 0.97x at 4 rows, 1.04x at 8, 1.11x at 16;
-// BENCHMARKS.md, "Speed: where q4_0's decode step went"). xc: each activation block's -8 x's sum, made once.
+// faster, not from 4 (BENCHMARKS.md, "Speed: where q4_0's decode step went"). xc: each activation block's -8
+// x's sum, made once.
 #ifndef GPTKIT_Q4_UNPACK_ROWS
 #define GPTKIT_Q4_UNPACK_ROWS 8
 #endif
