@@ -87,10 +87,10 @@ SAME_BYTES = dict(zip(FORMATS, LLAMA_TYPES))
 ENGINES = ("gptkit", "transformers", "llama.cpp")
 # Bytes per weight of each format as the products read it (int8, q4_0: ours store a float32 scale per 32
 # weights, llama.cpp's q8_0 and q4_0 an fp16 one).
-WEIGHT_BYTES = {"fp32": 4.0, "float32": 4.0, "float16": 2.0, "int8": 36 / 32, "q4_0": 20 / 32, "f32": 4.0,
-                "f16": 2.0, "q8_0": 34 / 32, "llama q4_0": 18 / 32}
+WEIGHT_BYTES = {"fp32": 4.0, "float32": 4.0, "float16": 2.0, "int8": 36 / 32, "q4_0": 18 / 32, "f32": 4.0,
+                "f16": 2.0, "q8_0": 34 / 32, "llama q4_0": 18 / 32}  # (q4_0's and q8_0's scales: float16)
 # The head's format where it differs from the blocks': q4_0's is q8_0, ours and in export.py's q4_0 files.
-HEAD_BYTES = {"q4_0": WEIGHT_BYTES["int8"], "llama q4_0": WEIGHT_BYTES["q8_0"]}
+HEAD_BYTES = {"q4_0": WEIGHT_BYTES["q8_0"], "llama q4_0": WEIGHT_BYTES["q8_0"]}
 
 
 class BenchError(UserError):

@@ -42,9 +42,10 @@ groups of four rows (pack_q4), unpacked in registers by a mask and a shift into 
 units, multiplied against the q8 activations by the same dot-product instructions (VNNI's dpbusd takes q as
 its unsigned operand as it is; 8 times the activations' sum is taken off), in the same fused block call.
 The name is the format's own, the one GGUF and llama.cpp use (export.py --dtype q4_0 writes the same blocks):
-the scale is an fp16 value, held here as float32 (the scales' loads are int8's; 5 bits a weight instead of
-4.5). q4_0 keeps the head in q8_0 (Q4_HEAD) and reads the token embedding from the same rows (PackedEmbedding);
-a matrix whose rows are not a multiple of 32 stays float32 (weights_report, on the start-up line, says so).
+the scale is an fp16 value, stored as one (4.5 bits a weight, the file's; q8_0's scales too), widened in the
+kernel as it is read (a decode step is bound by the bytes it reads). q4_0 keeps the head in q8_0 (Q4_HEAD) and
+reads the token embedding from the same rows (PackedEmbedding); a matrix whose rows are not a multiple of 32
+stays float32 (weights_report, on the start-up line, says so).
 
 The CPU at hand. gptkit/csrc/kernels.h is compiled twice into one library (gptkit/csrc/cpu_decode.cpp):
 for AVX-512 (F, BW, VL and VNNI: float16 16 values a step, int8 dot products in one instruction) and for
@@ -89,6 +90,7 @@ SMALL_BATCH = 16  # rows up to which a block's decode step is one fused kernel c
 # benchmarks/cpu_products.py); above, torch's, which reads float32 weights as they are.
 FLOAT32_KERNEL_ROWS = 64
 BLOCK = 32  # int8: weights (and activations) per scale, as llama.cpp's q8_0
+HALF_SCALES = ("q4_0", "q8_0")  # the formats whose scales are float16 values, and are stored as float16
 
 CSRC = Path(__file__).resolve().parent / "csrc"  # the C++: cpu_decode.cpp (the operators), kernels.h (the code)
 SOURCES = ("cpu_decode.cpp", "kernels.h")
@@ -359,7 +361,10 @@ class PackedLinear(nn.Module):
             n = self.out_features
             weight, scale = {"int8": quantize_q8, "q8_0": quantize_q8_0, "q4_0": quantize_q4_0}[fmt](weight)
             weight = pack_q4(weight) if fmt == "q4_0" else interleave4(weight.reshape(n, -1, BLOCK))
-            self.scale = interleave4(scale.reshape(n, -1, 1))
+            scale = interleave4(scale.reshape(n, -1, 1))
+            # q4_0's and q8_0's scales are float16 values (the formats' own): stored so, exactly, a sixteenth of
+            # a byte a weight fewer for the kernels to read (int8's are float32 values)
+            self.scale = scale.half() if fmt in HALF_SCALES else scale
         elif fmt == "float16":
             weight = weight.to(torch.float16)
         # In 2 MiB pages, read once per token (a float32 weight already there, the tied head's: as it is).
@@ -373,7 +378,7 @@ class PackedLinear(nn.Module):
                 values = unpack_q4(self.weight, n).reshape(n, -1, BLOCK).float() - 8
             else:
                 values = deinterleave4(self.weight, n, BLOCK).float()
-            return (values * deinterleave4(self.scale, n, 1)).reshape(n, self.in_features)
+            return (values * deinterleave4(self.scale, n, 1).float()).reshape(n, self.in_features)
         return self.weight.float()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -449,7 +454,8 @@ def pack_for_cpu(model: nn.Module, fmt: str = "float32") -> nn.Module:
     rows only (the padding rows are never logits); a tied head is packed from wte's rows, which the embedding
     keeps as they are, but for q4_0: its head is q8_0 (Q4_HEAD) and its token embedding a PackedEmbedding that
     reads the same q8_0 rows (the tied head's own; an untied model's, its own), as a GGUF q4_0 file holds
-    them. For inference only: the packed model can no longer be trained, nor saved as a checkpoint of ours.
+    them. The blocks' tensors under 2 MiB are then gathered in one mapping of huge pages (gather_in_huge_pages).
+    For inference only: the packed model can no longer be trained, nor saved as a checkpoint of ours.
     Call it after moving the model to float32 on the CPU (model.to would cast the packed weights)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown weight format {fmt!r}; use one of {', '.join(FORMATS)}")
@@ -460,6 +466,7 @@ def pack_for_cpu(model: nn.Module, fmt: str = "float32") -> nn.Module:
                 if isinstance(child, nn.Linear):
                     setattr(parent, name, PackedLinear(child.weight, child.bias, fmt))
         model.transformer.h[i] = PackedBlock(block)
+    gather_in_huge_pages(model)
     head = model.lm_head.weight
     if fmt == "float32" and head is model.transformer.wte.weight:  # tied: wte's rows are the head's weight
         head.data = huge_page_copy(head.data)  # so that the packed head reads them in huge pages, uncopied
@@ -492,7 +499,7 @@ class PackedEmbedding(nn.Module):
         q = self.q.view(-1, blocks, 4, BLOCK)  # interleave4's (group, block, row, 32)
         s = self.scale.view(-1, blocks, 4)
         group, row = idx // 4, idx % 4
-        return (q[group, :, row].float() * s[group, :, row][..., None]).reshape(*idx.shape, self.embedding_dim)
+        return (q[group, :, row].float() * s[group, :, row][..., None].float()).reshape(*idx.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, fmt={self.table.fmt} (the head's rows)"
@@ -589,6 +596,37 @@ def huge_page_copy(t: torch.Tensor) -> torch.Tensor:
     copy = torch.frombuffer(buf, dtype=torch.uint8)[:nbytes].view(t.dtype).view(t.shape)  # (holds buf)
     copy.copy_(t)  # the first touch: the pages come in 2 MiB where the kernel has them
     return copy
+
+
+def huge_page_arena(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Copies of the CPU tensors `tensors`, end to end in the order given (each from a 64-byte boundary) in one
+    huge_page_copy: small tensors read one after another (a decode step's matrices, most under 2 MiB in four
+    bits, and their scales) then share 2 MiB pages instead of each lying in 4 KiB ones, a TLB miss every
+    4 KiB of a token's reading. The tensors themselves where huge_page_copy declines (under 2 MiB in all, not
+    Linux)."""
+    sizes = [-(-t.numel() * t.element_size() // 64) * 64 for t in tensors]
+    arena = huge_page_copy(torch.empty(sum(sizes), dtype=torch.uint8))
+    if not tensors or not in_huge_pages(arena):
+        return list(tensors)
+    out, at = [], 0
+    for t, size in zip(tensors, sizes):
+        view = arena[at : at + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+        view.copy_(t)
+        out.append(view)
+        at += size
+    return out
+
+
+@torch.no_grad()
+def gather_in_huge_pages(model: nn.Module) -> None:
+    """Move the packed blocks' weights, scales and biases that are not in huge pages yet (those under 2 MiB:
+    every q4_0 matrix of GPT-2 small) into one huge_page_arena, in the order a decode step reads them (in
+    place; pack_for_cpu calls it before any forward, so PackedBlock.params() gathers the moved tensors)."""
+    slots = [(m, name) for block in model.transformer.h for m in block.modules() if isinstance(m, PackedLinear)
+             for name in ("weight", "scale", "bias")
+             if getattr(m, name) is not None and not in_huge_pages(getattr(m, name))]
+    for (m, name), copy in zip(slots, huge_page_arena([getattr(m, name) for m, name in slots])):
+        setattr(m, name, copy)
 
 
 def _unmap(libc: ctypes.CDLL, begin: int, length: int) -> None:

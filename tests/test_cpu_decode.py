@@ -621,13 +621,23 @@ def test_huge_page_copies_hold_the_same_values_in_2_mib_pages():
 @pytest.mark.parametrize("fmt", cpu_decode.FORMATS)
 def test_packed_weights_of_2_mib_or_more_live_in_huge_pages(fmt):
     """Every packed weight of 2 MiB or more, the tied head's included (float32: wte's own rows, moved once,
-    not copied); the smaller ones stay where they are (no huge page fits them)."""
+    not copied); the blocks' smaller ones, their scales and biases, gathered end to end in one mapping of huge
+    pages, in the order a decode step reads them."""
     cfg = GPTConfig(block_size=16, vocab_size=1000, vocab_multiple=64, n_layer=1, n_head=2, n_embd=1024)
     model = pack_for_cpu(GPT(cfg).eval(), fmt)
     packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
     sizes = [m.weight.numel() * m.weight.element_size() for m in packed]
     assert len(packed) == 5 and any(n >= 2 << 20 for n in sizes)  # (int8: some under 2 MiB too)
-    assert [cpu_decode.in_huge_pages(m.weight) for m in packed] == [n >= 2 << 20 for n in sizes]
+    blocks, head = packed[:-1], packed[-1]
+    assert head is model.lm_head and cpu_decode.in_huge_pages(head.weight) == (sizes[-1] >= 2 << 20)
+    tensors = [t for m in blocks for t in (m.weight, m.scale, m.bias) if t is not None]
+    small = [t for t in tensors if t.numel() * t.element_size() < 2 << 20]
+    if fmt in ("float32", "float16"):  # only the biases are small, 37 kB in all: under a huge page, left as they are
+        assert len(small) == 4 and not any(cpu_decode.in_huge_pages(t) for t in small)
+    else:  # int8, q4_0: one weight (q4_0: two), the scales and the biases, over 2 MiB in all
+        assert len(small) == {"int8": 9, "q4_0": 10}[fmt] and all(cpu_decode.in_huge_pages(t) for t in small)
+        assert [t.data_ptr() for t in small] == sorted(t.data_ptr() for t in small)  # one arena, in reading order
+    assert all(cpu_decode.in_huge_pages(t) for t in tensors if t.numel() * t.element_size() >= 2 << 20)
     if fmt == "float32":
         assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr()
         assert cpu_decode.in_huge_pages(model.transformer.wte.weight)
@@ -762,6 +772,19 @@ def test_the_products_benchmark_prints_a_row_per_matrix_and_rows(kernels, capsys
         cpu_products.main(["--formats=bf16"])
 
 
+def test_the_kernels_ab_benchmark_times_both_formats_and_refuses_a_bad_baseline(kernels, capsys, tmp_path):
+    """benchmarks/kernels_ab.py: this checkout's products alone (a baseline's build is a compile: by hand), a
+    row with both formats and their ratio; a folder without the kernels' sources is a one-line error."""
+    from benchmarks import kernels_ab
+
+    kernels_ab.main(["--layers=1", "--steps=2", "--vocab=64", "--tokens=0"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| new |")]
+    assert len(rows) == 1 and rows[0].count("|") == 7
+    assert re.search(r"\| [\d.]+ / \*\*[\d.]+x\*\* / [\d.]+ \|$", rows[0])  # q4_0's speed over int8's
+    with pytest.raises(SystemExit, match="no gptkit/csrc/kernels.h there"):
+        kernels_ab.main([f"--baseline={tmp_path}", "--tokens=0"])
+
+
 # ----------------------------------------------------------------------------- four-bit weights (q4_0)
 
 # q4_0 (kernels.h's dot_group_q4): the quantizer against llama.cpp's own (gguf-py's, to the bit), the kernel's
@@ -823,6 +846,11 @@ def test_the_layout_packs_two_rows_a_byte_and_rows_not_a_multiple_of_the_block_s
     assert torch.equal(block[1, 0, 1] & 15, q[5, :BLOCK]) and block[1, 0, 1].ge(16).logical_not().all()  # row 7: 0
     assert torch.equal(cpu_decode.unpack_q4(layer.weight, 7), q)
     assert torch.equal(layer.dense_weight(), dequantized(w))
+    # the scales as the file holds them, float16 (exactly the quantizer's values), in the groups of four rows
+    assert layer.scale.dtype == torch.float16 and layer.scale.shape == (8, 2)
+    assert torch.equal(cpu_decode.deinterleave4(layer.scale, 7, 1)[..., 0].float(), cpu_decode.quantize_q4_0(w)[1])
+    assert PackedLinear(w, None, "q8_0").scale.dtype == torch.float16
+    assert PackedLinear(w, None, "int8").scale.dtype == torch.float32  # int8's scales are not float16 values
 
     odd = torch.randn(5, 40)  # 40: not whole 32-value blocks
     kept = PackedLinear(odd, None, "q4_0")
@@ -850,8 +878,29 @@ def test_products_equal_the_float_product_of_the_dequantized_operands(variant, M
     assert ((got - reference).abs() <= slack).all()
     assert ((PackedLinear(w, None, "q4_0")(x) - (reference - b)).abs() <= slack).all()  # no bias
     assert (got - F.linear(x, w, b)).abs().max() > 1e-3  # four-bit weights: not the float32 product
-    # from 4 rows on each group is unpacked once for all rows: the same integers summed, the same results
+    # from 8 rows on each group is unpacked once for all rows: the same integers summed, the same results
     assert torch.equal(got, torch.cat([layer(x[i : i + 1]) for i in range(M)]))
+
+
+@pytest.mark.parametrize("fmt", ["q4_0", "q8_0"])
+@pytest.mark.parametrize("M", [1, 3, 4, 9])  # q4_0: in registers below 8 rows, unpacked per group from 8; q8_0:
+def test_float16_scales_give_the_float32_scales_results_to_the_bit(variant, fmt, M):  # AVX-512's batch way from 8
+    """q4_0's and q8_0's scales are stored as float16 (their values are float16's), widened as the kernels read
+    them: the products equal, to the bit, those of the same scales stored as float32, in every path (rows in
+    registers, groups unpacked for a batch), on odd row counts (the last group of four padded)."""
+    x, w, b = operands(M, N=77, K=160)  # 5 blocks: AVX-512's two a step and one left over
+    layer = PackedLinear(w, b, fmt)
+    assert layer.scale.dtype == torch.float16
+    op = variant_ops_for(fmt)
+    half = op(x, layer.weight, layer.scale, layer.bias, 77)
+    assert torch.equal(half, op(x, layer.weight, layer.scale.float(), layer.bias, 77))
+    assert torch.equal(half, layer(x))
+
+
+def variant_ops_for(fmt: str):
+    """The product operator of the variant in use (kernels() gives it) for fmt's weights."""
+    k = cpu_decode.kernels()
+    return k.linear_q4 if fmt == "q4_0" else k.linear_q8
 
 
 def float_twin(model: GPT, q4: GPT) -> GPT:
@@ -888,7 +937,7 @@ def test_the_fused_block_computes_the_model_of_its_dequantized_weights(variant, 
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_weights_take_under_0_3x_float32s_bytes_and_the_start_up_line_says_so(tied):
-    """The block matrices in q4_0: 4 bits a weight and a 32-bit scale per 32 (0.16x float32's bytes, biases
+    """The block matrices in q4_0: 4 bits a weight and a 16-bit scale per 32 (0.14x float32's bytes, biases
     included); the head in q8_0, the token embedding read from the same q8_0 rows (tied: the head's own, no
     float32 table left); the whole model's weights under 0.3x float32's; what stays wider is said."""
     cfg = GPTConfig(block_size=16, vocab_size=500, vocab_multiple=64, n_layer=2, n_head=4, n_embd=256,
@@ -910,7 +959,7 @@ def test_weights_take_under_0_3x_float32s_bytes_and_the_start_up_line_says_so(ti
     tensors.update({id(t): t for t in (embedding.q, embedding.scale)})
     assert sum(t.numel() * t.element_size() for t in tensors.values()) <= 0.3 * float32_bytes
     report = cpu_decode.weights_report(model)
-    assert "blocks q4_0" in report and "0.16x their float32 bytes" in report and "head q8_0" in report
+    assert "blocks q4_0" in report and "0.14x their float32 bytes" in report and "head q8_0" in report
     assert ("the head's own rows" in report) == tied
     odd = pack_for_cpu(GPT(GPTConfig(block_size=16, vocab_size=50, n_layer=1, n_head=2, n_embd=40)).eval(), "q4_0")
     report = cpu_decode.weights_report(odd)

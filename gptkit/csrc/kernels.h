@@ -185,6 +185,27 @@ static void tiled_rows(const float* X, int64_t M, int64_t K, const float* W, int
 
 static inline __m256i load32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
+// The quantized products read their weights once per token, one sequential stream per thread, in 4 KiB pages
+// where a matrix is under 2 MiB: the hardware's prefetchers, which stop at each page's end, leave the loop
+// waiting on memory (BENCHMARKS.md, "Speed: where q4_0's decode step went": before and after).
+// So each 64-byte line of weights is asked for PREFETCH_AHEAD bytes before it is read, and the scales as many
+// blocks ahead (past the end of a thread's groups too: a prefetch never faults). -DGPTKIT_PREFETCH_AHEAD=N
+// changes the distance (benchmarks).
+#ifndef GPTKIT_PREFETCH_AHEAD
+#define GPTKIT_PREFETCH_AHEAD 2048
+#endif
+static constexpr int64_t PREFETCH_AHEAD = GPTKIT_PREFETCH_AHEAD;
+static inline void ahead(const void* p, int64_t bytes = PREFETCH_AHEAD) {
+  _mm_prefetch(static_cast<const char*>(p) + bytes, _MM_HINT_T0);
+}
+
+// The block formats' scales, four blocks' (a group's four rows) as floats: int8's float32 as stored; q4_0's and
+// q8_0's, which are float16 values (the formats' own), stored as float16 and widened here exactly (F16C).
+static inline __m128 scales4(const float* p) { return _mm_loadu_ps(p); }
+static inline __m128 scales4(const at::Half* p) {
+  return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+
 #ifdef GPTKIT_AVX512
 // int8 weights are stored in groups of four rows, interleaved (PackedLinear's layout, as llama.cpp repacks
 // its q8_0 weights): for each 32-value block b, the four rows' blocks one after another, (N / 4, B, 4, 32),
@@ -202,8 +223,8 @@ static inline __m256 high8(__m512 v) { return _mm256_castpd_ps(_mm512_extractf64
 
 // The loop of both ways below. Unsigned: corr holds the group's weight sums times -128 (group_corr_q8) and the
 // activations are made unsigned; else the weights' signs are moved onto the activations (q8_dp).
-template <bool Unsigned>
-static inline void q8_group_dots(const int8_t* w, const int32_t* corr, const float* ws, int64_t B, const int8_t* x,
+template <bool Unsigned, typename S>
+static inline void q8_group_dots(const int8_t* w, const int32_t* corr, const S* ws, int64_t B, const int8_t* x,
                                  const float* xs, float* out) {
   const __m512i lo_hi01 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
   const __m512i lo_hi23 = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
@@ -211,7 +232,10 @@ static inline void q8_group_dots(const int8_t* w, const int32_t* corr, const flo
   __m512 a01 = _mm512_setzero_ps(), a23 = a01, b01 = a01, b23 = a01;
   auto step = [&](int64_t b, __m512& c01, __m512& c23) {
     const __m512i xv = _mm512_broadcast_i64x4(load32(x + 32 * b));
-    const __m512 s = _mm512_castps128_ps512(_mm_mul_ps(_mm_loadu_ps(ws + 4 * b), _mm_set1_ps(xs[b])));
+    const __m512 s = _mm512_castps128_ps512(_mm_mul_ps(scales4(ws + 4 * b), _mm_set1_ps(xs[b])));
+    if constexpr (!Unsigned) {  // (the unsigned way reads a group group_corr_q8 has just read)
+      ahead(w + 128 * b); ahead(w + 128 * b + 64); ahead(ws + 4 * b, PREFETCH_AHEAD * sizeof(S) / 32);
+    }
     const __m512i w01 = _mm512_loadu_si512(w + 128 * b), w23 = _mm512_loadu_si512(w + 128 * b + 64);
     __m512i d01, d23;
     if constexpr (Unsigned) {
@@ -231,7 +255,8 @@ static inline void q8_group_dots(const int8_t* w, const int32_t* corr, const flo
   hsum4(_mm512_castps512_ps256(a01), high8(a01), _mm512_castps512_ps256(a23), high8(a23), out);
 }
 
-static inline void dot_group_q8(const int8_t* w, const float* ws, int64_t B, const int8_t* x, const float* xs,
+template <typename S>
+static inline void dot_group_q8(const int8_t* w, const S* ws, int64_t B, const int8_t* x, const float* xs,
                                 float* out) {
   q8_group_dots<false>(w, nullptr, ws, B, x, xs, out);
 }
@@ -243,12 +268,15 @@ static inline void dot_group_q8(const int8_t* w, const float* ws, int64_t B, con
 // integer sums are the same, so the results are dot_group_q8's to the bit.
 static inline void group_corr_q8(const int8_t* w, int64_t B, int32_t* corr) {
   const __m512i k128 = _mm512_set1_epi8(static_cast<char>(0x80));  // 128, as dpbusd's unsigned operand
-  for (int64_t u = 0; u < 2 * B; u++)
+  for (int64_t u = 0; u < 2 * B; u++) {
+    ahead(w + 64 * u);
     _mm512_storeu_si512(corr + 16 * u, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(
                                            _mm512_setzero_si512(), k128, _mm512_loadu_si512(w + 64 * u))));
+  }
 }
 
-static inline void dot_group_q8_rows(const int8_t* w, const int32_t* corr, const float* ws, int64_t B,
+template <typename S>
+static inline void dot_group_q8_rows(const int8_t* w, const int32_t* corr, const S* ws, int64_t B,
                                      const int8_t* x, const float* xs, float* out) {
   q8_group_dots<true>(w, corr, ws, B, x, xs, out);
 }
@@ -267,17 +295,20 @@ static inline __m256 q8_sums(__m256i wv, __m256i xv) {
 // row x, xs (B blocks): the activation block and its scale are loaded once for the four rows, four
 // independent accumulators, and the weights are one sequential stream (four rows read side by side from
 // four places in memory defeat the hardware's prefetching: 4x slower measured).
-static inline void dot_group_q8(const int8_t* w, const float* ws, int64_t B, const int8_t* x, const float* xs,
+template <typename S>
+static inline void dot_group_q8(const int8_t* w, const S* ws, int64_t B, const int8_t* x, const float* xs,
                                 float* out) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   for (int64_t b = 0; b < B; b++) {
     const __m256i xv = load32(x + 32 * b);
     const float s = xs[b];
-    const int8_t* wb = w + 128 * b; const float* sb = ws + 4 * b;
-    a0 = _mm256_fmadd_ps(q8_sums(load32(wb), xv), _mm256_set1_ps(sb[0] * s), a0);
-    a1 = _mm256_fmadd_ps(q8_sums(load32(wb + 32), xv), _mm256_set1_ps(sb[1] * s), a1);
-    a2 = _mm256_fmadd_ps(q8_sums(load32(wb + 64), xv), _mm256_set1_ps(sb[2] * s), a2);
-    a3 = _mm256_fmadd_ps(q8_sums(load32(wb + 96), xv), _mm256_set1_ps(sb[3] * s), a3);
+    const int8_t* wb = w + 128 * b;
+    ahead(wb); ahead(wb + 64); ahead(ws + 4 * b, PREFETCH_AHEAD * sizeof(S) / 32);
+    const __m128 sb = _mm_mul_ps(scales4(ws + 4 * b), _mm_set1_ps(s));  // the four rows' scale times x's
+    a0 = _mm256_fmadd_ps(q8_sums(load32(wb), xv), _mm256_set1_ps(sb[0]), a0);
+    a1 = _mm256_fmadd_ps(q8_sums(load32(wb + 32), xv), _mm256_set1_ps(sb[1]), a1);
+    a2 = _mm256_fmadd_ps(q8_sums(load32(wb + 64), xv), _mm256_set1_ps(sb[2]), a2);
+    a3 = _mm256_fmadd_ps(q8_sums(load32(wb + 96), xv), _mm256_set1_ps(sb[3]), a3);
   }
   hsum4(a0, a1, a2, a3, out);
 }
@@ -298,6 +329,7 @@ static inline void dot_group_q8(const int8_t* w, const float* ws, int64_t B, con
 static inline void unpack_group_q4(const uint8_t* w, int64_t B, uint8_t* out) {
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   for (int64_t u = 0; u < 2 * B; u++) {  // 32 bytes: rows 0|2 or 1|3 of a block
+    if (u % 2 == 0) ahead(w + 32 * u);
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32 * u));
     const int64_t b = u / 2, r = u % 2;
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 128 * b + 32 * r), _mm256_and_si256(v, nibble));
@@ -307,8 +339,8 @@ static inline void unpack_group_q4(const uint8_t* w, int64_t B, uint8_t* out) {
 }
 
 #ifdef GPTKIT_AVX512
-template <bool Packed>
-static inline void dot_group_q4(const uint8_t* w, const float* ws, int64_t B, const int8_t* x, const float* xs,
+template <bool Packed, typename S>
+static inline void dot_group_q4(const uint8_t* w, const S* ws, int64_t B, const int8_t* x, const float* xs,
                                 const int32_t* xc, float* out) {
   const __m512i lo_hi01 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
   const __m512i lo_hi23 = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
@@ -317,9 +349,10 @@ static inline void dot_group_q4(const uint8_t* w, const float* ws, int64_t B, co
   auto step = [&](int64_t b, __m512& c01, __m512& c23) {
     const __m512i xv = _mm512_broadcast_i64x4(load32(x + 32 * b));
     const __m512i corr = _mm512_maskz_set1_epi32(0x0101, xc[b]);  // lanes 0 and 8: rows 0 and 1 (2 and 3)
-    const __m512 s = _mm512_castps128_ps512(_mm_mul_ps(_mm_loadu_ps(ws + 4 * b), _mm_set1_ps(xs[b])));
+    const __m512 s = _mm512_castps128_ps512(_mm_mul_ps(scales4(ws + 4 * b), _mm_set1_ps(xs[b])));
     __m512i w01, w23;
     if constexpr (Packed) {
+      ahead(w + 64 * b); ahead(ws + 4 * b, PREFETCH_AHEAD * sizeof(S) / 16);
       const __m512i v = _mm512_loadu_si512(w + 64 * b);
       w01 = _mm512_and_si512(v, nibble), w23 = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
     } else {
@@ -343,8 +376,8 @@ static inline __m256 q4_sums(__m256i w, __m256i xv, __m256i corr) {
   return _mm256_cvtepi32_ps(_mm256_add_epi32(sums, corr));
 }
 
-template <bool Packed>
-static inline void dot_group_q4(const uint8_t* w, const float* ws, int64_t B, const int8_t* x, const float* xs,
+template <bool Packed, typename S>
+static inline void dot_group_q4(const uint8_t* w, const S* ws, int64_t B, const int8_t* x, const float* xs,
                                 const int32_t* xc, float* out) {
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
@@ -352,9 +385,10 @@ static inline void dot_group_q4(const uint8_t* w, const float* ws, int64_t B, co
     const __m256i xv = load32(x + 32 * b);
     const __m256i corr = _mm256_setr_epi32(xc[b], 0, 0, 0, 0, 0, 0, 0);
     const float s = xs[b];
-    const float* sb = ws + 4 * b;
+    const __m128 sb = _mm_mul_ps(scales4(ws + 4 * b), _mm_set1_ps(s));  // the four rows' scale times x's
     __m256i w0, w1, w2, w3;
     if constexpr (Packed) {
+      ahead(w + 64 * b); ahead(ws + 4 * b, PREFETCH_AHEAD * sizeof(S) / 16);
       const __m256i v02 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * b));
       const __m256i v13 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 64 * b + 32));
       w0 = _mm256_and_si256(v02, nibble), w2 = _mm256_and_si256(_mm256_srli_epi16(v02, 4), nibble);
@@ -366,10 +400,10 @@ static inline void dot_group_q4(const uint8_t* w, const float* ws, int64_t B, co
       w2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 64));
       w3 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 96));
     }
-    a0 = _mm256_fmadd_ps(q4_sums(w0, xv, corr), _mm256_set1_ps(sb[0] * s), a0);
-    a1 = _mm256_fmadd_ps(q4_sums(w1, xv, corr), _mm256_set1_ps(sb[1] * s), a1);
-    a2 = _mm256_fmadd_ps(q4_sums(w2, xv, corr), _mm256_set1_ps(sb[2] * s), a2);
-    a3 = _mm256_fmadd_ps(q4_sums(w3, xv, corr), _mm256_set1_ps(sb[3] * s), a3);
+    a0 = _mm256_fmadd_ps(q4_sums(w0, xv, corr), _mm256_set1_ps(sb[0]), a0);
+    a1 = _mm256_fmadd_ps(q4_sums(w1, xv, corr), _mm256_set1_ps(sb[1]), a1);
+    a2 = _mm256_fmadd_ps(q4_sums(w2, xv, corr), _mm256_set1_ps(sb[2]), a2);
+    a3 = _mm256_fmadd_ps(q4_sums(w3, xv, corr), _mm256_set1_ps(sb[3]), a3);
   }
   hsum4(a0, a1, a2, a3, out);
 }
@@ -403,7 +437,8 @@ static void quantize_rows(const float* X, int64_t M, int64_t K, int8_t* XQ, floa
 
 // int8 weights (groups of four rows, above; N real rows of the 4 ceil(N / 4) stored): the groups are split
 // over torch's threads; each group is read once from memory and, from the L1 cache, used for all M rows.
-static void q8_rows(const int8_t* XQ, const float* XS, int64_t M, int64_t K, const int8_t* W, const float* WS,
+template <typename S>
+static void q8_rows(const int8_t* XQ, const float* XS, int64_t M, int64_t K, const int8_t* W, const S* WS,
                     int64_t N, const float* b, float* Y) {
   const int64_t B = K / 32;
 #ifdef GPTKIT_AVX512
@@ -419,7 +454,7 @@ static void q8_rows(const int8_t* XQ, const float* XS, int64_t M, int64_t K, con
     for (int64_t g = lo; g < hi; g++) {
       const int rows = static_cast<int>(std::min<int64_t>(4, N - 4 * g));
       const int8_t* w = W + 4 * g * K;
-      const float* ws = WS + 4 * g * B;
+      const S* ws = WS + 4 * g * B;
 #ifdef GPTKIT_AVX512
       if (many) group_corr_q8(w, B, corr.data());
 #endif
@@ -436,10 +471,15 @@ static void q8_rows(const int8_t* XQ, const float* XS, int64_t M, int64_t K, con
 
 // q4_0 weights (groups of four rows, two rows' values a byte: dot_group_q4): as q8_rows, each group read once
 // (2 K bytes) and used from the L1 cache for all M rows; from Q4_UNPACK_ROWS rows on, unpacked once per group
-// (its K * 4 bytes in int8's layout, in the L1 cache) instead of once per row. xc: each activation block's
-// -8 x's sum, made once.
-static constexpr int64_t Q4_UNPACK_ROWS = 4;
-static void q4_rows(const int8_t* XQ, const float* XS, int64_t M, int64_t K, const uint8_t* W, const float* WS,
+// (its K * 4 bytes in int8's layout, in the L1 cache) instead of once per row: from 8 rows, where it measured
+// faster, not from 4 (BENCHMARKS.md, "Speed: where q4_0's decode step went"). xc: each activation block's -8
+// x's sum, made once.
+#ifndef GPTKIT_Q4_UNPACK_ROWS
+#define GPTKIT_Q4_UNPACK_ROWS 8
+#endif
+static constexpr int64_t Q4_UNPACK_ROWS = GPTKIT_Q4_UNPACK_ROWS;  // (-DGPTKIT_Q4_UNPACK_ROWS=N: benchmarks)
+template <typename S>
+static void q4_rows(const int8_t* XQ, const float* XS, int64_t M, int64_t K, const uint8_t* W, const S* WS,
                     int64_t N, const float* b, float* Y) {
   const int64_t B = K / 32;
   std::vector<int32_t> xc(M * B);
@@ -455,19 +495,19 @@ static void q4_rows(const int8_t* XQ, const float* XS, int64_t M, int64_t K, con
     for (int64_t g = lo; g < hi; g++) {
       const int rows = static_cast<int>(std::min<int64_t>(4, N - 4 * g));
       const uint8_t* w = W + 2 * g * K;
-      const float* ws = WS + 4 * g * B;
+      const S* ws = WS + 4 * g * B;
       if (unpack) unpack_group_q4(w, B, unpacked.data());
       for (int64_t m = 0; m < M; m++) {
-        if (unpack) dot_group_q4<false>(unpacked.data(), ws, B, XQ + m * K, XS + m * B, xc.data() + m * B, out);
-        else dot_group_q4<true>(w, ws, B, XQ + m * K, XS + m * B, xc.data() + m * B, out);
+        if (unpack) dot_group_q4<false, S>(unpacked.data(), ws, B, XQ + m * K, XS + m * B, xc.data() + m * B, out);
+        else dot_group_q4<true, S>(w, ws, B, XQ + m * K, XS + m * B, xc.data() + m * B, out);
         for (int r = 0; r < rows; r++) Y[m * N + 4 * g + r] = out[r] + (b ? b[4 * g + r] : 0.f);
       }
     }
   });
 }
 
-// A packed weight: float32, float16, int8 or q4_0 (uint8: two values a byte; int8 and q4_0 with their scales;
-// n: its real rows), and its bias (or none).
+// A packed weight: float32, float16, int8 or q4_0 (uint8: two values a byte; int8 and q4_0 with their scales,
+// float32 or float16; n: its real rows), and its bias (or none).
 struct Packed {
   at::Tensor w;
   c10::optional<at::Tensor> s, b;
@@ -489,12 +529,13 @@ static void linear_into(const float* X, int64_t M, int64_t K, const Packed& p, f
     wide_rows(X, M, K, p.w.data_ptr<float>(), N, b, Y);
   } else if (p.w.scalar_type() == at::kHalf) {
     wide_rows(X, M, K, p.w.data_ptr<at::Half>(), N, b, Y);
-  } else if (p.w.scalar_type() == at::kByte) {
+  } else {  // int8, q8_0, q4_0: the activations quantized, then the integer products with either scale type
     quantize_rows(X, M, K, xq, xs);
-    q4_rows(xq, xs, M, K, p.w.data_ptr<uint8_t>(), p.s->data_ptr<float>(), N, b, Y);
-  } else {
-    quantize_rows(X, M, K, xq, xs);
-    q8_rows(xq, xs, M, K, p.w.data_ptr<int8_t>(), p.s->data_ptr<float>(), N, b, Y);
+    auto rows = [&](auto* WS) {
+      if (p.w.scalar_type() == at::kByte) q4_rows(xq, xs, M, K, p.w.data_ptr<uint8_t>(), WS, N, b, Y);
+      else q8_rows(xq, xs, M, K, p.w.data_ptr<int8_t>(), WS, N, b, Y);
+    };
+    if (p.s->scalar_type() == at::kHalf) rows(p.s->data_ptr<at::Half>()); else rows(p.s->data_ptr<float>());
   }
 }
 
@@ -504,9 +545,10 @@ static void check_packed(const at::Tensor& x, const Packed& p) {
   TORCH_CHECK(p.w.dim() == 2 && p.w.is_contiguous() && p.w.size(1) * (q4 ? 2 : 1) == x.size(1) &&
               x.size(1) % 32 == 0, "w: contiguous (N, K) (q4_0: (N, K / 2) bytes), K a multiple of 32");
   TORCH_CHECK(!grouped ||
-              (p.s.has_value() && p.s->scalar_type() == at::kFloat && p.s->is_contiguous() && p.w.size(0) % 4 == 0 &&
+              (p.s.has_value() && (p.s->scalar_type() == at::kFloat || p.s->scalar_type() == at::kHalf) &&
+               p.s->is_contiguous() && p.w.size(0) % 4 == 0 &&
                p.n <= p.w.size(0) && p.s->numel() == p.w.size(0) * x.size(1) / 32),
-              "int8/q4_0 w: groups of 4 rows and their float32 scales");
+              "int8/q4_0 w: groups of 4 rows and their float32 (or float16) scales");
   TORCH_CHECK(grouped || p.n == p.w.size(0), "n: w's rows");
   TORCH_CHECK(!p.b.has_value() || (p.b->is_contiguous() && p.b->numel() == p.n), "bias: (n,)");
 }
