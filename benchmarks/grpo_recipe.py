@@ -19,6 +19,7 @@ configs); the seeds' GRPO runs run --jobs at a time, each with --threads threads
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -127,10 +128,16 @@ def main(argv: list[str] | None = None) -> dict:
           + ", ".join(f"{n or 'config'} steps -> {a:.1%}" for n, a in sft_acc.items())
           + f" held-out; GRPO from the {start or 'config'}-step model, {args.seeds} seed(s); "
           f"{sft_seconds:.0f} s to the SFT models, {seconds:.0f} s in all")
-    print("| step | " + " | ".join(f"seed {s}" for s in range(args.seeds)) + " |")
-    print("|---|" + "---|" * args.seeds)
+    spread = args.seeds > 1  # the seeds' median and range beside them
+    print("| step | " + " | ".join(f"seed {s}" for s in range(args.seeds)) + (" | median (range)" if spread else "")
+          + " |")
+    print("|---|" + "---|" * (args.seeds + spread))
     for step in sorted(curves[0]):
-        print(f"| {step} | " + " | ".join(f"{c.get(step, float('nan')):.1%}" for c in curves) + " |")
+        values = [c.get(step, float("nan")) for c in curves]
+        row = [f"{v:.1%}" for v in values]
+        if spread:
+            row.append(f"{statistics.median(values):.1%} ({min(values):.1%}-{max(values):.1%})")
+        print(f"| {step} | " + " | ".join(row) + " |")
     return {"sft": sft_acc, "start": start, "curves": curves, "seconds": seconds}
 
 
