@@ -36,7 +36,7 @@ def parse(argv):
     p.add_argument("--work", default="out-grpo-recipe")
     p.add_argument("--problems", type=int, default=100_000, help="worked problems for the SFT stage")
     p.add_argument("--sft_iters", default="", help="comma list of SFT lengths ('' = the config's)")
-    p.add_argument("--grpo_iters", type=int, default=0, help="GRPO steps (0 = the config's)")
+    p.add_argument("--grpo_iters", type=int, default=0, help="GRPO steps, its schedule ending there (0 = the config's)")
     p.add_argument("--seeds", type=int, default=1)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cpu")
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> dict:
     procs, grpo = [], []
     for seed in range(args.seeds):
         out = work / f"grpo-seed{seed}"
-        over = [f"--max_iters={args.grpo_iters}"] if args.grpo_iters else []
+        over = [f"--max_iters={args.grpo_iters}", f"--lr_decay_iters={args.grpo_iters}"] if args.grpo_iters else []
         if args.eval_prompts:
             over.append(f"--grpo_eval_prompts={args.eval_prompts}")
         procs.append((run(["train.py", "configs/grpo_arithmetic.py", f"--init_from={sft[start]}", f"--out_dir={out}",

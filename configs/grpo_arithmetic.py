@@ -27,8 +27,10 @@ batch_size = 128  # replies: 8 prompts x 16
 gradient_accumulation_steps = 1
 max_iters = 500
 learning_rate = 1e-4
-decay_lr = False
+decay_lr = True  # down to min_lr at the last step: held constant, the last evaluations wander by a few points
 warmup_iters = 0
+lr_decay_iters = 500
+min_lr = 1e-5
 dropout = 0.0
 
 eval_interval = 25
