@@ -2,36 +2,33 @@
 the summed ones (DPO's sigmoid, hinge, robust, IPO) against the length-normalised ones (IPO per token, SimPO,
 ORPO).
 
-    python -m benchmarks.dpo_length --out bench-dpo-length/           # writes sft.jsonl, shorter.jsonl, longer.jsonl
+    python -m benchmarks.dpo_length --out bench-dpo-length/           # sft.jsonl, shorter.jsonl, longer.jsonl
     python -m benchmarks.dpo_length --out bench-dpo-length/ --train   # and SFT -> each loss on each -> the table
 
-The user lists five made-up words and asks for some of them ("some of: ka bim zo tep ru"); any selection of
-them, kept in the prompt's order, is a right reply ("bim tep"), from one word to all five. In sft.jsonl
-(conversations, prepare/chat.py) the number of words is drawn uniformly from 1 to 5 and the words at random,
-so a model fine-tuned on them learns to answer with replies of every length. Each pair has two right replies
-to its prompt, a shorter and a longer one, the longer holding the shorter's words and more (their counts two
-distinct draws from 1 to 5, so the pairs' word counts are the same whichever is chosen): shorter.jsonl
-prefers the shorter reply of each pair, longer.jsonl the longer one, the same pairs flipped. Nothing but the
-length tells the chosen reply from the rejected one: both are right answers, their words random letters (a
-rule blind to the prompt and to length, such as the earlier first letter or the longer words on average,
-scores about 50%: tests/test_dpo_length.py), and each pair has its own words.
+The user lists five made-up words of three letters and asks for the first few ("first few: kab tep zor mul
+ris"); the first one, two, ... or all five of them are each a right reply ("kab tep"). In sft.jsonl
+(conversations, prepare/chat.py) the number of words is drawn from 1 to 5, 3 most often (SFT_COUNTS), so a
+model fine-tuned on them answers with replies of every length and its greedy replies stop in the middle. Each
+pair holds two right replies to its prompt, a shorter and a longer one (two distinct word counts from 1 to 5,
+uniformly; the shorter is the start of the longer): shorter.jsonl prefers the shorter reply of each pair,
+longer.jsonl the longer one, the same pairs flipped. Nothing but the length tells the chosen reply from the
+rejected one: both are right, their words random letters (a rule blind to the prompt and to length, such as
+the earlier last letter or the more vowels per letter, scores about 50%: tests/test_dpo_length.py), and
+every prompt is new.
 
 --train runs the project's commands, each in its own process (benchmarks/preference_recipe.py; all under
 --out): one chat model from scratch on the conversations (--sft_steps), the pairs in its tokens
 (prepare/preference.py, a tenth held out), then for each variant and each loss of --losses a DPO run from the
-chat model (train.py --objective=dpo --dpo_loss=..., TRL's default beta 0.1 unless --beta, SimPO's gamma 0.5,
-no NLL anchor; robust with --robust_smoothing, since at 0 it is the sigmoid loss), and for each model:
+chat model (train.py --objective=dpo --dpo_loss=...: TRL's default beta 0.1 unless --beta, SimPO's gamma 0.5,
+no NLL anchor; robust with --robust_smoothing, since at 0 it is the sigmoid loss). Each model, then:
 
-- "its acc": the run's own evaluation of the val pairs at its last step (train.py: the share ordered right by
-  the loss's implicit reward: against the chat model for the losses with a reference, the mean per-token
-  log-probabilities for simpo and orpo);
-- "acc vs SFT", "chosen", "rejected": eval.py --task preference on the val pairs against the chat model (the
-  share of pairs whose chosen reply's log-probability rose more, or fell less, than the rejected one's), and
-  the model's own mean summed log-probabilities of the chosen and the rejected replies (nats);
-- "length", "words", "right", "run-on": its greedy replies (the chat template and the serving engine, as
-  chat.py decodes) to --chat_prompts prompts never seen: their mean length in tokens (characters), their mean
-  word count, the share that are right answers (prompt words, in order, none twice, at least one), and the
-  share cut off at --max_new_tokens without ending.
+- on the val pairs (`pair_scores`): "summed" and "per token", the share ordered right by DPO's implicit
+  reward against the chat model, its log-probabilities summed over each reply or averaged over its tokens;
+  "likelier", the share whose chosen reply the model alone finds likelier; "chosen" and "rejected", its mean
+  log-probabilities of the replies (nats, summed over each);
+- its greedy replies (the chat template and the serving engine, as chat.py decodes) to --chat_prompts prompts
+  never seen: "length", their mean length in tokens (characters), "words", their mean word count, "right",
+  the share that are right answers, and "run-on", the share cut off at --max_new_tokens without ending.
 
 With several --seeds (each its own words, chat model and pairs), a cell is the median and the range.
 """
@@ -51,22 +48,28 @@ from benchmarks.preference_recipe import (
     greedy_replies,
     made_up_words,
     prepare_pairs,
-    scores,
     train_chat_model,
 )
 from gptkit import cli
+from gptkit.checkpoint import load_model
+from gptkit.data.pairs import ValPairs
 from gptkit.data.prepare.pipeline import ValRule
 from gptkit.errors import UsageError
+from gptkit.objectives.preference_losses import policy_logps
 
 N_WORDS = 5  # words in a prompt: a reply has 1 to N_WORDS of them
-ASK = "some of: "
+ASK = "first few: "
 LOSSES = ("sigmoid", "hinge", "robust", "ipo", "ipo_per_token", "simpo", "orpo")
-VARIANTS = ("shorter", "longer")  # which reply of each pair is chosen
+VARIANTS = ("shorter", "longer")
+# How often the SFT replies have 1, 2, ... N_WORDS words: every count, the middle one most often, so that the
+# chat model's greedy replies stop in the middle (after 3 words the stop is likelier than going on: 4 / 7),
+# with room to grow shorter and longer
+SFT_COUNTS = (1, 2, 4, 2, 1)  # which reply of each pair is chosen
 
 
 def prompt_words(rng: random.Random) -> list[str]:
     """N_WORDS distinct made-up words of 2 or 3 letters, in random order."""
-    words = made_up_words(N_WORDS, rng, lo=2, hi=3)
+    words = made_up_words(N_WORDS, rng, lo=3, hi=3)
     rng.shuffle(words)
     return words
 
@@ -75,38 +78,31 @@ def prompt(words: list[str]) -> str:
     return ASK + " ".join(words)
 
 
-def reply(words: list[str], picks: list[int]) -> str:
-    """The picked words (indices into words) in the prompt's order."""
-    return " ".join(words[i] for i in sorted(picks))
+def reply(words: list[str], count: int) -> str:
+    """The prompt's first `count` words."""
+    return " ".join(words[:count])
 
 
 def is_right(prompt_text: str, reply_text: str) -> bool:
-    """Whether the reply answers the prompt: one or more of its words, in its order, none twice, separated by
-    single spaces."""
+    """Whether the reply answers the prompt: its first words, one to all of them, separated by single spaces."""
     words = prompt_text.removeprefix(ASK).split(" ")
-    said = reply_text.split(" ")
-    if not reply_text or any(w not in words for w in said):
-        return False
-    at = [words.index(w) for w in said]
-    return all(a < b for a, b in zip(at, at[1:]))
+    return any(reply_text == reply(words, count) for count in range(1, len(words) + 1))
 
 
 def sft_conversation(rng: random.Random) -> dict:
-    """A prompt and a right reply of 1 to N_WORDS words (the count uniform, the words at random)."""
+    """A prompt and a right reply of 1 to N_WORDS words, the count drawn by SFT_COUNTS."""
     words = prompt_words(rng)
-    picks = rng.sample(range(N_WORDS), rng.randint(1, N_WORDS))
+    count = rng.choices(range(1, N_WORDS + 1), weights=SFT_COUNTS)[0]
     return {"messages": [{"role": "user", "content": prompt(words)},
-                         {"role": "assistant", "content": reply(words, picks)}]}
+                         {"role": "assistant", "content": reply(words, count)}]}
 
 
 def length_pair(rng: random.Random) -> tuple[str, str, str]:
-    """(prompt, shorter, longer): two right replies, the longer one the shorter's words and more, their word
-    counts two distinct draws from 1 to N_WORDS."""
+    """(prompt, shorter, longer): two right replies, their word counts two distinct draws from 1 to N_WORDS
+    (the shorter is the start of the longer)."""
     words = prompt_words(rng)
     few, many = sorted(rng.sample(range(1, N_WORDS + 1), 2))
-    short = rng.sample(range(N_WORDS), few)
-    long = short + rng.sample([i for i in range(N_WORDS) if i not in short], many - few)
-    return prompt(words), reply(words, short), reply(words, long)
+    return prompt(words), reply(words, few), reply(words, many)
 
 
 def write(out: Path, n_sft: int, n_pairs: int, seed: int) -> dict[str, Path]:
@@ -139,7 +135,7 @@ def unseen_prompts(out: Path, n: int, seed: int) -> list[str]:
 
 # --train
 
-BLOCK = 56  # a prompt (at most 32 tokens with the template's) and up to 24 tokens of reply
+BLOCK = 64  # a prompt (at most 34 tokens with the template's) and a reply of up to 28 (the longest right one: 19)
 
 
 def greedy_lengths(ckpt: Path, prompts: list[str], max_new_tokens: int) -> dict[str, float]:
@@ -150,6 +146,33 @@ def greedy_lengths(ckpt: Path, prompts: list[str], max_new_tokens: int) -> dict[
     return {"length": sum(len(r) for r in replies) / n, "words": sum(len(r.split()) for r in replies) / n,
             "right": sum(is_right(p, r) for p, r in zip(prompts, replies)) / n,
             "run-on": sum(len(r) >= max_new_tokens for r in replies) / n}
+
+
+@torch.no_grad()
+def pair_scores(ckpt: Path, sft: Path, data: Path) -> dict[str, float]:
+    """How the model orders the val pairs, three ways: "summed" and "per token", the share of the decided
+    pairs whose chosen reply's log-probability rose more (fell less) than the rejected one's from the chat
+    model's, summed over the reply's tokens (DPO's implicit reward: sigmoid, hinge, robust, ipo) or averaged
+    over them (ipo_per_token's); "likelier", the share whose chosen reply the model alone finds likelier (what
+    it would rather say). And the model's mean log-probabilities of the chosen and the rejected replies (nats,
+    summed over each reply). NaN where every pair ties (the chat model against itself)."""
+    model, ref = load_model(str(ckpt))[0], load_model(str(sft))[0]
+    wins = {"summed": 0, "per token": 0, "likelier": 0}
+    ties = dict.fromkeys(wins, 0)
+    chosen = rejected = n = 0.0
+    for batch in ValPairs(data, "val", batch_size=64, block_size=BLOCK):
+        B = len(batch)
+        pi, rho = policy_logps(model, batch), policy_logps(ref, batch)
+        tokens = (batch.y != -1).sum(-1)
+        margins = {"summed": (pi - rho)[:B] - (pi - rho)[B:],
+                   "per token": ((pi - rho) / tokens)[:B] - ((pi - rho) / tokens)[B:],
+                   "likelier": pi[:B] - pi[B:]}
+        for name, margin in margins.items():
+            wins[name] += int((margin > 0).sum())
+            ties[name] += int((margin == 0).sum())
+        chosen, rejected, n = chosen + float(pi[:B].sum()), rejected + float(pi[B:].sum()), n + B
+    return {**{name: wins[name] / (n - ties[name]) if n > ties[name] else float("nan") for name in wins},
+            "chosen": chosen / n, "rejected": rejected / n}
 
 
 def run_seed(args, seed: int, out: Path) -> dict[tuple[str, str], dict[str, float]]:
@@ -164,22 +187,17 @@ def run_seed(args, seed: int, out: Path) -> dict[tuple[str, str], dict[str, floa
     figures = {}
     for variant in VARIANTS:
         pairs = prepare_pairs(files[variant], sft, data, variant, block=BLOCK)
-        s = scores(sft, pairs, extra=tuple(threads))
-        figures[variant, "SFT"] = {"its acc": float("nan"), "acc vs SFT": float("nan"), "chosen": s["chosen_logp"],
-                                   "rejected": s["rejected_logp"], **before}
+        figures[variant, "SFT"] = {**pair_scores(sft, sft, pairs), **before}
         figures[variant, "pairs"] = val_lengths(files[variant], pairs)
         for loss in args.losses:
-            settings = [f"--dpo_loss={loss}", f"--dpo_beta={args.beta}", "--dpo_nll_weight=0", *threads]
+            settings = [f"--dpo_loss={loss}", f"--dpo_beta={args.beta}", "--dpo_nll_weight=0",
+                        f"--learning_rate={args.learning_rate}", *threads]
             if loss == "robust":
                 settings.append(f"--dpo_label_smoothing={args.robust_smoothing}")
             dpo = out / f"{variant}_{loss}"
-            seconds, by_step = dpo_run(sft, pairs, dpo, steps=args.dpo_steps, batch_size=args.batch_size,
-                                       eval_interval=args.dpo_steps, settings=settings)
-            s = scores(dpo / "last.pt", pairs, reference=sft, extra=tuple(threads))
-            last = by_step[max(by_step)]
-            figures[variant, loss] = {"its acc": nan_if_none(last.get("val_accuracy")),
-                                      "acc vs SFT": nan_if_none(s["accuracy"]), "chosen": s["chosen_logp"],
-                                      "rejected": s["rejected_logp"],
+            seconds, _ = dpo_run(sft, pairs, dpo, steps=args.dpo_steps, batch_size=args.batch_size,
+                                 eval_interval=args.dpo_steps, settings=settings)
+            figures[variant, loss] = {**pair_scores(dpo / "last.pt", sft, pairs),
                                       **greedy_lengths(dpo / "last.pt", prompts, args.max_new_tokens)}
             print(f"seed {seed}, {variant} preferred, {loss}: {args.dpo_steps} steps in {seconds:.0f} s", flush=True)
     return figures
@@ -195,11 +213,7 @@ def val_lengths(pairs_file: Path, dataset: Path) -> dict[str, float]:
             "rejected": sum(len(r["rejected"]) for r in val) / len(val), "n": len(val)}
 
 
-def nan_if_none(x: float | None) -> float:
-    return float("nan") if x is None else float(x)
-
-
-COLUMNS = (("its acc", "{:.1%}"), ("acc vs SFT", "{:.1%}"), ("chosen", "{:.2f}"), ("rejected", "{:.2f}"),
+COLUMNS = (("summed", "{:.1%}"), ("per token", "{:.1%}"), ("likelier", "{:.1%}"), ("chosen", "{:.2f}"), ("rejected", "{:.2f}"),
            ("length", "{:.1f}"), ("words", "{:.2f}"), ("right", "{:.0%}"), ("run-on", "{:.0%}"))
 
 
@@ -243,11 +257,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sft_steps", type=int, default=600, help="--train: SFT steps (32 conversations each)")
     parser.add_argument("--dpo_steps", type=int, default=100, help="--train: DPO steps of each run")
     parser.add_argument("--batch_size", type=int, default=32, help="--train: pairs per DPO step")
+    parser.add_argument("--learning_rate", type=float, default=3e-3, help="--train: the DPO runs' peak rate")
     parser.add_argument("--beta", type=float, default=0.1, help="--train: dpo_beta of every loss (TRL's default)")
     parser.add_argument("--robust_smoothing", type=float, default=0.1,
                         help="--train: dpo_label_smoothing of the robust loss")
     parser.add_argument("--chat_prompts", type=int, default=100, help="--train: greedy replies to unseen prompts")
-    parser.add_argument("--max_new_tokens", type=int, default=24, help="--train: a greedy reply's longest")
+    parser.add_argument("--max_new_tokens", type=int, default=28, help="--train: a greedy reply's longest")
     parser.add_argument("--threads", type=int, default=1, help="--train: torch threads of every process")
     args = parser.parse_args(argv)
     if args.sft < 1 or args.pairs < 10:

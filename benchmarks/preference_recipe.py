@@ -78,10 +78,9 @@ def dpo_run(sft: Path, pairs: Path, out: Path, *, steps: int, batch_size: int, e
     return seconds, {m["step"]: m for m in lines if "val_loss" in m}
 
 
-def scores(ckpt: Path, data: Path, reference: Path | None = None, extra: tuple[str, ...] = ()) -> dict:
+def scores(ckpt: Path, data: Path, reference: Path | None = None) -> dict:
     """eval.py --task preference on the val pairs (against the reference, or by the model's log-probs)."""
-    cmd = [sys.executable, "eval.py", f"--ckpt={ckpt}", "--task=preference", f"--dataset={data}", "--device=cpu",
-           *extra]
+    cmd = [sys.executable, "eval.py", f"--ckpt={ckpt}", "--task=preference", f"--dataset={data}", "--device=cpu"]
     done = subprocess.run(cmd + ([f"--reference={reference}"] if reference else []), cwd=REPO, check=True,
                           capture_output=True, text=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
