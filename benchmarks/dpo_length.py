@@ -20,7 +20,8 @@ every prompt is new.
 --out): one chat model from scratch on the conversations (--sft_steps), the pairs in its tokens
 (prepare/preference.py, a tenth held out), then for each variant and each loss of --losses a DPO run from the
 chat model (train.py --objective=dpo --dpo_loss=...: TRL's default beta 0.1 unless --beta, SimPO's gamma 0.5,
-no NLL anchor; robust with --robust_smoothing, since at 0 it is the sigmoid loss). Each model, then:
+no NLL anchor unless --nll_weight; robust with --robust_smoothing, since at 0 it is the sigmoid loss). Each
+model, then:
 
 - on the val pairs (`pair_scores`): "summed" and "per token", the share ordered right by DPO's implicit
   reward against the chat model, its log-probabilities summed over each reply or averaged over its tokens;
@@ -190,7 +191,8 @@ def run_seed(args, seed: int, out: Path) -> dict[tuple[str, str], dict[str, floa
         figures[variant, "SFT"] = {**pair_scores(sft, sft, pairs), **before}
         figures[variant, "pairs"] = val_lengths(files[variant], pairs)
         for loss in args.losses:
-            settings = [f"--dpo_loss={loss}", f"--dpo_beta={args.beta}", "--dpo_nll_weight=0",
+            anchor = 0 if loss == "orpo" else args.nll_weight  # orpo has its own NLL term
+            settings = [f"--dpo_loss={loss}", f"--dpo_beta={args.beta}", f"--dpo_nll_weight={anchor}",
                         f"--learning_rate={args.learning_rate}", *threads]
             if loss == "robust":
                 settings.append(f"--dpo_label_smoothing={args.robust_smoothing}")
@@ -259,6 +261,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch_size", type=int, default=32, help="--train: pairs per DPO step")
     parser.add_argument("--learning_rate", type=float, default=3e-3, help="--train: the DPO runs' peak rate")
     parser.add_argument("--beta", type=float, default=0.1, help="--train: dpo_beta of every loss (TRL's default)")
+    parser.add_argument("--nll_weight", type=float, default=0.0,
+                        help="--train: dpo_nll_weight of every loss but orpo (which has its own NLL term)")
     parser.add_argument("--robust_smoothing", type=float, default=0.1,
                         help="--train: dpo_label_smoothing of the robust loss")
     parser.add_argument("--chat_prompts", type=int, default=100, help="--train: greedy replies to unseen prompts")
@@ -282,7 +286,9 @@ def main(argv: list[str] | None = None) -> None:
     per_seed = [run_seed(args, seed, out) for seed, out in outs.items()]
     seeds = ", ".join(str(s) for s in args.seeds)
     print(f"\nseed{'s' if len(args.seeds) > 1 else ''} {seeds}: each model on the val pairs and its greedy replies "
-          f"to {args.chat_prompts} unseen prompts (a cell with several seeds: median (range))")
+          f"to {args.chat_prompts} unseen prompts (a cell with several seeds: median (range)); each DPO run "
+          f"{args.dpo_steps} steps of {args.batch_size} pairs at learning rate {args.learning_rate:g}, beta "
+          f"{args.beta:g}, nll_weight {args.nll_weight:g}")
     print(table(per_seed, args.losses), flush=True)
 
 

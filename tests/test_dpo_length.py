@@ -95,7 +95,7 @@ def test_the_table_at_a_tiny_scale(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(preference_recipe, "run", in_process)
     out = tmp_path / "run"
     dpo_length.main(["--out", str(out), "--train", "--sft", "300", "--pairs", "60", "--sft_steps", "4",
-                     "--dpo_steps", "2", "--losses", "sigmoid,simpo", "--chat_prompts", "3",
+                     "--dpo_steps", "2", "--losses", "sigmoid", "--chat_prompts", "3",
                      "--max_new_tokens", "8"])
     said = capsys.readouterr().out
     table = said[said.index("shorter reply preferred"):].splitlines()
@@ -103,7 +103,7 @@ def test_the_table_at_a_tiny_scale(tmp_path, monkeypatch, capsys):
     assert [line for line in table if line.startswith("| model")] == [header, header]
     assert any(line.startswith("longer reply preferred") for line in table)
     rows = [line.strip("|").split("|") for line in table if line.startswith("| ") and line != header]
-    assert [r[0].strip() for r in rows] == ["SFT", "sigmoid", "simpo"] * 2
+    assert [r[0].strip() for r in rows] == ["SFT", "sigmoid"] * 2
     for row in rows:
         cells = [c.strip() for c in row[1:]]
         assert len(cells) == len(dpo_length.COLUMNS)
