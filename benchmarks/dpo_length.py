@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sft_steps", type=int, default=600, help="--train: SFT steps (32 conversations each)")
     parser.add_argument("--dpo_steps", type=int, default=100, help="--train: DPO steps of each run")
     parser.add_argument("--batch_size", type=int, default=32, help="--train: pairs per DPO step")
-    parser.add_argument("--learning_rate", type=float, default=3e-3, help="--train: the DPO runs' peak rate")
+    parser.add_argument("--learning_rate", type=float, default=1e-3, help="--train: the DPO runs' peak rate")
     parser.add_argument("--beta", type=float, default=0.1, help="--train: dpo_beta of every loss (TRL's default)")
     parser.add_argument("--nll_weight", type=float, default=0.0,
                         help="--train: dpo_nll_weight of every loss but orpo (which has its own NLL term)")
