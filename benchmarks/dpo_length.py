@@ -61,15 +61,17 @@ from gptkit.objectives.preference_losses import policy_logps
 N_WORDS = 5  # words in a prompt: a reply has 1 to N_WORDS of them
 ASK = "first few: "
 LOSSES = ("sigmoid", "hinge", "robust", "ipo", "ipo_per_token", "simpo", "orpo")
-VARIANTS = ("shorter", "longer")
+VARIANTS = ("shorter", "longer")  # which reply of each pair is chosen
 # How often the SFT replies have 1, 2, ... N_WORDS words: every count, the middle one most often, so that the
 # chat model's greedy replies stop in the middle (after 3 words the stop is likelier than going on: 4 / 7),
 # with room to grow shorter and longer
-SFT_COUNTS = (1, 2, 4, 2, 1)  # which reply of each pair is chosen
+SFT_COUNTS = (1, 2, 4, 2, 1)
 
 
 def prompt_words(rng: random.Random) -> list[str]:
-    """N_WORDS distinct made-up words of 2 or 3 letters, in random order."""
+    """N_WORDS distinct made-up words of three letters, in random order. Every prompt is as long, so a reply's
+    k-th character is the prompt's at one fixed distance: a copy the 2-layer chat model learns in a few hundred
+    steps (with words of 2 or 3 letters it had not begun to copy after 600)."""
     words = made_up_words(N_WORDS, rng, lo=3, hi=3)
     rng.shuffle(words)
     return words
@@ -189,7 +191,7 @@ def run_seed(args, seed: int, out: Path) -> dict[tuple[str, str], dict[str, floa
     for variant in VARIANTS:
         pairs = prepare_pairs(files[variant], sft, data, variant, block=BLOCK)
         figures[variant, "SFT"] = {**pair_scores(sft, sft, pairs), **before}
-        figures[variant, "pairs"] = val_lengths(files[variant], pairs)
+        figures[variant, "pairs"] = val_lengths(files[variant])
         for loss in args.losses:
             anchor = 0 if loss == "orpo" else args.nll_weight  # orpo has its own NLL term
             settings = [f"--dpo_loss={loss}", f"--dpo_beta={args.beta}", f"--dpo_nll_weight={anchor}",
@@ -205,7 +207,7 @@ def run_seed(args, seed: int, out: Path) -> dict[tuple[str, str], dict[str, floa
     return figures
 
 
-def val_lengths(pairs_file: Path, dataset: Path) -> dict[str, float]:
+def val_lengths(pairs_file: Path) -> dict[str, float]:
     """The val pairs' mean chosen and rejected reply lengths in characters (the val split's rows, as
     prepare/preference.py split them)."""
     rows = [json.loads(line) for line in pairs_file.read_text().splitlines()]
