@@ -33,32 +33,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import queue
 import random
-import shlex
-import subprocess
-import sys
-import time
 from pathlib import Path
 
+from benchmarks.preference_recipe import (
+    dpo_run,
+    greedy_replies,
+    made_up_words,
+    percent,
+    prepare_pairs,
+    scores,
+    train_chat_model,
+)
 from gptkit import cli
-from gptkit.chat import ChatTokens, prompt_ids
-from gptkit.checkpoint import load_model
 from gptkit.errors import UsageError
-from gptkit.serving.engine import Engine, Finished, Request
-
-REPO = Path(__file__).resolve().parents[1]
 
 MARKS = "!?."
-LETTERS = "abcdefghijklmnopqrstuvwxyz"
-
-
-def made_up_words(n: int, rng: random.Random, lo: int = 3, hi: int = 6) -> list[str]:
-    """n distinct random lowercase words of lo to hi letters."""
-    words: set[str] = set()
-    while len(words) < n:
-        words.add("".join(rng.choice(LETTERS) for _ in range(rng.randint(lo, hi))))
-    return sorted(words)
 
 
 def prompt(word: str, mark: str) -> str:
@@ -91,29 +81,7 @@ def write(out: Path, n_sft: int, n_pairs: int, seed: int) -> tuple[Path, Path]:
     return sft, pairs
 
 
-# --train: the tiny chat model, its DPO runs, and how the runs are compared
 BLOCK = 40  # every conversation and pair of the task fits
-SFT_ARGS = ["--n_layer=2", "--n_head=2", "--n_embd=64", f"--block_size={BLOCK}", "--batch_size=32",
-            "--gradient_accumulation_steps=1", "--warmup_iters=20", "--learning_rate=3e-3", "--min_lr=3e-4",
-            "--dropout=0.0", "--eval_iters=5"]
-DPO_ARGS = ["--objective=dpo", "--gradient_accumulation_steps=1", "--warmup_iters=5", "--learning_rate=3e-3",
-            "--min_lr=1e-4", "--dropout=0.0", "--eval_iters=100"]
-COMMON = ["--device=cpu", "--compile=False", "--overwrite=True", "--always_save_checkpoint=True"]
-
-
-def run(cmd: list[str]) -> float:
-    print("$", shlex.join(cmd), flush=True)
-    t0 = time.perf_counter()
-    subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - t0
-
-
-def scores(ckpt: Path, data: Path, reference: Path | None = None) -> dict:
-    """eval.py --task preference on the val pairs (against the reference, or by the model's log-probs)."""
-    cmd = [sys.executable, "eval.py", f"--ckpt={ckpt}", "--task=preference", f"--dataset={data}", "--device=cpu"]
-    done = subprocess.run(cmd + ([f"--reference={reference}"] if reference else []), cwd=REPO, check=True,
-                          capture_output=True, text=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def unseen_prompts(out: Path, n: int, seed: int) -> list[tuple[str, str]]:
@@ -128,49 +96,24 @@ def unseen_prompts(out: Path, n: int, seed: int) -> list[tuple[str, str]]:
 
 
 def rule_followed(ckpt: Path, prompts: list[tuple[str, str]]) -> float:
-    """The share of greedy replies (the chat template, the serving engine: chat.py's decoding) that end with
-    the asked-for mark."""
-    model, tokenizer, _ = load_model(str(ckpt))
-    engine = Engine(model, max_batch=16, max_queue=len(prompts)).start()
-    stops = ChatTokens.of(tokenizer).stop_ids
-    events = [queue.SimpleQueue() for _ in prompts]
-    for (word, mark), box in zip(prompts, events):
-        engine.submit(Request(prompt_ids([{"role": "user", "content": prompt(word, mark)}], tokenizer), 10,
-                              emit=box.put, stop_ids=stops))
-    followed = 0
-    for (_, mark), box in zip(prompts, events):
-        tokens = []
-        while not isinstance(event := box.get(timeout=600), Finished):
-            tokens.append(event.id)
-        followed += tokenizer.decode(tokens).endswith(mark)
-    engine.stop()
-    return followed / len(prompts)
+    """The share of greedy chat replies (preference_recipe.greedy_replies) that end with the asked-for mark."""
+    replies = greedy_replies(ckpt, [prompt(word, mark) for word, mark in prompts], 10)
+    return sum(reply.endswith(mark) for reply, (_, mark) in zip(replies, prompts)) / len(prompts)
 
 
 def train_and_compare(args, out: Path) -> None:
     data = out / "data"
-    run([sys.executable, "prepare/chat.py", f"--input={out / 'sft.jsonl'}", "--tokenizer=char",
-         f"--block_size={BLOCK}", "--name=sft", f"--data_root={data}", "--overwrite"])
-    sft = out / "sft"
-    run([sys.executable, "train.py", f"--dataset={data / 'sft'}", f"--out_dir={sft}", *SFT_ARGS, *COMMON,
-         f"--max_iters={args.sft_steps}", f"--lr_decay_iters={args.sft_steps}", f"--eval_interval={args.sft_steps}",
-         f"--log_interval={args.sft_steps}"])
-    run([sys.executable, "prepare/preference.py", f"--input={out / 'pairs.jsonl'}", f"--tokenizer={sft}",
-         f"--block_size={BLOCK}", "--name=pairs", f"--data_root={data}", "--val_fraction=0.1", "--overwrite"])
-    pairs = data / "pairs"
+    sft = train_chat_model(out / "sft.jsonl", data, out, block=BLOCK, steps=args.sft_steps)
+    pairs = prepare_pairs(out / "pairs.jsonl", sft, data, "pairs", block=BLOCK)
     prompts = unseen_prompts(out, args.chat_prompts, args.seed)
     rows = {"SFT": (scores(sft, pairs), rule_followed(sft, prompts))}
     by_step = {}
     for weight in args.nll_weights:
         name = f"DPO, nll_weight {weight:g}"
         dpo = out / f"dpo_nll{weight:g}"
-        seconds = run([sys.executable, "train.py", f"--init_from={sft}", f"--dataset={pairs}", f"--out_dir={dpo}",
-                       *DPO_ARGS, *COMMON, f"--batch_size={args.batch_size}", f"--dpo_beta={args.beta}",
-                       f"--dpo_nll_weight={weight}", f"--max_iters={args.dpo_steps}",
-                       f"--lr_decay_iters={args.dpo_steps}", f"--eval_interval={args.eval_interval}",
-                       f"--log_interval={args.eval_interval}"])
-        lines = [json.loads(line) for line in (dpo / "metrics.jsonl").read_text().splitlines()]
-        by_step[name] = {m["step"]: m for m in lines if "val_loss" in m}
+        seconds, by_step[name] = dpo_run(sft, pairs, dpo, steps=args.dpo_steps, batch_size=args.batch_size,
+                                         eval_interval=args.eval_interval,
+                                         settings=[f"--dpo_beta={args.beta}", f"--dpo_nll_weight={weight}"])
         rows[name] = (scores(dpo / "last.pt", pairs), rule_followed(dpo / "last.pt", prompts))
         print(f"{name}: {args.dpo_steps} steps in {seconds:.0f} s", flush=True)
 
@@ -188,11 +131,6 @@ def train_and_compare(args, out: Path) -> None:
     for name, (s, followed) in rows.items():
         print(f"{name:<24}{percent(s['accuracy']):>10}{s['margin_nats']:>10.3f}{s['chosen_logp']:>10.2f}"
               f"{s['rejected_logp']:>10.2f}{followed:>15.1%}")
-
-
-def percent(accuracy: float | None) -> str:
-    """An accuracy as a percentage, "n/a" where there is none (every pair tied)."""
-    return "n/a" if accuracy is None else f"{accuracy:.1%}"
 
 
 @cli.entry_point()
