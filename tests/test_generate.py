@@ -2,6 +2,7 @@
 sampling options, the Gumbel-max sampler (its distribution, its seed), the float32 head, and the compiled
 one-token step."""
 
+import dataclasses
 import math
 
 import pytest
@@ -306,10 +307,13 @@ def test_sampling_logits_are_float32_from_bf16_weights():
 # ----------------------------------------------------------------------------- the compiled step
 
 
-def test_compiled_step_gives_the_eager_tokens(tiny_model, tiny_config):
+def test_compiled_step_gives_the_eager_tokens(tiny_config):
     """The whole step, forward and draw, compiled by inductor into one graph (fullgraph=True: a graph break
     would fail), gives the eager tokens: greedy, and sampled with a seed (the noise is an input of the graph).
-    Past block_size, so the eager refills of the window alternate with the compiled steps."""
+    Past block_size, so the eager refills of the window alternate with the compiled steps. (One block: inductor
+    compiles each block's kernels afresh without its cache, most of this test's time.)"""
+    torch.manual_seed(0)
+    tiny_model = GPT(dataclasses.replace(tiny_config, n_layer=1)).eval()
     step = compile_decode_step(torch.device("cpu"))
     prompt = torch.randint(0, tiny_config.vocab_size, (2, 5))
     n = tiny_config.block_size + 8
