@@ -70,12 +70,6 @@ def pytest_runtest_setup(item):
 SLOWEST = [
     (28.0, "test_gpu_check.py::test_smoke_runs_every_part_or_says_why_not",
      "test_gpu_check.py::test_nanogpt_runs_beside_ours_in_smoke"),
-    # the tests compiling with inductor, together: without its cache (a fresh environment) the first compile in
-    # a worker takes 15-20 s more, paid once on one worker instead of once on each
-    (20.0, "test_modern.py::test_compiled_modern_model_matches_eager",
-     "test_cudagraph.py::test_block_compilation_gives_the_losses_of_the_eager_model",
-     "test_generate.py::test_compiled_step_gives_the_eager_tokens",
-     "test_bench.py::test_each_model_and_batch_is_compiled_afresh_with_static_shapes"),
     (22.0, "test_fsdp.py::test_fsdp_trains_as_one_process_does"),
     (17.0, "test_fsdp.py::test_a_sharded_checkpoint_survives_a_kill_and_resumes_under_fsdp_ddp_and_one_process"),
     (15.5, "test_restart.py::test_torchrun_restarts_a_killed_ddp_run_from_its_last_checkpoint"),
