@@ -31,35 +31,15 @@ import random
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+from benchmarks.dpo_rule import BLOCK, write
+from benchmarks.preference_recipe import COMMON, REPO, percent, prepare_pairs, run, scores, train_chat_model
 from gptkit import cli
 from gptkit.errors import UsageError
 
-REPO = Path(__file__).resolve().parents[1]
-# benchmarks/dpo_rule.py's settings (a script, run here as one, not imported): its context, its SFT model's run
-BLOCK = 40
-SFT_ARGS = ["--n_layer=2", "--n_head=2", "--n_embd=64", f"--block_size={BLOCK}", "--batch_size=32",
-            "--gradient_accumulation_steps=1", "--warmup_iters=20", "--learning_rate=3e-3", "--min_lr=3e-4",
-            "--dropout=0.0", "--eval_iters=5"]
-COMMON = ["--device=cpu", "--compile=False", "--overwrite=True", "--always_save_checkpoint=True"]
 KTO_ARGS = ["--objective=kto", "--gradient_accumulation_steps=1", "--warmup_iters=5", "--dropout=0.0",
             "--eval_iters=100"]
-
-
-def run(cmd: list[str], stdin: str | None = None) -> tuple[float, str]:
-    """A command in the checkout, its output kept: (seconds, stdout)."""
-    print("$", shlex.join(cmd), flush=True)
-    t0 = time.perf_counter()
-    done = subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True, input=stdin)
-    return time.perf_counter() - t0, done.stdout
-
-
-def scores(ckpt: Path, data: Path, reference: Path | None = None) -> dict:
-    """eval.py --task preference on the val pairs (against the reference, or by the model's log-probs)."""
-    cmd = [sys.executable, "eval.py", f"--ckpt={ckpt}", "--task=preference", f"--dataset={data}", "--device=cpu"]
-    return json.loads(run(cmd + ([f"--reference={reference}"] if reference else []))[1].strip().splitlines()[-1])
 
 
 def unseen_prompts(out: Path, n: int, seed: int) -> list[tuple[str, str]]:
@@ -81,14 +61,12 @@ def rule_followed(ckpt: Path, prompts: list[tuple[str, str]]) -> float:
     """The share of greedy chat.py replies (one conversation a prompt, /reset between them) that end with the
     asked-for mark."""
     lines = "".join(f"say {word}, end with {mark}\n/reset\n" for word, mark in prompts)
-    _, said = run([sys.executable, "chat.py", f"--ckpt={ckpt}", "--temperature=0", "--max_new_tokens=10",
-                   "--device=cpu", "--quantize=none"], stdin=lines)
+    cmd = [sys.executable, "chat.py", f"--ckpt={ckpt}", "--temperature=0", "--max_new_tokens=10", "--device=cpu",
+           "--quantize=none"]
+    print("$", shlex.join(cmd), flush=True)
+    said = subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True, input=lines).stdout
     replies = said.split("\n\n")[: len(prompts)]
     return sum(r.endswith(mark) for r, (_, mark) in zip(replies, prompts, strict=True)) / len(prompts)
-
-
-def percent(accuracy: float | None) -> str:
-    return "n/a" if accuracy is None else f"{accuracy:.1%}"
 
 
 def unpaired(pairs: Path, rows: Path, seed: int) -> tuple[int, int]:
@@ -107,32 +85,25 @@ def unpaired(pairs: Path, rows: Path, seed: int) -> tuple[int, int]:
 
 def train_and_report(args, out: Path) -> None:
     data = out / "data"
-    run([sys.executable, "prepare/chat.py", f"--input={out / 'sft.jsonl'}", "--tokenizer=char",
-         f"--block_size={BLOCK}", "--name=sft", f"--data_root={data}", "--overwrite"])
-    sft = out / "sft"
-    run([sys.executable, "train.py", f"--dataset={data / 'sft'}", f"--out_dir={sft}", *SFT_ARGS, *COMMON,
-         f"--max_iters={args.sft_steps}", f"--lr_decay_iters={args.sft_steps}", f"--eval_interval={args.sft_steps}",
-         f"--log_interval={args.sft_steps}"])
+    sft = train_chat_model(out / "sft.jsonl", data, out, block=BLOCK, steps=args.sft_steps)
     # the rows, and the pairs they come from: one row a pair, in the same order, so the two val splits hold the
     # same (held-out) words, and eval.py scores the KTO model on the held-out pairs as DPO's are
-    for name in ("rows", "pairs"):
-        run([sys.executable, "prepare/preference.py", f"--input={out / (name + '.jsonl')}", f"--tokenizer={sft}",
-             f"--block_size={BLOCK}", f"--name={name}", f"--data_root={data}", "--val_fraction=0.1", "--overwrite"])
+    rows, pairs = (prepare_pairs(out / f"{name}.jsonl", sft, data, name, block=BLOCK) for name in ("rows", "pairs"))
     prompts = unseen_prompts(out, args.chat_prompts, args.seed)
-    finals = {"SFT model": (scores(sft, data / "pairs"), rule_followed(sft, prompts))}
+    finals = {"SFT model": (scores(sft, pairs), rule_followed(sft, prompts))}
     by_step = {}
     for lr in args.lrs:
         name, kto = f"KTO, lr {lr:g}", out / f"kto_lr{lr:g}"
-        seconds, _ = run([sys.executable, "train.py", f"--init_from={sft}", f"--dataset={data / 'rows'}",
-                       f"--out_dir={kto}", *KTO_ARGS, *COMMON, f"--batch_size={args.batch_size}",
-                       f"--dpo_beta={args.beta}", f"--learning_rate={lr}", f"--min_lr={lr / 30:g}",
-                       f"--max_iters={args.kto_steps}", f"--lr_decay_iters={args.kto_steps}",
-                       f"--eval_interval={args.eval_interval}", f"--log_interval={args.eval_interval}"])
+        seconds = run([sys.executable, "train.py", f"--init_from={sft}", f"--dataset={rows}", f"--out_dir={kto}",
+                       *KTO_ARGS, *COMMON, f"--batch_size={args.batch_size}", f"--dpo_beta={args.beta}",
+                       f"--learning_rate={lr}", f"--min_lr={lr / 30:g}", f"--max_iters={args.kto_steps}",
+                       f"--lr_decay_iters={args.kto_steps}", f"--eval_interval={args.eval_interval}",
+                       f"--log_interval={args.eval_interval}"])
         print(f"{name}: {args.kto_steps} steps in {seconds:.0f} s", flush=True)
         lines = [json.loads(line) for line in (kto / "metrics.jsonl").read_text().splitlines()]
         by_step[name] = [m for m in lines if "val_loss" in m]
-        finals[name] = (scores(kto / "last.pt", data / "pairs", reference=sft), rule_followed(kto / "last.pt", prompts))
-    meta = json.loads((data / "rows" / "meta.json").read_text())["preference"]
+        finals[name] = (scores(kto / "last.pt", pairs, reference=sft), rule_followed(kto / "last.pt", prompts))
+    meta = json.loads((rows / "meta.json").read_text())["preference"]
     print(f"\nthe val rows ({meta['rows']['val']}, words never seen) by step, against the SFT model: val loss, auc, "
           f"mean rewards (beta x nats) of the desirable and the undesirable rows, the desirable completions' mean "
           f"log-prob (nats), z")
@@ -172,9 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.sft < 1 or args.rows < 2:
         raise UsageError("--sft must be at least 1 and --rows at least 2")
     out = Path(args.out).resolve()
-    run([sys.executable, "-m", "benchmarks.dpo_rule", f"--out={out}", f"--sft={args.sft}", f"--pairs={args.rows}",
-         f"--seed={args.seed}"])  # sft.jsonl and pairs.jsonl
-    sft, pairs = out / "sft.jsonl", out / "pairs.jsonl"
+    sft, pairs = write(out, args.sft, args.rows, args.seed)  # dpo_rule.py's sft.jsonl and pairs.jsonl
     desirable, undesirable = unpaired(pairs, out / "rows.jsonl", args.seed)
     print(f"wrote {sft} ({args.sft:,} conversations) and {out / 'rows.jsonl'} ({desirable:,} desirable and "
           f"{undesirable:,} undesirable rows, one per pair of {pairs})")
