@@ -33,11 +33,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.dpo_rule import BLOCK, write
 from benchmarks.preference_recipe import COMMON, REPO, percent, prepare_pairs, run, scores, train_chat_model
 from gptkit import cli
 from gptkit.errors import UsageError
 
+# dpo_rule.py's context (a script: run here as one for its files, not imported)
+BLOCK = 40
 KTO_ARGS = ["--objective=kto", "--gradient_accumulation_steps=1", "--warmup_iters=5", "--dropout=0.0",
             "--eval_iters=100"]
 
@@ -143,7 +144,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.sft < 1 or args.rows < 2:
         raise UsageError("--sft must be at least 1 and --rows at least 2")
     out = Path(args.out).resolve()
-    sft, pairs = write(out, args.sft, args.rows, args.seed)  # dpo_rule.py's sft.jsonl and pairs.jsonl
+    run([sys.executable, "-m", "benchmarks.dpo_rule", f"--out={out}", f"--sft={args.sft}", f"--pairs={args.rows}",
+         f"--seed={args.seed}"])  # sft.jsonl and pairs.jsonl
+    sft, pairs = out / "sft.jsonl", out / "pairs.jsonl"
     desirable, undesirable = unpaired(pairs, out / "rows.jsonl", args.seed)
     print(f"wrote {sft} ({args.sft:,} conversations) and {out / 'rows.jsonl'} ({desirable:,} desirable and "
           f"{undesirable:,} undesirable rows, one per pair of {pairs})")
