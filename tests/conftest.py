@@ -54,6 +54,12 @@ needs_gpt2_bpe = pytest.mark.gpt2_bpe
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpt2_bpe: the test tokenizes with the GPT-2 BPE (skipped without its files)")
+    # Inductor's CPU backend takes the vector instructions /proc/cpuinfo lists as they are, instead of proving
+    # each by compiling and loading a probe library: ~12 s of g++ in the first compile on a machine without
+    # inductor's cache (CI's), and a Python child per instruction set in every process after that. What the
+    # compile tests check (our code traced and generated, and its values) does not depend on the probe. Set
+    # before torch._inductor.config is imported (it reads the variable then); subprocesses inherit it.
+    os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 
 
 def pytest_runtest_setup(item):

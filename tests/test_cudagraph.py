@@ -3,6 +3,7 @@ there with the same arithmetic (tensor learning rate, fused AdamW, the flags on 
 so everything but the capture itself is tested here: equal to the plain step, a NaN never applied, a stop at a
 step boundary, exact resume. Also the host's per-step work staying flat, and regional compilation."""
 
+import functools
 import gc
 import json
 import os
@@ -230,13 +231,28 @@ def test_the_host_work_per_step_does_not_grow(char_dataset, tmp_path, monkeypatc
         assert abs(seen[400] - seen[100]) <= 10, (graphs, seen)
 
 
-def test_block_compilation_gives_the_losses_of_the_eager_model(char_dataset, tmp_path):
+def test_block_compilation_gives_the_losses_of_the_eager_model(char_dataset, tmp_path, monkeypatch):
     """compile_scope=blocks compiles each block on its own (the embeddings, head and loss stay eager): the
-    same losses as without compilation, to float rounding, and the checkpoint's names are the plain model's."""
+    same losses as without compilation, to float rounding, and the checkpoint's names are the plain model's.
+    (The aot_eager backend: Dynamo's graphs of each block, forward and backward traced by AOTAutograd, without
+    inductor's code generation, which tests/test_modern.py and tests/test_generate.py cover.)"""
     eager, blocks = tmp_path / "eager", tmp_path / "blocks"
     args = dict(max_iters=3, eval_interval=100, dropout=0.0)
     train.main(tiny_args(char_dataset, eager, **args))
+    import torch._dynamo
+
+    graphs, aot_eager = [], torch._dynamo.lookup_backend("aot_eager")
+
+    def counted(gm, example_inputs):
+        graphs.append(gm)
+        return aot_eager(gm, example_inputs)
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=counted))
     train.main(tiny_args(char_dataset, blocks, compile=True, compile_scope="blocks", **args))
+    torch._dynamo.reset()
+    matrices = [{tuple(n.meta["example_value"].shape) for n in gm.graph.nodes
+                 if n.op == "placeholder" and n.meta["example_value"].dim() == 2} for gm in graphs]
+    assert graphs and all(m == {(96, 32), (32, 32), (128, 32), (32, 128)} for m in matrices), matrices  # a block's
     a, b = train_losses(eager), train_losses(blocks)
     assert a.keys() == b.keys()
     for step in a:
