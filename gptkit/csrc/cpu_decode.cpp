@@ -3,7 +3,13 @@
 // torch.ops.gptkit_avx2 (AVX2, FMA, F16C). The kernels are written once, in kernels.h; each variant is that
 // file compiled inside its own namespace under its own `#pragma GCC target`, so the library itself needs no
 // -m flags and loads on any x86-64 CPU (only the variant the CPU has is ever called).
-#include <ATen/ATen.h>
+// ATen's per-operator headers for the few operators used, not ATen/ATen.h (all of them): half the compile time
+// of this file, the build on a machine's first start.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/mm.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <immintrin.h>
