@@ -564,3 +564,13 @@ def test_a_row_loader_reads_its_own_state_only(task):
         again.load_state_dict(pairs.state_dict())
     with pytest.raises(DataError, match="read 'unpaired rows' batches, this run reads preference pairs"):
         pairs.load_state_dict(loader.state_dict())
+
+
+def test_batch_size_auto_refuses_tokens_per_step_below_one_row(task, tmp_path):
+    """Under batch_size=auto a step holds whole rows: fewer tokens than one is a one-line error, before anything
+    is written."""
+    with pytest.raises(SystemExit, match=rf"^error: tokens_per_step \({BLOCK // 2}\) must be a multiple of "
+                                         rf"block_size \({BLOCK}\): a step is made of whole sequences$"):
+        train.main(kto_args(task, tmp_path / "out", batch_size="auto", gradient_accumulation_steps=1,
+                            block_size=BLOCK, tokens_per_step=BLOCK // 2, max_iters=2))
+    assert not (tmp_path / "out" / "last.pt").exists()

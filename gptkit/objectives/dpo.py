@@ -62,6 +62,7 @@ class DPO(Objective):
     metric_names = DPOObjective.metric_names
     metric_over = DPOObjective.metric_over
     sequences_per_item = 2
+    items, unit, unit_note = Pairs, "pair", ""  # the dataset's reader, and fit_block_size's words for its items
     plan_loss = "sequence_logps"
     # a chat model keeps its context for conversations; its small steps barely move the positions beyond
     keeps_base_context = True
@@ -91,34 +92,39 @@ class DPO(Objective):
         check_preference_dataset(meta, label)
 
     def fit_block_size(self, cfg, data_dir: Path, meta: dict | None = None, say: bool = True):
-        """A new DPO run trains on sequences as long as its longest pair's (both splits'), when that is less than
-        block_size: no padding to a context the pairs never reach. The model keeps its context
-        (keeps_base_context). A resumed run keeps its own. With batch_size=auto, tokens_per_step shrinks with
-        it: the pairs per step stay what it asked."""
+        """A new run trains on sequences as long as its dataset's longest (both splits'; a pair's or a row's, with
+        KTO's KL sequences), when that is less than block_size: no padding to a context the data never reach.
+        The model keeps its context (keeps_base_context). A resumed run keeps its own. With batch_size=auto,
+        tokens_per_step shrinks with it: the pairs (rows) per step stay what it asked."""
         if cfg.init_from == "resume":
             return cfg
-        longest = max(Pairs(data_dir, split).longest for split in ("train", "val"))
+        longest = max(self.items(data_dir, split).longest for split in ("train", "val"))
         if longest - 1 >= cfg.block_size or longest < 2:
-            return cfg  # (longer: the loader's error says how to prepare them)
-        tokens = cfg.tokens_per_step
-        if cfg.batch_size is None:  # batch_size=auto keeps the pairs per step, tokens_per_step / (2 x block_size)
-            pairs = tokens // (2 * cfg.block_size)
-            if not pairs:
-                raise ObjectiveError(f"tokens_per_step ({tokens}) is less than one pair of two sequences of "
-                                     f"block_size {cfg.block_size}; set it to pairs per step x 2 x block_size")
-            tokens = pairs * 2 * (longest - 1)
+            return cfg  # (longer: the loader's error says how to prepare them; KTO's KL prompts are cut to fit)
+        tokens, per, unit = cfg.tokens_per_step, self.sequences_per_item, self.unit
+        if cfg.batch_size is None:  # batch_size=auto keeps the units per step, tokens_per_step / (per x block_size)
+            units = tokens // (per * cfg.block_size)
+            if not units:
+                each, times = (" of two sequences", "2 x ") if per == 2 else ("", "")
+                raise ObjectiveError(f"tokens_per_step ({tokens}) is less than one {unit}{each} of block_size "
+                                     f"{cfg.block_size}; set it to {unit}s per step x {times}block_size")
+            tokens = units * per * (longest - 1)
         if say:
-            print(f"note: the longest sequence of the pairs of dataset {cfg.dataset!r} has {longest} tokens: this "
-                  f"DPO run's batches are block_size={longest - 1} long (the model keeps its context)"
-                  + (f"; tokens_per_step={tokens} keeps its {tokens // (2 * (longest - 1))} pairs per step"
-                     if tokens != cfg.tokens_per_step else ""), flush=True)
+            print(f"note: the longest sequence of the {unit}s of dataset {cfg.dataset!r}{self.unit_note} has "
+                  f"{longest} tokens: this {self.name.upper()} run's batches are block_size={longest - 1} long (the "
+                  f"model keeps its context)" + (f"; tokens_per_step={tokens} keeps its "
+                                                 f"{tokens // (per * (longest - 1))} {unit}s per step"
+                                                 if tokens != cfg.tokens_per_step else ""), flush=True)
         return dataclasses.replace(cfg, block_size=longest - 1, tokens_per_step=tokens)
 
     def plan_block_size(self, cfg, data_dir: Path, ckpt: dict | None):
-        """--plan: a new run's sequences are its pairs' length once they are prepared (else block_size)."""
-        if ckpt is None and (data_dir / "meta.json").is_file() and is_preference_dataset(read_meta(data_dir)):
+        """--plan: a new run's sequences are its data's length once they are prepared (else block_size)."""
+        if ckpt is None and (data_dir / "meta.json").is_file() and self.holds_its_data(read_meta(data_dir)):
             return self.fit_block_size(cfg, data_dir, say=False)
         return cfg
+
+    def holds_its_data(self, meta: dict) -> bool:
+        return is_preference_dataset(meta)
 
     def check_start(self, cfg, added_tokens: int) -> None:
         """DPO tunes a chat model: a base that lacks the dataset's special tokens (the chat markers) has never

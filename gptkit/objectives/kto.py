@@ -23,14 +23,12 @@ can be), computed once before the first step (RowReference: 8 bytes a row), save
 
 from __future__ import annotations
 
-import dataclasses
 import textwrap
 from pathlib import Path
 
 import torch
 
 from gptkit.data.pairs import is_unpaired_dataset, unpaired_labels
-from gptkit.data.shards import read_meta
 from gptkit.data.unpaired import RowBatch, RowLoader, Rows, ValRows, check_unpaired_dataset
 from gptkit.errors import ConfigError, DPOError
 from gptkit.objectives.dpo import DPO
@@ -70,6 +68,7 @@ class KTO(DPO):
     metric_names = KTOObjective.metric_names
     metric_over = KTOObjective.metric_over
     sequences_per_item = 1  # a row: its KL sequence is scored without gradients (not in the plan's batch)
+    items, unit, unit_note = Rows, "row", " (with their KL sequences)"
     state_key = "kto_reference"
     reference_kind = RowReference
 
@@ -87,30 +86,8 @@ class KTO(DPO):
     def check_dataset(self, meta: dict, label: str) -> None:
         check_unpaired_dataset(meta, label)
 
-    def fit_block_size(self, cfg, data_dir: Path, meta: dict | None = None, say: bool = True):
-        """A new KTO run trains on sequences as long as its longest row's or KL sequence's (both splits'), when
-        that is less than block_size (the model keeps its context); a resumed run keeps its own. With
-        batch_size=auto, tokens_per_step shrinks with it: the rows per step stay what it asked."""
-        if cfg.init_from == "resume":
-            return cfg
-        longest = max(Rows(data_dir, split).longest for split in ("train", "val"))
-        if longest - 1 >= cfg.block_size or longest < 2:
-            return cfg  # (longer: the KL sequences' prompts are cut to fit; a row that does not is refused)
-        tokens = cfg.tokens_per_step
-        if cfg.batch_size is None:  # batch_size=auto keeps the rows per step, tokens_per_step / block_size
-            tokens = tokens // cfg.block_size * (longest - 1)
-        if say:
-            print(f"note: the longest sequence of the rows of dataset {cfg.dataset!r} (with their KL sequences) has "
-                  f"{longest} tokens: this KTO run's batches are block_size={longest - 1} long (the model keeps "
-                  f"its context)" + (f"; tokens_per_step={tokens} keeps its {tokens // (longest - 1)} rows per step"
-                                     if tokens != cfg.tokens_per_step else ""), flush=True)
-        return dataclasses.replace(cfg, block_size=longest - 1, tokens_per_step=tokens)
-
-    def plan_block_size(self, cfg, data_dir: Path, ckpt: dict | None):
-        """--plan: a new run's sequences are its rows' length once they are prepared (else block_size)."""
-        if ckpt is None and (data_dir / "meta.json").is_file() and is_unpaired_dataset(read_meta(data_dir)):
-            return self.fit_block_size(cfg, data_dir, say=False)
-        return cfg
+    def holds_its_data(self, meta: dict) -> bool:
+        return is_unpaired_dataset(meta)
 
     def start(self, cfg, raw_model: torch.nn.Module, data_dir: Path, state: dict | None, d: Dist,
               rt: Runtime) -> str:
