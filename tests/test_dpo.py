@@ -430,6 +430,11 @@ def test_each_loss_and_its_gradients_equal_its_papers_formula_in_float64(pairs, 
     assert loss.dtype == torch.float64 and 0 < per_pair.std() and per_pair.min() > 0  # pairs of distinct losses
     torch.testing.assert_close(loss, expected, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(metrics["dpo_loss"], per_pair.mean(), rtol=1e-10, atol=1e-12)
+    if not settings.reference_free:  # the rewards logged are the log ratios the loss compares (ipo_per_token's per token)
+        per = tokens if settings.loss == "ipo_per_token" else torch.ones_like(tokens)
+        for key, half in (("chosen_reward", slice(0, B)), ("rejected_reward", slice(B, None))):
+            want = (settings.beta * (pi[half].detach() - ref[half]) / per[half]).mean()
+            torch.testing.assert_close(metrics[key], want, rtol=1e-10, atol=1e-12, msg=key)
     assert ours.keys() == theirs.keys() and len(ours) == len(list(policy.parameters()))
     for name in ours:
         torch.testing.assert_close(ours[name], theirs[name], rtol=1e-9, atol=1e-12, msg=name)

@@ -41,7 +41,8 @@ chat replies 100% by the rule (BENCHMARKS.md, "Preference tuning"). The anchor k
 likely.
 
 What a step logs (`pair_metrics`, means over the pairs): DPO's loss; the implicit rewards chosen =
-beta (pi_c - ref_c) and rejected = beta (pi_r - ref_r) (reference-free losses: beta pi_c / n_c and
+beta (pi_c - ref_c) and rejected = beta (pi_r - ref_r) (ipo_per_token: per token, beta (pi_c - ref_c) / n_c
+and beta (pi_r - ref_r) / n_r, what its loss compares; reference-free losses: beta pi_c / n_c and
 beta pi_r / n_r, their implicit rewards), and the reward margin, chosen - rejected, all three in beta x nats (eval.py's margin is in nats: with the same reference it is reward_margin / beta); the accuracy,
 the share of the decided pairs (margin != 0) with margin > 0, and the ties, the share of pairs with margin
 exactly 0 (all of them at step 0, when the model is its reference: the accuracy is then NaN, "n/a" in the
@@ -122,10 +123,9 @@ def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_cho
         chosen, rejected = policy_chosen / n_c, policy_rejected / n_r  # mean per-token log-probabilities
     else:
         chosen, rejected = policy_chosen - ref_chosen, policy_rejected - ref_rejected
-    if name == "ipo_per_token":
-        h = chosen / n_c - rejected / n_r
-    else:
-        h = chosen - rejected
+    if name == "ipo_per_token":  # the log ratios per token: the loss's, and so the rewards logged (TRL's too)
+        chosen, rejected = chosen / n_c, rejected / n_r
+    h = chosen - rejected
     if name == "ipo" or name == "ipo_per_token":
         losses = (h - 1 / (2 * beta)) ** 2
     elif name == "hinge":
