@@ -81,7 +81,13 @@ from model import ACTIVATIONS, Block, CacheSlice
 # llama.cpp's q8_0 (8 bits, an fp16 scale per 32: gguf's q8_0 to the bit), the embedding's lookups reading
 # the same rounded values, so that a GGUF q4_0 file (token_embd in q8_0, as export.py writes it) is this
 # model. Why the head stays at 8 bits: BENCHMARKS.md, "Four-bit weights: quality".
-Q4_HEAD = "q8_0"
+Q4_HEAD = "q8_0"  # where the head's rows (n_embd) are not a multiple of Q6K_BLOCK
+# ... and where they are, llama.cpp's Q6_K (6.5625 bits a weight, as llama-quantize stores a Q4_0 model's output
+# tensor): a decode step of GPT-2 small then reads 79.8 MB instead of 89.1 (BENCHMARKS.md, "Four-bit weights").
+Q4_HEAD_WIDE_ROWS = "q6_k"
+Q4_HEADS = ("q6_k", "q8_0")  # pack_for_cpu's q4_head choices
+Q6K_BLOCK = 256  # q6_k's super-block: 16 runs of 16 weights of a row, an int8 scale each, and one fp16 d
+Q6K_GROUP_BYTES = 104  # a group of four rows' 32-value block in pack_q6_k's layout: 64 + 32 + 8 bytes
 GROUPED = ("int8", "q8_0", "q4_0")  # the formats in the kernels' groups of four rows, with per-block scales
 SMALL_BATCH = 16  # rows up to which a block's decode step is one fused kernel call, and a float16 product
 # the kernel's: decoding, serve.py's batch (int8 products are the kernel's whatever their rows: see above)
@@ -257,7 +263,7 @@ def _register_fakes() -> None:
         for name in ("linear_f32", "linear_f16"):
             torch.library.register_fake(f"gptkit_{variant}::{name}")(
                 lambda x, w, bias: x.new_empty(x.size(0), w.size(0)))
-        for name in ("linear_q8", "linear_q4"):
+        for name in ("linear_q8", "linear_q4", "linear_q6k"):
             torch.library.register_fake(f"gptkit_{variant}::{name}")(
                 lambda x, w, ws, bias, n: x.new_empty(x.size(0), n))
 
@@ -303,6 +309,118 @@ def quantize_q4_0(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     inv = torch.where(d == 0, 0.0, 1 / d)
     q = torch.trunc(blocks * inv + 8.5).clamp(0, 15).to(torch.uint8)
     return q.reshape(w.shape).contiguous(), d[..., 0].half().float().contiguous()
+
+
+def quantize_q6_k(w: torch.Tensor, search: int = 2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """w (N, K), K a multiple of Q6K_BLOCK -> llama.cpp's Q6_K: 6-bit values q (N, K) as uint8 0..63, int8
+    scales sc (N, K / 16), one per run of 16 weights, and d (N, K / 256) per super-block of 256 (fp16 values
+    held in float32), each weight standing for d sc (q - 32). Each run's scale as llama.cpp's reference
+    chooses it, with a smaller search: the value of largest magnitude m maps to -(32 + c / 10) for c in
+    -search..search, the integers rounded and clamped to -32..31, and of each candidate the least-squares scale
+    weighted by x^2 (the error of large weights counts most) kept where it fits best; then the super-block's d
+    = its run scale of largest magnitude / -128, rounded to fp16, each sc = round(scale / d) (at most 127) and
+    each q rounded again against d sc, the scale the file holds. A million weights at a time (GPT-2 small's
+    head in a few seconds). Not idempotent (a search): a GGUF file's Q6_K blocks are carried as they are
+    (PackedLinear's `quantized`), not quantized again."""
+    n, k = w.shape
+    if k % Q6K_BLOCK:
+        raise ValueError(f"q6_k needs rows of a multiple of {Q6K_BLOCK} values, not {k}")
+    q = torch.empty(n, k, dtype=torch.uint8)
+    sc = torch.empty(n, k // 16, dtype=torch.int8)
+    d = torch.empty(n, k // Q6K_BLOCK)
+    step = max(1, (1 << 20) // k)  # rows a chunk: ~1M weights
+    for lo in range(0, n, step):
+        rows = min(step, n - lo)
+        x = w[lo : lo + rows].detach().float().reshape(-1, 16)  # the runs
+        top = x.gather(-1, x.abs().argmax(dim=-1, keepdim=True))
+        inv = torch.where(top == 0, 0.0, -1 / top)
+        weight = x * x
+        wx = weight * x
+        best, scale = torch.full_like(top, -1.0), torch.zeros_like(top)
+        ell = torch.empty_like(x)
+        for c in range(-search, search + 1):
+            torch.mul(x, inv * (32 + 0.1 * c), out=ell)
+            ell.round_().clamp_(-32, 31)
+            sumlx = torch.linalg.vecdot(wx, ell).unsqueeze(-1)
+            suml2 = torch.linalg.vecdot(weight, ell.mul_(ell)).unsqueeze(-1).clamp_min_(1e-30)
+            fit = sumlx * sumlx / suml2  # the squared error this candidate takes off, at its best scale
+            better = fit > best
+            best = torch.where(better, fit, best)
+            scale = torch.where(better, sumlx / suml2, scale)
+        runs = scale.reshape(-1, Q6K_BLOCK // 16)  # (super-blocks, 16)
+        biggest = runs.gather(-1, runs.abs().argmax(dim=-1, keepdim=True))
+        iscale = torch.where(biggest == 0, 0.0, -128 / biggest)
+        dd = torch.where(iscale == 0, 0.0, 1 / iscale).half().float()
+        s = torch.round(iscale * runs).clamp_(-128, 127)
+        run = (dd * s).reshape(-1, 1)  # each run's d sc, as the file's values give it
+        torch.div(x, torch.where(run == 0, 1.0, run), out=ell)
+        ell.round_().clamp_(-32, 31).masked_fill_(run == 0, 0.0)
+        q[lo : lo + rows] = ell.add_(32).to(torch.uint8).reshape(rows, k)
+        sc[lo : lo + rows] = s.to(torch.int8).reshape(rows, -1)
+        d[lo : lo + rows] = dd.reshape(rows, -1)
+    return q, sc, d
+
+
+def dequantize_q6_k(q: torch.Tensor, sc: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """quantize_q6_k's weights: d sc (q - 32), (N, K) float32, computed as gguf-py's dequantize does it (exact)."""
+    n, k = q.shape
+    run = (d[:, :, None] * sc.float().reshape(n, -1, 16)).reshape(n, -1, 1)  # (N, K / 16, 1)
+    return (run * (q.reshape(n, -1, 16).float() - 32)).reshape(n, k)
+
+
+def q6_k_blocks(q: torch.Tensor, sc: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """The GGUF bytes of Q6_K (N, K / 256 * 210) uint8, each super-block: 128 bytes of low nibbles (byte l of
+    half h: value 128 h + l in the low nibble, 128 h + 64 + l in the high one), 64 of high bits (byte l of
+    half h: value 128 h + 32 j + l's top two bits at bits 2j), the 16 int8 scales, d as fp16."""
+    n, k = q.shape
+    sb = q.reshape(-1, 2, 2, 64)
+    ql = (sb[:, :, 0] & 0x0F) | ((sb[:, :, 1] & 0x0F) << 4)
+    h = (q.reshape(-1, 2, 4, 32) >> 4) & 3
+    qh = h[:, :, 0] | (h[:, :, 1] << 2) | (h[:, :, 2] << 4) | (h[:, :, 3] << 6)
+    scales = sc.reshape(-1, 16).view(torch.uint8)
+    dd = d.reshape(-1, 1).half().view(torch.uint8)
+    return torch.cat([ql.reshape(-1, 128), qh.reshape(-1, 64), scales, dd], dim=1).reshape(n, -1).contiguous()
+
+
+def from_q6_k_blocks(blocks: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q6_k_blocks' inverse: GGUF Q6_K bytes of rows of k values -> (q, sc, d) as quantize_q6_k gives them."""
+    b = blocks.reshape(-1, 210)
+    n = b.numel() // (210 * k // Q6K_BLOCK)
+    ql = b[:, :128].reshape(-1, 2, 1, 64)
+    low = torch.cat([ql & 0x0F, ql >> 4], dim=2)  # (S, 2, 2, 64)
+    qh = b[:, 128:192].reshape(-1, 2, 1, 32)
+    high = torch.cat([(qh >> (2 * j)) & 3 for j in range(4)], dim=2)  # (S, 2, 4, 32)
+    q = (low.reshape(-1, Q6K_BLOCK) | (high.reshape(-1, Q6K_BLOCK) << 4)).reshape(n, k)
+    sc = b[:, 192:208].contiguous().view(torch.int8).reshape(n, -1)
+    d = b[:, 208:210].contiguous().view(torch.float16).float().reshape(n, -1)
+    return q.contiguous(), sc.contiguous(), d.contiguous()
+
+
+def pack_q6_k(q: torch.Tensor, sc: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The q6_k kernel's layout (kernels.h, dot_group_q6k): in interleave4's groups of four rows (zero rows
+    padding N), each 32-value block's 104 bytes: the low nibbles as pack_q4 lays out q4_0's values, 32 bytes of
+    high bits (byte i: row r's value i's top two bits at bits 2r), the 8 scales of the block's two runs (row
+    r's at 2r, 2r + 1): (N4, 13 K / 16) uint8; and d (N4, K / 256) float16 (interleave4's, as scales)."""
+    n, k = q.shape
+    low = pack_q4(q & 0x0F).reshape(-1, k // BLOCK, 64)  # (group, block, 64)
+    h = interleave4((q >> 4).reshape(n, -1, BLOCK)).reshape(-1, k // BLOCK, 4, BLOCK)
+    high = h[:, :, 0] | (h[:, :, 1] << 2) | (h[:, :, 2] << 4) | (h[:, :, 3] << 6)
+    scales = interleave4(sc.view(torch.uint8).reshape(n, -1, 2)).reshape(-1, k // BLOCK, 8)
+    weight = torch.cat([low, high, scales], dim=2).reshape(-1, k * 13 // 16).contiguous()
+    return weight, interleave4(d.reshape(n, -1, 1)).half().contiguous()
+
+
+def unpack_q6_k(weight: torch.Tensor, ds: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """pack_q6_k's inverse: (N4, 13 K / 16), (N4, K / 256) -> (q, sc, d) of the first `rows` rows."""
+    k = weight.size(1) * 16 // 13
+    g = weight.reshape(-1, k // BLOCK, Q6K_GROUP_BYTES)
+    low = unpack_q4(g[:, :, :64].reshape(-1, k // 2), rows)
+    h = g[:, :, 64:96]
+    high = torch.stack([(h >> (2 * r)) & 3 for r in range(4)], dim=2)  # (group, block, row, 32)
+    high = deinterleave4(high.reshape(-1, k), rows, BLOCK).reshape(rows, k)
+    sc = deinterleave4(g[:, :, 96:].reshape(-1, k // BLOCK * 2), rows, 2).reshape(rows, -1)
+    d = deinterleave4(ds.float(), rows, 1).reshape(rows, -1)
+    return low | (high << 4), sc.contiguous().view(torch.int8), d
 
 
 def pack_q4(q: torch.Tensor) -> torch.Tensor:
