@@ -77,15 +77,13 @@ from gptkit.errors import UserError
 from gptkit.settings import FORMATS
 from model import ACTIVATIONS, Block, CacheSlice
 
-# q4_0's widths: its block matrices in four bits; the head, and the token embedding the head is tied to, in
-# llama.cpp's q8_0 (8 bits, an fp16 scale per 32: gguf's q8_0 to the bit), the embedding's lookups reading
-# the same rounded values, so that a GGUF q4_0 file (token_embd in q8_0, as export.py writes it) is this
-# model. Why the head stays at 8 bits: BENCHMARKS.md, "Four-bit weights: quality".
-Q4_HEAD = "q8_0"  # where the head's rows (n_embd) are not a multiple of Q6K_BLOCK
-# ... and where they are, llama.cpp's Q6_K (6.5625 bits a weight, as llama-quantize stores a Q4_0 model's output
-# tensor): a decode step of GPT-2 small then reads 79.8 MB instead of 89.1 (BENCHMARKS.md, "Four-bit weights").
-Q4_HEAD_WIDE_ROWS = "q6_k"
-Q4_HEADS = ("q6_k", "q8_0")  # pack_for_cpu's q4_head choices
+# q4_0's head, and the token embedding the head is tied to, are wider than its blocks: llama.cpp's Q6_K where
+# the head's rows (n_embd) are a multiple of its 256-value super-blocks (6.5625 bits a weight, what llama.cpp's
+# own llama-quantize stores a Q4_0 model's output tensor as), else q8_0 (8.5 bits, gguf's q8_0 to the bit); the
+# embedding's lookups read the same rounded values, so that a GGUF q4_0 file (token_embd in that format, as
+# export.py writes it) is this model. Why not four bits, and what Q6_K gains over q8_0: BENCHMARKS.md,
+# "Four-bit weights (q4_0) on the CPU".
+Q4_HEADS = ("q6_k", "q8_0")  # q4_0's head formats, the preferred first (pack_for_cpu's q4_head)
 Q6K_BLOCK = 256  # q6_k's super-block: 16 runs of 16 weights of a row, an int8 scale each, and one fp16 d
 Q6K_GROUP_BYTES = 104  # a group of four rows' 32-value block in pack_q6_k's layout: 64 + 32 + 8 bytes
 GROUPED = ("int8", "q8_0", "q4_0")  # the formats in the kernels' groups of four rows, with per-block scales
@@ -457,25 +455,33 @@ def deinterleave4(t: torch.Tensor, rows: int, x: int) -> torch.Tensor:
 
 
 class PackedLinear(nn.Module):
-    """An nn.Linear for inference on the CPU, its weight kept as `fmt` (float32, float16, int8, q4_0, or q8_0:
-    int8's kernel with llama.cpp's q8_0 rounding, q4_0's head): products of up to FLOAT32_KERNEL_ROWS rows in
-    float32, SMALL_BATCH in float16, and any number in int8, q8_0 and q4_0 go to the kernels, larger ones (and
-    every one where the kernels cannot run) to torch. A weight whose rows are not a multiple of 32 (the
-    blocks) stays float32, whatever fmt (`kept_float32`). Outputs are float32 whatever the input's dtype. The
-    block formats' weights and scales are stored in the kernels' layout (interleave4, pack_q4); dense_weight()
-    gives them back as a matrix."""
+    """An nn.Linear for inference on the CPU, its weight kept as `fmt` (float32, float16, int8, q4_0; or the
+    heads of q4_0 models: q8_0, int8's kernel with llama.cpp's q8_0 rounding, and q6_k, llama.cpp's Q6_K):
+    products of up to FLOAT32_KERNEL_ROWS rows in float32, SMALL_BATCH in float16, and any number in the block
+    formats go to the kernels, larger ones (and every one where the kernels cannot run) to torch. A weight
+    whose rows are not a multiple of the format's block (32 values; q6_k's 256) stays float32, whatever fmt
+    (`kept_float32`). Outputs are float32 whatever the input's dtype. The block formats' weights and scales
+    are stored in the kernels' layout (interleave4, pack_q4, pack_q6_k); dense_weight() gives them back as a
+    matrix. `quantized`: q6_k's (q, sc, d) for this weight, e.g. a GGUF file's blocks (from_q6_k_blocks),
+    used as they are where they stand for exactly `weight` (else it is quantized anew)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, fmt: str):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, fmt: str,
+                 quantized: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None):
         super().__init__()
-        if fmt not in (*FORMATS, Q4_HEAD):
+        if fmt not in (*FORMATS, *Q4_HEADS):
             raise ValueError(f"unknown weight format {fmt!r}; use one of {', '.join(FORMATS)}")
         self.fmt, self.out_features, self.in_features = fmt, weight.size(0), weight.size(1)
         weight = weight.detach().float().contiguous()
-        self.fast = self.in_features % BLOCK == 0  # the kernels take 32 values at a time
+        # the kernels take 32 values at a time (q6_k: its super-blocks of 256)
+        self.fast = self.in_features % (Q6K_BLOCK if fmt == "q6_k" else BLOCK) == 0
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
         self.register_buffer("scale", None)
-        self.kept_float32 = fmt in GROUPED and not self.fast  # (torch's product, from the float32 weight)
-        if fmt in GROUPED and self.fast:
+        self.kept_float32 = fmt in (*GROUPED, "q6_k") and not self.fast  # (torch's product, from float32)
+        if fmt == "q6_k" and self.fast:
+            if quantized is None or not torch.equal(dequantize_q6_k(*quantized), weight):
+                quantized = quantize_q6_k(weight)
+            weight, self.scale = pack_q6_k(*quantized)  # (the scales: the super-blocks' d, float16 values)
+        elif fmt in GROUPED and self.fast:
             n = self.out_features
             weight, scale = {"int8": quantize_q8, "q8_0": quantize_q8_0, "q4_0": quantize_q4_0}[fmt](weight)
             weight = pack_q4(weight) if fmt == "q4_0" else interleave4(weight.reshape(n, -1, BLOCK))
@@ -492,6 +498,8 @@ class PackedLinear(nn.Module):
         """The weight as float32 (N, K): what the format stores, widened."""
         if self.scale is not None:
             n = self.out_features
+            if self.fmt == "q6_k":
+                return dequantize_q6_k(*unpack_q6_k(self.weight, self.scale, n))
             if self.fmt == "q4_0":
                 values = unpack_q4(self.weight, n).reshape(n, -1, BLOCK).float() - 8
             else:
@@ -511,6 +519,8 @@ class PackedLinear(nn.Module):
             y = k.linear_f16(flat, self.weight, self.bias)
         elif self.fmt == "q4_0":
             y = k.linear_q4(flat, self.weight, self.scale, self.bias, self.out_features)
+        elif self.fmt == "q6_k":
+            y = k.linear_q6k(flat, self.weight, self.scale, self.bias, self.out_features)
         else:
             y = k.linear_q8(flat, self.weight, self.scale, self.bias, self.out_features)
         return y.reshape(*x.shape[:-1], self.out_features)
@@ -566,18 +576,27 @@ class PackedBlock(Block):
 
 
 @torch.no_grad()
-def pack_for_cpu(model: nn.Module, fmt: str = "float32") -> nn.Module:
+def q4_head_format(rows: int, preferred: str = Q4_HEADS[0]) -> str:
+    """q4_0's head format for a head of rows of `rows` values: `preferred` (one of Q4_HEADS), but q8_0 where
+    that is q6_k and the rows are not a multiple of its super-block."""
+    if preferred not in Q4_HEADS:
+        raise ValueError(f"unknown head format {preferred!r} for q4_0; use one of {', '.join(Q4_HEADS)}")
+    return preferred if preferred != "q6_k" or rows % Q6K_BLOCK == 0 else "q8_0"
+
+
+def pack_for_cpu(model: nn.Module, fmt: str = "float32", q4_head: str = Q4_HEADS[0]) -> nn.Module:
     """Swap every Linear of the blocks, and the head, for a PackedLinear in `fmt`, and every block for a
     PackedBlock holding the same submodules (in place; returns the model). The head keeps the real vocabulary's
     rows only (the padding rows are never logits); a tied head is packed from wte's rows, which the embedding
-    keeps as they are, but for q4_0: its head is q8_0 (Q4_HEAD) and its token embedding a PackedEmbedding that
-    reads the same q8_0 rows (the tied head's own; an untied model's, its own), as a GGUF q4_0 file holds
-    them. The blocks' tensors under 2 MiB are then gathered in one mapping of huge pages (gather_in_huge_pages).
+    keeps as they are, but for q4_0: its head is q6_k where n_embd is a multiple of 256, else q8_0
+    (q4_head_format; q4_head="q8_0" keeps q8_0: benchmarks), and its token embedding a PackedEmbedding that
+    reads the same rows (the tied head's own; an untied model's, its own), as a GGUF q4_0 file holds them. The blocks' tensors under 2 MiB are then gathered in one mapping of huge pages (gather_in_huge_pages).
     For inference only: the packed model can no longer be trained, nor saved as a checkpoint of ours.
     Call it after moving the model to float32 on the CPU (model.to would cast the packed weights)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown weight format {fmt!r}; use one of {', '.join(FORMATS)}")
-    head_fmt = Q4_HEAD if fmt == "q4_0" else fmt
+    head_fmt = q4_head_format(model.config.n_embd, q4_head) if fmt == "q4_0" else fmt
+    given = getattr(model, "gguf_q6_k", {})  # a GGUF file's Q6_K blocks (gptkit/gguf_load.py), kept as they are
     for i, block in enumerate(model.transformer.h):
         for parent in (block.attn, block.mlp):
             for name, child in list(parent.named_children()):
@@ -589,17 +608,17 @@ def pack_for_cpu(model: nn.Module, fmt: str = "float32") -> nn.Module:
     if fmt == "float32" and head is model.transformer.wte.weight:  # tied: wte's rows are the head's weight
         head.data = huge_page_copy(head.data)  # so that the packed head reads them in huge pages, uncopied
     tied = head is model.transformer.wte.weight
-    model.lm_head = PackedLinear(head[: model.config.vocab_size], None, head_fmt)
+    model.lm_head = PackedLinear(head[: model.config.vocab_size], None, head_fmt, given.get("lm_head.weight"))
     if fmt == "q4_0" and not model.lm_head.kept_float32:
         rows = model.transformer.wte.weight[: model.config.vocab_size]
-        table = model.lm_head if tied else PackedLinear(rows, None, Q4_HEAD)
+        table = model.lm_head if tied else PackedLinear(rows, None, head_fmt, given.get("transformer.wte.weight"))
         model.transformer.wte = PackedEmbedding(table)  # (the float32 table is freed with the old module)
     return model
 
 
 class PackedEmbedding(nn.Module):
-    """q4_0's token embedding: its rows read from a q8_0 PackedLinear (the tied head itself: no second copy)
-    and widened on lookup, exactly the values that GGUF's q8_0 token_embd stands for. `weight` is an empty
+    """q4_0's token embedding: its rows read from a q6_k or q8_0 PackedLinear (the tied head itself: no second
+    copy) and widened on lookup, exactly the values that GGUF's Q6_K or Q8_0 token_embd stands for. `weight` is an empty
     float32 (0, C) tensor: what code that asks the embedding for the model's device and dtype reads (the KV
     cache's setup, the serving engine); there is no float table."""
 
@@ -613,6 +632,12 @@ class PackedEmbedding(nn.Module):
         self.register_buffer("weight", torch.empty(0, table.in_features), persistent=False)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        if self.table.fmt == "q6_k":  # each token's group of four rows widened, then its own row taken
+            group, row = idx.reshape(-1) // 4, idx.reshape(-1) % 4
+            w = self.q.view(-1, 4, self.q.size(1))[group].reshape(-1, self.q.size(1))
+            ds = self.scale.view(-1, 4, self.scale.size(1))[group].reshape(-1, self.scale.size(1))
+            rows = dequantize_q6_k(*unpack_q6_k(w, ds, w.size(0))).view(-1, 4, self.embedding_dim)
+            return rows[torch.arange(len(group)), row].reshape(*idx.shape, self.embedding_dim)
         blocks = self.embedding_dim // BLOCK
         q = self.q.view(-1, blocks, 4, BLOCK)  # interleave4's (group, block, row, 32)
         s = self.scale.view(-1, blocks, 4)
@@ -660,7 +685,9 @@ def weights_report(model: nn.Module) -> str:
         total -= head_bytes
     parts = [f"blocks {fmt} {size(in_blocks)}"
              + (f" ({in_blocks / as_float32:.2f}x their float32 bytes)" if as_float32 and fmt != "float32" else ""),
-             f"head {head.fmt if not head.kept_float32 else 'float32'} {size(head_bytes)}",
+             f"head {head.fmt if not head.kept_float32 else 'float32'} {size(head_bytes)}"
+             + (f" (rows not a multiple of {Q6K_BLOCK}: not q6_k)" if fmt == "q4_0" and head.fmt == "q8_0"
+                and not head.kept_float32 and head.in_features % Q6K_BLOCK else ""),
              f"embeddings and norms {size(others)}" + (token or " float32")]
     if wide:
         shown = ", ".join(wide[:4]) + (f" and {len(wide) - 4} more" if len(wide) > 4 else "")

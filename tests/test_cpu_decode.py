@@ -925,7 +925,7 @@ def test_the_fused_block_computes_the_model_of_its_dequantized_weights(variant, 
     torch.set_num_threads(threads)
     q4 = pack_for_cpu(copy.deepcopy(trained), "q4_0")
     assert all(isinstance(b, cpu_decode.PackedBlock) and b.fused for b in q4.transformer.h)
-    assert q4.lm_head.fmt == cpu_decode.Q4_HEAD
+    assert q4.lm_head.fmt == "q8_0"  # n_embd 32: not whole q6_k super-blocks
     twin = float_twin(trained, q4)
     g = torch.Generator().manual_seed(rows)
     prompts = torch.randint(67, (rows, 24), generator=g)
@@ -938,8 +938,9 @@ def test_the_fused_block_computes_the_model_of_its_dequantized_weights(variant, 
 @pytest.mark.parametrize("tied", [True, False])
 def test_weights_take_under_0_3x_float32s_bytes_and_the_start_up_line_says_so(tied):
     """The block matrices in q4_0: 4 bits a weight and a 16-bit scale per 32 (0.14x float32's bytes, biases
-    included); the head in q8_0, the token embedding read from the same q8_0 rows (tied: the head's own, no
-    float32 table left); the whole model's weights under 0.3x float32's; what stays wider is said."""
+    included); the head in q6_k (n_embd 256), the token embedding read from the same q6_k rows (tied: the
+    head's own, no float32 table left); the whole model's weights under 0.3x float32's; what stays wider is
+    said, and a head whose rows are not whole q6_k super-blocks stays q8_0, saying why."""
     cfg = GPTConfig(block_size=16, vocab_size=500, vocab_multiple=64, n_layer=2, n_head=4, n_embd=256,
                     tie_embeddings=tied)
     model = GPT(cfg).eval()
@@ -952,18 +953,23 @@ def test_weights_take_under_0_3x_float32s_bytes_and_the_start_up_line_says_so(ti
             assert packed <= 0.3 * 4 * m.in_features * m.out_features, name
     embedding = model.transformer.wte
     assert isinstance(embedding, cpu_decode.PackedEmbedding) and (embedding.table is model.lm_head) == tied
+    assert model.lm_head.fmt == "q6_k" and model.lm_head.weight.numel() == 500 * 256 * 13 // 16  # 6.5 bits
+    assert model.lm_head.scale.numel() == 500  # one fp16 d per 256 weights
     ids = torch.tensor([[0, 3, 499], [7, 7, 256]])
-    q, scale = cpu_decode.quantize_q8_0(wte[ids.flatten()])
-    assert torch.equal(embedding(ids), (q.reshape(6, -1, BLOCK) * scale[..., None]).reshape(2, 3, 256))
+    wanted = cpu_decode.dequantize_q6_k(*cpu_decode.quantize_q6_k(wte[:500]))  # (the rows' quantizer: per row)
+    assert torch.equal(embedding(ids), wanted[ids])
     tensors = {id(t): t for m in model.modules() for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))}
     tensors.update({id(t): t for t in (embedding.q, embedding.scale)})
     assert sum(t.numel() * t.element_size() for t in tensors.values()) <= 0.3 * float32_bytes
     report = cpu_decode.weights_report(model)
-    assert "blocks q4_0" in report and "0.14x their float32 bytes" in report and "head q8_0" in report
+    assert "blocks q4_0" in report and "0.14x their float32 bytes" in report and "head q6_k 105.0 kB" in report  # 6.5625 bits a weight
     assert ("the head's own rows" in report) == tied
     odd = pack_for_cpu(GPT(GPTConfig(block_size=16, vocab_size=50, n_layer=1, n_head=2, n_embd=40)).eval(), "q4_0")
     report = cpu_decode.weights_report(odd)
     assert "4 kept float32" in report and "rows not a multiple of 32" in report and "h.0.attn.c_attn" in report
+    narrow = pack_for_cpu(GPT(GPTConfig(block_size=16, vocab_size=50, n_layer=1, n_head=2, n_embd=64)).eval(), "q4_0")
+    assert narrow.lm_head.fmt == "q8_0" and narrow.transformer.wte.table is narrow.lm_head
+    assert "head q8_0 3.5 kB (rows not a multiple of 256: not q6_k)" in cpu_decode.weights_report(narrow)
 
 
 def test_sample_py_decodes_a_q4_0_gguf_file_as_the_checkpoint(kernels, trained, ckpt, capsys, tmp_path):
