@@ -774,13 +774,14 @@ def test_the_products_benchmark_prints_a_row_per_matrix_and_rows(kernels, capsys
 
 def test_the_kernels_ab_benchmark_times_both_formats_and_refuses_a_bad_baseline(kernels, capsys, tmp_path):
     """benchmarks/kernels_ab.py: this checkout's products alone (a baseline's build is a compile: by hand), a
-    row with both formats and their ratio; a folder without the kernels' sources is a one-line error."""
+    row with the formats (int8, q4_0 with a q8_0 and with a q6_k head) and q4_0's ratios to int8; a folder without the kernels' sources is a one-line error."""
     from benchmarks import kernels_ab
 
     kernels_ab.main(["--layers=1", "--steps=2", "--vocab=64", "--tokens=0"])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| new |")]
-    assert len(rows) == 1 and rows[0].count("|") == 7
-    assert re.search(r"\| [\d.]+ / \*\*[\d.]+x\*\* / [\d.]+ \|$", rows[0])  # q4_0's speed over int8's
+    assert len(rows) == 1 and rows[0].count("|") == 10  # int8, q4_0 with either head: ms and MB, GB/s each
+    ratio = r"[\d.]+ / \*\*[\d.]+x\*\* / [\d.]+"
+    assert re.search(rf"\| {ratio} \| {ratio} \|$", rows[0])  # q4_0's speed over int8's, with either head
     with pytest.raises(SystemExit, match="no gptkit/csrc/kernels.h there"):
         kernels_ab.main([f"--baseline={tmp_path}", "--tokens=0"])
 
