@@ -5,7 +5,7 @@ four-bit (q4_0) weights.
     pack_for_cpu(model, "float32")     # in place: every block Linear and the head; the same weights, read faster
                                        # (sample.py, chat.py and serve.py do this by default on the CPU)
     pack_for_cpu(model, "int8")        # about a quarter of the bytes per token: --quantize int8 in sample/chat/serve
-    pack_for_cpu(model, "q4_0")        # four-bit blocks, the head in q8_0: --quantize q4_0
+    pack_for_cpu(model, "q4_0")        # four-bit blocks, the head in q6_k (or q8_0): --quantize q4_0
 
 Why kernels of our own. Decoding one token reads every weight once (GPT-2 small: 500 MB in float32), so its
 speed is the memory bandwidth its matrix-vector products draw. torch's float32 product of one row streams
@@ -43,9 +43,14 @@ units, multiplied against the q8 activations by the same dot-product instruction
 its unsigned operand as it is; 8 times the activations' sum is taken off), in the same fused block call.
 The name is the format's own, the one GGUF and llama.cpp use (export.py --dtype q4_0 writes the same blocks):
 the scale is an fp16 value, stored as one (4.5 bits a weight, the file's; q8_0's scales too), widened in the
-kernel as it is read (a decode step is bound by the bytes it reads). q4_0 keeps the head in q8_0 (Q4_HEAD) and
-reads the token embedding from the same rows (PackedEmbedding); a matrix whose rows are not a multiple of 32
-stays float32 (weights_report, on the start-up line, says so).
+kernel as it is read (a decode step is bound by the bytes it reads). q4_0 keeps the head wider (Q4_HEADS) and
+reads the token embedding from the same rows (PackedEmbedding): in llama.cpp's Q6_K where n_embd is a multiple
+of 256, as llama.cpp's own llama-quantize stores a Q4_0 model's output (6.5625 bits a weight: super-blocks of
+256 weights of a row, a 6-bit q and an int8 scale per run of 16, one fp16 d; weight = d sc (q - 32)), else in
+q8_0. q6_k's groups of four rows hold, per 32-value block, the low nibbles as q4_0's, the top two bits of the
+four rows a byte and the block's 8 run scales (pack_q6_k): unpacked in registers by masks and shifts, the
+dot-product lanes summing four values of one run, each lane scaled by its run's d sc. A matrix whose rows are
+not a multiple of 32 stays float32 (weights_report, on the start-up line, says so, and why a head is q8_0).
 
 The CPU at hand. gptkit/csrc/kernels.h is compiled twice into one library (gptkit/csrc/cpu_decode.cpp):
 for AVX-512 (F, BW, VL and VNNI: float16 16 values a step, int8 dot products in one instruction) and for
