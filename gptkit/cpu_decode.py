@@ -322,8 +322,9 @@ def quantize_q6_k(w: torch.Tensor, search: int = 2) -> tuple[torch.Tensor, torch
     -search..search, the integers rounded and clamped to -32..31, and of each candidate the least-squares scale
     weighted by x^2 (the error of large weights counts most) kept where it fits best; then the super-block's d
     = its run scale of largest magnitude / -128, rounded to fp16, each sc = round(scale / d) (at most 127) and
-    each q rounded again against d sc, the scale the file holds. A million weights at a time (GPT-2 small's
-    head in a few seconds). Not idempotent (a search): a GGUF file's Q6_K blocks are carried as they are
+    each q rounded again against d sc, the scale the file holds. A million weights at a time, on one thread:
+    its many small operations, on two threads with another process busy on the second core, took many times
+    as long (BENCHMARKS.md, "Four-bit weights": "q4_0's head in q6_k"). Not idempotent (a search): a GGUF file's Q6_K blocks are carried as they are
     (PackedLinear's `quantized`), not quantized again."""
     n, k = w.shape
     if k % Q6K_BLOCK:
@@ -332,36 +333,46 @@ def quantize_q6_k(w: torch.Tensor, search: int = 2) -> tuple[torch.Tensor, torch
     sc = torch.empty(n, k // 16, dtype=torch.int8)
     d = torch.empty(n, k // Q6K_BLOCK)
     step = max(1, (1 << 20) // k)  # rows a chunk: ~1M weights
-    for lo in range(0, n, step):
-        rows = min(step, n - lo)
-        x = w[lo : lo + rows].detach().float().reshape(-1, 16)  # the runs
-        top = x.gather(-1, x.abs().argmax(dim=-1, keepdim=True))
-        inv = torch.where(top == 0, 0.0, -1 / top)
-        weight = x * x
-        wx = weight * x
-        best, scale = torch.full_like(top, -1.0), torch.zeros_like(top)
-        ell = torch.empty_like(x)
-        for c in range(-search, search + 1):
-            torch.mul(x, inv * (32 + 0.1 * c), out=ell)
-            ell.round_().clamp_(-32, 31)
-            sumlx = torch.linalg.vecdot(wx, ell).unsqueeze(-1)
-            suml2 = torch.linalg.vecdot(weight, ell.mul_(ell)).unsqueeze(-1).clamp_min_(1e-30)
-            fit = sumlx * sumlx / suml2  # the squared error this candidate takes off, at its best scale
-            better = fit > best
-            best = torch.where(better, fit, best)
-            scale = torch.where(better, sumlx / suml2, scale)
-        runs = scale.reshape(-1, Q6K_BLOCK // 16)  # (super-blocks, 16)
-        biggest = runs.gather(-1, runs.abs().argmax(dim=-1, keepdim=True))
-        iscale = torch.where(biggest == 0, 0.0, -128 / biggest)
-        dd = torch.where(iscale == 0, 0.0, 1 / iscale).half().float()
-        s = torch.round(iscale * runs).clamp_(-128, 127)
-        run = (dd * s).reshape(-1, 1)  # each run's d sc, as the file's values give it
-        torch.div(x, torch.where(run == 0, 1.0, run), out=ell)
-        ell.round_().clamp_(-32, 31).masked_fill_(run == 0, 0.0)
-        q[lo : lo + rows] = ell.add_(32).to(torch.uint8).reshape(rows, k)
-        sc[lo : lo + rows] = s.to(torch.int8).reshape(rows, -1)
-        d[lo : lo + rows] = dd.reshape(rows, -1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for lo in range(0, n, step):
+            _quantize_q6_k_rows(w[lo : lo + step], search, q[lo : lo + step], sc[lo : lo + step], d[lo : lo + step])
+    finally:
+        torch.set_num_threads(threads)
     return q, sc, d
+
+
+def _quantize_q6_k_rows(w: torch.Tensor, search: int, q: torch.Tensor, sc: torch.Tensor, d: torch.Tensor) -> None:
+    """quantize_q6_k of a chunk of rows, into q, sc and d."""
+    rows, k = w.shape
+    x = w.detach().float().reshape(-1, 16)  # the runs
+    top = x.gather(-1, x.abs().argmax(dim=-1, keepdim=True))
+    inv = torch.where(top == 0, 0.0, -1 / top)
+    weight = x * x
+    wx = weight * x
+    best, scale = torch.full_like(top, -1.0), torch.zeros_like(top)
+    ell = torch.empty_like(x)
+    for c in range(-search, search + 1):
+        torch.mul(x, inv * (32 + 0.1 * c), out=ell)
+        ell.round_().clamp_(-32, 31)
+        sumlx = torch.linalg.vecdot(wx, ell).unsqueeze(-1)
+        suml2 = torch.linalg.vecdot(weight, ell.mul_(ell)).unsqueeze(-1).clamp_min_(1e-30)
+        fit = sumlx * sumlx / suml2  # the squared error this candidate takes off, at its best scale
+        better = fit > best
+        best = torch.where(better, fit, best)
+        scale = torch.where(better, sumlx / suml2, scale)
+    runs = scale.reshape(-1, Q6K_BLOCK // 16)  # (super-blocks, 16)
+    biggest = runs.gather(-1, runs.abs().argmax(dim=-1, keepdim=True))
+    iscale = torch.where(biggest == 0, 0.0, -128 / biggest)
+    dd = torch.where(iscale == 0, 0.0, 1 / iscale).half().float()
+    s = torch.round(iscale * runs).clamp_(-128, 127)
+    run = (dd * s).reshape(-1, 1)  # each run's d sc, as the file's values give it
+    torch.div(x, torch.where(run == 0, 1.0, run), out=ell)
+    ell.round_().clamp_(-32, 31).masked_fill_(run == 0, 0.0)
+    q.copy_(ell.add_(32).to(torch.uint8).reshape(rows, k))
+    sc.copy_(s.to(torch.int8).reshape(rows, -1))
+    d.copy_(dd.reshape(rows, -1))
 
 
 def dequantize_q6_k(q: torch.Tensor, sc: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
