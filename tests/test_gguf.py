@@ -290,6 +290,7 @@ def test_a_q4_0_file_with_q6_k_head_reads_back_exactly(tmp_path, tied):
     """n_embd 256: the q4_0 file holds token_embd (and an untied head's output) as Q6_K, as llama-quantize
     would; read back and packed with --quantize=q4_0 it is our own q4_0 model (head q6_k), logit for logit:
     the file's Q6_K blocks are packed as they are."""
+    from gptkit import cpu_decode
     from gptkit.cpu_decode import pack_for_cpu
     from gptkit.gguf_load import load_gguf
 
@@ -301,6 +302,9 @@ def test_a_q4_0_file_with_q6_k_head_reads_back_exactly(tmp_path, tied):
     assert result.head.startswith("token embedding q6_k")
     back, _, what = load_gguf(result.path)
     assert "q6_k" in what and sorted(back.gguf_q6_k) == ["lm_head.weight", "transformer.wte.weight"]
+    blocks = back.gguf_q6_k["transformer.wte.weight"]  # quantized again, the file's values give other blocks:
+    again = cpu_decode.quantize_q6_k(cpu_decode.dequantize_q6_k(*blocks))  # (the quantizer searches)
+    assert not all(torch.equal(a, b) for a, b in zip(again, blocks))  # so the loader must carry them
     assert pack_for_cpu(copy.deepcopy(back), "q4_0").lm_head.fmt == "q6_k"
     ids = tokenizer.encode(CHARS_TEXT)[:32]
     assert torch.equal(packed_logits(back, "q4_0", ids), packed_logits(model, "q4_0", ids))
