@@ -97,12 +97,12 @@ def quantile(values: list[float], q: float) -> float:
 
 
 def base_layout(layers: list) -> None:
-    """In place: float32 scales and every tensor copied out of any shared arena, into huge pages only where it
-    is 2 MiB or more by itself (huge_page_copy), as pack_for_cpu laid a model out before."""
+    """In place: float32 scales (q6_k's stay float16) and every tensor copied out of any shared arena, into huge
+    pages only where it is 2 MiB or more by itself (huge_page_copy), as pack_for_cpu laid a model out before."""
     for m in layers:
         m.weight = cpu_decode.huge_page_copy(m.weight.clone())
-        if m.scale is not None:
-            m.scale = m.scale.float().clone()
+        if m.scale is not None:  # (q6_k's d's are float16 in every checkout that has it)
+            m.scale = m.scale.clone() if m.fmt == "q6_k" else m.scale.float().clone()
         if m.bias is not None:
             m.bias = m.bias.clone()
 

@@ -518,10 +518,14 @@ static void q4_rows(const int8_t* XQ, const float* XS, int64_t M, int64_t K, con
 // the run. Packed: as stored, unpacked in registers; else a group unpacked once for all the rows of a batch
 // (unpack_group_q6k: 128 bytes a block, the values as unsigned bytes, and the 8 d sc as floats): the same
 // integers and floats in the same order, the same results to the bit.
-static inline __m256 q6k_run_scales(const uint8_t* blk, const at::Half* ds) {  // the 8 runs' d sc, as floats
+// A super-block's d of the group's four rows, each twice (the order of a block's 8 run scales), as floats.
+static inline __m256 q6k_d8(const at::Half* ds) {
+  return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(scales4(ds)), _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+}
+
+static inline __m256 q6k_run_scales(const uint8_t* blk, __m256 d8) {  // a block's 8 runs' d sc, as floats
   const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 96))));
-  const __m256 d = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(scales4(ds)), _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
-  return _mm256_mul_ps(sc, d);
+  return _mm256_mul_ps(sc, d8);
 }
 
 static inline void unpack_group_q6k(const uint8_t* w, const at::Half* ds, int64_t B, uint8_t* out, float* fs) {
@@ -538,7 +542,7 @@ static inline void unpack_group_q6k(const uint8_t* w, const at::Half* ds, int64_
     _mm256_storeu_si256(o + 2, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v02, 4), nibble), _mm256_and_si256(h, top)));
     _mm256_storeu_si256(o + 3, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v13, 4), nibble),
                                                _mm256_and_si256(_mm256_srli_epi16(h, 2), top)));
-    _mm256_storeu_ps(fs + 8 * b, q6k_run_scales(blk, ds + 4 * (b / 8)));
+    _mm256_storeu_ps(fs + 8 * b, q6k_run_scales(blk, q6k_d8(ds + 4 * (b / 8))));
   }
 }
 
@@ -553,6 +557,7 @@ static inline void dot_group_q6k(const uint8_t* w, const at::Half* ds, const flo
   const __m512i up01 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
   const __m512i down23 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
   __m512 a01 = _mm512_setzero_ps(), a23 = a01, b01 = a01, b23 = a01;
+  __m256 d8 = _mm256_setzero_ps();  // the super-block's d's (Packed)
   auto step = [&](int64_t b, __m512& c01, __m512& c23) {
     const __m512i xv = _mm512_broadcast_i64x4(load32(x + 32 * b));
     const __m512i corr = _mm512_mask_set1_epi32(_mm512_maskz_set1_epi32(0x0101, xc[2 * b]), 0x1010, xc[2 * b + 1]);
@@ -561,13 +566,12 @@ static inline void dot_group_q6k(const uint8_t* w, const at::Half* ds, const flo
     if constexpr (Packed) {
       const uint8_t* blk = w + 104 * b;
       ahead(blk); ahead(blk + 64);
-      if (b % 8 == 0) ahead(ds + 4 * (b / 8), PREFETCH_AHEAD / 104);
       const __m512i v = _mm512_loadu_si512(blk);
       const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64)));
       w01 = _mm512_or_si512(_mm512_and_si512(v, nibble), _mm512_and_si512(_mm512_sllv_epi16(h, up01), top));
       w23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), nibble),
                             _mm512_and_si512(_mm512_srlv_epi16(h, down23), top));
-      runs = q6k_run_scales(blk, ds + 4 * (b / 8));
+      runs = q6k_run_scales(blk, d8);
     } else {
       w01 = _mm512_loadu_si512(w + 128 * b), w23 = _mm512_loadu_si512(w + 128 * b + 64);
       runs = _mm256_loadu_ps(fs + 8 * b);
@@ -577,9 +581,10 @@ static inline void dot_group_q6k(const uint8_t* w, const at::Half* ds, const flo
     c01 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d01), _mm512_permutexvar_ps(lanes01, s), c01);
     c23 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d23), _mm512_permutexvar_ps(lanes23, s), c23);
   };
-  int64_t b = 0;
-  for (; b + 2 <= B; b += 2) { step(b, a01, a23); step(b + 1, b01, b23); }
-  if (b < B) step(b, a01, a23);
+  for (int64_t sb = 0; sb < B; sb += 8) {  // super-blocks of 8 blocks (K is a multiple of 256)
+    if constexpr (Packed) { d8 = q6k_d8(ds + sb / 2); ahead(ds + sb / 2, PREFETCH_AHEAD / 104); }
+    for (int64_t b = sb; b < sb + 8; b += 2) { step(b, a01, a23); step(b + 1, b01, b23); }
+  }
   a01 = _mm512_add_ps(a01, b01); a23 = _mm512_add_ps(a23, b23);
   hsum4(_mm512_castps512_ps256(a01), high8(a01), _mm512_castps512_ps256(a23), high8(a23), out);
 }
@@ -599,7 +604,9 @@ static inline void dot_group_q6k(const uint8_t* w, const at::Half* ds, const flo
   const __m256i r0 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), r1 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
   const __m256i r2 = _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5), r3 = _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7);
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  __m256 d8 = _mm256_setzero_ps();  // the super-block's d's (Packed)
   for (int64_t b = 0; b < B; b++) {
+    if (Packed && b % 8 == 0) { d8 = q6k_d8(ds + b / 2); ahead(ds + b / 2, PREFETCH_AHEAD / 104); }
     const __m256i xv = load32(x + 32 * b);
     const __m256i corr = _mm256_setr_epi32(xc[2 * b], 0, 0, 0, xc[2 * b + 1], 0, 0, 0);
     __m256i w0, w1, w2, w3;
@@ -607,7 +614,6 @@ static inline void dot_group_q6k(const uint8_t* w, const at::Half* ds, const flo
     if constexpr (Packed) {
       const uint8_t* blk = w + 104 * b;
       ahead(blk); ahead(blk + 64);
-      if (b % 8 == 0) ahead(ds + 4 * (b / 8), PREFETCH_AHEAD / 104);
       const __m256i v02 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk));
       const __m256i v13 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32));
       const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64));
@@ -616,7 +622,7 @@ static inline void dot_group_q6k(const uint8_t* w, const at::Half* ds, const flo
       w2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v02, 4), nibble), _mm256_and_si256(h, top));
       w3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v13, 4), nibble),
                            _mm256_and_si256(_mm256_srli_epi16(h, 2), top));
-      runs = q6k_run_scales(blk, ds + 4 * (b / 8));
+      runs = q6k_run_scales(blk, d8);
     } else {
       const uint8_t* u = w + 128 * b;
       w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u));
