@@ -612,7 +612,13 @@ def pack_for_cpu(model: nn.Module, fmt: str = "float32", q4_head: str = Q4_HEADS
     if fmt not in FORMATS:
         raise ValueError(f"unknown weight format {fmt!r}; use one of {', '.join(FORMATS)}")
     head_fmt = q4_head_format(model.config.n_embd, q4_head) if fmt == "q4_0" else fmt
-    given = getattr(model, "gguf_q6_k", {})  # a GGUF file's Q6_K blocks (gptkit/gguf_load.py), kept as they are
+    # A GGUF file's Q6_K blocks (gptkit/gguf_load.py: the file's bytes), packed as they are; taken off the model
+    given = model.__dict__.pop("gguf_q6_k", None) or {}
+
+    def carried(key: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        raw = given.get(key)
+        return None if raw is None else from_q6_k_blocks(torch.tensor(raw, dtype=torch.uint8), model.config.n_embd)
+
     for i, block in enumerate(model.transformer.h):
         for parent in (block.attn, block.mlp):
             for name, child in list(parent.named_children()):
@@ -624,10 +630,11 @@ def pack_for_cpu(model: nn.Module, fmt: str = "float32", q4_head: str = Q4_HEADS
     if fmt == "float32" and head is model.transformer.wte.weight:  # tied: wte's rows are the head's weight
         head.data = huge_page_copy(head.data)  # so that the packed head reads them in huge pages, uncopied
     tied = head is model.transformer.wte.weight
-    model.lm_head = PackedLinear(head[: model.config.vocab_size], None, head_fmt, given.get("lm_head.weight"))
+    model.lm_head = PackedLinear(head[: model.config.vocab_size], None, head_fmt,
+                                 carried("lm_head.weight") if head_fmt == "q6_k" else None)
     if fmt == "q4_0" and not model.lm_head.kept_float32:
         rows = model.transformer.wte.weight[: model.config.vocab_size]
-        table = model.lm_head if tied else PackedLinear(rows, None, head_fmt, given.get("transformer.wte.weight"))
+        table = model.lm_head if tied else PackedLinear(rows, None, head_fmt, carried("transformer.wte.weight"))
         model.transformer.wte = PackedEmbedding(table)  # (the float32 table is freed with the old module)
     return model
 

@@ -22,7 +22,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gptkit import cpu_decode
 from gptkit.cli import one_line
 from gptkit.errors import DataError, UserError
 from gptkit.gguf import ARCH, CONFIG_KEY, TOKENIZER_KEY, _import_gguf
@@ -50,7 +49,7 @@ def gguf_state_dict(reader, model: GPT, q6_k: dict | None = None) -> dict[str, t
     """The file's tensors under our state_dict names, in float32, shaped as `model`'s (the vocabulary's
     padding rows, which the file leaves out and no logit reads, as zeros). The zero biases the file holds for
     a model without biases (llama.cpp's gpt2 needs them) are checked and dropped. The Q6_K matrices' blocks
-    go into `q6_k` too, under the same names, as cpu_decode.from_q6_k_blocks gives them."""
+    go into `q6_k` too, under the same names, as the file's bytes (rows, 210 per 256 weights)."""
     gguf = _import_gguf()
     T = gguf.MODEL_TENSOR
     top = {T.TOKEN_EMBD: "transformer.wte", T.POS_EMBD: "transformer.wpe", T.OUTPUT_NORM: "transformer.ln_f",
@@ -85,8 +84,7 @@ def gguf_state_dict(reader, model: GPT, q6_k: dict | None = None) -> dict[str, t
             raise GGUFLoadError(f"the file's {tensor.name} is {tuple(values.shape)}, the model's {tuple(want)}")
         out[key] = values
         if tensor.tensor_type == gguf.GGMLQuantizationType.Q6_K and q6_k is not None:
-            raw = torch.from_numpy(np.array(tensor.data, dtype=np.uint8))
-            q6_k[key] = cpu_decode.from_q6_k_blocks(raw, values.shape[1])
+            q6_k[key] = tensor.data  # (a view of the mapped file: no copy until pack_for_cpu reads it)
     if model.config.tie_embeddings and "transformer.wte.weight" in out:
         out["lm_head.weight"] = out["transformer.wte.weight"]  # tied: llama.cpp reuses token_embd as the head
         if q6_k is not None and "transformer.wte.weight" in q6_k:
@@ -125,8 +123,8 @@ def load_gguf(path: str | Path) -> tuple[GPT, Tokenizer, str]:
         raise GGUFLoadError(f"{p}: its model description is unusable: {one_line(e)}") from None
     q6_k: dict = {}
     model.load_state_dict(gguf_state_dict(reader, model, q6_k))
-    if q6_k:  # q4_0's head and token embedding: packed from these very blocks (cpu_decode.pack_for_cpu)
-        model.gguf_q6_k = q6_k
+    if q6_k:  # q4_0's head and token embedding: packed from these very blocks (cpu_decode.pack_for_cpu, which
+        model.gguf_q6_k = q6_k  # takes them off the model)
     types = sorted({t.tensor_type.name for t in reader.tensors if len(t.shape) > 1})
     # The blocks' format, for --quantize=auto (gptkit/inference.py): a q4_0 file decodes as its own blocks.
     model.gguf_dtype = "q4_0" if "Q4_0" in types else None

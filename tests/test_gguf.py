@@ -302,10 +302,11 @@ def test_a_q4_0_file_with_q6_k_head_reads_back_exactly(tmp_path, tied):
     assert result.head.startswith("token embedding q6_k")
     back, _, what = load_gguf(result.path)
     assert "q6_k" in what and sorted(back.gguf_q6_k) == ["lm_head.weight", "transformer.wte.weight"]
-    blocks = back.gguf_q6_k["transformer.wte.weight"]  # quantized again, the file's values give other blocks:
-    again = cpu_decode.quantize_q6_k(cpu_decode.dequantize_q6_k(*blocks))  # (the quantizer searches)
-    assert not all(torch.equal(a, b) for a, b in zip(again, blocks))  # so the loader must carry them
-    assert pack_for_cpu(copy.deepcopy(back), "q4_0").lm_head.fmt == "q6_k"
+    blocks = cpu_decode.from_q6_k_blocks(torch.tensor(back.gguf_q6_k["transformer.wte.weight"]), 256)
+    again = cpu_decode.quantize_q6_k(cpu_decode.dequantize_q6_k(*blocks))  # quantized again, the file's values
+    assert not all(torch.equal(a, b) for a, b in zip(again, blocks))  # give other blocks: the loader carries them
+    packed = pack_for_cpu(copy.deepcopy(back), "q4_0")
+    assert packed.lm_head.fmt == "q6_k" and not hasattr(packed, "gguf_q6_k")  # used, then let go
     ids = tokenizer.encode(CHARS_TEXT)[:32]
     assert torch.equal(packed_logits(back, "q4_0", ids), packed_logits(model, "q4_0", ids))
 
