@@ -9,10 +9,11 @@ pack_for_cpu's q4_head), batch 1, GPT-2 small's shape, random weights. Prints tw
 1. A decode step's products: the 48 block matrices of 12 layers (768 x 2304, 768 x 768, 768 x 3072, 3072 x 768,
    each layer's its own weights) and the head (50,257 x 768: int8's own format for int8, q8_0 or q6_k for
    q4_0), one activation row, called in a decode step's order: about 139 MB (int8), 89 MB (q4_0, head q8_0)
-   and 80 MB (q4_0, head q6_k) a step, read from memory as a token reads them. The steps of every (kernels, format) pair
-   run in turn, --steps times each; each cell is the 10th percentile and the median of its steps, GB/s the
-   step's bytes (weights and scales, as that side stores them) over the 10th percentile, and each ratio is
-   taken step by step (neighbours in time) and shown as its 10th, 50th and 90th percentiles.
+   and 80 MB (q4_0, head q6_k) a step, read from memory as a token reads them. The steps of every (kernels,
+   format) pair run in turn, --steps times each; each cell is the 10th percentile and the median of its
+   steps, MB the step's bytes (weights and scales, as that side stores them) and GB/s those over the 10th
+   percentile, and each ratio is taken step by step (neighbours in time) and shown as its 10th, 50th and
+   90th percentiles.
 2. Whole decodes: the packed model (pack_for_cpu) decoding --tokens greedy tokens through generate_stream, as
    sample.py does, --rounds interleaved rounds (benchmarks/rounds.py): tokens/s, median (range).
 
@@ -184,7 +185,8 @@ def packed_models(sides: list[Side]) -> dict[tuple[str, str], GPT]:
     out = {}
     for fmt, (blocks, head) in FORMATS.items():
         for side in (s for s in sides if fmt in s.formats):
-            packed = cpu_decode.pack_for_cpu(copy.deepcopy(model), blocks, q4_head=head if blocks == "q4_0" else "q6_k")
+            q4_head = head if blocks == "q4_0" else cpu_decode.Q4_HEADS[0]
+            packed = cpu_decode.pack_for_cpu(copy.deepcopy(model), blocks, q4_head=q4_head)
             if side.name != "new":
                 base_layout([m for m in packed.modules() if isinstance(m, cpu_decode.PackedLinear)])
                 for block in packed.transformer.h:

@@ -324,8 +324,8 @@ def quantize_q6_k(w: torch.Tensor, search: int = 2) -> tuple[torch.Tensor, torch
     = its run scale of largest magnitude / -128, rounded to fp16, each sc = round(scale / d) (at most 127) and
     each q rounded again against d sc, the scale the file holds. A million weights at a time, on one thread:
     its many small operations, on two threads with another process busy on the second core, took many times
-    as long (BENCHMARKS.md, "Four-bit weights": "q4_0's head in q6_k"). Not idempotent (a search): a GGUF file's Q6_K blocks are carried as they are
-    (PackedLinear's `quantized`), not quantized again."""
+    as long (BENCHMARKS.md, "Four-bit weights", "q4_0's head in Q6_K"). Not idempotent (a search): a GGUF
+    file's Q6_K blocks are carried as they are (PackedLinear's `quantized`), not quantized again."""
     n, k = w.shape
     if k % Q6K_BLOCK:
         raise ValueError(f"q6_k needs rows of a multiple of {Q6K_BLOCK} values, not {k}")
@@ -606,7 +606,8 @@ def pack_for_cpu(model: nn.Module, fmt: str = "float32", q4_head: str = Q4_HEADS
     rows only (the padding rows are never logits); a tied head is packed from wte's rows, which the embedding
     keeps as they are, but for q4_0: its head is q6_k where n_embd is a multiple of 256, else q8_0
     (q4_head_format; q4_head="q8_0" keeps q8_0: benchmarks), and its token embedding a PackedEmbedding that
-    reads the same rows (the tied head's own; an untied model's, its own), as a GGUF q4_0 file holds them. The blocks' tensors under 2 MiB are then gathered in one mapping of huge pages (gather_in_huge_pages).
+    reads the same rows (the tied head's own; an untied model's, its own), as a GGUF q4_0 file holds them.
+    The blocks' tensors under 2 MiB are then gathered in one mapping of huge pages (gather_in_huge_pages).
     For inference only: the packed model can no longer be trained, nor saved as a checkpoint of ours.
     Call it after moving the model to float32 on the CPU (model.to would cast the packed weights)."""
     if fmt not in FORMATS:

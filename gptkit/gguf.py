@@ -85,8 +85,8 @@ def export_gguf(
     dtype: the matrices' type, f32, f16, q8_0 or q4_0 (norms, biases and the position table stay f32, as
     llama.cpp's converter keeps them; q4_0's token embedding, which is also a tied head, and an untied head
     are Q6_K where n_embd is a multiple of 256, as llama.cpp's llama-quantize stores them, else q8_0: the
-    model that `--quantize=q4_0` decodes, gptkit/cpu_decode.py's q4_head_format). chat_template: a Jinja chat template for
-    tokenizer.chat_template (a chat model's). The file also carries the model's config and tokenizer under
+    model that `--quantize=q4_0` decodes, gptkit/cpu_decode.py's q4_head_format). chat_template: a Jinja
+    chat template for tokenizer.chat_template (a chat model's). The file also carries the model's config and tokenizer under
     our own keys, so that our scripts read it back (gptkit/gguf_load.py).
     An existing file is refused unless overwrite=True; it is replaced only once the new one is complete.
     """
@@ -131,9 +131,8 @@ def export_gguf(
             writer.close()
     head = ""
     if dtype == "q4_0":
-        head_type = {name: qtype.name.lower() for name, _, qtype in tensors if name.startswith(("token_embd.", "output."))}
-        head = ", ".join(f"{'head' if name.startswith('output') else 'token embedding'} {t}"
-                         for name, t in head_type.items())
+        head = ", ".join(f"{'head' if name.startswith('output') else 'token embedding'} {qtype.name.lower()}"
+                         for name, _, qtype in tensors if name.startswith(("token_embd.", "output.")))
     return GGUFExport(out, dtype, vocab.description, fallback, head)
 
 
