@@ -1099,3 +1099,21 @@ def test_a_q4_0_model_with_a_q6_k_head_is_the_model_of_its_dequantized_weights(v
     # their range measured, as much as with a q8_0 head: 0.8-1.0%); a wrong run scale would move them far more
     assert (got - reference).abs().max() < 2e-2 * (reference.max() - reference.min())
     assert pack_for_cpu(copy.deepcopy(model), "q4_0", q4_head="q8_0").lm_head.fmt == "q8_0"
+
+
+def test_a_compiled_decode_step_calls_the_q6_k_head_without_recompiling(kernels):
+    """linear_q6k has its fake shape too: a compiled decode step of a q4_0 model with a q6_k head traces whole
+    (fullgraph, the eager backend as in the test above) and decodes the eager model's tokens."""
+    import torch._dynamo
+
+    torch.manual_seed(5)
+    model = GPT(GPTConfig(block_size=32, vocab_size=67, n_layer=1, n_head=4, n_embd=256, dropout=0.0)).eval()
+    q4 = pack_for_cpu(model, "q4_0")
+    assert q4.lm_head.fmt == "q6_k"
+    prompt = counting_sequences(1, 4, 67, "cpu")
+    reference = generate(q4, prompt, 6, GREEDY)
+    torch._dynamo.reset()
+    compiled = torch.compile(decode_step, backend="eager", fullgraph=True, dynamic=False)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        assert torch.equal(generate(q4, prompt, 6, GREEDY, step_fn=compiled), reference)
+    torch._dynamo.reset()
