@@ -50,8 +50,9 @@ class ExportConfig:
                           ("hf", "gguf", "pt"))
     out: str = setting("", "what to write: the folder (--format hf) or the file (gguf, pt)")
     dtype: str | None = setting(None, "--format gguf: the file's weights, f32 (auto), f16 (half the size), q8_0 "
-                                      "(8-bit, about a quarter) or q4_0 (4-bit blocks, the token embedding in "
-                                      "q8_0), each faster to decode in llama.cpp", GGUF_DTYPES)
+                                      "(8-bit, about a quarter) or q4_0 (4-bit blocks, the token embedding and "
+                                      "head in Q6_K where n_embd is a multiple of 256, else q8_0), each faster "
+                                      "to decode in llama.cpp", GGUF_DTYPES)
     overwrite: bool = setting(False, "allow writing into a non-empty folder (--format hf), or over a file")
     ALIASES_TITLE = "other spellings"
     ALIASES = {"to": Alias("out", "the folder to write (--format hf)")}
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
         except OSError as e:  # writing the file: e.g. no permission, a full disk, a parent that is a file
             raise ExportError(f"cannot write {args.out}: {cli.describe_os_error(e)}") from None
         print(f"exported {what} to {gguf.path} ({_size(gguf.path.stat().st_size)}): llama.cpp's gpt2 "
-              f"architecture, {gguf.dtype} weights, tokenizer: {gguf.tokenizer}")
+              f"architecture, {gguf.dtype} weights{gguf.head and f' ({gguf.head})'}, tokenizer: {gguf.tokenizer}")
         if gguf.fallback:
             kept = ("f16 instead (as llama.cpp's converter does)" if gguf.dtype == "q8_0"
                     else "f32 instead (as --quantize=q4_0 keeps them)")

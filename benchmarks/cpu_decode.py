@@ -88,9 +88,11 @@ ENGINES = ("gptkit", "transformers", "llama.cpp")
 # Bytes per weight of each format as the products read it (int8, q4_0: ours store a float32 scale per 32
 # weights, llama.cpp's q8_0 and q4_0 an fp16 one).
 WEIGHT_BYTES = {"fp32": 4.0, "float32": 4.0, "float16": 2.0, "int8": 36 / 32, "q4_0": 18 / 32, "f32": 4.0,
-                "f16": 2.0, "q8_0": 34 / 32, "llama q4_0": 18 / 32}  # (q4_0's and q8_0's scales: float16)
-# The head's format where it differs from the blocks': q4_0's is q8_0, ours and in export.py's q4_0 files.
-HEAD_BYTES = {"q4_0": WEIGHT_BYTES["q8_0"], "llama q4_0": WEIGHT_BYTES["q8_0"]}
+                "f16": 2.0, "q8_0": 34 / 32, "llama q4_0": 18 / 32,  # (q4_0's and q8_0's scales: float16)
+                "q6_k": 210 / 256}  # (Q6_K: 210 bytes a super-block of 256)
+# The head's format where it differs from the blocks': q4_0's is q6_k where n_embd is a multiple of 256, else
+# q8_0, ours and in export.py's q4_0 files (cpu_decode.q4_head_format).
+HEAD_FORMATS = ("q4_0", "llama q4_0")
 
 
 class BenchError(UserError):
@@ -413,7 +415,8 @@ def weight_bytes(config: GPTConfig, fmt: str) -> float:
     a WEIGHT_BYTES key; llama.cpp's q4_0 as "llama q4_0")."""
     c = config
     per_block = 12 * c.n_embd * c.n_embd  # c_attn 3C x C, attn c_proj C x C, c_fc 4C x C, mlp c_proj C x 4C
-    return c.n_layer * per_block * WEIGHT_BYTES[fmt] + c.vocab_size * c.n_embd * HEAD_BYTES.get(fmt, WEIGHT_BYTES[fmt])
+    head = WEIGHT_BYTES[cpu_decode.q4_head_format(c.n_embd) if fmt in HEAD_FORMATS else fmt]
+    return c.n_layer * per_block * WEIGHT_BYTES[fmt] + c.vocab_size * c.n_embd * head
 
 
 def read_bandwidth(threads: int, gigabytes: float = 0.5, repeats: int = 5) -> float:

@@ -1,18 +1,19 @@
 """This checkout's CPU decoding kernels against another checkout's (main's, say), both in one process and timed
-interleaved, so that a shared machine's noise falls on both alike: int8 and q4_0, batch 1, GPT-2 small's shape,
-random weights. Prints two markdown tables.
+interleaved, so that a shared machine's noise falls on both alike: int8 and q4_0 (its head in q8_0, and in q6_k:
+pack_for_cpu's q4_head), batch 1, GPT-2 small's shape, random weights. Prints two markdown tables.
 
     git worktree add /tmp/main main                     # the kernels to compare against
     python benchmarks/kernels_ab.py --baseline /tmp/main --threads 1
-    python benchmarks/kernels_ab.py --threads 2         # this checkout alone: q4_0 against int8
+    python benchmarks/kernels_ab.py --threads 2         # this checkout alone: q4_0 (both heads) against int8
 
 1. A decode step's products: the 48 block matrices of 12 layers (768 x 2304, 768 x 768, 768 x 3072, 3072 x 768,
-   each layer's its own weights) and the head (50,257 x 768: int8's own format for int8, q8_0 for q4_0, as
-   pack_for_cpu packs them), one activation row, called in a decode step's order: about 140 MB (int8) and
-   90 MB (q4_0) a step, read from memory as a token reads them. The steps of every (kernels, format) pair
-   run in turn, --steps times each; each cell is the 10th percentile and the median of its steps, GB/s the
-   step's bytes (weights and scales, as that side stores them) over the 10th percentile, and each ratio is
-   taken step by step (neighbours in time) and shown as its 10th, 50th and 90th percentiles.
+   each layer's its own weights) and the head (50,257 x 768: int8's own format for int8, q8_0 or q6_k for
+   q4_0), one activation row, called in a decode step's order: about 139 MB (int8), 89 MB (q4_0, head q8_0)
+   and 80 MB (q4_0, head q6_k) a step, read from memory as a token reads them. The steps of every (kernels,
+   format) pair run in turn, --steps times each; each cell is the 10th percentile and the median of its
+   steps, MB the step's bytes (weights and scales, as that side stores them) and GB/s those over the 10th
+   percentile, and each ratio is taken step by step (neighbours in time) and shown as its 10th, 50th and
+   90th percentiles.
 2. Whole decodes: the packed model (pack_for_cpu) decoding --tokens greedy tokens through generate_stream, as
    sample.py does, --rounds interleaved rounds (benchmarks/rounds.py): tokens/s, median (range).
 
@@ -21,7 +22,7 @@ by the same build function (gptkit.cpu_decode.build_library) and loaded beside t
 weights in the layout pack_for_cpu made before float16 scales and the huge-page arena (main's on 2026-11-28):
 the same values, the scales as float32, each tensor in huge pages only where it is 2 MiB or more (base_layout);
 this checkout's side reads them as pack_for_cpu lays them out now. --variant picks the instruction set (default:
-the best this CPU runs).
+the best this CPU runs). A baseline without the q6_k kernel (before it) times the formats it has.
 """
 
 from __future__ import annotations
@@ -48,8 +49,10 @@ from model import GPT, GPTConfig  # noqa: E402
 
 SHAPES = ((2304, 768), (768, 768), (3072, 768), (768, 3072))  # a GPT-2 small layer's matrices (out, in)
 VOCAB = 50257
-FORMATS = ("int8", "q4_0")
-HEADS = {"int8": "int8", "q4_0": cpu_decode.Q4_HEAD}  # each format's head, as pack_for_cpu packs it
+# The formats compared: (the blocks' format, the head's), by the name the tables give them; the first is the one
+# the others' speed is compared with.
+FORMATS = {"int8": ("int8", "int8"), "q4_0 (head q8_0)": ("q4_0", "q8_0"), "q4_0 (head q6_k)": ("q4_0", "q6_k")}
+OPS = {"q4_0": "linear_q4", "q6_k": "linear_q6k"}  # each packed format's operator (else linear_q8)
 
 
 def build_baseline(checkout: Path) -> str:
@@ -75,6 +78,8 @@ class Side:
         self.name, self.variant = name, variant
         self.ops = getattr(torch.ops, f"gptkit_{variant}" if name == "new" else f"gptkit_{name}_{variant}")
         self.active = variant if name == "new" else f"{name}_{variant}"  # cpu_decode's name for it
+        # the formats whose operators these kernels have (a baseline from before q6_k has no linear_q6k)
+        self.formats = [f for f, (_, head) in FORMATS.items() if hasattr(self.ops, OPS.get(head, "linear_q8"))]
 
     @contextmanager
     def in_use(self):
@@ -93,20 +98,21 @@ def quantile(values: list[float], q: float) -> float:
 
 
 def base_layout(layers: list) -> None:
-    """In place: float32 scales and every tensor copied out of any shared arena, into huge pages only where it
-    is 2 MiB or more by itself (huge_page_copy), as pack_for_cpu laid a model out before."""
+    """In place: float32 scales (q6_k's stay float16) and every tensor copied out of any shared arena, into huge
+    pages only where it is 2 MiB or more by itself (huge_page_copy), as pack_for_cpu laid a model out before."""
     for m in layers:
         m.weight = cpu_decode.huge_page_copy(m.weight.clone())
-        if m.scale is not None:
-            m.scale = m.scale.float().clone()
+        if m.scale is not None:  # (q6_k's d's are float16 in every checkout that has it)
+            m.scale = m.scale.clone() if m.fmt == "q6_k" else m.scale.float().clone()
         if m.bias is not None:
             m.bias = m.bias.clone()
 
 
 def step_layers(fmt: str, layers: int, vocab: int, g: torch.Generator) -> list[cpu_decode.PackedLinear]:
-    out = [cpu_decode.PackedLinear(torch.randn(n, k, generator=g) * 0.02, torch.randn(n, generator=g), fmt)
+    blocks, head = FORMATS[fmt]
+    out = [cpu_decode.PackedLinear(torch.randn(n, k, generator=g) * 0.02, torch.randn(n, generator=g), blocks)
            for _ in range(layers) for n, k in SHAPES]
-    return out + [cpu_decode.PackedLinear(torch.randn(vocab, 768, generator=g) * 0.02, None, HEADS[fmt])]
+    return out + [cpu_decode.PackedLinear(torch.randn(vocab, 768, generator=g) * 0.02, None, head)]
 
 
 def products_table(sides: list[Side], layers: int, steps: int, vocab: int = VOCAB) -> str:
@@ -114,7 +120,7 @@ def products_table(sides: list[Side], layers: int, steps: int, vocab: int = VOCA
     weights = {}
     for fmt in FORMATS:
         made = step_layers(fmt, layers, vocab, g)
-        for side in sides:
+        for side in (s for s in sides if fmt in s.formats):
             these = [SimpleNamespace(weight=m.weight, scale=m.scale, bias=m.bias, fmt=m.fmt,  # its own tensors
                                      in_features=m.in_features, out_features=m.out_features) for m in made]
             if side.name == "new":  # the blocks' tensors in one arena, as gather_in_huge_pages lays them out
@@ -129,14 +135,14 @@ def products_table(sides: list[Side], layers: int, steps: int, vocab: int = VOCA
 
     def step(side: Side, fmt: str) -> None:
         for m in weights[(side.name, fmt)]:
-            op = side.ops.linear_q4 if m.fmt == "q4_0" else side.ops.linear_q8
+            op = getattr(side.ops, OPS.get(m.fmt, "linear_q8"))
             op(x[m.in_features], m.weight, m.scale, m.bias, m.out_features)
 
     def nbytes(side: Side, fmt: str) -> int:
         return sum(m.weight.numel() * m.weight.element_size() + m.scale.numel() * m.scale.element_size()
                    for m in weights[(side.name, fmt)])
 
-    pairs = [(s, fmt) for s in sides for fmt in FORMATS]
+    pairs = [(s, fmt) for s in sides for fmt in s.formats]
     for side, fmt in pairs:
         step(side, fmt)  # warm-up
     times: dict[tuple[str, str], list[float]] = {(s.name, f): [] for s, f in pairs}
@@ -150,20 +156,24 @@ def products_table(sides: list[Side], layers: int, steps: int, vocab: int = VOCA
         r = [x / y for x, y in zip(a, b)]
         return f"{quantile(r, 0.1):.2f} / **{quantile(r, 0.5):.2f}x** / {quantile(r, 0.9):.2f}"
 
-    rows = ["| kernels | int8 ms (p10 / median) | int8 GB/s | q4_0 ms (p10 / median) | q4_0 GB/s | q4_0's speed / "
-            "int8's (p10 / median / p90) |", "|---|--:|--:|--:|--:|--:|"]
+    first, *others = FORMATS
+    rows = ["| kernels | " + " | ".join(f"{f} ms (p10 / median) | {f} MB, GB/s" for f in FORMATS) + " | "
+            + " | ".join(f"{f}'s speed / {first}'s (p10 / median / p90)" for f in others) + " |",
+            "|---|" + "--:|" * (2 * len(FORMATS) + len(others))]
     for side in sides:
         cells = []
         for fmt in FORMATS:
-            t = times[(side.name, fmt)]
-            cells += [f"{quantile(t, 0.1) * 1e3:.2f} / {quantile(t, 0.5) * 1e3:.2f}",
-                      f"{nbytes(side, fmt) / quantile(t, 0.1) / 1e9:.1f}"]
-        speed = ratios(times[(side.name, "int8")], times[(side.name, "q4_0")])
-        rows.append(f"| {side.name} | " + " | ".join(cells) + f" | {speed} |")
+            t = times.get((side.name, fmt))
+            cells += ([f"{quantile(t, 0.1) * 1e3:.2f} / {quantile(t, 0.5) * 1e3:.2f}",
+                       f"{nbytes(side, fmt) / 1e6:.1f}, {nbytes(side, fmt) / quantile(t, 0.1) / 1e9:.1f}"]
+                      if t else ["-", "-"])
+        cells += [ratios(times[(side.name, first)], times[(side.name, f)]) if f in side.formats else "-"
+                  for f in others]
+        rows.append(f"| {side.name} | " + " | ".join(cells) + " |")
     if len(sides) == 2:
-        for fmt in FORMATS:
-            rows.append(f"| new's speed / base's, {fmt} | | | | | "
-                        f"{ratios(times[('base', fmt)], times[('new', fmt)])} |")
+        for fmt in (f for f in FORMATS if f in sides[0].formats):
+            rows.append(f"| new's speed / base's, {fmt} |" + " |" * (2 * len(FORMATS))
+                        + f" {ratios(times[('base', fmt)], times[('new', fmt)])} |" + " |" * (len(others) - 1))
     return "\n".join(rows)
 
 
@@ -173,9 +183,10 @@ def packed_models(sides: list[Side]) -> dict[tuple[str, str], GPT]:
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_multiple=64, dropout=0.0)).eval()
     out = {}
-    for fmt in FORMATS:
-        for side in sides:
-            packed = cpu_decode.pack_for_cpu(copy.deepcopy(model), fmt)
+    for fmt, (blocks, head) in FORMATS.items():
+        for side in (s for s in sides if fmt in s.formats):
+            q4_head = head if blocks == "q4_0" else cpu_decode.Q4_HEADS[0]
+            packed = cpu_decode.pack_for_cpu(copy.deepcopy(model), blocks, q4_head=q4_head)
             if side.name != "new":
                 base_layout([m for m in packed.modules() if isinstance(m, cpu_decode.PackedLinear)])
                 for block in packed.transformer.h:
@@ -198,7 +209,7 @@ def decode_table(sides: list[Side], tokens: int, rounds: int) -> str:
                     start = time.perf_counter()  # after the prompt's forward and the first token
             return (n - 1) / (time.perf_counter() - start), out
 
-    pairs = [(s, f) for s in sides for f in FORMATS]
+    pairs = [(s, f) for s in sides for f in s.formats]
     for side, fmt in pairs:
         rate(side, fmt, 8)  # warm-up
     rates: dict[tuple[str, str], list[float]] = {(s.name, f): [] for s, f in pairs}
@@ -207,14 +218,21 @@ def decode_table(sides: list[Side], tokens: int, rounds: int) -> str:
         r, made[(side.name, fmt)] = rate(side, fmt, tokens)
         rates[(side.name, fmt)].append(r)
 
-    rows = ["| kernels | int8 tok/s | q4_0 tok/s | q4_0 / int8, by round |", "|---|--:|--:|--:|"]
+    first, *others = FORMATS
+    rows = ["| kernels | " + " | ".join(f"{f} tok/s" for f in FORMATS) + " | "
+            + " | ".join(f"{f} / {first}, by round" for f in others) + " |",
+            "|---|" + "--:|" * (len(FORMATS) + len(others))]
     for side in sides:
-        i8, q4 = rates[(side.name, "int8")], rates[(side.name, "q4_0")]
-        rows.append(f"| {side.name} | {cell(i8)} | {cell(q4)} | {ratio_cell(q4, i8, word=False)} |")
+        cells = [cell(rates[(side.name, f)]) if f in side.formats else "-" for f in FORMATS]
+        cells += [ratio_cell(rates[(side.name, f)], rates[(side.name, first)], word=False) if f in side.formats
+                  else "-" for f in others]
+        rows.append(f"| {side.name} | " + " | ".join(cells) + " |")
     if len(sides) == 2:
-        same = all(made[("base", f)] == made[("new", f)] for f in FORMATS)
-        for fmt in FORMATS:
-            rows.append(f"| new / base, {fmt} | | | {ratio_cell(rates[('new', fmt)], rates[('base', fmt)])} |")
+        both = [f for f in FORMATS if f in sides[0].formats]
+        same = all(made[("base", f)] == made[("new", f)] for f in both)
+        for fmt in both:
+            rows.append(f"| new / base, {fmt} |" + " |" * len(FORMATS)
+                        + f" {ratio_cell(rates[('new', fmt)], rates[('base', fmt)])} |" + " |" * (len(others) - 1))
         rows.append(f"\nThe same greedy tokens from both kernels, each format: {'yes' if same else 'NO'}.")
     return "\n".join(rows)
 

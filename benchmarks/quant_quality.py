@@ -9,9 +9,11 @@ serve.py decode with, their quantized activations included), beside the model as
 
 The text is the dataset's val split in windows of the model's block_size that do not overlap, every token
 but the first predicted once (eval.py --task loss's windows); bits per byte = the nats of the tokens that
-stand for text / ln 2 / their UTF-8 bytes. Also q4_0 with its head in q4_0 too (--head_q4), the measurement
-behind q4_0's head in q8_0 (gptkit/cpu_decode.py's Q4_HEAD), and with --llama f32,q8_0,q4_0 llama.cpp
-(llama-cpp-python) on the model's own GGUF files (export.py's), the same windows. The table goes to stdout
+stand for text / ln 2 / their UTF-8 bytes. q4_0 packs its head in q6_k where n_embd is a multiple of 256, else
+q8_0 (gptkit/cpu_decode.py's q4_head_format); also q4_0 with its head in q8_0 (--head_q8, where that differs)
+and in q4_0 too (--head_q4), the measurements behind q4_0's head, and with --llama f32,q8_0,q4_0 llama.cpp
+(llama-cpp-python) on the model's own GGUF files (export.py's: q4_0's token embedding as --quantize=q4_0
+packs it), the same windows. The table goes to stdout
 (BENCHMARKS.md, "Four-bit weights: quality").
 """
 
@@ -98,6 +100,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", required=True, help="the prepared dataset folder whose val split is read")
     parser.add_argument("--formats", default="none,float32,int8,q4_0", help="comma-separated; none: as loaded")
     parser.add_argument("--head_q4", action="store_true", help="also q4_0 with the head in q4_0")
+    parser.add_argument("--head_q8", action="store_true", help="also q4_0 with the head in q8_0 (where q4_0's "
+                        "own is q6_k)")
     parser.add_argument("--limit", type=int, default=0, help="the first N tokens of the split (0: all)")
     parser.add_argument("--threads", type=int, default=0, help="torch's threads (0: torch's own count)")
     parser.add_argument("--llama", default="", help="also llama.cpp (llama-cpp-python) on the model exported "
@@ -108,6 +112,8 @@ def main(argv: list[str] | None = None) -> None:
     model, tokenizer, what = load_model(args.ckpt)
     ds = TokenDataset(require_dataset(args.data), "val")
     variants = {f: (lambda m, f=f: m if f == "none" else cpu_decode.pack_for_cpu(m, f)) for f in args.formats.split(",")}
+    if args.head_q8:
+        variants["q4_0, head q8_0"] = lambda m: cpu_decode.pack_for_cpu(m, "q4_0", q4_head="q8_0")
     if args.head_q4:
         variants["q4_0, head q4_0"] = q4_head
     print(f"# {what}; {ds.data_dir} val, {cpu_decode.kernels() and cpu_decode.kernels_status()}", flush=True)
@@ -120,6 +126,8 @@ def main(argv: list[str] | None = None) -> None:
         loss, bpb = val_loss(m, ds, tokenizer.token_bytes(), args.limit)
         base = bpb if base is None else base
         report = cpu_decode.weights_report(m).partition(":")[0].removeprefix("weights ") or "as loaded"
+        if isinstance(getattr(m, "lm_head", None), cpu_decode.PackedLinear) and name.startswith("q4_0"):
+            name += "" if "head" in name else f" (head {m.lm_head.fmt})"
         print(f"| {name} | {loss:.4f} | {bpb:.4f} | {bpb - base:+.4f} | {report} |  ({time.perf_counter() - t0:.0f} s)",
               flush=True)
     if args.llama:

@@ -321,7 +321,8 @@ class DecodeSettings(InferenceSettings):
                                     "with float32 weights, q4_0 for a q4_0 GGUF file, else none), none (the model as loaded), float32 (the "
                                     "same weights, faster kernels), float16 (half the bytes), int8 (8 bits and a "
                                     "scale per 32) or q4_0 (4 bits and an fp16 scale per 32, llama.cpp's Q4_0; "
-                                    "the head and token embedding in q8_0)", QUANTIZE)
+                                    "the head and token embedding in llama.cpp's Q6_K where n_embd is a multiple of "
+                                    "256, else q8_0)", QUANTIZE)
 
 
 @dataclass

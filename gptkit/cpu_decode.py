@@ -5,7 +5,7 @@ four-bit (q4_0) weights.
     pack_for_cpu(model, "float32")     # in place: every block Linear and the head; the same weights, read faster
                                        # (sample.py, chat.py and serve.py do this by default on the CPU)
     pack_for_cpu(model, "int8")        # about a quarter of the bytes per token: --quantize int8 in sample/chat/serve
-    pack_for_cpu(model, "q4_0")        # four-bit blocks, the head in q8_0: --quantize q4_0
+    pack_for_cpu(model, "q4_0")        # four-bit blocks, the head in q6_k (or q8_0): --quantize q4_0
 
 Why kernels of our own. Decoding one token reads every weight once (GPT-2 small: 500 MB in float32), so its
 speed is the memory bandwidth its matrix-vector products draw. torch's float32 product of one row streams
@@ -43,9 +43,14 @@ units, multiplied against the q8 activations by the same dot-product instruction
 its unsigned operand as it is; 8 times the activations' sum is taken off), in the same fused block call.
 The name is the format's own, the one GGUF and llama.cpp use (export.py --dtype q4_0 writes the same blocks):
 the scale is an fp16 value, stored as one (4.5 bits a weight, the file's; q8_0's scales too), widened in the
-kernel as it is read (a decode step is bound by the bytes it reads). q4_0 keeps the head in q8_0 (Q4_HEAD) and
-reads the token embedding from the same rows (PackedEmbedding); a matrix whose rows are not a multiple of 32
-stays float32 (weights_report, on the start-up line, says so).
+kernel as it is read (a decode step is bound by the bytes it reads). q4_0 keeps the head wider (Q4_HEADS) and
+reads the token embedding from the same rows (PackedEmbedding): in llama.cpp's Q6_K where n_embd is a multiple
+of 256, as llama.cpp's own llama-quantize stores a Q4_0 model's output (6.5625 bits a weight: super-blocks of
+256 weights of a row, a 6-bit q and an int8 scale per run of 16, one fp16 d; weight = d sc (q - 32)), else in
+q8_0. q6_k's groups of four rows hold, per 32-value block, the low nibbles as q4_0's, the top two bits of the
+four rows a byte and the block's 8 run scales (pack_q6_k): unpacked in registers by masks and shifts, the
+dot-product lanes summing four values of one run, each lane scaled by its run's d sc. A matrix whose rows are
+not a multiple of 32 stays float32 (weights_report, on the start-up line, says so, and why a head is q8_0).
 
 The CPU at hand. gptkit/csrc/kernels.h is compiled twice into one library (gptkit/csrc/cpu_decode.cpp):
 for AVX-512 (F, BW, VL and VNNI: float16 16 values a step, int8 dot products in one instruction) and for
@@ -77,11 +82,15 @@ from gptkit.errors import UserError
 from gptkit.settings import FORMATS
 from model import ACTIVATIONS, Block, CacheSlice
 
-# q4_0's widths: its block matrices in four bits; the head, and the token embedding the head is tied to, in
-# llama.cpp's q8_0 (8 bits, an fp16 scale per 32: gguf's q8_0 to the bit), the embedding's lookups reading
-# the same rounded values, so that a GGUF q4_0 file (token_embd in q8_0, as export.py writes it) is this
-# model. Why the head stays at 8 bits: BENCHMARKS.md, "Four-bit weights: quality".
-Q4_HEAD = "q8_0"
+# q4_0's head, and the token embedding the head is tied to, are wider than its blocks: llama.cpp's Q6_K where
+# the head's rows (n_embd) are a multiple of its 256-value super-blocks (6.5625 bits a weight, what llama.cpp's
+# own llama-quantize stores a Q4_0 model's output tensor as), else q8_0 (8.5 bits, gguf's q8_0 to the bit); the
+# embedding's lookups read the same rounded values, so that a GGUF q4_0 file (token_embd in that format, as
+# export.py writes it) is this model. Why not four bits, and what Q6_K gains over q8_0: BENCHMARKS.md,
+# "Four-bit weights (q4_0) on the CPU".
+Q4_HEADS = ("q6_k", "q8_0")  # q4_0's head formats, the preferred first (pack_for_cpu's q4_head)
+Q6K_BLOCK = 256  # q6_k's super-block: 16 runs of 16 weights of a row, an int8 scale each, and one fp16 d
+Q6K_GROUP_BYTES = 104  # a group of four rows' 32-value block in pack_q6_k's layout: 64 + 32 + 8 bytes
 GROUPED = ("int8", "q8_0", "q4_0")  # the formats in the kernels' groups of four rows, with per-block scales
 SMALL_BATCH = 16  # rows up to which a block's decode step is one fused kernel call, and a float16 product
 # the kernel's: decoding, serve.py's batch (int8 products are the kernel's whatever their rows: see above)
@@ -257,7 +266,7 @@ def _register_fakes() -> None:
         for name in ("linear_f32", "linear_f16"):
             torch.library.register_fake(f"gptkit_{variant}::{name}")(
                 lambda x, w, bias: x.new_empty(x.size(0), w.size(0)))
-        for name in ("linear_q8", "linear_q4"):
+        for name in ("linear_q8", "linear_q4", "linear_q6k"):
             torch.library.register_fake(f"gptkit_{variant}::{name}")(
                 lambda x, w, ws, bias, n: x.new_empty(x.size(0), n))
 
@@ -305,6 +314,129 @@ def quantize_q4_0(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.reshape(w.shape).contiguous(), d[..., 0].half().float().contiguous()
 
 
+def quantize_q6_k(w: torch.Tensor, search: int = 2) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """w (N, K), K a multiple of Q6K_BLOCK -> llama.cpp's Q6_K: 6-bit values q (N, K) as uint8 0..63, int8
+    scales sc (N, K / 16), one per run of 16 weights, and d (N, K / 256) per super-block of 256 (fp16 values
+    held in float32), each weight standing for d sc (q - 32). Each run's scale as llama.cpp's reference
+    chooses it, with a smaller search: the value of largest magnitude m maps to -(32 + c / 10) for c in
+    -search..search, the integers rounded and clamped to -32..31, and of each candidate the least-squares scale
+    weighted by x^2 (the error of large weights counts most) kept where it fits best; then the super-block's d
+    = its run scale of largest magnitude / -128, rounded to fp16, each sc = round(scale / d) (at most 127) and
+    each q rounded again against d sc, the scale the file holds. A million weights at a time, on one thread:
+    its many small operations, on two threads with another process busy on the second core, took many times
+    as long (BENCHMARKS.md, "Four-bit weights", "q4_0's head in Q6_K"). Not idempotent (a search): a GGUF
+    file's Q6_K blocks are carried as they are (PackedLinear's `quantized`), not quantized again."""
+    n, k = w.shape
+    if k % Q6K_BLOCK:
+        raise ValueError(f"q6_k needs rows of a multiple of {Q6K_BLOCK} values, not {k}")
+    q = torch.empty(n, k, dtype=torch.uint8)
+    sc = torch.empty(n, k // 16, dtype=torch.int8)
+    d = torch.empty(n, k // Q6K_BLOCK)
+    step = max(1, (1 << 20) // k)  # rows a chunk: ~1M weights
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for lo in range(0, n, step):
+            _quantize_q6_k_rows(w[lo : lo + step], search, q[lo : lo + step], sc[lo : lo + step], d[lo : lo + step])
+    finally:
+        torch.set_num_threads(threads)
+    return q, sc, d
+
+
+def _quantize_q6_k_rows(w: torch.Tensor, search: int, q: torch.Tensor, sc: torch.Tensor, d: torch.Tensor) -> None:
+    """quantize_q6_k of a chunk of rows, into q, sc and d."""
+    rows, k = w.shape
+    x = w.detach().float().reshape(-1, 16)  # the runs
+    top = x.gather(-1, x.abs().argmax(dim=-1, keepdim=True))
+    inv = torch.where(top == 0, 0.0, -1 / top)
+    weight = x * x
+    wx = weight * x
+    best, scale = torch.full_like(top, -1.0), torch.zeros_like(top)
+    ell = torch.empty_like(x)
+    for c in range(-search, search + 1):
+        torch.mul(x, inv * (32 + 0.1 * c), out=ell)
+        ell.round_().clamp_(-32, 31)
+        sumlx = torch.linalg.vecdot(wx, ell).unsqueeze(-1)
+        suml2 = torch.linalg.vecdot(weight, ell.mul_(ell)).unsqueeze(-1).clamp_min_(1e-30)
+        fit = sumlx * sumlx / suml2  # the squared error this candidate takes off, at its best scale
+        better = fit > best
+        best = torch.where(better, fit, best)
+        scale = torch.where(better, sumlx / suml2, scale)
+    runs = scale.reshape(-1, Q6K_BLOCK // 16)  # (super-blocks, 16)
+    biggest = runs.gather(-1, runs.abs().argmax(dim=-1, keepdim=True))
+    iscale = torch.where(biggest == 0, 0.0, -128 / biggest)
+    dd = torch.where(iscale == 0, 0.0, 1 / iscale).half().float()
+    s = torch.round(iscale * runs).clamp_(-128, 127)
+    run = (dd * s).reshape(-1, 1)  # each run's d sc, as the file's values give it
+    torch.div(x, torch.where(run == 0, 1.0, run), out=ell)
+    ell.round_().clamp_(-32, 31).masked_fill_(run == 0, 0.0)
+    q.copy_(ell.add_(32).to(torch.uint8).reshape(rows, k))
+    sc.copy_(s.to(torch.int8).reshape(rows, -1))
+    d.copy_(dd.reshape(rows, -1))
+
+
+def dequantize_q6_k(q: torch.Tensor, sc: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """quantize_q6_k's weights: d sc (q - 32), (N, K) float32, computed as gguf-py's dequantize does it (exact)."""
+    n, k = q.shape
+    run = (d[:, :, None] * sc.float().reshape(n, -1, 16)).reshape(n, -1, 1)  # (N, K / 16, 1)
+    return (run * (q.reshape(n, -1, 16).float() - 32)).reshape(n, k)
+
+
+def q6_k_blocks(q: torch.Tensor, sc: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """The GGUF bytes of Q6_K (N, K / 256 * 210) uint8, each super-block: 128 bytes of low nibbles (byte l of
+    half h: value 128 h + l in the low nibble, 128 h + 64 + l in the high one), 64 of high bits (byte l of
+    half h: value 128 h + 32 j + l's top two bits at bits 2j), the 16 int8 scales, d as fp16."""
+    n, k = q.shape
+    sb = q.reshape(-1, 2, 2, 64)
+    ql = (sb[:, :, 0] & 0x0F) | ((sb[:, :, 1] & 0x0F) << 4)
+    h = (q.reshape(-1, 2, 4, 32) >> 4) & 3
+    qh = h[:, :, 0] | (h[:, :, 1] << 2) | (h[:, :, 2] << 4) | (h[:, :, 3] << 6)
+    scales = sc.reshape(-1, 16).view(torch.uint8)
+    dd = d.reshape(-1, 1).half().view(torch.uint8)
+    return torch.cat([ql.reshape(-1, 128), qh.reshape(-1, 64), scales, dd], dim=1).reshape(n, -1).contiguous()
+
+
+def from_q6_k_blocks(blocks: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q6_k_blocks' inverse: GGUF Q6_K bytes of rows of k values -> (q, sc, d) as quantize_q6_k gives them."""
+    b = blocks.reshape(-1, 210)
+    n = b.numel() // (210 * k // Q6K_BLOCK)
+    ql = b[:, :128].reshape(-1, 2, 1, 64)
+    low = torch.cat([ql & 0x0F, ql >> 4], dim=2)  # (S, 2, 2, 64)
+    qh = b[:, 128:192].reshape(-1, 2, 1, 32)
+    high = torch.cat([(qh >> (2 * j)) & 3 for j in range(4)], dim=2)  # (S, 2, 4, 32)
+    q = (low.reshape(-1, Q6K_BLOCK) | (high.reshape(-1, Q6K_BLOCK) << 4)).reshape(n, k)
+    sc = b[:, 192:208].contiguous().view(torch.int8).reshape(n, -1)
+    d = b[:, 208:210].contiguous().view(torch.float16).float().reshape(n, -1)
+    return q.contiguous(), sc.contiguous(), d.contiguous()
+
+
+def pack_q6_k(q: torch.Tensor, sc: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The q6_k kernel's layout (kernels.h, dot_group_q6k): in interleave4's groups of four rows (zero rows
+    padding N), each 32-value block's 104 bytes: the low nibbles as pack_q4 lays out q4_0's values, 32 bytes of
+    high bits (byte i: row r's value i's top two bits at bits 2r), the 8 scales of the block's two runs (row
+    r's at 2r, 2r + 1): (N4, 13 K / 16) uint8; and d (N4, K / 256) float16 (interleave4's, as scales)."""
+    n, k = q.shape
+    low = pack_q4(q & 0x0F).reshape(-1, k // BLOCK, 64)  # (group, block, 64)
+    h = interleave4((q >> 4).reshape(n, -1, BLOCK)).reshape(-1, k // BLOCK, 4, BLOCK)
+    high = h[:, :, 0] | (h[:, :, 1] << 2) | (h[:, :, 2] << 4) | (h[:, :, 3] << 6)
+    scales = interleave4(sc.view(torch.uint8).reshape(n, -1, 2)).reshape(-1, k // BLOCK, 8)
+    weight = torch.cat([low, high, scales], dim=2).reshape(-1, k * 13 // 16).contiguous()
+    return weight, interleave4(d.reshape(n, -1, 1)).half().contiguous()
+
+
+def unpack_q6_k(weight: torch.Tensor, ds: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """pack_q6_k's inverse: (N4, 13 K / 16), (N4, K / 256) -> (q, sc, d) of the first `rows` rows."""
+    k = weight.size(1) * 16 // 13
+    g = weight.reshape(-1, k // BLOCK, Q6K_GROUP_BYTES)
+    low = unpack_q4(g[:, :, :64].reshape(-1, k // 2), rows)
+    h = g[:, :, 64:96]
+    high = torch.stack([(h >> (2 * r)) & 3 for r in range(4)], dim=2)  # (group, block, row, 32)
+    high = deinterleave4(high.reshape(-1, k), rows, BLOCK).reshape(rows, k)
+    sc = deinterleave4(g[:, :, 96:].reshape(-1, k // BLOCK * 2), rows, 2).reshape(rows, -1)
+    d = deinterleave4(ds.float(), rows, 1).reshape(rows, -1)
+    return low | (high << 4), sc.contiguous().view(torch.int8), d
+
+
 def pack_q4(q: torch.Tensor) -> torch.Tensor:
     """The q4_0 kernel's layout of 4-bit values q (N, K) (uint8 0..15): interleave4's groups of four rows
     (zero rows padding N), each block's 64 bytes holding row 0's 32 values in the low nibbles of bytes 0-31
@@ -339,25 +471,33 @@ def deinterleave4(t: torch.Tensor, rows: int, x: int) -> torch.Tensor:
 
 
 class PackedLinear(nn.Module):
-    """An nn.Linear for inference on the CPU, its weight kept as `fmt` (float32, float16, int8, q4_0, or q8_0:
-    int8's kernel with llama.cpp's q8_0 rounding, q4_0's head): products of up to FLOAT32_KERNEL_ROWS rows in
-    float32, SMALL_BATCH in float16, and any number in int8, q8_0 and q4_0 go to the kernels, larger ones (and
-    every one where the kernels cannot run) to torch. A weight whose rows are not a multiple of 32 (the
-    blocks) stays float32, whatever fmt (`kept_float32`). Outputs are float32 whatever the input's dtype. The
-    block formats' weights and scales are stored in the kernels' layout (interleave4, pack_q4); dense_weight()
-    gives them back as a matrix."""
+    """An nn.Linear for inference on the CPU, its weight kept as `fmt` (float32, float16, int8, q4_0; or the
+    heads of q4_0 models: q8_0, int8's kernel with llama.cpp's q8_0 rounding, and q6_k, llama.cpp's Q6_K):
+    products of up to FLOAT32_KERNEL_ROWS rows in float32, SMALL_BATCH in float16, and any number in the block
+    formats go to the kernels, larger ones (and every one where the kernels cannot run) to torch. A weight
+    whose rows are not a multiple of the format's block (32 values; q6_k's 256) stays float32, whatever fmt
+    (`kept_float32`). Outputs are float32 whatever the input's dtype. The block formats' weights and scales
+    are stored in the kernels' layout (interleave4, pack_q4, pack_q6_k); dense_weight() gives them back as a
+    matrix. `quantized`: q6_k's (q, sc, d) for this weight, e.g. a GGUF file's blocks (from_q6_k_blocks),
+    used as they are where they stand for exactly `weight` (else it is quantized anew)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, fmt: str):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, fmt: str,
+                 quantized: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None):
         super().__init__()
-        if fmt not in (*FORMATS, Q4_HEAD):
+        if fmt not in (*FORMATS, *Q4_HEADS):
             raise ValueError(f"unknown weight format {fmt!r}; use one of {', '.join(FORMATS)}")
         self.fmt, self.out_features, self.in_features = fmt, weight.size(0), weight.size(1)
         weight = weight.detach().float().contiguous()
-        self.fast = self.in_features % BLOCK == 0  # the kernels take 32 values at a time
+        # the kernels take 32 values at a time (q6_k: its super-blocks of 256)
+        self.fast = self.in_features % (Q6K_BLOCK if fmt == "q6_k" else BLOCK) == 0
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
         self.register_buffer("scale", None)
-        self.kept_float32 = fmt in GROUPED and not self.fast  # (torch's product, from the float32 weight)
-        if fmt in GROUPED and self.fast:
+        self.kept_float32 = fmt in (*GROUPED, "q6_k") and not self.fast  # (torch's product, from float32)
+        if fmt == "q6_k" and self.fast:
+            if quantized is None or not torch.equal(dequantize_q6_k(*quantized), weight):
+                quantized = quantize_q6_k(weight)
+            weight, self.scale = pack_q6_k(*quantized)  # (the scales: the super-blocks' d, float16 values)
+        elif fmt in GROUPED and self.fast:
             n = self.out_features
             weight, scale = {"int8": quantize_q8, "q8_0": quantize_q8_0, "q4_0": quantize_q4_0}[fmt](weight)
             weight = pack_q4(weight) if fmt == "q4_0" else interleave4(weight.reshape(n, -1, BLOCK))
@@ -374,6 +514,8 @@ class PackedLinear(nn.Module):
         """The weight as float32 (N, K): what the format stores, widened."""
         if self.scale is not None:
             n = self.out_features
+            if self.fmt == "q6_k":
+                return dequantize_q6_k(*unpack_q6_k(self.weight, self.scale, n))
             if self.fmt == "q4_0":
                 values = unpack_q4(self.weight, n).reshape(n, -1, BLOCK).float() - 8
             else:
@@ -393,6 +535,8 @@ class PackedLinear(nn.Module):
             y = k.linear_f16(flat, self.weight, self.bias)
         elif self.fmt == "q4_0":
             y = k.linear_q4(flat, self.weight, self.scale, self.bias, self.out_features)
+        elif self.fmt == "q6_k":
+            y = k.linear_q6k(flat, self.weight, self.scale, self.bias, self.out_features)
         else:
             y = k.linear_q8(flat, self.weight, self.scale, self.bias, self.out_features)
         return y.reshape(*x.shape[:-1], self.out_features)
@@ -448,18 +592,34 @@ class PackedBlock(Block):
 
 
 @torch.no_grad()
-def pack_for_cpu(model: nn.Module, fmt: str = "float32") -> nn.Module:
+def q4_head_format(rows: int, preferred: str = Q4_HEADS[0]) -> str:
+    """q4_0's head format for a head of rows of `rows` values: `preferred` (one of Q4_HEADS), but q8_0 where
+    that is q6_k and the rows are not a multiple of its super-block."""
+    if preferred not in Q4_HEADS:
+        raise ValueError(f"unknown head format {preferred!r} for q4_0; use one of {', '.join(Q4_HEADS)}")
+    return preferred if preferred != "q6_k" or rows % Q6K_BLOCK == 0 else "q8_0"
+
+
+def pack_for_cpu(model: nn.Module, fmt: str = "float32", q4_head: str = Q4_HEADS[0]) -> nn.Module:
     """Swap every Linear of the blocks, and the head, for a PackedLinear in `fmt`, and every block for a
     PackedBlock holding the same submodules (in place; returns the model). The head keeps the real vocabulary's
     rows only (the padding rows are never logits); a tied head is packed from wte's rows, which the embedding
-    keeps as they are, but for q4_0: its head is q8_0 (Q4_HEAD) and its token embedding a PackedEmbedding that
-    reads the same q8_0 rows (the tied head's own; an untied model's, its own), as a GGUF q4_0 file holds
-    them. The blocks' tensors under 2 MiB are then gathered in one mapping of huge pages (gather_in_huge_pages).
+    keeps as they are, but for q4_0: its head is q6_k where n_embd is a multiple of 256, else q8_0
+    (q4_head_format; q4_head="q8_0" keeps q8_0: benchmarks), and its token embedding a PackedEmbedding that
+    reads the same rows (the tied head's own; an untied model's, its own), as a GGUF q4_0 file holds them.
+    The blocks' tensors under 2 MiB are then gathered in one mapping of huge pages (gather_in_huge_pages).
     For inference only: the packed model can no longer be trained, nor saved as a checkpoint of ours.
     Call it after moving the model to float32 on the CPU (model.to would cast the packed weights)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown weight format {fmt!r}; use one of {', '.join(FORMATS)}")
-    head_fmt = Q4_HEAD if fmt == "q4_0" else fmt
+    head_fmt = q4_head_format(model.config.n_embd, q4_head) if fmt == "q4_0" else fmt
+    # A GGUF file's Q6_K blocks (gptkit/gguf_load.py: the file's bytes), packed as they are; taken off the model
+    given = model.__dict__.pop("gguf_q6_k", None) or {}
+
+    def carried(key: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        raw = given.get(key)
+        return None if raw is None else from_q6_k_blocks(torch.tensor(raw, dtype=torch.uint8), model.config.n_embd)
+
     for i, block in enumerate(model.transformer.h):
         for parent in (block.attn, block.mlp):
             for name, child in list(parent.named_children()):
@@ -471,17 +631,18 @@ def pack_for_cpu(model: nn.Module, fmt: str = "float32") -> nn.Module:
     if fmt == "float32" and head is model.transformer.wte.weight:  # tied: wte's rows are the head's weight
         head.data = huge_page_copy(head.data)  # so that the packed head reads them in huge pages, uncopied
     tied = head is model.transformer.wte.weight
-    model.lm_head = PackedLinear(head[: model.config.vocab_size], None, head_fmt)
+    model.lm_head = PackedLinear(head[: model.config.vocab_size], None, head_fmt,
+                                 carried("lm_head.weight") if head_fmt == "q6_k" else None)
     if fmt == "q4_0" and not model.lm_head.kept_float32:
         rows = model.transformer.wte.weight[: model.config.vocab_size]
-        table = model.lm_head if tied else PackedLinear(rows, None, Q4_HEAD)
+        table = model.lm_head if tied else PackedLinear(rows, None, head_fmt, carried("transformer.wte.weight"))
         model.transformer.wte = PackedEmbedding(table)  # (the float32 table is freed with the old module)
     return model
 
 
 class PackedEmbedding(nn.Module):
-    """q4_0's token embedding: its rows read from a q8_0 PackedLinear (the tied head itself: no second copy)
-    and widened on lookup, exactly the values that GGUF's q8_0 token_embd stands for. `weight` is an empty
+    """q4_0's token embedding: its rows read from a q6_k or q8_0 PackedLinear (the tied head itself: no second
+    copy) and widened on lookup, exactly the values that GGUF's Q6_K or Q8_0 token_embd stands for. `weight` is an empty
     float32 (0, C) tensor: what code that asks the embedding for the model's device and dtype reads (the KV
     cache's setup, the serving engine); there is no float table."""
 
@@ -495,6 +656,12 @@ class PackedEmbedding(nn.Module):
         self.register_buffer("weight", torch.empty(0, table.in_features), persistent=False)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        if self.table.fmt == "q6_k":  # each token's group of four rows widened, then its own row taken
+            group, row = idx.reshape(-1) // 4, idx.reshape(-1) % 4
+            w = self.q.view(-1, 4, self.q.size(1))[group].reshape(-1, self.q.size(1))
+            ds = self.scale.view(-1, 4, self.scale.size(1))[group].reshape(-1, self.scale.size(1))
+            rows = dequantize_q6_k(*unpack_q6_k(w, ds, w.size(0))).view(-1, 4, self.embedding_dim)
+            return rows[torch.arange(len(group)), row].reshape(*idx.shape, self.embedding_dim)
         blocks = self.embedding_dim // BLOCK
         q = self.q.view(-1, blocks, 4, BLOCK)  # interleave4's (group, block, row, 32)
         s = self.scale.view(-1, blocks, 4)
@@ -542,7 +709,9 @@ def weights_report(model: nn.Module) -> str:
         total -= head_bytes
     parts = [f"blocks {fmt} {size(in_blocks)}"
              + (f" ({in_blocks / as_float32:.2f}x their float32 bytes)" if as_float32 and fmt != "float32" else ""),
-             f"head {head.fmt if not head.kept_float32 else 'float32'} {size(head_bytes)}",
+             f"head {head.fmt if not head.kept_float32 else 'float32'} {size(head_bytes)}"
+             + (f" (rows not a multiple of {Q6K_BLOCK}: not q6_k)" if fmt == "q4_0" and head.fmt == "q8_0"
+                and not head.kept_float32 and head.in_features % Q6K_BLOCK else ""),
              f"embeddings and norms {size(others)}" + (token or " float32")]
     if wide:
         shown = ", ".join(wide[:4]) + (f" and {len(wide) - 4} more" if len(wide) > 4 else "")

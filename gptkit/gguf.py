@@ -34,7 +34,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from gptkit import bpe
+from gptkit import bpe, cpu_decode
 from gptkit.cli import one_line
 from gptkit.errors import DataError, UserError
 from gptkit.files import atomic_write
@@ -67,6 +67,7 @@ class GGUFExport:
     # what llama.cpp's own converter does per tensor) or f32 (q4_0: as --quantize=q4_0 keeps them, so that the
     # file is that model exactly).
     fallback: list[str] = field(default_factory=list)
+    head: str = ""  # q4_0: a few words on the token embedding's (and head's) format, e.g. "token embedding q6_k"
 
 
 def export_gguf(
@@ -82,9 +83,10 @@ def export_gguf(
 
     tokenizer_meta: the checkpoint's tokenizer description (the dataset meta, or its "tokenizer" entry).
     dtype: the matrices' type, f32, f16, q8_0 or q4_0 (norms, biases and the position table stay f32, as
-    llama.cpp's converter keeps them; q4_0's token embedding, which is also a tied head, is q8_0: the model
-    that `--quantize=q4_0` decodes, gptkit/cpu_decode.py's Q4_HEAD). chat_template: a Jinja chat template for
-    tokenizer.chat_template (a chat model's). The file also carries the model's config and tokenizer under
+    llama.cpp's converter keeps them; q4_0's token embedding, which is also a tied head, and an untied head
+    are Q6_K where n_embd is a multiple of 256, as llama.cpp's llama-quantize stores them, else q8_0: the
+    model that `--quantize=q4_0` decodes, gptkit/cpu_decode.py's q4_head_format). chat_template: a Jinja
+    chat template for tokenizer.chat_template (a chat model's). The file also carries the model's config and tokenizer under
     our own keys, so that our scripts read it back (gptkit/gguf_load.py).
     An existing file is refused unless overwrite=True; it is replaced only once the new one is complete.
     """
@@ -127,7 +129,11 @@ def export_gguf(
             writer.write_tensors_to_file()
         finally:
             writer.close()
-    return GGUFExport(out, dtype, vocab.description, fallback)
+    head = ""
+    if dtype == "q4_0":
+        head = ", ".join(f"{'head' if name.startswith('output') else 'token embedding'} {qtype.name.lower()}"
+                         for name, _, qtype in tensors if name.startswith(("token_embd.", "output.")))
+    return GGUFExport(out, dtype, vocab.description, fallback, head)
 
 
 def unsupported_options(config: GPTConfig) -> list[str]:
@@ -187,6 +193,9 @@ def gguf_tensors(model: GPT, dtype: str) -> tuple[list[tuple[str, np.ndarray, ob
         name = f"{name}.{kind}"
         qtype = _tensor_type(gguf, name, tensor, dtype)
         data = tensor.numpy()
+        if qtype == gguf.GGMLQuantizationType.Q6_K:  # our quantizer's blocks: what --quantize=q4_0 packs
+            out.append((name, cpu_decode.q6_k_blocks(*cpu_decode.quantize_q6_k(tensor)).numpy(), qtype))
+            continue
         try:
             data = gguf.quants.quantize(data, qtype)
         except gguf.QuantError:  # q8_0 and q4_0 quantize rows in blocks of 32 values
@@ -200,13 +209,13 @@ def gguf_tensors(model: GPT, dtype: str) -> tuple[list[tuple[str, np.ndarray, ob
 def _tensor_type(gguf, name: str, tensor: torch.Tensor, dtype: str):
     """llama.cpp converter's rule: vectors (norms, biases) and the position table stay f32 (its kernels take
     f32 vectors, and a position table is small); every other matrix gets the chosen type, but for q4_0's token
-    embedding and head: q8_0 (gptkit/cpu_decode.py's Q4_HEAD says why)."""
+    embedding and head: Q6_K or q8_0 (gptkit/cpu_decode.py's q4_head_format; its Q4_HEADS say why)."""
     Q = gguf.GGMLQuantizationType
     T = gguf.MODEL_TENSOR
     if tensor.dim() <= 1 or name.startswith(gguf.TENSOR_NAMES[T.POS_EMBD]):
         return Q.F32
     if dtype == "q4_0" and name.startswith((gguf.TENSOR_NAMES[T.TOKEN_EMBD], gguf.TENSOR_NAMES[T.OUTPUT] + ".")):
-        return Q.Q8_0
+        return Q.Q6_K if cpu_decode.q4_head_format(tensor.shape[1]) == "q6_k" else Q.Q8_0
     return {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0}[dtype]
 
 

@@ -6,11 +6,12 @@ and eval.py load when --ckpt names a .gguf file (gptkit/checkpoint/models.py's l
 Only export.py's files are read: besides llama.cpp's gpt2 tensors, they carry the model's GPTConfig and its
 tokenizer's description under our own keys (gptkit/gguf.py's CONFIG_KEY, TOKENIZER_KEY), so the model is
 rebuilt exactly, not guessed from llama.cpp's hyperparameters. The weights are read with gguf-py (llama.cpp's
-own reader) and widened to float32 as they are stored: f32 as it is, f16, q8_0 and q4_0 blocks as scale times
-value, which is exact. Packing the model read from a q4_0 file with --quantize=q4_0 then gives the very
-blocks the file holds (gptkit/cpu_decode.py's quantizers are llama.cpp's, and idempotent), so the file
-decodes as the model that wrote it, logit for logit; a q8_0 file's model likewise equals the checkpoint's
-with its matrices rounded as q8_0.
+own reader) and widened to float32 as they are stored: f32 as it is, f16, q8_0, q4_0 and Q6_K blocks as
+scale times value, which is exact. Packing the model read from a q4_0 file with --quantize=q4_0 then gives the
+very blocks the file holds (gptkit/cpu_decode.py's q4_0 and q8_0 quantizers are llama.cpp's, and idempotent;
+the Q6_K blocks of q4_0's head and token embedding, whose quantizer searches, are carried as they are, in
+model.gguf_q6_k), so the file decodes as the model that wrote it, logit for logit; a q8_0 file's model
+likewise equals the checkpoint's with its matrices rounded as q8_0.
 """
 
 from __future__ import annotations
@@ -44,10 +45,11 @@ def is_gguf(path: str | Path) -> bool:
         return False
 
 
-def gguf_state_dict(reader, model: GPT) -> dict[str, torch.Tensor]:
+def gguf_state_dict(reader, model: GPT, q6_k: dict | None = None) -> dict[str, torch.Tensor]:
     """The file's tensors under our state_dict names, in float32, shaped as `model`'s (the vocabulary's
     padding rows, which the file leaves out and no logit reads, as zeros). The zero biases the file holds for
-    a model without biases (llama.cpp's gpt2 needs them) are checked and dropped."""
+    a model without biases (llama.cpp's gpt2 needs them) are checked and dropped. The Q6_K matrices' blocks
+    go into `q6_k` too, under the same names, as the file's bytes (rows, 210 per 256 weights)."""
     gguf = _import_gguf()
     T = gguf.MODEL_TENSOR
     top = {T.TOKEN_EMBD: "transformer.wte", T.POS_EMBD: "transformer.wpe", T.OUTPUT_NORM: "transformer.ln_f",
@@ -70,7 +72,7 @@ def gguf_state_dict(reader, model: GPT) -> dict[str, torch.Tensor]:
                                                dtype=np.float32))
         except NotImplementedError:
             raise GGUFLoadError(f"{tensor.name} is stored as {tensor.tensor_type.name}, which this reader does not "
-                                f"widen; export.py writes f32, f16, q8_0 and q4_0") from None
+                                f"widen; export.py writes f32, f16, q8_0, q4_0 and q6_k") from None
         if key not in expected:
             if kind == "bias" and not model.config.bias and not values.any():
                 continue  # a model without biases: zeros, for llama.cpp
@@ -81,8 +83,12 @@ def gguf_state_dict(reader, model: GPT) -> dict[str, torch.Tensor]:
         if values.shape != want:
             raise GGUFLoadError(f"the file's {tensor.name} is {tuple(values.shape)}, the model's {tuple(want)}")
         out[key] = values
+        if tensor.tensor_type == gguf.GGMLQuantizationType.Q6_K and q6_k is not None:
+            q6_k[key] = tensor.data  # (a view of the mapped file: no copy until pack_for_cpu reads it)
     if model.config.tie_embeddings and "transformer.wte.weight" in out:
         out["lm_head.weight"] = out["transformer.wte.weight"]  # tied: llama.cpp reuses token_embd as the head
+        if q6_k is not None and "transformer.wte.weight" in q6_k:
+            q6_k["lm_head.weight"] = q6_k["transformer.wte.weight"]
     missing = sorted(set(expected) - set(out))
     if missing:
         raise GGUFLoadError(f"the file lacks {len(missing)} of the model's tensors, e.g. {missing[0]}")
@@ -115,7 +121,10 @@ def load_gguf(path: str | Path) -> tuple[GPT, Tokenizer, str]:
         tokenizer = Tokenizer.from_meta(json.loads(_string(reader, TOKENIZER_KEY, p)))
     except (ValueError, TypeError, DataError) as e:  # (json's errors are ValueErrors)
         raise GGUFLoadError(f"{p}: its model description is unusable: {one_line(e)}") from None
-    model.load_state_dict(gguf_state_dict(reader, model))
+    q6_k: dict = {}
+    model.load_state_dict(gguf_state_dict(reader, model, q6_k))
+    if q6_k:  # q4_0's head and token embedding: packed from these very blocks (cpu_decode.pack_for_cpu, which
+        model.gguf_q6_k = q6_k  # takes them off the model)
     types = sorted({t.tensor_type.name for t in reader.tensors if len(t.shape) > 1})
     # The blocks' format, for --quantize=auto (gptkit/inference.py): a q4_0 file decodes as its own blocks.
     model.gguf_dtype = "q4_0" if "Q4_0" in types else None

@@ -774,13 +774,14 @@ def test_the_products_benchmark_prints_a_row_per_matrix_and_rows(kernels, capsys
 
 def test_the_kernels_ab_benchmark_times_both_formats_and_refuses_a_bad_baseline(kernels, capsys, tmp_path):
     """benchmarks/kernels_ab.py: this checkout's products alone (a baseline's build is a compile: by hand), a
-    row with both formats and their ratio; a folder without the kernels' sources is a one-line error."""
+    row with the formats (int8, q4_0 with a q8_0 and with a q6_k head) and q4_0's ratios to int8; a folder without the kernels' sources is a one-line error."""
     from benchmarks import kernels_ab
 
     kernels_ab.main(["--layers=1", "--steps=2", "--vocab=64", "--tokens=0"])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| new |")]
-    assert len(rows) == 1 and rows[0].count("|") == 7
-    assert re.search(r"\| [\d.]+ / \*\*[\d.]+x\*\* / [\d.]+ \|$", rows[0])  # q4_0's speed over int8's
+    assert len(rows) == 1 and rows[0].count("|") == 10  # int8, q4_0 with either head: ms and MB, GB/s each
+    ratio = r"[\d.]+ / \*\*[\d.]+x\*\* / [\d.]+"
+    assert re.search(rf"\| {ratio} \| {ratio} \|$", rows[0])  # q4_0's speed over int8's, with either head
     with pytest.raises(SystemExit, match="no gptkit/csrc/kernels.h there"):
         kernels_ab.main([f"--baseline={tmp_path}", "--tokens=0"])
 
@@ -925,7 +926,7 @@ def test_the_fused_block_computes_the_model_of_its_dequantized_weights(variant, 
     torch.set_num_threads(threads)
     q4 = pack_for_cpu(copy.deepcopy(trained), "q4_0")
     assert all(isinstance(b, cpu_decode.PackedBlock) and b.fused for b in q4.transformer.h)
-    assert q4.lm_head.fmt == cpu_decode.Q4_HEAD
+    assert q4.lm_head.fmt == "q8_0"  # n_embd 32: not whole q6_k super-blocks
     twin = float_twin(trained, q4)
     g = torch.Generator().manual_seed(rows)
     prompts = torch.randint(67, (rows, 24), generator=g)
@@ -938,8 +939,9 @@ def test_the_fused_block_computes_the_model_of_its_dequantized_weights(variant, 
 @pytest.mark.parametrize("tied", [True, False])
 def test_weights_take_under_0_3x_float32s_bytes_and_the_start_up_line_says_so(tied):
     """The block matrices in q4_0: 4 bits a weight and a 16-bit scale per 32 (0.14x float32's bytes, biases
-    included); the head in q8_0, the token embedding read from the same q8_0 rows (tied: the head's own, no
-    float32 table left); the whole model's weights under 0.3x float32's; what stays wider is said."""
+    included); the head in q6_k (n_embd 256), the token embedding read from the same q6_k rows (tied: the
+    head's own, no float32 table left); the whole model's weights under 0.3x float32's; what stays wider is
+    said, and a head whose rows are not whole q6_k super-blocks stays q8_0, saying why."""
     cfg = GPTConfig(block_size=16, vocab_size=500, vocab_multiple=64, n_layer=2, n_head=4, n_embd=256,
                     tie_embeddings=tied)
     model = GPT(cfg).eval()
@@ -952,18 +954,23 @@ def test_weights_take_under_0_3x_float32s_bytes_and_the_start_up_line_says_so(ti
             assert packed <= 0.3 * 4 * m.in_features * m.out_features, name
     embedding = model.transformer.wte
     assert isinstance(embedding, cpu_decode.PackedEmbedding) and (embedding.table is model.lm_head) == tied
+    assert model.lm_head.fmt == "q6_k" and model.lm_head.weight.numel() == 500 * 256 * 13 // 16  # 6.5 bits
+    assert model.lm_head.scale.numel() == 500  # one fp16 d per 256 weights
     ids = torch.tensor([[0, 3, 499], [7, 7, 256]])
-    q, scale = cpu_decode.quantize_q8_0(wte[ids.flatten()])
-    assert torch.equal(embedding(ids), (q.reshape(6, -1, BLOCK) * scale[..., None]).reshape(2, 3, 256))
+    wanted = cpu_decode.dequantize_q6_k(*cpu_decode.quantize_q6_k(wte[:500]))  # (the rows' quantizer: per row)
+    assert torch.equal(embedding(ids), wanted[ids])
     tensors = {id(t): t for m in model.modules() for t in (*m.parameters(recurse=False), *m.buffers(recurse=False))}
     tensors.update({id(t): t for t in (embedding.q, embedding.scale)})
     assert sum(t.numel() * t.element_size() for t in tensors.values()) <= 0.3 * float32_bytes
     report = cpu_decode.weights_report(model)
-    assert "blocks q4_0" in report and "0.14x their float32 bytes" in report and "head q8_0" in report
+    assert "blocks q4_0" in report and "0.14x their float32 bytes" in report and "head q6_k 105.0 kB" in report  # 6.5625 bits a weight
     assert ("the head's own rows" in report) == tied
     odd = pack_for_cpu(GPT(GPTConfig(block_size=16, vocab_size=50, n_layer=1, n_head=2, n_embd=40)).eval(), "q4_0")
     report = cpu_decode.weights_report(odd)
     assert "4 kept float32" in report and "rows not a multiple of 32" in report and "h.0.attn.c_attn" in report
+    narrow = pack_for_cpu(GPT(GPTConfig(block_size=16, vocab_size=50, n_layer=1, n_head=2, n_embd=64)).eval(), "q4_0")
+    assert narrow.lm_head.fmt == "q8_0" and narrow.transformer.wte.table is narrow.lm_head
+    assert "head q8_0 3.5 kB (rows not a multiple of 256: not q6_k)" in cpu_decode.weights_report(narrow)
 
 
 def test_sample_py_decodes_a_q4_0_gguf_file_as_the_checkpoint(kernels, trained, ckpt, capsys, tmp_path):
@@ -984,3 +991,129 @@ def test_sample_py_decodes_a_q4_0_gguf_file_as_the_checkpoint(kernels, trained, 
     assert "float32 weights" in sample_text(capsys, ckpt)[1]  # (a checkpoint: float32, as ever)
     assert f"{path} (GGUF, matrices in f32/q4_0/q8_0)" in err
     assert re.search(r"; weights [\d.]+ kB: blocks q4_0 [\d.]+ kB \(0\.\d+x their float32 bytes\), head q8_0 ", err)
+
+
+# ----------------------------------------------------------------------------- q4_0's head in q6_k
+
+# q6_k (llama.cpp's Q6_K: kernels.h's dot_group_q6k), the head and token embedding of q4_0 models whose n_embd
+# is a multiple of 256: its blocks against gguf-py's own reading of them (to the bit), the layout, the
+# kernel's products against the float product of the same dequantized weights and quantized activations, a
+# q4_0 model with it against the float model of its dequantized weights. The GGUF file: test_gguf.py.
+
+
+def test_q6_k_blocks_are_what_gguf_py_reads_and_round_well():
+    """quantize_q6_k's values, written as GGUF Q6_K bytes, are what gguf-py (llama.cpp's reader) dequantizes
+    them to, exactly, including a super-block of zeros, runs of one sign and magnitudes from 1e-3 to 10; the
+    bytes read back give the same values; the scales are int8 and fp16; and six bits round far closer than
+    q4_0's four (the weights' rms error under 0.3x q4_0's)."""
+    gguf = pytest.importorskip("gguf", reason="the reference reader is gguf-py's: pip install gguf")
+    torch.manual_seed(0)
+    w = torch.randn(9, 512) * torch.logspace(-3, 1, 9)[:, None]
+    w[0, :256] = 0
+    w[1, 16:32] = -torch.rand(16)
+    w[2, 256:] = torch.rand(256)
+    q, sc, d = cpu_decode.quantize_q6_k(w)
+    assert q.dtype == torch.uint8 and int(q.max()) <= 63 and sc.dtype == torch.int8 and sc.shape == (9, 32)
+    assert d.shape == (9, 2) and torch.equal(d, d.half().float()) and d[0, 0] == 0
+    ours = cpu_decode.dequantize_q6_k(q, sc, d)
+    blocks = cpu_decode.q6_k_blocks(q, sc, d)
+    assert blocks.shape == (9, 2 * 210) and blocks.dtype == torch.uint8
+    theirs = gguf.quants.dequantize(blocks.numpy(), gguf.GGMLQuantizationType.Q6_K)
+    assert torch.equal(ours, torch.from_numpy(theirs))
+    assert all(torch.equal(a, b) for a, b in zip(cpu_decode.from_q6_k_blocks(blocks, 512), (q, sc, d)))
+    q4 = ((cpu_decode.quantize_q4_0(w)[0].reshape(9, -1, BLOCK).float() - 8)
+          * cpu_decode.quantize_q4_0(w)[1][..., None]).reshape(w.shape)
+    for row in range(1, 9):  # (row 0: half zeros)
+        assert (ours[row] - w[row]).pow(2).mean() < 0.3**2 * (q4[row] - w[row]).pow(2).mean(), row
+
+
+def test_the_q6_k_layout_holds_the_values_in_groups_of_four_rows():
+    """pack_q6_k: per group of four rows and 32-value block, 104 bytes (the low nibbles as q4_0's, the top
+    two bits of the four rows a byte, the block's 8 run scales), the d's as float16 in the groups; it unpacks
+    to the same values; and a PackedLinear in q6_k gives back the dequantized weights, while rows of a length
+    that is not a multiple of 256 stay float32."""
+    torch.manual_seed(1)
+    w = torch.randn(7, 256) * 0.1
+    q, sc, d = cpu_decode.quantize_q6_k(w)
+    layer = PackedLinear(w, None, "q6_k")
+    assert layer.weight.shape == (8, 208) and layer.scale.shape == (8, 1) and layer.scale.dtype == torch.float16
+    block = layer.weight.reshape(2, 8, 104)  # (group, block, bytes)
+    assert torch.equal(block[0, 1, :32] & 15, q[0, 32:64] & 15) and torch.equal(block[0, 1, :32] >> 4, q[2, 32:64] & 15)
+    assert torch.equal((block[1, 0, 64:96] >> 2) & 3, q[5, :32] >> 4)  # group 1's row 1
+    assert torch.equal(block[1, 2, 96:98].view(torch.int8), sc[4, 4:6])  # group 1's row 0, block 2's two runs
+    assert (block[1, :, 64:96] >> 6).eq(0).all()  # row 7 (padding): zeros
+    assert all(torch.equal(a, b) for a, b in zip(cpu_decode.unpack_q6_k(layer.weight, layer.scale, 7), (q, sc, d)))
+    assert torch.equal(layer.dense_weight(), cpu_decode.dequantize_q6_k(q, sc, d))
+    kept = PackedLinear(torch.randn(5, 96), None, "q6_k")
+    assert kept.kept_float32 and kept.weight.dtype == torch.float32
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("K", [256, 768])  # one super-block; three (GPT-2 small's rows)
+@pytest.mark.parametrize("M", [1, 3, 9, 40])  # a decode step, a few rows, a batch (groups unpacked), a prefill
+def test_q6_k_products_equal_the_float_product_of_the_dequantized_operands(variant, M, K, threads):
+    """The kernel computes x^ . w^ + b, w^ the q6_k weights (each run of 16 with its own scale) and x^ the
+    activations rounded as q8_0: within float32's rounding of that product, on 77 rows (the last group of four
+    padded); and a batch's rows (its groups unpacked once) equal to the bit each row alone (in registers)."""
+    N = 77
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(M * N + K)
+    x, w, b = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g) * 0.05, torch.randn(N, generator=g)
+    w[:, 16:32] *= 8  # runs of very different scales side by side
+    layer = PackedLinear(w, b, "q6_k")
+    xq, wq = q8_activations(x), layer.dense_weight()
+    reference = F.linear(xq.double(), wq.double(), b.double())
+    slack = 2 * (K + 1) * U32 * (xq.abs() @ wq.abs().T + b.abs())
+    got = layer(x)
+    assert ((got - reference).abs() <= slack).all()
+    assert ((PackedLinear(w, None, "q6_k")(x) - (reference - b)).abs() <= slack).all()  # no bias
+    assert (got - F.linear(x, w, b)).abs().max() > 1e-4  # six-bit weights: not the float32 product
+    assert torch.equal(got, torch.cat([layer(x[i : i + 1]) for i in range(M)]))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_q4_0_model_with_a_q6_k_head_is_the_model_of_its_dequantized_weights(variant, tied):
+    """n_embd 256: pack_for_cpu's q4_0 puts the head in q6_k and the token embedding reads its rows (tied:
+    the head's own; untied: its own table); the decode step's logits are those of the float32 model holding
+    the dequantized weights, but for the activations' q8_0 rounding; q4_head="q8_0" keeps the head q8_0."""
+    torch.manual_seed(3)
+    model = GPT(GPTConfig(block_size=16, vocab_size=67, n_layer=1, n_head=4, n_embd=256, dropout=0.0,
+                          tie_embeddings=tied)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)  # (an untied head starts at zero)
+    q4 = pack_for_cpu(copy.deepcopy(model), "q4_0")
+    assert q4.lm_head.fmt == "q6_k" and q4.transformer.wte.table.fmt == "q6_k"
+    assert (q4.transformer.wte.table is q4.lm_head) == tied
+    twin = copy.deepcopy(model)
+    for name, m in q4.named_modules():
+        if isinstance(m, PackedLinear) and name != "lm_head":
+            twin.get_submodule(name).weight.data.copy_(m.dense_weight())
+    twin.lm_head.weight.data[:67] = q4.lm_head.dense_weight()
+    twin.transformer.wte.weight.data[:67] = q4.transformer.wte.table.dense_weight()
+    assert torch.equal(q4.transformer.wte(torch.arange(67)), twin.transformer.wte.weight[:67])
+    prompts = torch.randint(67, (3, 12), generator=torch.Generator().manual_seed(0))
+    pos = [11, 4, 7]
+    reference, got = batch_logits(twin, prompts, pos), batch_logits(q4, prompts, pos)
+    # random weights: the activations' rounding moves these logits more than the trained model's (1.1% of
+    # their range measured, as much as with a q8_0 head: 0.8-1.0%); a wrong run scale would move them far more
+    assert (got - reference).abs().max() < 2e-2 * (reference.max() - reference.min())
+    assert pack_for_cpu(copy.deepcopy(model), "q4_0", q4_head="q8_0").lm_head.fmt == "q8_0"
+
+
+def test_a_compiled_decode_step_calls_the_q6_k_head_without_recompiling(kernels):
+    """linear_q6k has its fake shape too: a compiled decode step of a q4_0 model with a q6_k head traces whole
+    (fullgraph, the eager backend as in the test above) and decodes the eager model's tokens."""
+    import torch._dynamo
+
+    torch.manual_seed(5)
+    model = GPT(GPTConfig(block_size=32, vocab_size=67, n_layer=1, n_head=4, n_embd=256, dropout=0.0)).eval()
+    q4 = pack_for_cpu(model, "q4_0")
+    assert q4.lm_head.fmt == "q6_k"
+    prompt = counting_sequences(1, 4, 67, "cpu")
+    reference = generate(q4, prompt, 6, GREEDY)
+    torch._dynamo.reset()
+    compiled = torch.compile(decode_step, backend="eager", fullgraph=True, dynamic=False)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        assert torch.equal(generate(q4, prompt, 6, GREEDY, step_fn=compiled), reference)
+    torch._dynamo.reset()

@@ -271,6 +271,46 @@ def test_an_untied_model_without_biases_reads_back_exactly(tmp_path):
     assert torch.equal(packed_logits(back, "q4_0", ids), packed_logits(model, "q4_0", ids))
 
 
+def wide_model(tied: bool, seed: int = 4) -> tuple[GPT, Tokenizer]:
+    """A random model of n_embd 256 (whole Q6_K super-blocks: its q4_0 head is q6_k) on a character
+    vocabulary, its weights moved off their initial values (an untied head starts at zero)."""
+    tokenizer = Tokenizer.char_from_text(CHARS_TEXT)
+    torch.manual_seed(seed)
+    config = GPTConfig(block_size=32, vocab_size=tokenizer.vocab_size, n_layer=1, n_head=4, n_embd=256,
+                       tie_embeddings=tied)
+    model = GPT(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model, tokenizer
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_q4_0_file_with_q6_k_head_reads_back_exactly(tmp_path, tied):
+    """n_embd 256: the q4_0 file holds token_embd (and an untied head's output) as Q6_K, as llama-quantize
+    would; read back and packed with --quantize=q4_0 it is our own q4_0 model (head q6_k), logit for logit:
+    the file's Q6_K blocks are packed as they are."""
+    from gptkit import cpu_decode
+    from gptkit.cpu_decode import pack_for_cpu
+    from gptkit.gguf_load import load_gguf
+
+    model, tokenizer = wide_model(tied)
+    result = export_gguf(model, tmp_path / "m.gguf", {"tokenizer": tokenizer.to_meta()}, dtype="q4_0")
+    tensors = read(result.path)[1]
+    assert tensors["token_embd.weight"][0] == "Q6_K" and tensors["blk.0.ffn_up.weight"][0] == "Q4_0"
+    assert ("output.weight" in tensors) == (not tied) and tensors.get("output.weight", ("Q6_K",))[0] == "Q6_K"
+    assert result.head.startswith("token embedding q6_k")
+    back, _, what = load_gguf(result.path)
+    assert "q6_k" in what and sorted(back.gguf_q6_k) == ["lm_head.weight", "transformer.wte.weight"]
+    blocks = cpu_decode.from_q6_k_blocks(torch.tensor(back.gguf_q6_k["transformer.wte.weight"]), 256)
+    again = cpu_decode.quantize_q6_k(cpu_decode.dequantize_q6_k(*blocks))  # quantized again, the file's values
+    assert not all(torch.equal(a, b) for a, b in zip(again, blocks))  # give other blocks: the loader carries them
+    packed = pack_for_cpu(copy.deepcopy(back), "q4_0")
+    assert packed.lm_head.fmt == "q6_k" and not hasattr(packed, "gguf_q6_k")  # used, then let go
+    ids = tokenizer.encode(CHARS_TEXT)[:32]
+    assert torch.equal(packed_logits(back, "q4_0", ids), packed_logits(model, "q4_0", ids))
+
+
 def test_other_gguf_files_are_one_line_errors(tmp_path):
     from gptkit.gguf_load import GGUFLoadError, load_gguf
 
@@ -310,6 +350,34 @@ def test_q4_0_file_agrees_with_our_q4_0_model(trained, exported):
     assert np.abs(ours - theirs).max() < 0.02 * np.abs(ours).max()
     assert np.abs(ours - theirs).max() < 0.25 * np.abs(ours - reference).max()
     llm.close()
+
+
+@needs_llama_cpp
+@pytest.mark.parametrize("tied", [True, False])
+def test_q4_0_file_with_a_q6_k_head_agrees_with_our_q4_0_model(tmp_path, tied):
+    """llama.cpp reads our Q6_K token_embd (and output) and computes with the very values our q6_k head
+    holds: its logits are close to our q4_0 model's (the activations rounded at different points, not to the
+    bit), much closer than to the float32 model's, and closer than to our q4_0 model with a q8_0 head (the
+    same blocks, another head), which they would match as well were llama.cpp's head values not ours."""
+    from gptkit.cpu_decode import PackedLinear, pack_for_cpu
+
+    model, tokenizer = wide_model(tied)
+    result = export_gguf(model, tmp_path / "m.gguf", {"tokenizer": tokenizer.to_meta()}, dtype="q4_0")
+    llm = llama(result.path, model.config.block_size)
+    ids = tokenizer.encode(CHARS_TEXT)[:32]
+    theirs, reference = llama_logits(llm, ids)[7:], our_logits(model, ids)[7:]
+    llm.close()
+    ours = packed_logits(model, "q4_0", ids).numpy()
+    q6 = pack_for_cpu(copy.deepcopy(model), "q4_0")
+    q8_head = PackedLinear(model.lm_head.weight[: model.config.vocab_size], None, "q8_0")
+    with torch.no_grad():  # the same hidden states through our q6_k head and through a q8_0 one
+        hidden = q6.hidden_states(torch.tensor([ids]))[0, 7:]
+        same_head, other_head = q6.lm_head(hidden).numpy(), q8_head(hidden).numpy()
+    apart = np.abs(ours - theirs).max()
+    # measured: 0.03-0.04 apart on logits up to 2-3, each ~0.5 from float32's
+    assert apart < 0.03 * np.abs(ours).max()
+    assert apart < 0.2 * np.abs(ours - reference).max()
+    assert np.abs(same_head - theirs).max() < np.abs(other_head - theirs).max()
 
 
 @needs_llama_cpp

@@ -42,6 +42,7 @@ static void define_ops(torch::Library& m) {
   m.def("linear_f16(Tensor x, Tensor w, Tensor? bias) -> Tensor");
   m.def("linear_q8(Tensor x, Tensor w, Tensor ws, Tensor? bias, int n) -> Tensor");
   m.def("linear_q4(Tensor x, Tensor w, Tensor ws, Tensor? bias, int n) -> Tensor");
+  m.def("linear_q6k(Tensor x, Tensor w, Tensor ds, Tensor? bias, int n) -> Tensor");
   m.def("block_decode(Tensor x, Tensor?[] p, Tensor(a!) k, Tensor(b!) v, int row0, Tensor pos, int n_head, "
         "float eps) -> Tensor");
 }
@@ -53,6 +54,7 @@ static void define_ops(torch::Library& m) {
     m.impl("linear_f16", &ns::linear_f16);           \
     m.impl("linear_q8", &ns::linear_q8);             \
     m.impl("linear_q4", &ns::linear_q4);             \
+    m.impl("linear_q6k", &ns::linear_q6k);           \
     m.impl("block_decode", &ns::block_decode);       \
   }
 

@@ -506,6 +506,172 @@ static void q4_rows(const int8_t* XQ, const float* XS, int64_t M, int64_t K, con
   });
 }
 
+// q6_k weights (llama.cpp's Q6_K values: super-blocks of 256 weights of a row, each run of 16 with its own int8
+// scale sc and the super-block an fp16 d; each weight an unsigned 6-bit q, weight = d sc (q - 32)): the head of
+// q4_0 models. Stored in the same groups of four rows, for each 32-value block 104 bytes (PackedLinear's layout,
+// pack_q6_k): 64 bytes of low nibbles laid out as q4_0's (rows 0|2 in bytes 0-31, rows 1|3 in 32-63), 32 bytes
+// of high bits (byte i: value i's top two bits of row r at bits 2r-2r+1), the 8 int8 scales of the block's two
+// runs of 16 (row r's at 2r, 2r + 1); the d's apart, (N / 4, K / 256, 4) float16, read as q4_0's scales are.
+// The unsigned q meet the q8 activations in the same dot-product instructions; each dpbusd (maddubs) lane sums
+// four values of one run, so the runs' scales apply lane by lane: the lane's d sc (exact in float32) times the
+// activations' scale, and -32 times each run's activation sum (xc, made once per product) added to one lane of
+// the run. Packed: as stored, unpacked in registers; else a group unpacked once for all the rows of a batch
+// (unpack_group_q6k: 128 bytes a block, the values as unsigned bytes, and the 8 d sc as floats): the same
+// integers and floats in the same order, the same results to the bit.
+// A super-block's d of the group's four rows, each twice (the order of a block's 8 run scales), as floats.
+static inline __m256 q6k_d8(const at::Half* ds) {
+  return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(scales4(ds)), _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+}
+
+static inline __m256 q6k_run_scales(const uint8_t* blk, __m256 d8) {  // a block's 8 runs' d sc, as floats
+  const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 96))));
+  return _mm256_mul_ps(sc, d8);
+}
+
+static inline void unpack_group_q6k(const uint8_t* w, const at::Half* ds, int64_t B, uint8_t* out, float* fs) {
+  const __m256i nibble = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
+  for (int64_t b = 0; b < B; b++) {
+    const uint8_t* blk = w + 104 * b;
+    ahead(blk); ahead(blk + 64);
+    const __m256i v02 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk));
+    const __m256i v13 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32));
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64));
+    __m256i* o = reinterpret_cast<__m256i*>(out + 128 * b);
+    _mm256_storeu_si256(o, _mm256_or_si256(_mm256_and_si256(v02, nibble), _mm256_and_si256(_mm256_slli_epi16(h, 4), top)));
+    _mm256_storeu_si256(o + 1, _mm256_or_si256(_mm256_and_si256(v13, nibble), _mm256_and_si256(_mm256_slli_epi16(h, 2), top)));
+    _mm256_storeu_si256(o + 2, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v02, 4), nibble), _mm256_and_si256(h, top)));
+    _mm256_storeu_si256(o + 3, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v13, 4), nibble),
+                                               _mm256_and_si256(_mm256_srli_epi16(h, 2), top)));
+    _mm256_storeu_ps(fs + 8 * b, q6k_run_scales(blk, q6k_d8(ds + 4 * (b / 8))));
+  }
+}
+
+#ifdef GPTKIT_AVX512
+template <bool Packed>
+static inline void dot_group_q6k(const uint8_t* w, const at::Half* ds, const float* fs, int64_t B, const int8_t* x,
+                                 const float* xs, const int32_t* xc, float* out) {
+  const __m512i lanes01 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const __m512i lanes23 = _mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7);
+  const __m512i nibble = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
+  // the high bits' shifts, per 16-bit lane: rows 0 and 1 (left by 4 and 2), rows 2 and 3 (none, right by 2)
+  const __m512i up01 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+  const __m512i down23 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+  __m512 a01 = _mm512_setzero_ps(), a23 = a01, b01 = a01, b23 = a01;
+  __m256 d8 = _mm256_setzero_ps();  // the super-block's d's (Packed)
+  auto step = [&](int64_t b, __m512& c01, __m512& c23) {
+    const __m512i xv = _mm512_broadcast_i64x4(load32(x + 32 * b));
+    const __m512i corr = _mm512_mask_set1_epi32(_mm512_maskz_set1_epi32(0x0101, xc[2 * b]), 0x1010, xc[2 * b + 1]);
+    __m512i w01, w23;
+    __m256 runs;
+    if constexpr (Packed) {
+      const uint8_t* blk = w + 104 * b;
+      ahead(blk); ahead(blk + 64);
+      const __m512i v = _mm512_loadu_si512(blk);
+      const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64)));
+      w01 = _mm512_or_si512(_mm512_and_si512(v, nibble), _mm512_and_si512(_mm512_sllv_epi16(h, up01), top));
+      w23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), nibble),
+                            _mm512_and_si512(_mm512_srlv_epi16(h, down23), top));
+      runs = q6k_run_scales(blk, d8);
+    } else {
+      w01 = _mm512_loadu_si512(w + 128 * b), w23 = _mm512_loadu_si512(w + 128 * b + 64);
+      runs = _mm256_loadu_ps(fs + 8 * b);
+    }
+    const __m512 s = _mm512_castps256_ps512(_mm256_mul_ps(runs, _mm256_set1_ps(xs[b])));
+    const __m512i d01 = _mm512_dpbusd_epi32(corr, w01, xv), d23 = _mm512_dpbusd_epi32(corr, w23, xv);
+    c01 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d01), _mm512_permutexvar_ps(lanes01, s), c01);
+    c23 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d23), _mm512_permutexvar_ps(lanes23, s), c23);
+  };
+  for (int64_t sb = 0; sb < B; sb += 8) {  // super-blocks of 8 blocks (K is a multiple of 256)
+    if constexpr (Packed) { d8 = q6k_d8(ds + sb / 2); ahead(ds + sb / 2, PREFETCH_AHEAD / 104); }
+    for (int64_t b = sb; b < sb + 8; b += 2) { step(b, a01, a23); step(b + 1, b01, b23); }
+  }
+  a01 = _mm512_add_ps(a01, b01); a23 = _mm512_add_ps(a23, b23);
+  hsum4(_mm512_castps512_ps256(a01), high8(a01), _mm512_castps512_ps256(a23), high8(a23), out);
+}
+#else
+// 32 unsigned 6-bit values w times 32 int8 activations xv, plus corr (the two runs' -32 x's sums in lanes 0 and
+// 4): 8 partial sums of (w - 32).x, lanes 0-3 the first run's, 4-7 the second's, as floats (63 * 127 * 2 fits
+// maddubs' 16-bit sums).
+static inline __m256 q6k_sums(__m256i w, __m256i xv, __m256i corr) {
+  const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), _mm256_set1_epi16(1));
+  return _mm256_cvtepi32_ps(_mm256_add_epi32(sums, corr));
+}
+
+template <bool Packed>
+static inline void dot_group_q6k(const uint8_t* w, const at::Half* ds, const float* fs, int64_t B, const int8_t* x,
+                                 const float* xs, const int32_t* xc, float* out) {
+  const __m256i nibble = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
+  const __m256i r0 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), r1 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
+  const __m256i r2 = _mm256_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5), r3 = _mm256_setr_epi32(6, 6, 6, 6, 7, 7, 7, 7);
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  __m256 d8 = _mm256_setzero_ps();  // the super-block's d's (Packed)
+  for (int64_t b = 0; b < B; b++) {
+    if (Packed && b % 8 == 0) { d8 = q6k_d8(ds + b / 2); ahead(ds + b / 2, PREFETCH_AHEAD / 104); }
+    const __m256i xv = load32(x + 32 * b);
+    const __m256i corr = _mm256_setr_epi32(xc[2 * b], 0, 0, 0, xc[2 * b + 1], 0, 0, 0);
+    __m256i w0, w1, w2, w3;
+    __m256 runs;
+    if constexpr (Packed) {
+      const uint8_t* blk = w + 104 * b;
+      ahead(blk); ahead(blk + 64);
+      const __m256i v02 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk));
+      const __m256i v13 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32));
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64));
+      w0 = _mm256_or_si256(_mm256_and_si256(v02, nibble), _mm256_and_si256(_mm256_slli_epi16(h, 4), top));
+      w1 = _mm256_or_si256(_mm256_and_si256(v13, nibble), _mm256_and_si256(_mm256_slli_epi16(h, 2), top));
+      w2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v02, 4), nibble), _mm256_and_si256(h, top));
+      w3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v13, 4), nibble),
+                           _mm256_and_si256(_mm256_srli_epi16(h, 2), top));
+      runs = q6k_run_scales(blk, d8);
+    } else {
+      const uint8_t* u = w + 128 * b;
+      w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u));
+      w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 32));
+      w2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 64));
+      w3 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 96));
+      runs = _mm256_loadu_ps(fs + 8 * b);
+    }
+    const __m256 s = _mm256_mul_ps(runs, _mm256_set1_ps(xs[b]));
+    a0 = _mm256_fmadd_ps(q6k_sums(w0, xv, corr), _mm256_permutevar8x32_ps(s, r0), a0);
+    a1 = _mm256_fmadd_ps(q6k_sums(w1, xv, corr), _mm256_permutevar8x32_ps(s, r1), a1);
+    a2 = _mm256_fmadd_ps(q6k_sums(w2, xv, corr), _mm256_permutevar8x32_ps(s, r2), a2);
+    a3 = _mm256_fmadd_ps(q6k_sums(w3, xv, corr), _mm256_permutevar8x32_ps(s, r3), a3);
+  }
+  hsum4(a0, a1, a2, a3, out);
+}
+#endif
+
+// q6_k weights (groups of four rows: dot_group_q6k; N real rows, K a multiple of 256): as q4_rows, each group
+// read once (3.25 K bytes) and used from the L1 cache for all M rows, unpacked once per group from
+// Q4_UNPACK_ROWS rows on. xc: each run of 16 activations' -32 x's sum, made once.
+static void q6k_rows(const int8_t* XQ, const float* XS, int64_t M, int64_t K, const uint8_t* W, const at::Half* DS,
+                     int64_t N, const float* b, float* Y) {
+  const int64_t B = K / 32;
+  std::vector<int32_t> xc(2 * M * B);
+  for (int64_t i = 0; i < 2 * M * B; i++) {
+    int32_t sum = 0;
+    for (int j = 0; j < 16; j++) sum += XQ[16 * i + j];
+    xc[i] = -32 * sum;
+  }
+  const bool unpack = M >= Q4_UNPACK_ROWS;
+  at::parallel_for(0, (N + 3) / 4, 4, [&](int64_t lo, int64_t hi) {
+    float out[4];
+    std::vector<uint8_t> unpacked(unpack ? 128 * B : 0);
+    std::vector<float> fs(unpack ? 8 * B : 0);
+    for (int64_t g = lo; g < hi; g++) {
+      const int rows = static_cast<int>(std::min<int64_t>(4, N - 4 * g));
+      const uint8_t* w = W + 104 * g * B;
+      const at::Half* ds = DS + 4 * g * (B / 8);
+      if (unpack) unpack_group_q6k(w, ds, B, unpacked.data(), fs.data());
+      for (int64_t m = 0; m < M; m++) {
+        if (unpack) dot_group_q6k<false>(unpacked.data(), ds, fs.data(), B, XQ + m * K, XS + m * B, xc.data() + 2 * m * B, out);
+        else dot_group_q6k<true>(w, ds, nullptr, B, XQ + m * K, XS + m * B, xc.data() + 2 * m * B, out);
+        for (int r = 0; r < rows; r++) Y[m * N + 4 * g + r] = out[r] + (b ? b[4 * g + r] : 0.f);
+      }
+    }
+  });
+}
+
 // A packed weight: float32, float16, int8 or q4_0 (uint8: two values a byte; int8 and q4_0 with their scales,
 // float32 or float16; n: its real rows), and its bias (or none).
 struct Packed {
@@ -578,6 +744,27 @@ at::Tensor linear_q4(at::Tensor x, at::Tensor w, at::Tensor ws, c10::optional<at
                         int64_t n) {
   TORCH_CHECK(w.scalar_type() == at::kByte, "q4_0 w: uint8, two values a byte");
   return linear(x, {w, ws, bias, n});
+}
+
+// q6_k's product (the head of q4_0 models): y (M, n) = x (M, K) @ w^T + bias, w (N4, 13 K / 16) bytes in
+// pack_q6_k's layout, ds (N4, K / 256) float16 (the super-blocks' d), K a multiple of 256.
+at::Tensor linear_q6k(at::Tensor x, at::Tensor w, at::Tensor ds, c10::optional<at::Tensor> bias, int64_t n) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x: contiguous float32 (M, K)");
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(K % 256 == 0 && w.scalar_type() == at::kByte && w.dim() == 2 && w.is_contiguous() &&
+              w.size(0) % 4 == 0 && w.size(1) * 16 == K * 13 && n <= w.size(0),
+              "q6_k w: uint8 (N4, 13 K / 16), groups of 4 rows, K a multiple of 256");
+  TORCH_CHECK(ds.scalar_type() == at::kHalf && ds.is_contiguous() && ds.numel() == w.size(0) * K / 256,
+              "q6_k ds: float16 (N4, K / 256)");
+  TORCH_CHECK(!bias.has_value() || (bias->is_contiguous() && bias->scalar_type() == at::kFloat && bias->numel() == n),
+              "bias: (n,)");
+  auto y = at::empty({M, n}, x.options());
+  auto xq = at::empty({M * K}, x.options().dtype(at::kChar));
+  auto xs = at::empty({M * K / 32}, x.options());
+  quantize_rows(x.data_ptr<float>(), M, K, xq.data_ptr<int8_t>(), xs.data_ptr<float>());
+  q6k_rows(xq.data_ptr<int8_t>(), xs.data_ptr<float>(), M, K, w.data_ptr<uint8_t>(), ds.data_ptr<at::Half>(), n,
+           bias.has_value() ? bias->data_ptr<float>() : nullptr, y.data_ptr<float>());
+  return y;
 }
 
 // ------------------------------------------------------------------------------------------ the fused block
