@@ -152,7 +152,7 @@ def run_script(script: str, argv: list[str], json_path: Path) -> object:
 def run_decode(args: argparse.Namespace, work: Path) -> list[Measured]:
     from gptkit import cpu_decode
 
-    variant = cpu_decode.runnable_variants()[:1]  # the one sample.py and serve.py use
+    variant = [args.variant] if args.variant else cpu_decode.runnable_variants()[:1]  # (sample.py's, serve.py's)
     rows = run_script("cpu_decode.py", ["--models=gpt2", "--engines=gptkit,llama.cpp", f"--repeats={args.rounds}",
                                         f"--min_seconds={args.min_seconds}",
                                         f"--new_tokens={64 if args.quick else 256}"]
@@ -241,6 +241,9 @@ def main(argv: list[str] | None = None) -> list[Measured]:
     p.add_argument("--rounds", type=int, default=None, help="rounds of every comparison (default 3; --quick 2)")
     p.add_argument("--min_seconds", type=float, default=None, help="a cell's least seconds of work (default 10; "
                    "--quick 2)")
+    p.add_argument("--variant", default="", help="gptkit's CPU kernels for the decode and serve parts (default: "
+                   "the best this CPU runs, as sample.py and serve.py pick; e.g. avx2 beside a llama.cpp built for "
+                   "AVX2, where its build for this CPU's every instruction cannot run)")
     p.add_argument("--llama_server", default=LLAMA_SERVER, help="llama-server's binary for the serve part")
     p.add_argument("--nanogpt", default=str(NANOGPT), help="nanoGPT's checkout for the train part")
     p.add_argument("--train_args", default="", help="more settings for every train.py run (a rehearsal: e.g. "
@@ -255,10 +258,17 @@ def main(argv: list[str] | None = None) -> list[Measured]:
     args.min_seconds = (QUICK_SECONDS if args.quick else MIN_SECONDS) if args.min_seconds is None else args.min_seconds
     if args.rounds < 1 or args.min_seconds < 0 or (args.n_layer is not None and args.n_layer < 1):
         raise ReproduceError("--rounds and --n_layer must be >= 1, --min_seconds >= 0")
+    if args.variant:
+        from gptkit import cpu_decode
+
+        if args.variant not in cpu_decode.runnable_variants():
+            raise ReproduceError(f"--variant {args.variant!r}: this CPU runs {', '.join(cpu_decode.runnable_variants()) or 'none'}")
+        os.environ[cpu_decode.VARIANT_ENV] = args.variant  # serve.py, started by serve_load.py, reads it
     root = Path(args.out or tempfile.mkdtemp(prefix="reproduce-")).resolve()
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"reproduce: {', '.join(parts)}; {args.rounds} rounds, cells >= {args.min_seconds:g} s; "
-          f"{os.cpu_count()} CPUs, load average {load}; work folder {root}", flush=True)
+          + (f"gptkit's {args.variant} kernels; " if args.variant else "")
+          + f"{os.cpu_count()} CPUs, load average {load}; work folder {root}", flush=True)
     measured, skipped = [], []
     for part in parts:
         why = why_skipped(part, args)

@@ -81,7 +81,7 @@ def test_each_part_reads_its_benchmarks_json_into_per_round_ratios(monkeypatch, 
 
     monkeypatch.setattr(reproduce, "run_script", run_script)
     args = reproduce.argparse.Namespace(rounds=2, min_seconds=1.0, quick=True, llama_server="x", n_layer=None,
-                                        nanogpt="n", train_args="")
+                                        nanogpt="n", train_args="", variant="avx2")
     decode = {m.claim.key: m.ratios for m in reproduce.run_decode(args, tmp_path)}
     assert decode == {"decode-float32": [1.25, 1.0], "decode-int8": [0.9, 0.8]}
     serve = {m.claim.key: m.ratios for m in reproduce.run_serve(args, tmp_path)}
@@ -90,3 +90,4 @@ def test_each_part_reads_its_benchmarks_json_into_per_round_ratios(monkeypatch, 
     (train,) = reproduce.run_train(args, tmp_path)
     assert train.ratios == pytest.approx([1.1, 1.0]) and train.ours == pytest.approx([1000 / 30, 25.0])
     assert "--max_batch=64" in calls[1][1] and "--llama_type=q8_0" in calls[1][1]
+    assert "--variants=avx2" in calls[0][1]  # --variant: the kernels beside a llama.cpp built for the same ones
