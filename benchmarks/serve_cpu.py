@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shlex
 import statistics
@@ -31,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a file from anywhere: the scripts and gptkit are in the checkout
 
 from benchmarks.rounds import rotation  # noqa: E402
-from benchmarks.servers import LocalServer, served_model, write_checkpoint  # noqa: E402
+from benchmarks.servers import LoadError, LocalServer, served_model, write_checkpoint  # noqa: E402
 from gptkit import cli  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -63,7 +64,7 @@ def spent(before: dict, after: dict, pid: int) -> tuple[tuple[float, float], tup
 
 
 def http_round(url: str, model: str, args: argparse.Namespace, pid: int) -> dict[str, float]:
-    from benchmarks.serve_load import run_level
+    from benchmarks.servers import run_level
 
     me = os.getpid()
     server0, client0 = thread_times(pid), thread_times(me)
@@ -132,6 +133,41 @@ def bare_engine(ckpt: Path, args: argparse.Namespace):
     return engine.start(), tokenizer
 
 
+def bare_worker(conn, ckpt: Path, args: argparse.Namespace) -> None:
+    """A child process: the bare Engine, a round of `kind` for each kind received, its figures sent back; None
+    ends it. (Apart from the process that made the checkpoint and runs the clients: in a process whose main
+    thread has run torch's parallel work, a second thread's OpenMP team makes every thread slower.)"""
+    from benchmarks.servers import fresh_prompt
+
+    engine, tokenizer = bare_engine(ckpt, args)
+    try:
+        while (kind := conn.recv()) is not None:
+            prompts = [tokenizer.encode(fresh_prompt()) for _ in range(args.clients * args.requests)]
+            with bucketed_steps(kind == "bare-bucketed"):
+                conn.send(bare_round(engine, prompts, args))
+    finally:
+        engine.stop()
+
+
+NAMES = {"http": "serve.py over HTTP", "bare": "Engine, no server",
+         "bare-bucketed": "Engine, no server, steps reading length buckets"}
+
+
+@contextlib.contextmanager
+def bucketed_steps(on: bool):
+    """With on, the engine's eager steps read the model's length buckets of slots (as before they read
+    exactly the filled ones), for a comparison in one process."""
+    from gptkit.serving import engine as engine_module
+
+    real = engine_module.decode_one_token
+    if on:
+        engine_module.decode_one_token = lambda *a, **k: real(*a, **{**k, "exact": False})
+    try:
+        yield
+    finally:
+        engine_module.decode_one_token = real
+
+
 @cli.entry_point()
 def main(argv: list[str] | None = None) -> dict:
     p = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -143,35 +179,43 @@ def main(argv: list[str] | None = None) -> dict:
                    "GPT-2's BPE (tiktoken's files: TIKTOKEN_CACHE_DIR offline) or a character tokenizer as large")
     p.add_argument("--n_layer", type=int, default=None, help="layers of the GPT-2-shaped model (default 12)")
     p.add_argument("--rounds", type=int, default=3, help="rounds, HTTP and bare loop in turn")
+    p.add_argument("--kinds", default="http,bare", help="what each round runs, in turn: http (serve.py), bare "
+                   "(the Engine in this process), bare-bucketed (the same, its eager steps reading the model's "
+                   "length buckets of slots instead of the filled ones: the engine before it read exactly those)")
     p.add_argument("--serve_args", default="--threads=2 --quantize=int8", help="serve.py's options (and the "
                    "bare engine's --threads and --quantize)")
     args = p.parse_args(argv)
-    from benchmarks.serve_load import fresh_prompt, run_level
+    from benchmarks.servers import run_level
 
-    results: dict[str, list[dict]] = {"http": [], "bare": []}
-    with tempfile.TemporaryDirectory(prefix="serve_cpu-") as scratch:
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    if not kinds or not set(kinds) <= set(NAMES):
+        raise LoadError(f"--kinds {args.kinds!r}: comma-separated {', '.join(NAMES)}")
+    results: dict[str, list[dict]] = {kind: [] for kind in kinds}
+    with tempfile.TemporaryDirectory(prefix="serve_cpu-") as scratch, contextlib.ExitStack() as stack:
         ckpt = write_checkpoint(Path(scratch) / f"{args.model}-random", args.model, args.n_layer)
-        server = LocalServer(ckpt, args.max_batch, ["--prefix_cache=0", *shlex.split(args.serve_args)])
-        try:
+        if "http" in kinds:
+            server = LocalServer(ckpt, args.max_batch, ["--prefix_cache=0", *shlex.split(args.serve_args)])
+            stack.callback(server.stop)
             model = served_model(server.url)
             asyncio.run(run_level(server.url, model, 1, 1, 60, 8))  # one-off costs
-            engine, tokenizer = bare_engine(ckpt, args)
-            try:
-                count = args.clients * args.requests
-                for r in range(args.rounds):
-                    for kind in rotation(["http", "bare"], r):
-                        if kind == "http":
-                            row = http_round(server.url, model, args, server.proc.pid)
-                        else:
-                            prompts = [tokenizer.encode(fresh_prompt()) for _ in range(count)]
-                            row = bare_round(engine, prompts, args)
-                        results[kind].append(row)
-                        print(f"  round {r + 1} {kind}: " + ", ".join(f"{k} {v:.3g}" for k, v in row.items()),
-                              file=sys.stderr, flush=True)
-            finally:
-                engine.stop()
-        finally:
-            server.stop()
+        if set(kinds) - {"http"}:  # the bare engine in a process of its own, as serve.py's is
+            import multiprocessing
+
+            conn, theirs = multiprocessing.get_context("spawn").Pipe()
+            child = multiprocessing.get_context("spawn").Process(target=bare_worker, args=(theirs, ckpt, args))
+            child.start()
+            stack.callback(child.join)
+            stack.callback(conn.send, None)
+        for r in range(args.rounds):
+            for kind in rotation(kinds, r):
+                if kind == "http":
+                    row = http_round(server.url, model, args, server.proc.pid)
+                else:
+                    conn.send(kind)
+                    row = conn.recv()
+                results[kind].append(row)
+                print(f"  round {r + 1} {kind}: " + ", ".join(f"{k} {v:.3g}" for k, v in row.items()),
+                      file=sys.stderr, flush=True)
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"serve_cpu: {args.model} random weights ({args.n_layer or 12} layers), {args.serve_args}, {args.clients} clients x "
           f"{args.requests} requests x {args.max_tokens} tokens, {args.max_batch} rows; load average {load}; "
@@ -184,7 +228,7 @@ def main(argv: list[str] | None = None) -> dict:
             if not values:
                 return ""
             return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
-        print(f"| {'serve.py over HTTP' if kind == 'http' else 'Engine, no server'} | {cell('tokens/s', 0)} | "
+        print(f"| {NAMES[kind]} | {cell('tokens/s', 0)} | "
               f"{cell('main user')} | {cell('main sys')} | {cell('engine')} | {cell('client')} |")
     return results
 
