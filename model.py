@@ -481,13 +481,14 @@ class GPT(nn.Module):
         )
 
     def hidden_states(self, idx: torch.Tensor, pos: torch.Tensor | None = None, *, rows: slice | None = None,
-                      length: int | None = None) -> torch.Tensor:
+                      length: int | None = None, exact: bool = False) -> torch.Tensor:
         """idx (B, T) -> the final LayerNorm's output (B, T, C), the input of the head.
 
         With `pos` the forward is cached (see setup_kv_cache): the tokens sit at the absolute positions pos,
         (T,) for every row or (B, T) per row; their keys and values are written into the cache rows `rows`
         (default: all of them, B must then be the cache's batch size), and attention reads the first `length`
-        slots of those rows (default: all block_size; `length` must exceed every position in pos)."""
+        slots of those rows (default: all block_size; `length` must exceed every position in pos), rounded up
+        to KV_LENGTH_BUCKET unless `exact` (see _cache_slice)."""
         B, T = idx.shape
         if pos is None:
             if T > self.config.block_size:
@@ -500,15 +501,20 @@ class GPT(nn.Module):
             for block in self.transformer.h:
                 x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
         else:
-            cache = self._cache_slice(B, pos, rows, length)
+            cache = self._cache_slice(B, pos, rows, length, exact)
             x = self.transformer.drop(self._embed(idx, pos))
             with sdpa_kernel(CACHED_ATTENTION_BACKENDS):  # (see KV_LENGTH_BUCKET)
                 for block in self.transformer.h:
                     x = block(x, cache)
         return self.transformer.ln_f(x)
 
-    def _cache_slice(self, B: int, pos: torch.Tensor, rows: slice | None, length: int | None) -> CacheSlice:
-        """The CacheSlice of a cached forward of B sequences at positions pos, built once for all layers."""
+    def _cache_slice(self, B: int, pos: torch.Tensor, rows: slice | None, length: int | None,
+                     exact: bool = False) -> CacheSlice:
+        """The CacheSlice of a cached forward of B sequences at positions pos, built once for all layers.
+        exact: read `length` slots as asked, not rounded up to KV_LENGTH_BUCKET: for an eager step on the CPU,
+        whose attention kernels plan nothing per shape and where every slot read is memory traffic (a serving
+        engine's 64-row step reads more bytes of the cache than of int8 weights: BENCHMARKS.md, "A full batch
+        on the CPU")."""
         cache = self.transformer.h[0].attn.kv_cache
         if cache is None:
             raise RuntimeError("forward(pos=...) needs a KV cache: call model.setup_kv_cache(...) first")
@@ -526,7 +532,8 @@ class GPT(nn.Module):
         T = pos.size(-1)
         if pos.dim() == 1 and T > 1 and length == T:  # a prompt from slot 0: T positions < T are 0..T-1
             return CacheSlice(pos, rows, row_ids, length, None, causal=True)
-        length = bucketed_length(length, max_len)  # (see KV_LENGTH_BUCKET)
+        if not exact:
+            length = bucketed_length(length, max_len)  # (see KV_LENGTH_BUCKET)
         slots = torch.arange(length, device=pos.device)
         mask = slots <= pos[..., None]  # (T, length) or (B, T, length)
         return CacheSlice(pos, rows, row_ids, length, mask if pos.dim() == 1 else mask[:, None])

@@ -55,120 +55,33 @@ import argparse
 import asyncio
 import contextlib
 import importlib.util
-import itertools
 import json
 import os
 import shlex
 import statistics
 import sys
 import tempfile
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a file from anywhere: the scripts and gptkit are in the checkout
 
 from benchmarks.rounds import DEFAULT_ROUNDS, MIN_SECONDS, cell, ratio_cell, rotation  # noqa: E402
-from benchmarks.servers import (  # noqa: E402
+from benchmarks.servers import (  # noqa: E402, F401 (PROMPT, RETRIES, one_request: the tests' through here)
+    PROMPT,
     RETRIES,
     LlamaServer,
     LoadError,
     LocalServer,
     check_url,
+    fresh_prompt,
+    one_request,
     prefix_metrics,
+    run_level,
     served_model,
     write_checkpoint,
 )
 from gptkit import cli  # noqa: E402
-
-PROMPT = "ROMEO:\nBut soft, what light through yonder window breaks?\nIt is the east, "
-
-
-# ----------------------------------------------------------------------------- the clients
-
-
-@dataclass
-class Result:
-    tokens: int
-    first_token_s: float | None  # None: no text came
-    retries: int = 0  # connections closed before any answer, and the request sent again
-
-
-
-
-SERIALS = itertools.count(1000)  # every request's prompt starts with a number of its own
-
-
-def fresh_prompt(letters: bool = False) -> str:
-    """PROMPT after a number no other request of the run had: a fresh prompt, which no server has computed
-    before (serve.py keeps prompts' keys and values; numbers from 1000 are mostly one GPT-2 token each, so
-    two prompts share at most a first token or two: serve.py's /metrics, printed at the end, says how many).
-    letters: the number in base 26 written a-z (for the baby model, whose 65 characters have one digit)."""
-    serial = next(SERIALS)
-    if letters:
-        digits = ""
-        while serial:
-            serial, d = divmod(serial, 26)
-            digits = chr(ord("a") + d) + digits
-        return f"{digits} {PROMPT}"
-    return f"{serial} {PROMPT}"
-
-
-async def one_request(client, model: str, max_tokens: int, seed: int, extra: dict | None = None,
-                      letters: bool = False) -> Result:
-    """One streamed completion of a fresh prompt; its time to first token counts from the first attempt. A
-    connection the server closes before answering (llama-server, now and then, on a new connection right
-    after a level of many clients ends) is retried, at most RETRIES times: nothing was computed for it."""
-    import openai
-
-    start = time.perf_counter()
-    first, tokens, pieces = None, None, 0
-    prompt = fresh_prompt(letters)
-    for attempt in range(RETRIES + 1):
-        try:
-            stream = await client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
-                                                     temperature=1.0, seed=seed, stream=True,
-                                                     stream_options={"include_usage": True}, extra_body=extra)
-            async for chunk in stream:
-                if chunk.choices and chunk.choices[0].text:
-                    first = first if first is not None else time.perf_counter() - start
-                    pieces += 1
-                if chunk.usage is not None:
-                    tokens = chunk.usage.completion_tokens
-            break
-        except openai.APIConnectionError:
-            if pieces or tokens is not None or attempt == RETRIES:
-                raise
-    return Result(pieces if tokens is None else tokens, first, attempt)  # (a server without usage: its pieces)
-
-
-async def run_level(url: str, model: str, clients: int, requests: int, seconds: float,
-                    max_tokens: int, extra: dict | None = None, timeout: float = 600, min_seconds: float = 0,
-                    letters: bool = False) -> tuple[list[Result], float]:
-    """`clients` clients, each sending `requests` requests one after another, and more until the level has run
-    min_seconds (whichever is longer: a level of ~1 s of work moves by 20% with one scheduler hiccup); none
-    new after `seconds`. The results and the level's wall time."""
-    import openai
-
-    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=timeout)
-    results: list[Result] = []
-    start = time.perf_counter()
-
-    async def worker(w: int) -> None:
-        r = 0
-        while r < requests or time.perf_counter() - start < min_seconds:
-            if time.perf_counter() - start > seconds:
-                return
-            results.append(await one_request(client, model, max_tokens, seed=w * 100000 + r, extra=extra,
-                                             letters=letters))
-            r += 1
-
-    try:
-        await asyncio.gather(*(worker(w) for w in range(clients)))
-    finally:
-        await client.close()
-    return results, time.perf_counter() - start
 
 
 def percentile(values: list[float], q: float) -> float:

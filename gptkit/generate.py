@@ -214,11 +214,11 @@ def prefill(model: GPT, idx: torch.Tensor, pos: torch.Tensor, *, rows: slice | N
 
 
 def decode_one_token(model: GPT, token: torch.Tensor, pos: torch.Tensor, *, rows: slice | None = None,
-                     length: int | None = None) -> torch.Tensor:
+                     length: int | None = None, exact: bool = False) -> torch.Tensor:
     """One cached forward: tokens (B, 1) at position pos, (1,) for every row or (B, 1) for each its own,
-    attending over the cache (its rows `rows`, its first `length` slots; see GPT.hidden_states) -> float32
-    logits (B, V)."""
-    h = model.hidden_states(token, pos, rows=rows, length=length)  # (B, 1, C)
+    attending over the cache (its rows `rows`, its first `length` slots, exactly those with `exact`; see
+    GPT.hidden_states) -> float32 logits (B, V)."""
+    h = model.hidden_states(token, pos, rows=rows, length=length, exact=exact)  # (B, 1, C)
     return model.head(h[:, -1], fp32=True)  # (B, C) -> (B, V)
 
 

@@ -163,6 +163,30 @@ def test_bad_requests_are_refused_before_they_are_queued(model):
     assert engine.load == (0, 0)
 
 
+def test_eager_cpu_steps_read_exactly_the_filled_slots_and_reply_as_the_length_buckets(model, monkeypatch):
+    """On the CPU an eager decode step attends over exactly the slots its longest row has filled, not the
+    model's length bucket above them (a full batch reads more cache than weights), and the replies are those
+    of the bucketed step: greedy and seeded draws, requests joining, finishing and cancelled."""
+    monkeypatch.setattr(model_module, "KV_LENGTH_BUCKET", 16)  # buckets of this scale: 16, 32, 48 slots
+    real, reads = GPT._cache_slice, []
+
+    def spy(self, B, pos, rows, length, exact=False):
+        cache = real(self, B, pos, rows, length, exact)
+        if pos.size(-1) == 1:  # a decode step: one token per row, each at its own position
+            reads.append((int(pos.max()) + 1, cache.length))
+        return cache
+
+    monkeypatch.setattr(GPT, "_cache_slice", spy)
+    exact = staggered(Engine(model, max_batch=3, compile=False))
+    assert reads and all(read == filled for filled, read in reads)
+    assert any(filled % 16 for filled, _ in reads)  # (lengths the buckets would have rounded up)
+    reads.clear()
+    bucketed = engine_module.decode_one_token
+    monkeypatch.setattr(engine_module, "decode_one_token", lambda *a, **k: bucketed(*a, **{**k, "exact": False}))
+    assert staggered(Engine(model, max_batch=3, compile=False)) == exact
+    assert any(read > filled for filled, read in reads)  # the bucketed steps did read past the filled slots
+
+
 # ----------------------------------------------------------------------------- the compiled step
 
 

@@ -724,10 +724,12 @@ class Engine:
 
     def _forward_eager(self, rows: list[_Row]) -> torch.Tensor:
         """Rows 0..A-1, each at its own position, reading the slots filled so far (the longest row's) -> the
-        logits (A, V) of their next tokens."""
+        logits (A, V) of their next tokens. On the CPU exactly those slots, not the model's length bucket
+        above them: at a full batch the cache's reads outweigh the weights' (BENCHMARKS.md, "A full batch on
+        the CPU"), and the CPU's attention plans nothing per length."""
         inputs = torch.tensor([[[r.last] for r in rows], [[r.length] for r in rows]], device=self.device)
         return decode_one_token(self.model, inputs[0], inputs[1], rows=slice(0, len(rows)),  # (A, 1) each
-                                length=max(r.length for r in rows) + 1)
+                                length=max(r.length for r in rows) + 1, exact=self.device.type == "cpu")
 
     def bucket(self, rows: list[_Row]) -> tuple[int, int]:
         """The compiled step's (rows, slots) for these active rows: the smallest buckets that hold them all and
