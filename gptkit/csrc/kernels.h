@@ -369,9 +369,11 @@ static inline void dot_group_q4(const uint8_t* w, const S* ws, int64_t B, const 
   hsum4(_mm512_castps512_ps256(a01), high8(a01), _mm512_castps512_ps256(a23), high8(a23), out);
 }
 #else
-// 32 unsigned 4-bit values w times 32 int8 activations xv, plus corr (xc in lane 0): 8 partial sums of
-// (w - 8).x, as floats. maddubs takes w as its unsigned operand as it is (15 * 128 * 2 fits its 16-bit sums).
-static inline __m256 q4_sums(__m256i w, __m256i xv, __m256i corr) {
+// 32 small unsigned values w times 32 int8 activations xv, plus corr: 8 partial sums, as floats. q4_0's 4-bit
+// values with corr = -8 x's sum in lane 0: (w - 8).x; q6_k's 6-bit ones with the two 16-value runs' -32 x's sums
+// in lanes 0 and 4: (w - 32).x, lanes 0-3 the first run's, 4-7 the second's. maddubs takes w as its unsigned
+// operand as it is (63 * 127 * 2 fits its 16-bit sums).
+static inline __m256 unsigned_sums(__m256i w, __m256i xv, __m256i corr) {
   const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), _mm256_set1_epi16(1));
   return _mm256_cvtepi32_ps(_mm256_add_epi32(sums, corr));
 }
@@ -400,10 +402,10 @@ static inline void dot_group_q4(const uint8_t* w, const S* ws, int64_t B, const 
       w2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 64));
       w3 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 96));
     }
-    a0 = _mm256_fmadd_ps(q4_sums(w0, xv, corr), _mm256_set1_ps(sb[0]), a0);
-    a1 = _mm256_fmadd_ps(q4_sums(w1, xv, corr), _mm256_set1_ps(sb[1]), a1);
-    a2 = _mm256_fmadd_ps(q4_sums(w2, xv, corr), _mm256_set1_ps(sb[2]), a2);
-    a3 = _mm256_fmadd_ps(q4_sums(w3, xv, corr), _mm256_set1_ps(sb[3]), a3);
+    a0 = _mm256_fmadd_ps(unsigned_sums(w0, xv, corr), _mm256_set1_ps(sb[0]), a0);
+    a1 = _mm256_fmadd_ps(unsigned_sums(w1, xv, corr), _mm256_set1_ps(sb[1]), a1);
+    a2 = _mm256_fmadd_ps(unsigned_sums(w2, xv, corr), _mm256_set1_ps(sb[2]), a2);
+    a3 = _mm256_fmadd_ps(unsigned_sums(w3, xv, corr), _mm256_set1_ps(sb[3]), a3);
   }
   hsum4(a0, a1, a2, a3, out);
 }
@@ -589,13 +591,6 @@ static inline void dot_group_q6k(const uint8_t* w, const at::Half* ds, const flo
   hsum4(_mm512_castps512_ps256(a01), high8(a01), _mm512_castps512_ps256(a23), high8(a23), out);
 }
 #else
-// 32 unsigned 6-bit values w times 32 int8 activations xv, plus corr (the two runs' -32 x's sums in lanes 0 and
-// 4): 8 partial sums of (w - 32).x, lanes 0-3 the first run's, 4-7 the second's, as floats (63 * 127 * 2 fits
-// maddubs' 16-bit sums).
-static inline __m256 q6k_sums(__m256i w, __m256i xv, __m256i corr) {
-  const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), _mm256_set1_epi16(1));
-  return _mm256_cvtepi32_ps(_mm256_add_epi32(sums, corr));
-}
 
 template <bool Packed>
 static inline void dot_group_q6k(const uint8_t* w, const at::Half* ds, const float* fs, int64_t B, const int8_t* x,
@@ -632,10 +627,10 @@ static inline void dot_group_q6k(const uint8_t* w, const at::Half* ds, const flo
       runs = _mm256_loadu_ps(fs + 8 * b);
     }
     const __m256 s = _mm256_mul_ps(runs, _mm256_set1_ps(xs[b]));
-    a0 = _mm256_fmadd_ps(q6k_sums(w0, xv, corr), _mm256_permutevar8x32_ps(s, r0), a0);
-    a1 = _mm256_fmadd_ps(q6k_sums(w1, xv, corr), _mm256_permutevar8x32_ps(s, r1), a1);
-    a2 = _mm256_fmadd_ps(q6k_sums(w2, xv, corr), _mm256_permutevar8x32_ps(s, r2), a2);
-    a3 = _mm256_fmadd_ps(q6k_sums(w3, xv, corr), _mm256_permutevar8x32_ps(s, r3), a3);
+    a0 = _mm256_fmadd_ps(unsigned_sums(w0, xv, corr), _mm256_permutevar8x32_ps(s, r0), a0);
+    a1 = _mm256_fmadd_ps(unsigned_sums(w1, xv, corr), _mm256_permutevar8x32_ps(s, r1), a1);
+    a2 = _mm256_fmadd_ps(unsigned_sums(w2, xv, corr), _mm256_permutevar8x32_ps(s, r2), a2);
+    a3 = _mm256_fmadd_ps(unsigned_sums(w3, xv, corr), _mm256_permutevar8x32_ps(s, r3), a3);
   }
   hsum4(a0, a1, a2, a3, out);
 }
