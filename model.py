@@ -388,6 +388,9 @@ class GPT(nn.Module):
         # Training only: keep each block's input, recompute the block's inside in the backward pass (far less
         # activation memory for about one more forward's compute). Set by train.py's activation_checkpointing.
         self.activation_checkpointing = False
+        # The KV cache's dtype (setup_kv_cache's default); None: the embedding's. Set by gptkit/cpu_decode.py's
+        # pack_for_cpu to float16 for weights rounded to 16 bits or fewer, as llama.cpp keeps its cache.
+        self.kv_cache_dtype: torch.dtype | None = None
         layers = dict(wte=nn.Embedding(config.padded_vocab_size, config.n_embd))
         if not config.rope:  # learned positions; with RoPE the attention rotates queries and keys instead
             layers["wpe"] = nn.Embedding(config.block_size, config.n_embd)
@@ -571,13 +574,18 @@ class GPT(nn.Module):
     # ------------------------------------------------------------------------- KV cache
 
     def setup_kv_cache(self, batch_size: int, device=None, dtype: torch.dtype | None = None) -> None:
-        """Give every attention layer a preallocated cache for `block_size` positions."""
+        """Give every attention layer a preallocated cache for `block_size` positions, in `dtype` (default:
+        cache_dtype())."""
         p = self.transformer.wte.weight
         device = device if device is not None else p.device
-        dtype = dtype if dtype is not None else p.dtype
+        dtype = dtype if dtype is not None else self.cache_dtype()
         c = self.config
         for block in self.transformer.h:
             block.attn.kv_cache = KVCache(batch_size, c.n_head, c.block_size, c.n_embd // c.n_head, device, dtype)
+
+    def cache_dtype(self) -> torch.dtype:
+        """The KV cache's dtype when setup_kv_cache is given none: kv_cache_dtype, else the embedding's."""
+        return self.kv_cache_dtype or self.transformer.wte.weight.dtype
 
     def copy_cache_row(self, src: int, dst: int, length: int) -> None:
         """Copy the first `length` slots of row src of every layer's KV cache into row dst (a serving engine

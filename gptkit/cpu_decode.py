@@ -26,7 +26,7 @@ prefill is no longer dominated by widening.
 One call per block. A decode step of GPT-2 small is ~25 torch ops per block (norms, views, the cache's
 writes, attention, GELU, residual adds), ~300 a token, each some microseconds of dispatch: more than the gap
 to llama.cpp. pack_for_cpu also makes each GPT-2 block a PackedBlock, whose one-token steps through the KV
-cache (up to SMALL_BATCH rows, each at its own position: sample.py's and serve.py's) are one kernel call,
+cache (any number of rows, each at its own position: sample.py's and serve.py's) are one kernel call,
 block_decode, that does all of it in C++ with no allocation but its scratch; a prompt's prefill, a step that
 torch.compile traces, and the modern block (RoPE, RMSNorm, ...) run the Block's own forward with the packed
 layers.
@@ -92,8 +92,14 @@ Q4_HEADS = ("q6_k", "q8_0")  # q4_0's head formats, the preferred first (pack_fo
 Q6K_BLOCK = 256  # q6_k's super-block: 16 runs of 16 weights of a row, an int8 scale each, and one fp16 d
 Q6K_GROUP_BYTES = 104  # a group of four rows' 32-value block in pack_q6_k's layout: 64 + 32 + 8 bytes
 GROUPED = ("int8", "q8_0", "q4_0")  # the formats in the kernels' groups of four rows, with per-block scales
-SMALL_BATCH = 16  # rows up to which a block's decode step is one fused kernel call, and a float16 product
-# the kernel's: decoding, serve.py's batch (int8 products are the kernel's whatever their rows: see above)
+SMALL_BATCH = 16  # rows up to which a float16 product is the kernel's (int8's whatever their rows: see above)
+# A block's one-token step is one fused kernel call (PackedBlock) for any number of rows: serve.py's full
+# batches too, 1.18-1.26x Block's torch ops at 32-64 rows in every format (GPT-2 small, 2 threads, BENCHMARKS.md
+# "A full batch on the CPU"), but float16 blocks only up to this many rows: the fused call's float16 products
+# read a weight row for every four activation rows (wide_rows), measured faster than torch's widened product
+# up to 64 rows, not beyond.
+FLOAT16_FUSED_ROWS = 64
+HALF_CACHE = ("float16", "int8", "q4_0")  # the formats whose KV cache is float16 (pack_for_cpu says why)
 # float32 products up to this many rows are the kernel's (tiles of 4 activation rows by 3 weight rows: 1.3-2.7x
 # torch's product from 8 to 22 rows, 0.9-1.75x at 64, even above: GPT-2 small's matrices, 2 threads,
 # benchmarks/cpu_products.py); above, torch's, which reads float32 weights as they are.
@@ -546,10 +552,10 @@ class PackedLinear(nn.Module):
 
 
 class PackedBlock(Block):
-    """A GPT-2 Block with packed Linear layers whose one-token steps through the KV cache (decoding: up to
-    SMALL_BATCH rows, each at its own position) are one call of the fused kernel, block_decode: the norms,
-    the products, the cache's writes, the attention over each row's filled slots, GELU and the residual adds,
-    instead of ~25 torch ops. Everything else (a prompt's prefill, training-free full forwards, a step that
+    """A GPT-2 Block with packed Linear layers whose one-token steps through the KV cache (decoding: any
+    number of rows, each at its own position; float16 up to FLOAT16_FUSED_ROWS) are one call of the fused
+    kernel, block_decode: the norms, the products, the cache's writes, the attention over each row's filled
+    slots, GELU and the residual adds, instead of ~25 torch ops. Everything else (a prompt's prefill, training-free full forwards, a step that
     torch.compile traces, a block of the modern architecture) runs Block's forward with the packed layers.
     It keeps the Block's submodules and their names: the KV cache is still block.attn.kv_cache."""
 
@@ -563,6 +569,8 @@ class PackedBlock(Block):
                       and self.mlp.act is ACTIVATIONS["gelu_tanh"]
                       and all(isinstance(m, PackedLinear) and m.fast for m in linears)
                       and (self.attn.n_embd // self.attn.n_head) % 8 == 0)
+        half = any(isinstance(m, PackedLinear) and m.fmt == "float16" for m in linears)
+        self.max_rows = FLOAT16_FUSED_ROWS if half else None  # the most rows a fused step takes (None: any)
         self._params: list[torch.Tensor | None] | None = None  # params(), once gathered
 
     def params(self) -> list[torch.Tensor | None]:
@@ -582,8 +590,9 @@ class PackedBlock(Block):
     def forward(self, x: torch.Tensor, cache: CacheSlice | None = None) -> torch.Tensor:
         k = kernels() if self.fused and cache is not None and x.size(1) == 1 else None
         kv = self.attn.kv_cache
-        if (k is None or x.size(0) > SMALL_BATCH or torch.compiler.is_compiling() or torch.is_grad_enabled()
-                or kv.k.dtype != torch.float32 or x.dtype != torch.float32):
+        if (k is None or (self.max_rows is not None and x.size(0) > self.max_rows)
+                or torch.compiler.is_compiling() or torch.is_grad_enabled()
+                or kv.k.dtype not in (torch.float32, torch.float16) or x.dtype != torch.float32):
             return super().forward(x, cache)
         B, _, C = x.shape
         y = k.block_decode(x.reshape(B, C).contiguous(), self.params(), kv.k, kv.v, cache.rows.start or 0,
@@ -607,7 +616,8 @@ def pack_for_cpu(model: nn.Module, fmt: str = "float32", q4_head: str = Q4_HEADS
     keeps as they are, but for q4_0: its head is q6_k where n_embd is a multiple of 256, else q8_0
     (q4_head_format; q4_head="q8_0" keeps q8_0: benchmarks), and its token embedding a PackedEmbedding that
     reads the same rows (the tied head's own; an untied model's, its own), as a GGUF q4_0 file holds them.
-    The blocks' tensors under 2 MiB are then gathered in one mapping of huge pages (gather_in_huge_pages).
+    The blocks' tensors under 2 MiB are then gathered in one mapping of huge pages (gather_in_huge_pages), and
+    the model's KV cache is to be float16 for the formats in HALF_CACHE (model.kv_cache_dtype).
     For inference only: the packed model can no longer be trained, nor saved as a checkpoint of ours.
     Call it after moving the model to float32 on the CPU (model.to would cast the packed weights)."""
     if fmt not in FORMATS:
@@ -637,6 +647,10 @@ def pack_for_cpu(model: nn.Module, fmt: str = "float32", q4_head: str = Q4_HEADS
         rows = model.transformer.wte.weight[: model.config.vocab_size]
         table = model.lm_head if tied else PackedLinear(rows, None, head_fmt, carried("transformer.wte.weight"))
         model.transformer.wte = PackedEmbedding(table)  # (the float32 table is freed with the old module)
+    # Weights in 16 bits or fewer keep their keys and values in float16 (llama.cpp's cache): half the bytes a
+    # step's attention reads, which at serve.py's full batches outweigh the weights' (BENCHMARKS.md, "A full
+    # batch on the CPU"); float32 weights keep a float32 cache, the plain model's results to float rounding.
+    model.kv_cache_dtype = torch.float16 if fmt in HALF_CACHE else None
     return model
 
 
@@ -676,7 +690,7 @@ def weights_report(model: nn.Module) -> str:
     """A few words on a packed model's weights for the decoding scripts' start-up line: their bytes in memory,
     each format's share, and what stays wider than the format asked (the head and embeddings, matrices whose
     rows are not a multiple of the 32-value block), e.g. 'weights 9.3 MB: blocks q4_0 5.1 MB (0.16x their
-    float32 bytes), head q8_0 1.7 MB, embeddings and norms float32 2.5 MB (...)'."""
+    float32 bytes), head q8_0 1.7 MB, embeddings and norms float32 2.5 MB (...); KV cache float16'."""
     packed = [(name, m) for name, m in model.named_modules() if isinstance(m, PackedLinear)]
     if not packed:
         return ""
@@ -716,7 +730,8 @@ def weights_report(model: nn.Module) -> str:
     if wide:
         shown = ", ".join(wide[:4]) + (f" and {len(wide) - 4} more" if len(wide) > 4 else "")
         parts.append(f"{len(wide)} kept float32 ({size(wide_bytes)}: rows not a multiple of {BLOCK}): {shown}")
-    return f"weights {size(total)}: " + ", ".join(parts)
+    cache = str(model.cache_dtype()).removeprefix("torch.")  # (HALF_CACHE: float16 where the weights are rounded)
+    return f"weights {size(total)}: " + ", ".join(parts) + f"; KV cache {cache}"
 
 
 # ----------------------------------------------------------------------------- weights in huge pages

@@ -11,6 +11,7 @@ variant this CPU runs (AVX-512, AVX2); the build's safety (a killed build never 
 source through the same build function.
 """
 
+import contextlib
 import copy
 import gc
 import json
@@ -32,6 +33,7 @@ import torch.nn.functional as F
 from conftest import confident_model, counting_sequences, torch_threads
 
 import chat
+import model as model_module
 import sample
 import serve
 from gptkit import cpu_decode, runtime
@@ -263,12 +265,28 @@ def batch_logits(model, prompts: torch.Tensor, pos: list[int]) -> torch.Tensor:
         return decode_one_token(model, token, torch.tensor(pos)[:, None], length=max(pos) + 1)
 
 
-@pytest.mark.parametrize("rows", [1, 5, 16, 17])  # 5: float32's torch product and int8's groups; 17: unfused
+@contextlib.contextmanager
+def unfused_steps(monkeypatch):
+    """Counts the one-token steps that ran Block's own forward (not block_decode) meanwhile: a list of one."""
+    count, plain = [0], model_module.Block.forward
+
+    def counted(self, x, cache=None):
+        count[0] += x.size(1) == 1
+        return plain(self, x, cache)
+
+    with monkeypatch.context() as m:
+        m.setattr(model_module.Block, "forward", counted)
+        yield count
+
+
+# 5: float32's torch product and int8's groups; 17 and 70: serve.py's batches (70: float32's products torch's
+# inside the fused call, float16's blocks past FLOAT16_FUSED_ROWS, their own forward)
+@pytest.mark.parametrize("rows", [1, 5, 16, 17, 70])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_the_fused_block_equals_the_blocks_ops(variant, trained, rows, threads):
+def test_the_fused_block_equals_the_blocks_ops(variant, trained, rows, threads, monkeypatch):
     """block_decode (one call per block: norms, products, the cache's writes, attention, GELU, residuals) gives
-    the logits of the plain model's ops, for rows at their own positions; above SMALL_BATCH rows the block's
-    own forward runs, with the same result."""
+    the logits of the plain model's ops, for any number of rows at their own positions; float16 blocks above
+    FLOAT16_FUSED_ROWS run the block's own forward, with the same result."""
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(rows)
     prompts = torch.randint(67, (rows, 24), generator=g)
@@ -278,7 +296,10 @@ def test_the_fused_block_equals_the_blocks_ops(variant, trained, rows, threads):
     for fmt, bound in (("float32", 1e-5 * spread), ("float16", 1e-3 * spread), ("int8", 1e-2 * spread)):
         model = packed(trained, fmt)
         assert all(isinstance(b, cpu_decode.PackedBlock) and b.fused for b in model.transformer.h)
-        got = batch_logits(model, prompts, pos)
+        with unfused_steps(monkeypatch) as unfused:
+            got = batch_logits(model, prompts, pos)
+        fused = fmt != "float16" or rows <= cpu_decode.FLOAT16_FUSED_ROWS
+        assert unfused[0] == (0 if fused else trained.config.n_layer), fmt
         assert (got - reference).abs().max() < bound, fmt
     # the cache rows the step wrote are the plain model's (float32: the same keys and values)
     model = packed(trained, "float32")
@@ -287,6 +308,33 @@ def test_the_fused_block_equals_the_blocks_ops(variant, trained, rows, threads):
         for name in ("k", "v"):
             a, b = getattr(plain.attn.kv_cache, name), getattr(fused.attn.kv_cache, name)
             assert (a - b).abs().max() <= 1e-5 * a.abs().max(), name
+
+
+@pytest.mark.parametrize("rows", [1, 5, 17])
+def test_a_float16_cache_is_read_and_written_as_the_blocks_ops_do(variant, trained, rows):
+    """float16, int8 and q4_0 models keep their keys and values in float16 (float32 models in float32); the fused
+    step over a float16 cache gives the logits and writes the cache of the plain model's ops over a float16
+    cache, to float rounding, and the cache's rounding costs little against the float32 cache."""
+    for fmt in cpu_decode.FORMATS:
+        assert packed(trained, fmt).cache_dtype() == (torch.float16 if fmt in cpu_decode.HALF_CACHE else torch.float32)
+    g = torch.Generator().manual_seed(rows)
+    prompts = torch.randint(67, (rows, 24), generator=g)
+    pos = torch.randint(24, (rows,), generator=g).tolist()
+    float32_cache = batch_logits(trained, prompts, pos)
+    plain = copy.deepcopy(trained)
+    plain.kv_cache_dtype = torch.float16
+    reference = batch_logits(plain, prompts, pos)
+    model = packed(trained, "float32")
+    model.kv_cache_dtype = torch.float16
+    got = batch_logits(model, prompts, pos)
+    spread = reference.max() - reference.min()
+    assert (got - reference).abs().max() < 1e-4 * spread
+    assert 0 < (reference - float32_cache).abs().max() < 1e-2 * spread  # (rounded: not the float32 cache's)
+    for a, b in zip(plain.transformer.h, model.transformer.h):
+        for name in ("k", "v"):
+            x, y = getattr(a.attn.kv_cache, name), getattr(b.attn.kv_cache, name)
+            assert x.dtype == y.dtype == torch.float16
+            assert (x.float() - y.float()).abs().max() <= 1e-3 * x.float().abs().max(), name
 
 
 def test_the_fused_attention_at_gpt2s_head_size(variant):
@@ -917,7 +965,7 @@ def float_twin(model: GPT, q4: GPT) -> GPT:
     return twin
 
 
-@pytest.mark.parametrize("rows", [1, 5, 17])  # 17: above SMALL_BATCH, the block's own forward
+@pytest.mark.parametrize("rows", [1, 5, 17, 70])  # 17, 70: serve.py's batches, fused too
 @pytest.mark.parametrize("threads", [1, 2])
 def test_the_fused_block_computes_the_model_of_its_dequantized_weights(variant, trained, rows, threads):
     """A q4_0 model's decode step (block_decode with q4_0 products, rows at their own positions) gives the
@@ -964,7 +1012,7 @@ def test_weights_take_under_0_3x_float32s_bytes_and_the_start_up_line_says_so(ti
     assert sum(t.numel() * t.element_size() for t in tensors.values()) <= 0.3 * float32_bytes
     report = cpu_decode.weights_report(model)
     assert "blocks q4_0" in report and "0.14x their float32 bytes" in report and "head q6_k 105.0 kB" in report  # 6.5625 bits a weight
-    assert ("the head's own rows" in report) == tied
+    assert ("the head's own rows" in report) == tied and report.endswith("; KV cache float16")
     odd = pack_for_cpu(GPT(GPTConfig(block_size=16, vocab_size=50, n_layer=1, n_head=2, n_embd=40)).eval(), "q4_0")
     report = cpu_decode.weights_report(odd)
     assert "4 kept float32" in report and "rows not a multiple of 32" in report and "h.0.attn.c_attn" in report

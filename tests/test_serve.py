@@ -111,13 +111,18 @@ class Server:
         return http().get(self.url + "/health", timeout=WAIT).json()
 
     def wait_until_idle(self) -> dict:
+        return self.wait_for_load(0, 0)
+
+    def wait_for_load(self, active: int, waiting: int) -> dict:
+        """/health once it shows `active` rows decoding and `waiting` requests queued (at most WAIT s)."""
         deadline = time.monotonic() + WAIT
         while time.monotonic() < deadline:
             h = self.health()
-            if h["active"] == h["waiting"] == 0:
+            if (h["active"], h["waiting"]) == (active, waiting):
                 return h
             time.sleep(0.02)
-        raise AssertionError(f"the server is still busy after {WAIT} s: {self.health()}")
+        raise AssertionError(f"the server's load is not {active} active, {waiting} waiting after {WAIT} s: "
+                             f"{self.health()}")
 
     def stop(self):
         if hasattr(self, "client"):
@@ -953,8 +958,8 @@ def test_a_full_queue_is_a_429_and_clients_that_leave_free_their_rows(text_serve
     before = text_server.health()["generated_tokens"]
     streams = [complete(text_server, "abc", max_tokens=long, stream=True) for _ in range(4)]
     next(iter(streams[0]))
-    h = text_server.health()
-    assert (h["active"], h["waiting"]) == (2, 2)
+    # (the second request takes its row at the engine's next step, maybe after the first's first token)
+    text_server.wait_for_load(2, 2)
     with pytest.raises(openai.RateLimitError) as e:
         complete(text_server, "abc", max_tokens=5)
     assert e.value.code == "queue_full" and e.value.response.headers["retry-after"] == "1"

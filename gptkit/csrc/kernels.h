@@ -808,23 +808,84 @@ static void layer_norm(const float* x, int64_t M, int64_t C, const float* w, con
   }
 }
 
-static inline float dot_f32(const float* a, const float* b, int64_t D) {
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t d = 0; d < D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
-  return hsum(acc);
+// A row of D floats into the cache: float32 as it is, float16 rounded to the nearest (F16C; ties to even, as
+// torch's conversion rounds, so the fused step writes what Block's forward writes).
+static inline void store_row(float* dst, const float* src, int64_t D) { std::memcpy(dst, src, D * sizeof(float)); }
+static inline void store_row(at::Half* dst, const float* src, int64_t D) {
+  for (int64_t d = 0; d < D; d += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + d),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + d), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+// One row's query head q (D floats) over its cache slots 0..n-1 (kc, vc: that row and head's keys and values,
+// float32 or float16, L slots of D), its own key and value written at slot n - 1 first: softmax(q.k / sqrt(D))
+// weighted values into o. s: room for n scores.
+template <typename T>
+static void attend(const float* q, const float* k_new, const float* v_new, T* kc, T* vc, int64_t n, int64_t D,
+                   float scale, float* s, float* o) {
+  store_row(kc + (n - 1) * D, k_new, D);
+  store_row(vc + (n - 1) * D, v_new, D);
+  float mx = -INFINITY;
+  int64_t j0 = 0;
+  for (; j0 + 4 <= n; j0 += 4) {  // four keys at a time: four independent chains
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    const T* kj = kc + j0 * D;
+    for (int64_t d = 0; d < D; d += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + d);
+      a0 = _mm256_fmadd_ps(qv, load8(kj + d), a0);
+      a1 = _mm256_fmadd_ps(qv, load8(kj + D + d), a1);
+      a2 = _mm256_fmadd_ps(qv, load8(kj + 2 * D + d), a2);
+      a3 = _mm256_fmadd_ps(qv, load8(kj + 3 * D + d), a3);
+    }
+    hsum4(a0, a1, a2, a3, s + j0);
+    for (int r = 0; r < 4; r++) { s[j0 + r] *= scale; mx = std::max(mx, s[j0 + r]); }
+  }
+  for (; j0 < n; j0++) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8(kc + j0 * D + d), acc);
+    s[j0] = hsum(acc) * scale;
+    mx = std::max(mx, s[j0]);
+  }
+  __m256 sum8 = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(mx)));
+    _mm256_storeu_ps(s + j, e); sum8 = _mm256_add_ps(sum8, e);
+  }
+  float sum = hsum(sum8);
+  for (; j < n; j++) { s[j] = std::exp(s[j] - mx); sum += s[j]; }
+  const float inv = 1.f / sum;
+  int64_t d = 0;
+  for (; d + 64 <= D; d += 64) {  // 64 channels at a time: eight independent chains, each value row read once
+    __m256 acc[8];
+    for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t jj = 0; jj < n; jj++) {
+      const __m256 pj = _mm256_set1_ps(s[jj]);
+      const T* vr = vc + jj * D + d;
+      for (int r = 0; r < 8; r++) acc[r] = _mm256_fmadd_ps(pj, load8(vr + 8 * r), acc[r]);
+    }
+    for (int r = 0; r < 8; r++) _mm256_storeu_ps(o + d + 8 * r, _mm256_mul_ps(acc[r], _mm256_set1_ps(inv)));
+  }
+  for (; d < D; d += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t jj = 0; jj < n; jj++) acc = _mm256_fmadd_ps(_mm256_set1_ps(s[jj]), load8(vc + jj * D + d), acc);
+    _mm256_storeu_ps(o + d, _mm256_mul_ps(acc, _mm256_set1_ps(inv)));
+  }
 }
 
 // One GPT-2 block for M rows of one token each, row i at position pos[i] of cache row row0 + i:
 //   x + attn(ln_1(x)), then + mlp(ln_2(x)), the attention over each row's slots 0..pos[i] (its own token's
 //   key and value written there first).
 // p: ln_1 gain, bias; c_attn w, s, b; attn c_proj w, s, b; ln_2 gain, bias; c_fc w, s, b; mlp c_proj w, s, b
-// (s: int8's and q4_0's scales, else none; biases may be none). k, v: the layer's cache (R, H, L, D), float32.
+// (s: int8's and q4_0's scales, else none; biases may be none). k, v: the layer's cache (R, H, L, D), float32
+// or float16 (both alike).
 at::Tensor block_decode(at::Tensor x, c10::List<c10::optional<at::Tensor>> p, at::Tensor k,
                            at::Tensor v, int64_t row0, at::Tensor pos, int64_t n_head, double eps) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x: contiguous float32 (M, C)");
   TORCH_CHECK(p.size() == 16, "16 block parameters");
-  TORCH_CHECK(k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat && k.is_contiguous() &&
-              v.is_contiguous() && k.dim() == 4 && k.sizes() == v.sizes(), "k, v: float32 caches (R, H, L, D)");
+  TORCH_CHECK((k.scalar_type() == at::kFloat || k.scalar_type() == at::kHalf) &&
+              v.scalar_type() == k.scalar_type() && k.is_contiguous() && v.is_contiguous() && k.dim() == 4 &&
+              k.sizes() == v.sizes(), "k, v: float32 or float16 caches (R, H, L, D)");
   const int64_t M = x.size(0), C = x.size(1), H = n_head, D = C / H, L = k.size(2), F = p.get(10)->size(0);
   TORCH_CHECK(k.size(1) == H && k.size(3) == D && D % 8 == 0 && row0 >= 0 && row0 + M <= k.size(0),
               "the cache's rows and heads");
@@ -851,63 +912,23 @@ at::Tensor block_decode(at::Tensor x, c10::List<c10::optional<at::Tensor>> p, at
   auto xs = at::empty({M * F / 32}, x.options());
   int8_t* XQ = xq.data_ptr<int8_t>(); float* XS = xs.data_ptr<float>();
   const float* X = x.data_ptr<float>(); float* Y = y.data_ptr<float>();
-  float* Kc = k.data_ptr<float>(); float* Vc = v.data_ptr<float>();
 
   layer_norm(X, M, C, ptr(0), ptr(1), eps, h);
   linear_into(h, M, C, qkv, q3, XQ, XS);
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
-  at::parallel_for(0, M * H, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t t = lo; t < hi; t++) {
-      const int64_t i = t / H, hd = t % H, n = at_pos[i] + 1;
-      const float* q = q3 + i * 3 * C + hd * D;
-      float* kc = Kc + ((row0 + i) * H + hd) * L * D; float* vc = Vc + ((row0 + i) * H + hd) * L * D;
-      std::memcpy(kc + at_pos[i] * D, q + C, D * sizeof(float));
-      std::memcpy(vc + at_pos[i] * D, q + 2 * C, D * sizeof(float));
-      float* s = scores + t * L;
-      float mx = -INFINITY;
-      int64_t j0 = 0;
-      for (; j0 + 4 <= n; j0 += 4) {  // four keys at a time: four independent chains
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        const float* kj = kc + j0 * D;
-        for (int64_t d = 0; d < D; d += 8) {
-          const __m256 qv = _mm256_loadu_ps(q + d);
-          a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kj + d), a0);
-          a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kj + D + d), a1);
-          a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kj + 2 * D + d), a2);
-          a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kj + 3 * D + d), a3);
-        }
-        hsum4(a0, a1, a2, a3, s + j0);
-        for (int r = 0; r < 4; r++) { s[j0 + r] *= scale; mx = std::max(mx, s[j0 + r]); }
+  auto attention = [&](auto* Kc, auto* Vc) {
+    at::parallel_for(0, M * H, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t t = lo; t < hi; t++) {
+        const int64_t i = t / H, hd = t % H;
+        const float* q = q3 + i * 3 * C + hd * D;
+        const int64_t at_cache = ((row0 + i) * H + hd) * L * D;
+        attend(q, q + C, q + 2 * C, Kc + at_cache, Vc + at_cache, at_pos[i] + 1, D, scale, scores + t * L,
+               att + i * C + hd * D);
       }
-      for (; j0 < n; j0++) { s[j0] = dot_f32(q, kc + j0 * D, D) * scale; mx = std::max(mx, s[j0]); }
-      __m256 sum8 = _mm256_setzero_ps();
-      int64_t j = 0;
-      for (; j + 8 <= n; j += 8) {
-        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(mx)));
-        _mm256_storeu_ps(s + j, e); sum8 = _mm256_add_ps(sum8, e);
-      }
-      float sum = hsum(sum8);
-      for (; j < n; j++) { s[j] = std::exp(s[j] - mx); sum += s[j]; }
-      const float inv = 1.f / sum;
-      float* o = att + i * C + hd * D;
-      int64_t d = 0;
-      for (; d + 64 <= D; d += 64) {  // 64 channels at a time: eight independent chains, each value row read once
-        __m256 acc[8];
-        for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
-        for (int64_t jj = 0; jj < n; jj++) {
-          const __m256 pj = _mm256_set1_ps(s[jj]);
-          const float* vr = vc + jj * D + d;
-          for (int r = 0; r < 8; r++) acc[r] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8 * r), acc[r]);
-        }
-        for (int r = 0; r < 8; r++) _mm256_storeu_ps(o + d + 8 * r, _mm256_mul_ps(acc[r], _mm256_set1_ps(inv)));
-      }
-      for (; d < D; d += 8) {
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t jj = 0; jj < n; jj++) acc = _mm256_fmadd_ps(_mm256_set1_ps(s[jj]), _mm256_loadu_ps(vc + jj * D + d), acc);
-        _mm256_storeu_ps(o + d, _mm256_mul_ps(acc, _mm256_set1_ps(inv)));
-      }
-    }
-  });
+    });
+  };
+  if (k.scalar_type() == at::kHalf) attention(k.data_ptr<at::Half>(), v.data_ptr<at::Half>());
+  else attention(k.data_ptr<float>(), v.data_ptr<float>());
   linear_into(att, M, C, proj, Y, XQ, XS);
   for (int64_t i = 0; i < M * C; i++) Y[i] += X[i];  // the residual
   layer_norm(Y, M, C, ptr(8), ptr(9), eps, h);

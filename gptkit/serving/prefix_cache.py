@@ -74,9 +74,9 @@ def check_bound(mib: int, device: torch.device) -> None:
 
 def token_bytes(model: torch.nn.Module) -> int:
     """The bytes of one token's keys and values in `model`'s KV cache (setup_kv_cache's: every layer, in the
-    embedding's dtype), to size a bound in tokens."""
-    c, weight = model.config, model.transformer.wte.weight
-    return c.n_layer * 2 * c.n_embd * weight.element_size()
+    model's cache_dtype), to size a bound in tokens."""
+    c = model.config
+    return c.n_layer * 2 * c.n_embd * model.cache_dtype().itemsize
 
 
 @dataclass(eq=False)
