@@ -93,17 +93,17 @@ Q6K_BLOCK = 256  # q6_k's super-block: 16 runs of 16 weights of a row, an int8 s
 Q6K_GROUP_BYTES = 104  # a group of four rows' 32-value block in pack_q6_k's layout: 64 + 32 + 8 bytes
 GROUPED = ("int8", "q8_0", "q4_0")  # the formats in the kernels' groups of four rows, with per-block scales
 SMALL_BATCH = 16  # rows up to which a float16 product is the kernel's (int8's whatever their rows: see above)
-# A block's one-token step is one fused kernel call (PackedBlock) for any number of rows: serve.py's full
-# batches too, 1.18-1.26x Block's torch ops at 32-64 rows in every format (GPT-2 small, 2 threads, BENCHMARKS.md
-# "A full batch on the CPU"), but float16 blocks only up to this many rows: the fused call's float16 products
-# read a weight row for every four activation rows (wide_rows), measured faster than torch's widened product
-# up to 64 rows, not beyond.
-FLOAT16_FUSED_ROWS = 64
-HALF_CACHE = ("float16", "int8", "q4_0")  # the formats whose KV cache is float16 (pack_for_cpu says why)
 # float32 products up to this many rows are the kernel's (tiles of 4 activation rows by 3 weight rows: 1.3-2.7x
 # torch's product from 8 to 22 rows, 0.9-1.75x at 64, even above: GPT-2 small's matrices, 2 threads,
 # benchmarks/cpu_products.py); above, torch's, which reads float32 weights as they are.
 FLOAT32_KERNEL_ROWS = 64
+# A block's one-token step is one fused kernel call (PackedBlock) for any number of rows: serve.py's full
+# batches too, 1.18-1.26x Block's torch ops at 32-64 rows in every format (GPT-2 small, 2 threads, BENCHMARKS.md
+# "Four bits on a quiet machine"), but float16 blocks only up to this many rows: the fused call's float16
+# products read a weight row for every four activation rows (wide_rows), measured faster than torch's widened
+# product up to 64 rows, not beyond.
+FLOAT16_FUSED_ROWS = 64
+HALF_CACHE = ("float16", "int8", "q4_0")  # the formats whose KV cache is float16 (pack_for_cpu says why)
 BLOCK = 32  # int8: weights (and activations) per scale, as llama.cpp's q8_0
 HALF_SCALES = ("q4_0", "q8_0")  # the formats whose scales are float16 values, and are stored as float16
 
@@ -554,10 +554,11 @@ class PackedLinear(nn.Module):
 class PackedBlock(Block):
     """A GPT-2 Block with packed Linear layers whose one-token steps through the KV cache (decoding: any
     number of rows, each at its own position; float16 up to FLOAT16_FUSED_ROWS) are one call of the fused
-    kernel, block_decode: the norms, the products, the cache's writes, the attention over each row's filled
-    slots, GELU and the residual adds, instead of ~25 torch ops. Everything else (a prompt's prefill, training-free full forwards, a step that
-    torch.compile traces, a block of the modern architecture) runs Block's forward with the packed layers.
-    It keeps the Block's submodules and their names: the KV cache is still block.attn.kv_cache."""
+    kernel, block_decode: the norms, the products, the cache's writes (float32 or float16), the attention over
+    each row's filled slots, GELU and the residual adds, instead of ~25 torch ops. Everything else (a prompt's
+    prefill, training-free full forwards, a step that torch.compile traces, a block of the modern architecture)
+    runs Block's forward with the packed layers. It keeps the Block's submodules and their names: the KV cache
+    is still block.attn.kv_cache."""
 
     def __init__(self, block: Block):
         nn.Module.__init__(self)
