@@ -11,6 +11,8 @@ import gc
 import json
 import math
 import random
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -574,3 +576,23 @@ def test_batch_size_auto_refuses_tokens_per_step_below_one_row(task, tmp_path):
         train.main(kto_args(task, tmp_path / "out", batch_size="auto", gradient_accumulation_steps=1,
                             block_size=BLOCK, tokens_per_step=BLOCK // 2, max_iters=2))
     assert not (tmp_path / "out" / "last.pt").exists()
+
+
+def test_the_rule_benchmark_runs_its_recipe_end_to_end_at_a_tiny_size(tmp_path):
+    """benchmarks/kto_rule.py --train at a size CI runs in seconds (its figures are from the full size:
+    BENCHMARKS.md): the files, SFT, the rows and their pairs prepared, KTO, then eval.py and chat.py on each
+    model, and both tables, a row per evaluation step and per model."""
+    out = tmp_path / "kto-rule"
+    cmd = [sys.executable, "-m", "benchmarks.kto_rule", f"--out={out}", "--train", "--sft=300", "--rows=200",
+           "--sft_steps=10", "--kto_steps=4", "--batch_size=8", "--lrs=1e-3", "--eval_interval=2", "--chat_prompts=3"]
+    done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    steps = lines.index("KTO, lr 0.001") + 2  # its header, then a line a step
+    assert [line.split()[0] for line in lines[steps: steps + 3]] == ["0", "2", "4"]
+    assert all(line.split()[2].endswith("%") for line in lines[steps: steps + 3])  # the auc
+    for model in ("SFT model", "KTO, lr 0.001"):
+        row = next(line for line in lines if line.startswith(model) and line.rstrip().endswith("%"))
+        assert len(row[len(model):].split()) == 5  # accuracy, margin, chosen, rejected, the rule followed
+    assert (out / "kto_lr0.001" / "last.pt").is_file()
+
