@@ -476,6 +476,18 @@ static void q8_rows(const int8_t* XQ, const float* XS, int64_t M, int64_t K, con
 // (its K * 4 bytes in int8's layout, in the L1 cache) instead of once per row: from 8 rows, where it measured
 // faster, not from 4 (BENCHMARKS.md, "Speed: where q4_0's decode step went"). xc: each activation block's -8
 // x's sum, made once.
+// The unsigned formats' correction for their values' offset (q4_0's 8, q6_k's 32): -offset times the sum of
+// each run of `run` quantized activations (n values in all), made once per product for every weight row.
+static std::vector<int32_t> offset_sums(const int8_t* XQ, int64_t n, int run, int32_t offset) {
+  std::vector<int32_t> out(n / run);
+  for (int64_t i = 0; i < n / run; i++) {
+    int32_t sum = 0;
+    for (int j = 0; j < run; j++) sum += XQ[run * i + j];
+    out[i] = -offset * sum;
+  }
+  return out;
+}
+
 #ifndef GPTKIT_Q4_UNPACK_ROWS
 #define GPTKIT_Q4_UNPACK_ROWS 8
 #endif
@@ -484,12 +496,7 @@ template <typename S>
 static void q4_rows(const int8_t* XQ, const float* XS, int64_t M, int64_t K, const uint8_t* W, const S* WS,
                     int64_t N, const float* b, float* Y) {
   const int64_t B = K / 32;
-  std::vector<int32_t> xc(M * B);
-  for (int64_t i = 0; i < M * B; i++) {
-    int32_t sum = 0;
-    for (int j = 0; j < 32; j++) sum += XQ[32 * i + j];
-    xc[i] = -8 * sum;
-  }
+  const std::vector<int32_t> xc = offset_sums(XQ, M * K, 32, 8);  // -8 x's sum per block
   const bool unpack = M >= Q4_UNPACK_ROWS;
   at::parallel_for(0, (N + 3) / 4, 4, [&](int64_t lo, int64_t hi) {
     float out[4];
@@ -642,12 +649,7 @@ static inline void dot_group_q6k(const uint8_t* w, const at::Half* ds, const flo
 static void q6k_rows(const int8_t* XQ, const float* XS, int64_t M, int64_t K, const uint8_t* W, const at::Half* DS,
                      int64_t N, const float* b, float* Y) {
   const int64_t B = K / 32;
-  std::vector<int32_t> xc(2 * M * B);
-  for (int64_t i = 0; i < 2 * M * B; i++) {
-    int32_t sum = 0;
-    for (int j = 0; j < 16; j++) sum += XQ[16 * i + j];
-    xc[i] = -32 * sum;
-  }
+  const std::vector<int32_t> xc = offset_sums(XQ, M * K, 16, 32);  // -32 x's sum per run of 16
   const bool unpack = M >= Q4_UNPACK_ROWS;
   at::parallel_for(0, (N + 3) / 4, 4, [&](int64_t lo, int64_t hi) {
     float out[4];
